@@ -1,0 +1,5 @@
+import sys
+
+from semrl.cli import main
+
+sys.exit(main())

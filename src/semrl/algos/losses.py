@@ -1,0 +1,112 @@
+"""Policy losses, KL estimators and loss aggregation as pure tensor functions.
+
+All per-token tensors are ``(N, T)`` over response tokens with a 0/1 ``mask`` of the same shape.
+Conventions follow verl ``core_algos`` (see ``shared/design/algorithms.md`` section 0).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over positions where ``mask`` is 1 (0 if the mask is empty)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float | None = 3.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token PPO clipped surrogate with clip-higher and dual clip.
+
+    ``loss_t = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))``; for ``A < 0`` the loss
+    is further capped at ``-A * clip_c`` (dual clip, Ye et al. 2020). The log-ratio is clamped to
+    [-20, 20] before ``exp`` like verl.
+
+    Args:
+        logp, old_logp, advantages, mask: (N, T).
+
+    Returns:
+        per-token loss (N, T) (not yet aggregated) and metrics: ``clip_frac`` (tokens whose
+        gradient the clip removed), ``dual_clip_frac``, ``approx_kl`` (mean of old - new).
+    """
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    metrics = {"clip_frac": masked_mean((clipped > unclipped).float(), mask)}
+    if clip_c is not None:
+        capped = torch.minimum(loss, -advantages * clip_c)
+        dual = (advantages < 0) & (loss > -advantages * clip_c)
+        loss = torch.where(advantages < 0, capped, loss)
+        metrics["dual_clip_frac"] = masked_mean(dual.float(), mask)
+    metrics["approx_kl"] = masked_mean(-log_ratio.detach(), mask)
+    return loss, metrics
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from sampled-token log-probs.
+
+    k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1
+    (Schulman's low-variance estimator; log-ratio clamped to [-20, 20], result to [-10, 10]
+    as in verl's ``low_var_kl``).
+    """
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k2":
+        return 0.5 * (logp - ref_logp) ** 2
+    if estimator == "k3":
+        log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+        return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator '{estimator}'; use k1, k2 or k3")
+
+
+def aggregate_loss(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggMode,
+    *,
+    num_sequences: int | None = None,
+    num_tokens: int | None = None,
+    max_response_length: int | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss (N, T) of one micro-batch to a scalar.
+
+    The denominators are those of the whole *mini-batch* (one optimizer step) when given, so
+    the gradients of its micro-batches simply add up: no division by the accumulation count,
+    and no dependence on how the mini-batch is split.
+
+    Modes:
+        token-mean: sum of all token losses / ``num_tokens`` (valid tokens of the mini-batch).
+        seq-mean-token-mean: sum over sequences of the per-sequence token mean / ``num_sequences``.
+        seq-mean-token-sum-norm (Dr.GRPO): sum over sequences of the per-sequence token sum,
+            / ``max_response_length``, / ``num_sequences``. Unlike verl (issue #3741) this is a
+            mean over sequences, matching the Dr.GRPO reference code (algorithms.md section 3).
+    """
+    mask = mask.to(loss.dtype)
+    if mode == "token-mean":
+        denom = num_tokens if num_tokens is not None else mask.sum().clamp(min=1)
+        return (loss * mask).sum() / denom
+    n_seq = num_sequences if num_sequences is not None else loss.shape[0]
+    if mode == "seq-mean-token-mean":
+        per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_seq.sum() / n_seq
+    if mode == "seq-mean-token-sum-norm":
+        if max_response_length is None:
+            raise ValueError("seq-mean-token-sum-norm needs max_response_length")
+        per_seq = (loss * mask).sum(-1) / max_response_length
+        return per_seq.sum() / n_seq
+    raise ValueError(f"unknown loss_agg_mode '{mode}'")

@@ -1,0 +1,98 @@
+"""Registry of RL methods: a method is an advantage estimator plus loss defaults.
+
+Adding a method = one module that defines its pure functions and calls ``register_method``;
+the trainer looks methods up by name and never needs editing (cf. verl ``register_adv_est``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
+
+
+@dataclass
+class AdvantageInputs:
+    """What an advantage estimator may read.
+
+    Attributes:
+        rewards: (N,) scalar reward per sequence.
+        group_ids: (N,) prompt id of each sequence.
+        response_mask: (N, T) 1 on response tokens.
+        extras: method-specific data (tree structure, entropies, ...).
+    """
+
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    response_mask: torch.Tensor
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+AdvantageFn = Callable[[AdvantageInputs, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    advantage_fn: AdvantageFn
+    norm_adv_by_std: bool
+    loss_agg_mode: str
+    description: str
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    if spec.name in METHODS:
+        raise ValueError(f"method '{spec.name}' is already registered")
+    METHODS[spec.name] = spec
+    return spec
+
+
+def get_method(name: str) -> MethodSpec:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown method '{name}'; available: {', '.join(sorted(METHODS))}") from None
+
+
+def outcome_advantages(inputs: AdvantageInputs, algo_cfg: Any) -> torch.Tensor:
+    """GRPO / Dr.GRPO: one group-relative advantage per sequence, on every response token."""
+    normalize = algo_cfg.norm_adv_by_std
+    adv = group_centered_rewards(inputs.rewards, inputs.group_ids, normalize_std=bool(normalize))
+    return broadcast_to_tokens(adv, inputs.response_mask)
+
+
+register_method(
+    MethodSpec(
+        name="grpo",
+        advantage_fn=outcome_advantages,
+        norm_adv_by_std=True,
+        loss_agg_mode="seq-mean-token-mean",
+        description="GRPO: (r - mean) / std per group, per-sequence token mean (Shao et al. 2024).",
+    )
+)
+register_method(
+    MethodSpec(
+        name="dr_grpo",
+        advantage_fn=outcome_advantages,
+        norm_adv_by_std=False,
+        loss_agg_mode="seq-mean-token-sum-norm",
+        description="Dr.GRPO: r - mean per group, token sums / max length (Liu et al. 2025).",
+    )
+)
+
+
+def resolve_algorithm(algo_cfg: Any) -> MethodSpec:
+    """Fill the method's defaults into ``algo_cfg`` where the user left them null."""
+    spec = get_method(algo_cfg.method)
+    if algo_cfg.norm_adv_by_std is None:
+        algo_cfg.norm_adv_by_std = spec.norm_adv_by_std
+    if algo_cfg.loss_agg_mode is None:
+        algo_cfg.loss_agg_mode = spec.loss_agg_mode
+    return spec

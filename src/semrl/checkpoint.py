@@ -1,0 +1,87 @@
+"""Atomic, exact-resume checkpoints in Hugging Face format.
+
+A checkpoint directory ``checkpoints/step-000010`` holds the model (safetensors, loadable with
+``AutoModelForCausalLM.from_pretrained``), the tokenizer, and ``trainer_state.pt`` with the
+optimizer, scheduler, every RNG state, the data sampler position and the step. It is written to
+a temporary sibling directory and renamed into place, so a crash at any moment leaves the last
+complete checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def rng_state(generator: torch.Generator) -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generator": generator.get_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["generator"])
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], keep_last: int
+) -> Path:
+    ckpt_root = run_dir / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step-{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:06d}-", dir=ckpt_root))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        torch.save(trainer_state, tmp / "trainer_state.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary directories are ignored)."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def cleanup_partial(run_dir: Path) -> None:
+    """Remove temporary directories left by a checkpoint write that was interrupted."""
+    root = run_dir / "checkpoints"
+    if root.is_dir():
+        for p in root.glob(".tmp-step-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def load_trainer_state(ckpt: Path) -> dict[str, Any]:
+    return torch.load(ckpt / "trainer_state.pt", weights_only=False)

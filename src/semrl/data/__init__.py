@@ -1,0 +1,23 @@
+"""Problems, datasets and prompts."""
+
+from semrl.data.arithmetic import make_arithmetic_problems
+from semrl.data.loader import (
+    BENCHMARKS,
+    DataError,
+    Problem,
+    load_problems,
+    resolve_dataset,
+)
+from semrl.data.prompts import build_prompt_ids
+from semrl.data.sampler import EpochSampler
+
+__all__ = [
+    "BENCHMARKS",
+    "DataError",
+    "EpochSampler",
+    "Problem",
+    "build_prompt_ids",
+    "load_problems",
+    "make_arithmetic_problems",
+    "resolve_dataset",
+]

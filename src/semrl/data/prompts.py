@@ -1,0 +1,21 @@
+"""Prompting through the model's chat template."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+
+def build_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, problem: str, system_prompt: str | None
+) -> list[int]:
+    """Token ids of ``[system], user: problem`` with the assistant turn opened."""
+    messages = []
+    if system_prompt is not None:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": problem})
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    # A base model without a template: plain text with the instruction in front.
+    text = (system_prompt + "\n\n" if system_prompt else "") + f"Problem: {problem}\nSolution:"
+    return tokenizer(text)["input_ids"]

@@ -1,0 +1,446 @@
+"""The RLVR training loop: rollout -> reward -> advantages -> update -> log.
+
+Read it top to bottom: ``Trainer.train`` is the loop, each stage is one method. Methods differ
+only through the registry (``semrl.algos.registry``): their advantage estimator and loss defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss
+from semrl.algos.registry import AdvantageInputs, resolve_algorithm
+from semrl.checkpoint import (
+    cleanup_partial,
+    latest_checkpoint,
+    load_trainer_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from semrl.config import Config, ConfigError, save_config
+from semrl.data import (
+    DataError,
+    EpochSampler,
+    Problem,
+    build_prompt_ids,
+    load_problems,
+    make_arithmetic_problems,
+    resolve_dataset,
+)
+from semrl.evaluation import evaluate_problems
+from semrl.forward import SequenceBatch, make_sequence_batch, response_logprobs
+from semrl.models import load_model, load_tokenizer, resolve_model_path
+from semrl.reward import VerifierPool, score_responses
+from semrl.rollout import Generation, GenerationRequest, RolloutEngine, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+ARITHMETIC = "arithmetic"
+EVAL_SEED_OFFSET = 10_007  # held-out arithmetic problems use another seed and exclude train texts
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts: N = prompts_per_step * group_size sequences, grouped by prompt."""
+
+    problems: list[Problem]  # (N,) the problem of each sequence
+    group_ids: torch.Tensor  # (N,)
+    generations: list[Generation]  # (N,)
+    sequences: SequenceBatch  # prompt + response token layout
+    texts: list[str]  # (N,) decoded responses
+
+
+def load_dataset(name: str, cfg: Config, split: str, exclude: set[str] | None = None) -> list[Problem]:
+    if name == ARITHMETIC:
+        seed = cfg.trainer.seed + (EVAL_SEED_OFFSET if split == "eval" else 0)
+        size = cfg.data.arithmetic_size if split == "train" else cfg.data.eval_size
+        return make_arithmetic_problems(size, cfg.data.arithmetic_levels, seed, exclude)
+    problems, skipped = load_problems(resolve_dataset(name), cfg.data.skip_bad_rows)
+    if skipped:
+        logger.warning("%s: skipped %d bad rows (data.skip_bad_rows=true)", name, skipped)
+    return problems
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_updates: int) -> Any:
+    warmup, schedule = cfg.trainer.warmup_steps, cfg.trainer.lr_schedule
+
+    def factor(update: int) -> float:
+        if warmup > 0 and update < warmup:
+            return (update + 1) / warmup
+        progress = (update - warmup) / max(1, total_updates - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.method = resolve_algorithm(cfg.algorithm)
+        self.run_dir = Path(cfg.logging.output_dir)
+        ckpt = self._prepare_run_dir(resume)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        self.generator = seed_everything(cfg.trainer.seed)
+
+        # Data first: a bad file fails before any model is loaded.
+        self.train_problems = load_dataset(cfg.data.train, cfg, "train")
+        exclude = {p.problem for p in self.train_problems}
+        self.eval_problems = (
+            load_dataset(cfg.data.eval, cfg, "eval", exclude)[: cfg.data.eval_size] if cfg.data.eval else []
+        )
+        self.sampler = EpochSampler(len(self.train_problems), cfg.trainer.seed)
+
+        model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
+        self.tokenizer = load_tokenizer(model_path)
+        self.model = load_model(model_path, cfg.model.dtype, cfg.model.attn_implementation)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0:  # no reference model is loaded when beta = 0
+            ref_path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
+            self.ref_model = load_model(ref_path, cfg.model.dtype, cfg.model.attn_implementation)
+            self.ref_model.requires_grad_(False).eval()
+        self._check_prompt_lengths()
+
+        eos = [self.tokenizer.eos_token_id]
+        if isinstance(self.model.generation_config.eos_token_id, list):
+            eos += self.model.generation_config.eos_token_id
+        self.engine = RolloutEngine(
+            self.model, eos, self.tokenizer.pad_token_id, cfg.rollout.generation_batch_size
+        )
+        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.trainer.lr,
+            betas=tuple(cfg.trainer.betas),  # type: ignore[arg-type]
+            weight_decay=cfg.trainer.weight_decay,
+        )
+        self.scheduler = make_scheduler(self.optimizer, cfg, cfg.trainer.steps * self._updates_per_step())
+        self.step = 0
+        self.consecutive_bad_steps = 0
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.tb = None
+        if cfg.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    # ------------------------------------------------------------------------------------------
+    # Setup helpers
+
+    def _prepare_run_dir(self, resume: bool) -> Path | None:
+        cleanup_partial(self.run_dir)
+        ckpt = latest_checkpoint(self.run_dir)
+        if resume:
+            if ckpt is None:
+                raise ConfigError(f"--resume: no complete checkpoint in {self.run_dir / 'checkpoints'}")
+            return ckpt
+        if ckpt is not None or (self.run_dir / "metrics.jsonl").exists():
+            raise ConfigError(
+                f"run directory {self.run_dir} already holds a run; continue it with "
+                f"'semrl train --resume {self.run_dir}' or set logging.output_dir to a new directory"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.cfg, self.run_dir / "config.yaml")
+        return None
+
+    def _check_prompt_lengths(self) -> None:
+        limit = self.cfg.data.max_prompt_length
+        for p in self.train_problems[:1000]:
+            n = len(build_prompt_ids(self.tokenizer, p.problem, self.cfg.data.system_prompt))
+            if n > limit:
+                raise DataError(
+                    f"problem '{p.id}' has a {n}-token prompt, over data.max_prompt_length={limit}; "
+                    "raise data.max_prompt_length or drop the problem"
+                )
+
+    def _updates_per_step(self) -> int:
+        total = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
+        mini = self.cfg.trainer.mini_batch_size or total
+        return self.cfg.trainer.ppo_epochs * (total // mini)
+
+    def _restore(self, ckpt: Path) -> None:
+        state = load_trainer_state(ckpt)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"], self.generator)
+        self.step = state["step"]
+        self.consecutive_bad_steps = state.get("consecutive_bad_steps", 0)
+        # Metrics logged after this checkpoint belong to steps that will be re-run.
+        metrics = self.run_dir / "metrics.jsonl"
+        if metrics.exists():
+            kept = [
+                line for line in metrics.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= self.step
+            ]
+            metrics.write_text("".join(line + "\n" for line in kept))
+        logger.info("resumed from %s at step %d", ckpt, self.step)
+
+    def save(self) -> Path:
+        state = {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(self.generator),
+            "consecutive_bad_steps": self.consecutive_bad_steps,
+            "config": self.cfg.to_dict(),
+        }
+        return save_checkpoint(
+            self.run_dir, self.step, self.model, self.tokenizer, state, self.cfg.logging.keep_last
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # The loop
+
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        if self.step == 0 and self.eval_problems:
+            self._log({"step": 0, **self.evaluate()})
+        bar = tqdm(
+            total=cfg.trainer.steps, initial=self.step, desc="train", disable=not cfg.logging.progress,
+            dynamic_ncols=True,
+        )
+        last: dict[str, float] = {}
+        try:
+            while self.step < cfg.trainer.steps:
+                t0 = time.perf_counter()
+                batch = self.rollout()
+                t1 = time.perf_counter()
+                rewards, reward_metrics = self.reward(batch)
+                t2 = time.perf_counter()
+                advantages = self.advantages(batch, rewards)
+                update_metrics = self.update(batch, advantages)
+                t3 = time.perf_counter()
+                self.step += 1
+                last = {
+                    "step": self.step,
+                    **reward_metrics,
+                    **self._rollout_metrics(batch),
+                    **update_metrics,
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "time/rollout_s": t1 - t0,
+                    "time/reward_s": t2 - t1,
+                    "time/update_s": t3 - t2,
+                    "time/step_s": t3 - t0,
+                }
+                if cfg.logging.eval_every and self.step % cfg.logging.eval_every == 0 and self.step < cfg.trainer.steps:
+                    last.update(self.evaluate())
+                if self.step == cfg.trainer.steps and self.eval_problems:
+                    last.update(self.evaluate())
+                self._log(last)
+                self._write_samples(batch, rewards)
+                if (cfg.logging.save_every and self.step % cfg.logging.save_every == 0) or self.step == cfg.trainer.steps:
+                    self.save()
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}",
+                    entropy=f"{last['entropy']:.2f}", len=f"{last['response_length']:.0f}",
+                    s_per_step=f"{last['time/step_s']:.1f}",
+                )
+        finally:
+            bar.close()
+            self.pool.close()
+            if self.tb is not None:
+                self.tb.close()
+        return last
+
+    # ------------------------------------------------------------------------------------------
+    # Stages
+
+    def rollout(self) -> RolloutBatch:
+        cfg = self.cfg
+        group = cfg.rollout.group_size
+        problems = [self.train_problems[i] for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
+        prompt_ids = [build_prompt_ids(self.tokenizer, p.problem, cfg.data.system_prompt) for p in problems]
+        requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(group)]
+        gens = self.engine.generate(requests, self._sampling_params(), self.generator)
+        expanded = [p for p in problems for _ in range(group)]
+        sequences = make_sequence_batch(
+            [r.prompt_ids for r in requests], [g.token_ids.tolist() for g in gens], self.tokenizer.pad_token_id
+        )
+        texts = [self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
+        group_ids = torch.arange(len(problems)).repeat_interleave(group)
+        return RolloutBatch(expanded, group_ids, gens, sequences, texts)
+
+    def reward(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        timeouts_before = self.pool.num_timeouts
+        results = score_responses(
+            self.pool,
+            batch.texts,
+            [p.answer for p in batch.problems],
+            final_number_fallback=self.cfg.reward.final_number_fallback,
+            truncated=[g.truncated for g in batch.generations],
+            truncated_reward=self.cfg.reward.truncated_reward,
+        )
+        self._last_rewards = results
+        rewards = torch.tensor([r.reward for r in results])
+        grouped = rewards.view(-1, self.cfg.rollout.group_size)
+        return rewards, {
+            "reward": rewards.mean().item(),
+            "accuracy": float(np.mean([r.correct for r in results])),
+            "reward/frac_groups_all_equal": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
+            "reward/verify_timeouts": float(self.pool.num_timeouts - timeouts_before),
+        }
+
+    def advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> torch.Tensor:
+        inputs = AdvantageInputs(rewards, batch.group_ids, batch.sequences.response_mask)
+        return self.method.advantage_fn(inputs, self.cfg.algorithm)
+
+    def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """PPO epochs over mini-batches, gradient accumulation over micro-batches."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        seqs = batch.sequences
+        total = seqs.input_ids.shape[0]
+        mini = cfg.trainer.mini_batch_size or total
+        micro = cfg.trainer.micro_batch_size
+        temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+        # On-policy with a single update: pi_old = pi_theta, so the ratio is exactly 1 and the
+        # extra forward pass for old log-probs is skipped.
+        single_update = cfg.trainer.ppo_epochs == 1 and mini == total
+        old_logp = None if single_update else self._no_grad_logprobs(self.model, seqs, temperature)
+        ref_logp = self._no_grad_logprobs(self.ref_model, seqs, temperature) if self.ref_model else None
+
+        self.model.train()
+        stats: dict[str, list[float]] = {}
+        for _ in range(cfg.trainer.ppo_epochs):
+            order = torch.randperm(total, generator=self.generator)
+            for m_start in range(0, total, mini):
+                mini_idx = order[m_start : m_start + mini]
+                num_tokens = int(seqs.response_mask[mini_idx].sum().item())
+                for u_start in range(0, len(mini_idx), micro):
+                    idx = mini_idx[u_start : u_start + micro]
+                    sub = seqs.select(idx)
+                    r = sub.response_mask.shape[1]
+                    mask = sub.response_mask.float()
+                    logp, entropy = response_logprobs(self.model, sub, temperature)
+                    old = logp.detach() if old_logp is None else old_logp[idx, :r]
+                    adv = advantages[idx, :r]
+                    token_loss, pg_metrics = ppo_clip_loss(
+                        logp, old, adv, mask, algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c
+                    )
+                    if ref_logp is not None:
+                        kl = kl_penalty(logp, ref_logp[idx, :r], algo.kl_estimator)
+                        token_loss = token_loss + algo.kl_coef * kl
+                        stats.setdefault("kl", []).append(masked_mean(kl.detach(), mask).item())
+                    loss = aggregate_loss(
+                        token_loss, mask, algo.loss_agg_mode, num_sequences=len(mini_idx),
+                        num_tokens=num_tokens, max_response_length=cfg.rollout.max_new_tokens,
+                    )
+                    loss.backward()
+                    stats.setdefault("loss", []).append(loss.item())
+                    for k, v in pg_metrics.items():
+                        stats.setdefault(f"actor/{k}", []).append(v.item())
+                    if entropy is not None:
+                        stats.setdefault("actor/entropy", []).append(masked_mean(entropy, mask).item())
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.trainer.max_grad_norm)
+                if torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                    self.consecutive_bad_steps = 0
+                else:
+                    stats.setdefault("actor/skipped_updates", []).append(1.0)
+                    self.consecutive_bad_steps += 1
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                stats.setdefault("actor/grad_norm", []).append(grad_norm.item())
+        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out["loss"] = float(np.sum(stats["loss"])) / (cfg.trainer.ppo_epochs * (total // mini))
+        return out
+
+    def _no_grad_logprobs(self, model: Any, seqs: SequenceBatch, temperature: float) -> torch.Tensor:
+        out = torch.zeros(seqs.response_mask.shape)
+        model.eval()
+        with torch.no_grad():
+            for start in range(0, seqs.input_ids.shape[0], self.cfg.trainer.micro_batch_size):
+                idx = torch.arange(start, min(start + self.cfg.trainer.micro_batch_size, seqs.input_ids.shape[0]))
+                sub = seqs.select(idx)
+                logp, _ = response_logprobs(model, sub, temperature, with_entropy=False)
+                out[idx, : logp.shape[1]] = logp.cpu()
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # Evaluation and logging
+
+    def _sampling_params(self, temperature: float | None = None) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(
+            temperature=r.temperature if temperature is None else temperature,
+            top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens, logprobs_top_k=r.logprobs_top_k,
+        )
+
+    def evaluate(self) -> dict[str, float]:
+        """mean@k / pass@k on the held-out problems at the evaluation temperature."""
+        log = self.cfg.logging
+        # A separate generator: evaluation must not change the training random stream.
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 1)
+        metrics, _ = evaluate_problems(
+            self.engine, self.tokenizer, self.pool, self.eval_problems,
+            self._sampling_params(log.eval_temperature), log.eval_samples,
+            self.cfg.data.system_prompt, self.cfg.reward.final_number_fallback, gen,
+        )
+        return {f"eval/{k}": v for k, v in metrics.items()}
+
+    def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        lengths = np.array([len(g.token_ids) for g in batch.generations], dtype=float)
+        entropy = torch.cat([g.entropy for g in batch.generations])
+        correct = np.array([r.correct for r in self._last_rewards])
+        return {
+            "entropy": entropy.mean().item() if entropy.numel() else 0.0,
+            "response_length": float(lengths.mean()),
+            "response_length/correct": float(lengths[correct].mean()) if correct.any() else 0.0,
+            "response_length/truncated_frac": float(np.mean([g.truncated for g in batch.generations])),
+        }
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+        if self.tb is not None:
+            for key, value in metrics.items():
+                if key != "step":
+                    self.tb.add_scalar(key, value, metrics["step"])
+            self.tb.flush()
+
+    def _write_samples(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
+        n = min(self.cfg.logging.samples_per_step, len(batch.texts))
+        with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
+            for i in range(n):
+                fh.write(
+                    json.dumps(
+                        {
+                            "step": self.step,
+                            "problem_id": batch.problems[i].id,
+                            "problem": batch.problems[i].problem,
+                            "gold": batch.problems[i].answer,
+                            "response": batch.texts[i],
+                            "answer": self._last_rewards[i].answer,
+                            "reward": rewards[i].item(),
+                        }
+                    )
+                    + "\n"
+                )

@@ -1,0 +1,104 @@
+"""Shared fixtures: a tiny randomly initialised Llama with SmolLM2's real tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY_DIR_ENV = "SEMRL_TINY_MODEL"
+
+
+def _build_tiny_model(target: Path) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from semrl.models import smollm2_gguf_path
+
+    if (target / "config.json").is_file():
+        return target
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~3.2M-parameter Llama (hidden 64, 2 layers) using the SmolLM2 tokenizer."""
+    cached = os.environ.get(TINY_DIR_ENV)
+    if cached:
+        return _build_tiny_model(Path(cached))
+    return _build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+DIGIT_SYSTEM_PROMPT = "Answer with one digit."
+
+
+def _pretrain_digits(src: Path, target: Path) -> Path:
+    """Teach the tiny model to answer any prompt with a uniformly random digit then EOS, so that
+    an RL test starts from a policy with reward ~0.1 on 'the answer is 7' and can improve it."""
+    from semrl.data import build_prompt_ids
+    from semrl.forward import make_sequence_batch, response_logprobs
+    from semrl.models import load_model, load_tokenizer
+
+    if (target / "config.json").is_file():
+        return target
+    tokenizer = load_tokenizer(str(src))
+    model = load_model(str(src))
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    prompts = [build_prompt_ids(tokenizer, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(64)]
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(120):
+        idx = torch.randint(0, len(prompts), (32,), generator=gen)
+        picks = torch.randint(0, 10, (32,), generator=gen)
+        batch = make_sequence_batch(
+            [prompts[i] for i in idx], [[digits[d], tokenizer.eos_token_id] for d in picks], tokenizer.pad_token_id
+        )
+        logp, _ = response_logprobs(model, batch, with_entropy=False)
+        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def digit_model_dir(tiny_model_dir: Path) -> Path:
+    """The tiny model after a short supervised warm-up to answer with a random digit."""
+    return _pretrain_digits(tiny_model_dir, tiny_model_dir.with_name("tiny-digits"))
+
+
+@pytest.fixture
+def seven_task(tmp_path: Path) -> Path:
+    """A trivially learnable task: every answer is 7."""
+    import json
+
+    path = tmp_path / "seven.jsonl"
+    rows = [{"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7"} for i in range(64)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

@@ -1,0 +1,72 @@
+"""Config loading, overrides and validation errors."""
+
+import pytest
+
+from semrl.config import Config, ConfigError, config_reference, load_config, parse_overrides
+
+
+def test_defaults_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  lr: 1.0e-5\n  steps: 3\nrollout:\n  group_size: 4\n")
+    cfg = load_config(path, ["trainer.lr=2e-6", "rollout.top_k=20", "algorithm.method=grpo"])
+    assert cfg.trainer.lr == 2e-6 and isinstance(cfg.trainer.lr, float)
+    assert cfg.trainer.steps == 3 and cfg.rollout.group_size == 4 and cfg.rollout.top_k == 20
+    assert cfg.algorithm.method == "grpo"
+
+
+def test_unknown_key_names_closest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer\.lrr'.*Did you mean 'trainer\.lr'"):
+        load_config(None, ["trainer.lrr=1e-5"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainr'.*'trainer'"):
+        load_config(None, ["trainr.lr=1e-5"])
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(ConfigError, match=r"'trainer\.steps': expected an integer"):
+        load_config(None, ["trainer.steps=ten"])
+    with pytest.raises(ConfigError, match=r"'model\.dtype'.*not one of"):
+        load_config(None, ["model.dtype=float64"])
+    with pytest.raises(ConfigError, match=r"'logging\.progress': expected true or false"):
+        load_config(None, ["logging.progress=3"])
+
+
+def test_unknown_method_suggests():
+    with pytest.raises(ConfigError, match=r"Did you mean 'dr_grpo'"):
+        load_config(None, ["algorithm.method=drgrpo"])
+
+
+def test_cross_field_validation():
+    with pytest.raises(ConfigError, match="mini_batch_size"):
+        load_config(None, ["rollout.group_size=8", "rollout.prompts_per_step=2", "trainer.mini_batch_size=5"])
+    with pytest.raises(ConfigError, match="top_p"):
+        load_config(None, ["rollout.top_p=0"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_override_syntax():
+    assert parse_overrides(["a.b=1", "a.c=x", "d=null"]) == {"a": {"b": 1, "c": "x"}, "d": None}
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_overrides(["trainer.lr"])
+
+
+def test_reference_documents_every_key():
+    ref = config_reference()
+    cfg = Config()
+    for section, values in cfg.to_dict().items():
+        for key in values:
+            assert f"`{section}.{key}`" in ref
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
+        load_config(path)

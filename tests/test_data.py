@@ -1,0 +1,107 @@
+"""Data loading, bad rows, the arithmetic task, prompts and the sampler."""
+
+import json
+
+import pytest
+
+from semrl.data import (
+    BENCHMARKS,
+    DataError,
+    EpochSampler,
+    load_problems,
+    make_arithmetic_problems,
+    resolve_dataset,
+)
+
+
+def _write(path, rows):
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows))
+    return path
+
+
+def test_packaged_benchmarks_load():
+    for name in ["math500", "gsm8k_test", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench"]:
+        assert name in BENCHMARKS
+        problems, skipped = load_problems(resolve_dataset(name))
+        assert problems and skipped == 0
+    math500, _ = load_problems(resolve_dataset("math500"))
+    assert len(math500) == 500 and math500[0].level is not None and math500[0].subject
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"id": "a", "answer": "1"}, r"line 2: missing required field\(s\) \['problem'\]"),
+        ({"id": "a", "problem": "  ", "answer": "1"}, "line 2: field 'problem' must be a non-empty"),
+        ({"id": "a", "problem": "p", "answer": ""}, "line 2: field 'answer' is empty"),
+        ({"id": "a", "problem": "p", "answer": "1", "level": "hard"}, "line 2: field 'level'"),
+        (b"\xff\xfe not utf-8", "line 2: not valid UTF-8"),
+        (b"{not json", "line 2: invalid JSON"),
+        ({"id": "x", "problem": "p", "answer": "1"}, "line 2: duplicate id 'x'"),
+    ],
+)
+def test_bad_rows_name_file_and_line(tmp_path, row, message):
+    path = _write(tmp_path / "d.jsonl", [{"id": "x", "problem": "What?", "answer": 3}, row])
+    with pytest.raises(DataError, match=message) as err:
+        load_problems(path)
+    assert str(path) in str(err.value)
+    problems, skipped = load_problems(path, skip_bad_rows=True)
+    assert len(problems) == 1 and skipped == 1 and problems[0].answer == "3"
+
+
+def test_missing_or_empty_file(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_problems(tmp_path / "none.jsonl")
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataError, match="no valid problems"):
+        load_problems(empty)
+    with pytest.raises(DataError, match="neither a packaged benchmark"):
+        resolve_dataset("mathh500")
+
+
+def test_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([{"id": "a", "problem": "1+1?", "answer": "2"}, {"id": "b", "problem": "x", "answer": None}])
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(DataError, match="row 2: missing"):
+        load_problems(tmp_path / "d.parquet")
+
+
+def test_arithmetic_is_seeded_levelled_and_correct():
+    a = make_arithmetic_problems(50, [1, 2, 3, 4, 5], seed=3)
+    b = make_arithmetic_problems(50, [1, 2, 3, 4, 5], seed=3)
+    assert a == b and len({p.problem for p in a}) == 50
+    for p in a:
+        expr = p.problem.removeprefix("What is ").removesuffix("?")
+        assert int(p.answer) == _calc(expr)
+    held = make_arithmetic_problems(20, [1], seed=4, exclude={p.problem for p in make_arithmetic_problems(60, [1], 3)})
+    assert len(held) <= 40  # only 100 distinct 1-digit sums exist
+
+
+def _calc(expr: str) -> int:
+    # tiny evaluator for "a op b" and "(a + b) * c" forms, no eval()
+    expr = expr.replace("(", "").replace(")", "")
+    toks = expr.split()
+    if len(toks) == 5 and toks[3] == "*":  # (a + b) * c
+        return (int(toks[0]) + int(toks[2])) * int(toks[4])
+    val = int(toks[0])
+    ops = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+    if len(toks) == 5:  # a * c - b
+        return ops[toks[3]](ops[toks[1]](val, int(toks[2])), int(toks[4]))
+    return ops[toks[1]](val, int(toks[2]))
+
+
+def test_sampler_resumes_exactly():
+    s = EpochSampler(7, seed=1)
+    first = s.next_indices(5)
+    state = s.state_dict()
+    rest = s.next_indices(12)
+    t = EpochSampler(7, seed=1)
+    t.load_state_dict(state)
+    assert t.next_indices(12) == rest
+    assert sorted(first + rest[:2]) == list(range(7))  # an epoch is a permutation
+    with pytest.raises(ValueError, match="same data"):
+        EpochSampler(8, 1).load_state_dict(state)

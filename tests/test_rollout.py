@@ -1,0 +1,95 @@
+"""The rollout engine and the training forward pass on a tiny random Llama."""
+
+import pytest
+import torch
+
+from semrl.forward import make_sequence_batch, response_logprobs
+from semrl.models import load_model, load_tokenizer
+from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, filter_logits
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir))
+    return tok, model, RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=4)
+
+
+def _prompts(tok, n):
+    return [tok(f"Question {i}: what comes next?")["input_ids"] for i in range(n)]
+
+
+def test_shapes_and_flags(tiny):
+    tok, model, engine = tiny
+    reqs = [GenerationRequest(p) for p in _prompts(tok, 6)]  # 6 > batch_size: two batches
+    gens = engine.generate(reqs, SamplingParams(max_new_tokens=12, logprobs_top_k=20), torch.Generator().manual_seed(0))
+    assert len(gens) == 6
+    for g in gens:
+        n = len(g.token_ids)
+        assert 1 <= n <= 12
+        assert g.logprobs.shape == (n,) and g.entropy.shape == (n,)
+        assert g.top_logprobs.shape == (n, 20) and g.top_ids.shape == (n, 20)
+        assert torch.all(g.top_logprobs[:, :-1] >= g.top_logprobs[:, 1:])
+        assert torch.all(g.logprobs <= g.top_logprobs[:, 0] + 1e-6)
+        if g.finished:
+            assert g.token_ids[-1].item() == tok.eos_token_id
+        else:
+            assert n == 12 and g.truncated
+
+
+def test_seeded_sampling_is_repeatable(tiny):
+    tok, _, engine = tiny
+    reqs = [GenerationRequest(p) for p in _prompts(tok, 3)]
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=8)
+    a = engine.generate(reqs, params, torch.Generator().manual_seed(1))
+    b = engine.generate(reqs, params, torch.Generator().manual_seed(1))
+    assert all(torch.equal(x.token_ids, y.token_ids) for x, y in zip(a, b, strict=False))
+
+
+def test_generation_logprobs_match_training_forward(tiny):
+    tok, model, engine = tiny
+    prompts = _prompts(tok, 4)
+    gens = engine.generate(
+        [GenerationRequest(p) for p in prompts], SamplingParams(temperature=0.7, max_new_tokens=10),
+        torch.Generator().manual_seed(2),
+    )
+    batch = make_sequence_batch(prompts, [g.token_ids.tolist() for g in gens], tok.pad_token_id)
+    with torch.no_grad():
+        logp, entropy = response_logprobs(model, batch, temperature=0.7)
+    for i, g in enumerate(gens):
+        n = len(g.token_ids)
+        assert torch.allclose(logp[i, :n], g.logprobs, atol=1e-4)
+        assert torch.allclose(entropy[i, :n], g.entropy, atol=1e-4)
+        assert torch.all(logp[i, n:] == 0)
+
+
+def test_prefix_continuation_matches_greedy_full_generation(tiny):
+    tok, _, engine = tiny
+    prompts = _prompts(tok, 3)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    full = engine.generate([GenerationRequest(p) for p in prompts], greedy)
+    conts = engine.generate(
+        [GenerationRequest(p, prefix_ids=f.token_ids[:4].tolist(), max_new_tokens=6) for p, f in zip(prompts, full, strict=False)],
+        greedy,
+    )
+    for f, c in zip(full, conts, strict=False):
+        if len(f.token_ids) > 4:
+            n = len(c.token_ids)
+            assert torch.equal(c.token_ids, f.token_ids[4 : 4 + n])
+            assert torch.allclose(c.logprobs, f.logprobs[4 : 4 + n], atol=1e-4)
+
+
+def test_filter_logits():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, top_k=2, top_p=1.0)[0, 2:]).all()
+    kept = ~torch.isinf(filter_logits(logits, top_k=0, top_p=0.7))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
+    assert (~torch.isinf(filter_logits(logits, 0, 0.1))).sum() == 1  # always keeps the top token
+
+
+def test_select_trims_padding(tiny):
+    tok, _, _ = tiny
+    batch = make_sequence_batch([[5, 6, 7], [8]], [[1, 2], [3, 4, 9, 10]], tok.pad_token_id)
+    sub = batch.select([0])
+    assert sub.input_ids.tolist() == [[5, 6, 7, 1, 2]] and sub.prompt_width == 3
+    assert sub.response_mask.tolist() == [[1, 1]]

@@ -1,0 +1,129 @@
+"""End to end: a tiny model learns a trivial task; resume is exact; bad inputs fail early."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from semrl.cli import main
+from semrl.config import ConfigError, load_config
+from semrl.trainer import Trainer
+
+from .conftest import DIGIT_SYSTEM_PROMPT
+
+
+def _cfg(model_dir, task, out, *extra):
+    return load_config(
+        None,
+        [
+            f"model.name={model_dir}",
+            f"data.train={task}",
+            "data.eval=null",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=8",
+            "rollout.prompts_per_step=4",
+            "rollout.max_new_tokens=4",
+            "trainer.micro_batch_size=16",
+            "trainer.lr=2e-3",
+            "reward.num_workers=1",
+            f"logging.output_dir={out}",
+            "logging.progress=false",
+            *extra,
+        ],
+    )
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", ["dr_grpo", "grpo"])
+def test_reward_rises_on_trivial_task(digit_model_dir, seven_task, tmp_path, method):
+    out = tmp_path / method
+    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=14", f"algorithm.method={method}")
+    Trainer(cfg).train()
+    rewards = [m["reward"] for m in _metrics(out)]
+    assert len(rewards) == 14
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert first < 0.4
+    assert last > first + 0.25, rewards
+    ckpt = out / "checkpoints" / "step-000014"
+    assert (ckpt / "model.safetensors").is_file() and (out / "config.yaml").is_file()
+    assert (out / "samples.jsonl").read_text().count("\n") == 14 * 4
+    assert list((out / "tensorboard").iterdir())
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(ckpt)  # HF format
+
+
+def test_multiple_epochs_minibatches_and_kl_run(digit_model_dir, seven_task, tmp_path):
+    out = tmp_path / "ppo"
+    cfg = _cfg(
+        digit_model_dir, seven_task, out, "trainer.steps=2", "trainer.ppo_epochs=2",
+        "trainer.mini_batch_size=16", "trainer.micro_batch_size=8", "algorithm.kl_coef=0.01",
+        "trainer.warmup_steps=2", "trainer.lr_schedule=cosine",
+    )
+    trainer = Trainer(cfg)
+    assert trainer.ref_model is not None
+    last = trainer.train()
+    assert "kl" in last and last["kl"] >= 0 and last["actor/clip_frac"] >= 0
+    assert trainer.optimizer.state_dict()["state"]  # 2 epochs x 2 mini-batches = 4 updates / step
+
+
+def test_no_reference_model_without_kl(digit_model_dir, seven_task, tmp_path):
+    trainer = Trainer(_cfg(digit_model_dir, seven_task, tmp_path / "r", "trainer.steps=0"))
+    assert trainer.ref_model is None
+
+
+def test_resume_is_exact(digit_model_dir, seven_task, tmp_path):
+    full = tmp_path / "full"
+    Trainer(_cfg(digit_model_dir, seven_task, full, "trainer.steps=4")).train()
+
+    part = tmp_path / "part"
+    Trainer(_cfg(digit_model_dir, seven_task, part, "trainer.steps=2")).train()
+    assert main(["train", "--resume", str(part), "trainer.steps=4", "logging.progress=false"]) == 0
+
+    a = load_file(full / "checkpoints" / "step-000004" / "model.safetensors")
+    b = load_file(part / "checkpoints" / "step-000004" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["reward"] for m in _metrics(full)] == [m["reward"] for m in _metrics(part)]
+
+
+def test_existing_run_dir_is_not_overwritten(digit_model_dir, seven_task, tmp_path):
+    out = tmp_path / "x"
+    Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=1")).train()
+    with pytest.raises(ConfigError, match="--resume"):
+        Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=1"))
+
+
+def test_cli_reports_bad_config_before_loading_a_model(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("trainer:\n  stpes: 3\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.stpes" in err and "trainer.steps" in err
+
+
+def test_missing_model_and_bad_data_fail_clearly(seven_task, tmp_path, capsys):
+    assert main(["train", f"model.name={tmp_path}/nope.gguf", f"data.train={seven_task}",
+                 f"logging.output_dir={tmp_path}/a"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    truncated = tmp_path / "broken.gguf"
+    truncated.write_bytes(b"GGUF" + b"\0" * 100)
+    assert main(["train", f"model.name={truncated}", f"data.train={seven_task}", "data.eval=null",
+                 f"logging.output_dir={tmp_path}/b"]) == 2
+    assert "truncated" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "problem": "p"}\n')
+    assert main(["train", f"data.train={bad}", f"logging.output_dir={tmp_path}/c"]) == 2
+    assert "line 1" in capsys.readouterr().err
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in ("train", "eval", "config"):
+        assert command in text
