@@ -105,3 +105,14 @@ def test_sampler_resumes_exactly():
     assert sorted(first + rest[:2]) == list(range(7))  # an epoch is a permutation
     with pytest.raises(ValueError, match="same data"):
         EpochSampler(8, 1).load_state_dict(state)
+
+
+def test_held_out_arithmetic_is_disjoint_from_training_even_for_tiny_levels():
+    from semrl.config import load_config
+    from semrl.trainer import load_dataset
+
+    cfg = load_config(None, ["data.arithmetic_levels=[1]", "data.eval_size=32"])
+    held_out = load_dataset("arithmetic", cfg, "eval")[:32]
+    train = load_dataset("arithmetic", cfg, "train", {p.problem for p in held_out})
+    assert len(held_out) == 32 and len(train) == 100 - 32  # only 100 distinct 1-digit sums
+    assert not {p.problem for p in held_out} & {p.problem for p in train}

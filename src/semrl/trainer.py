@@ -63,6 +63,7 @@ class RolloutBatch:
 
 
 def load_dataset(name: str, cfg: Config, split: str, exclude: set[str] | None = None) -> list[Problem]:
+    """Problems of ``data.train`` / ``data.eval``; ``exclude`` removes held-out problem texts."""
     if name == ARITHMETIC:
         seed = cfg.trainer.seed + (EVAL_SEED_OFFSET if split == "eval" else 0)
         size = cfg.data.arithmetic_size if split == "train" else cfg.data.eval_size
@@ -70,6 +71,8 @@ def load_dataset(name: str, cfg: Config, split: str, exclude: set[str] | None = 
     problems, skipped = load_problems(resolve_dataset(name), cfg.data.skip_bad_rows)
     if skipped:
         logger.warning("%s: skipped %d bad rows (data.skip_bad_rows=true)", name, skipped)
+    if exclude:
+        problems = [p for p in problems if p.problem not in exclude]
     return problems
 
 
@@ -106,12 +109,19 @@ class Trainer:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.generator = seed_everything(cfg.trainer.seed)
 
-        # Data first: a bad file fails before any model is loaded.
-        self.train_problems = load_dataset(cfg.data.train, cfg, "train")
-        exclude = {p.problem for p in self.train_problems}
+        # Data first: a bad file fails before any model is loaded. Held-out problems are drawn
+        # first so that the training set can exclude them (1-digit sums have only 100 problems).
         self.eval_problems = (
-            load_dataset(cfg.data.eval, cfg, "eval", exclude)[: cfg.data.eval_size] if cfg.data.eval else []
+            load_dataset(cfg.data.eval, cfg, "eval")[: cfg.data.eval_size] if cfg.data.eval else []
         )
+        if cfg.data.eval and not self.eval_problems:
+            raise DataError(f"data.eval '{cfg.data.eval}' gave no problems; raise data.eval_size")
+        self.train_problems = load_dataset(cfg.data.train, cfg, "train", {p.problem for p in self.eval_problems})
+        if not self.train_problems:
+            raise DataError(
+                f"data.train '{cfg.data.train}' has no problems left after removing the held-out ones; "
+                "add arithmetic levels or lower data.eval_size"
+            )
         self.sampler = EpochSampler(len(self.train_problems), cfg.trainer.seed)
 
         model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
