@@ -46,6 +46,7 @@ def save_checkpoint(
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:06d}-", dir=ckpt_root))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
