@@ -11,6 +11,14 @@ import torch
 TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 
 
+def _save_atomically(model, tokenizer, target: Path) -> Path:  # noqa: ANN001
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, target)
+    return target
+
+
 def _build_tiny_model(target: Path) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -35,11 +43,7 @@ def _build_tiny_model(target: Path) -> Path:
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    os.replace(tmp, target)
-    return target
+    return _save_atomically(model, tokenizer, target)
 
 
 @pytest.fixture(scope="session")
@@ -80,11 +84,7 @@ def _pretrain_digits(src: Path, target: Path) -> Path:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    os.replace(tmp, target)
-    return target
+    return _save_atomically(model, tokenizer, target)
 
 
 @pytest.fixture(scope="session")
