@@ -127,3 +127,30 @@ def test_help_lists_every_command(capsys):
     text = capsys.readouterr().out
     for command in ("train", "eval", "config"):
         assert command in text
+
+
+def test_eval_cli_reports_pass_at_k(digit_model_dir, seven_task, tmp_path, capsys):
+    out = tmp_path / "eval"
+    code = main(["eval", "--model", str(digit_model_dir), "--data", str(seven_task), "--limit", "6",
+                 "--n", "4", "--greedy", "--max-new-tokens", "4", "--temperature", "1.0",
+                 "--system-prompt", DIGIT_SYSTEM_PROMPT, "--output", str(out), "--quiet"])
+    assert code == 0
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["problems"] == 6
+    sampled, greedy = report["sampled"], report["greedy"]
+    assert {"mean@4", "pass@1", "pass@2", "pass@4", "response_length", "verify_timeouts"} <= set(sampled)
+    assert sampled["pass@1"] == pytest.approx(sampled["mean@4"])
+    assert sampled["pass@1"] <= sampled["pass@2"] <= sampled["pass@4"]
+    assert "mean@1" in greedy
+    lines = (out / "samples_sampled.jsonl").read_text().splitlines()
+    assert len(lines) == 24 and {"gold", "answer", "correct", "response"} <= set(json.loads(lines[0]))
+
+
+def test_hub_id_offline_says_to_pass_a_local_path(monkeypatch):
+    from semrl.models import ModelNotFoundError, load_tokenizer, resolve_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    name = "semrl-test-org/no-such-model"
+    assert resolve_model_path(name) == name
+    with pytest.raises(ModelNotFoundError, match="local path"):
+        load_tokenizer(name)
