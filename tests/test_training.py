@@ -154,3 +154,16 @@ def test_hub_id_offline_says_to_pass_a_local_path(monkeypatch):
     assert resolve_model_path(name) == name
     with pytest.raises(ModelNotFoundError, match="local path"):
         load_tokenizer(name)
+
+
+def test_rose_trains_and_logs_tree_metrics(digit_model_dir, seven_task, tmp_path):
+    out = tmp_path / "rose"
+    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=3", "algorithm.method=rose", "rose.epsilon=0.5")
+    Trainer(cfg).train()
+    metrics = _metrics(out)
+    assert len(metrics) == 3
+    for m in metrics:
+        assert m["rose/branched_chains"] + m["rose/fresh_chains"] == 32
+        assert 0 < m["rose/generated_vs_independent"] <= 1.0
+        assert {"rose/max_tree_depth", "rose/branch_entropy", "rose/branch_divergence"} <= set(m)
+    assert sum(m["rose/branched_chains"] for m in metrics) > 0

@@ -100,7 +100,7 @@ class RewardConfig:
 
 @dataclass
 class AlgorithmConfig:
-    method: str = _opt("dr_grpo", "Method from the registry: 'grpo' or 'dr_grpo'.")
+    method: str = _opt("dr_grpo", "Method from the registry: 'grpo', 'dr_grpo' or 'rose'.")
     norm_adv_by_std: bool | None = _opt(
         None, "Divide group-centred rewards by the group std (null: the method's default)."
     )
@@ -112,6 +112,25 @@ class AlgorithmConfig:
     clip_ratio_c: float = _opt(3.0, "Dual-clip constant for negative advantages (verl default 3).")
     kl_coef: float = _opt(0.0, "KL-to-reference coefficient beta; 0 loads no reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = _opt("k3", "KL estimator (k3 = verl low_var_kl).")
+
+
+@dataclass
+class RoseConfig:
+    epsilon: float = _opt(0.5, "ROSE: probability of a fresh chain instead of a branch (1 = Dr.GRPO).")
+    alpha: float = _opt(1.0, "ROSE length-aware calibration exponent (eq. 8); 0 turns it off.")
+    branch_metric: Literal["semantic_entropy", "entropy", "divergence", "random"] = _opt(
+        "semantic_entropy", "Branch-point score: SD x H (ROSE), H (FR3E-style), SD, or random."
+    )
+    entropy_mode: Literal["topk_logprobs", "full_vocab"] = _opt(
+        "topk_logprobs", "H over the top-k log-probs (ROSE code) or the full vocabulary (paper)."
+    )
+    sd_mode: Literal["rose", "normalized"] = _opt(
+        "rose", "Semantic divergence: ROSE code formula, or the normalised non-negative variant."
+    )
+    sd_top_k: int = _opt(20, "Candidates used for semantic divergence (<= rollout.logprobs_top_k).")
+    code_compat: bool = _opt(
+        False, "Key tree nodes by (prompt, position) like ROSE's code instead of the exact tree."
+    )
 
 
 @dataclass
@@ -156,6 +175,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rose: RoseConfig = field(default_factory=RoseConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -341,6 +361,10 @@ def validate(cfg: Config) -> None:
         )
     if not cfg.data.arithmetic_levels or any(lv not in range(1, 6) for lv in cfg.data.arithmetic_levels):
         raise ConfigError("config key 'data.arithmetic_levels' must list levels between 1 and 5")
+    if not 0.0 <= cfg.rose.epsilon <= 1.0:
+        raise ConfigError(f"config key 'rose.epsilon' must be in [0, 1], got {cfg.rose.epsilon}")
+    if cfg.rose.sd_top_k > cfg.rollout.logprobs_top_k:
+        raise ConfigError("config key 'rose.sd_top_k' must be <= rollout.logprobs_top_k")
     if cfg.reward.timeout_s <= 0:
         raise ConfigError("config key 'reward.timeout_s' must be > 0")
 

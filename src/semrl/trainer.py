@@ -60,6 +60,7 @@ class RolloutBatch:
     generations: list[Generation]  # (N,)
     sequences: SequenceBatch  # prompt + response token layout
     texts: list[str]  # (N,) decoded responses
+    extras: dict[str, Any]  # method-specific rollout data (e.g. ROSE trees) and its metrics
 
 
 def load_dataset(name: str, cfg: Config, split: str, exclude: set[str] | None = None) -> list[Problem]:
@@ -253,6 +254,7 @@ class Trainer:
                     "step": self.step,
                     **reward_metrics,
                     **self._rollout_metrics(batch),
+                    **batch.extras.get("metrics", {}),
                     **update_metrics,
                     "lr": self.scheduler.get_last_lr()[0],
                     "time/rollout_s": t1 - t0,
@@ -289,15 +291,20 @@ class Trainer:
         group = cfg.rollout.group_size
         problems = [self.train_problems[i] for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
         prompt_ids = [build_prompt_ids(self.tokenizer, p.problem, cfg.data.system_prompt) for p in problems]
-        requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(group)]
-        gens = self.engine.generate(requests, self._sampling_params(), self.generator)
+        extras: dict[str, Any] = {}
+        if self.method.rollout_fn is not None:
+            gens, extras = self.method.rollout_fn(self, prompt_ids)
+        else:
+            requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(group)]
+            gens = self.engine.generate(requests, self._sampling_params(), self.generator)
         expanded = [p for p in problems for _ in range(group)]
         sequences = make_sequence_batch(
-            [r.prompt_ids for r in requests], [g.token_ids.tolist() for g in gens], self.tokenizer.pad_token_id
+            [ids for ids in prompt_ids for _ in range(group)], [g.token_ids.tolist() for g in gens],
+            self.tokenizer.pad_token_id,
         )
         texts = [self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
         group_ids = torch.arange(len(problems)).repeat_interleave(group)
-        return RolloutBatch(expanded, group_ids, gens, sequences, texts)
+        return RolloutBatch(expanded, group_ids, gens, sequences, texts, extras)
 
     def reward(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
         timeouts_before = self.pool.num_timeouts
@@ -320,7 +327,7 @@ class Trainer:
         }
 
     def advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> torch.Tensor:
-        inputs = AdvantageInputs(rewards, batch.group_ids, batch.sequences.response_mask)
+        inputs = AdvantageInputs(rewards, batch.group_ids, batch.sequences.response_mask, batch.extras)
         return self.method.advantage_fn(inputs, self.cfg.algorithm)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:

@@ -33,6 +33,8 @@ class AdvantageInputs:
 
 
 AdvantageFn = Callable[[AdvantageInputs, Any], torch.Tensor]
+# (trainer, prompt token ids) -> (generations, prompt-major with group_size per prompt; extras)
+RolloutFn = Callable[[Any, list[list[int]]], tuple[list[Any], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class MethodSpec:
     norm_adv_by_std: bool
     loss_agg_mode: str
     description: str
+    rollout_fn: RolloutFn | None = None  # None: independent sampling of group_size per prompt
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -96,3 +99,7 @@ def resolve_algorithm(algo_cfg: Any) -> MethodSpec:
     if algo_cfg.loss_agg_mode is None:
         algo_cfg.loss_agg_mode = spec.loss_agg_mode
     return spec
+
+
+# Built-in methods that live in their own modules register themselves on import.
+import semrl.algos.rose  # noqa: E402, F401
