@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from semrl.algos.branching import branch_scores, normalized_embeddings
-from semrl.algos.rose_rollout import BranchOptions, tree_rollout
+from semrl.algos.rose_rollout import tree_rollout
+from semrl.config import RoseConfig
 from semrl.models import load_model, load_tokenizer
 from semrl.rollout import RolloutEngine, SamplingParams
 
@@ -24,7 +25,7 @@ PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
 
 def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
     engine, emb, prompts = setup
-    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, BranchOptions(epsilon=0.0), torch.Generator().manual_seed(0))
+    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=0.0), torch.Generator().manual_seed(0))
     assert len(groups) == 3
     for g in groups:
         assert len(g.generations) == 4 and g.branched == [False, True, True, True]
@@ -43,7 +44,7 @@ def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
 
 def test_epsilon_one_gives_independent_chains(setup):
     engine, emb, prompts = setup
-    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, BranchOptions(epsilon=1.0), torch.Generator().manual_seed(0))
+    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=1.0), torch.Generator().manual_seed(0))
     for g in groups:
         assert g.tree.parents == (-1, -1, -1, -1) and not any(g.branched)
         assert g.generated_tokens == sum(g.tree.lengths)
@@ -51,6 +52,6 @@ def test_epsilon_one_gives_independent_chains(setup):
 
 def test_seeded_tree_rollout_is_repeatable(setup):
     engine, emb, prompts = setup
-    a = tree_rollout(engine, prompts, 4, PARAMS, emb, BranchOptions(), torch.Generator().manual_seed(3))
-    b = tree_rollout(engine, prompts, 4, PARAMS, emb, BranchOptions(), torch.Generator().manual_seed(3))
+    a = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3))
+    b = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3))
     assert [g.tree for g in a] == [g.tree for g in b]

@@ -12,7 +12,7 @@ import torch
 
 from semrl.algos.branching import normalized_embeddings
 from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
-from semrl.algos.rose_rollout import BranchOptions, tree_rollout
+from semrl.algos.rose_rollout import tree_rollout
 from semrl.algos.rose_tree import ChainTree, segment_advantages
 from semrl.rollout import Generation
 
@@ -30,13 +30,9 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
     cfg = trainer.cfg
     if getattr(trainer, "_rose_embeddings", None) is None:  # once per model, not per call
         trainer._rose_embeddings = normalized_embeddings(trainer.model.get_input_embeddings().weight)
-    options = BranchOptions(
-        epsilon=cfg.rose.epsilon, metric=cfg.rose.branch_metric, entropy_mode=cfg.rose.entropy_mode,
-        sd_mode=cfg.rose.sd_mode, sd_top_k=cfg.rose.sd_top_k,
-    )
     groups = tree_rollout(
         trainer.engine, prompt_ids, cfg.rollout.group_size, trainer._sampling_params(),
-        trainer._rose_embeddings, options, trainer.generator,
+        trainer._rose_embeddings, cfg.rose, trainer.generator,
     )
     gens = [g for group in groups for g in group.generations]
     branched = sum(sum(group.branched) for group in groups)
@@ -72,7 +68,7 @@ def rose_advantages(inputs: AdvantageInputs, algo_cfg: Any) -> torch.Tensor:
         out.append(
             segment_advantages(
                 tree, inputs.rewards[start : start + g], width,
-                alpha=inputs.extras.get("alpha", 1.0), code_compat=inputs.extras.get("code_compat", False),
+                alpha=inputs.extras["alpha"], code_compat=inputs.extras["code_compat"],
             )
         )
         start += g

@@ -14,16 +14,8 @@ import torch
 
 from semrl.algos.branching import branch_scores
 from semrl.algos.rose_tree import ChainTree
+from semrl.config import RoseConfig
 from semrl.rollout import Generation, GenerationRequest, RolloutEngine, SamplingParams
-
-
-@dataclass
-class BranchOptions:
-    epsilon: float = 0.5
-    metric: str = "semantic_entropy"
-    entropy_mode: str = "topk_logprobs"
-    sd_mode: str = "rose"
-    sd_top_k: int = 20
 
 
 @dataclass
@@ -55,7 +47,7 @@ def tree_rollout(
     group_size: int,
     params: SamplingParams,
     unit_embeddings: torch.Tensor,
-    options: BranchOptions,
+    options: RoseConfig,
     generator: torch.Generator | None = None,
 ) -> list[TreeGroup]:
     n = len(prompts)
@@ -90,9 +82,9 @@ def tree_rollout(
         outputs = engine.generate(requests, params, generator)
         for p, ((parent, k), out) in enumerate(zip(plan, outputs, strict=True)):
             score, entropy, divergence = branch_scores(
-                out.top_logprobs, out.top_ids, unit_embeddings, metric=options.metric,  # type: ignore[arg-type]
-                entropy_mode=options.entropy_mode, full_entropy=out.entropy,  # type: ignore[arg-type]
-                sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=generator,  # type: ignore[arg-type]
+                out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
+                entropy_mode=options.entropy_mode, full_entropy=out.entropy,
+                sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=generator,
             )
             generated[p] += len(out.token_ids)
             if parent < 0:

@@ -147,6 +147,10 @@ def segment_advantages(
 
         def node_value(c: int, k: int) -> float:
             return value[k]
+
+        def divergence_point(a: int, b: int) -> int:  # deepest common position in both sets
+            common = [k for k in sets[a] & sets[b] if k <= min(lengths[a], lengths[b])]
+            return max(common) if common else 0
     else:
         points, nodes = exact_node_points(tree)
         chain_points = points
@@ -156,6 +160,8 @@ def segment_advantages(
 
         def node_value(c: int, k: int) -> float:
             return root_value if k == 0 else rewards[sorted(member_of[(c, k)])].mean().item()
+
+        divergence_point = tree.shared_prefix
 
     for c in range(g):
         for start, end in _segments(chain_points[c], lengths[c]):
@@ -169,11 +175,7 @@ def segment_advantages(
             for c in correct:
                 if c == shortest:
                     continue
-                if code_compat:
-                    common = [k for k in sets[shortest] & sets[c] if k <= min(lengths[c], lengths[shortest])]
-                    k = max(common) if common else 0
-                else:
-                    k = tree.shared_prefix(shortest, c)
+                k = divergence_point(shortest, c)
                 adv[c] = length_discount(adv[c], lengths[c], lengths[shortest], k, alpha)
     return adv
 
