@@ -93,3 +93,56 @@ def test_select_trims_padding(tiny):
     sub = batch.select([0])
     assert sub.input_ids.tolist() == [[5, 6, 7, 1, 2]] and sub.prompt_width == 3
     assert sub.response_mask.tolist() == [[1, 1]]
+
+
+def test_prefix_cache_continuation_matches_recomputed_prefix(tiny):
+    """A continuation that reuses its parent's KV cache samples what re-encoding would sample."""
+    tok, _, engine = tiny
+    prompts = _prompts(tok, 3)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    full = engine.generate([GenerationRequest(p) for p in prompts], greedy, return_cache=True)
+    for p, f in zip(prompts, full, strict=True):
+        # every fed token is cached: prompt + all new tokens but the last
+        assert f.cache is not None and f.cache.length == len(p) + len(f.token_ids) - 1
+        assert f.cache.nbytes() > 0
+    # mixed batch: two rows continue from cached parents (one at k=0), one row re-encodes its prefix
+    cuts = [4, 0, 3]
+    requests = [
+        GenerationRequest(p, prefix_ids=f.token_ids[:k].tolist(), max_new_tokens=10 - k, cache=f.cache if i < 2 else None)
+        for i, (p, f, k) in enumerate(zip(prompts, full, cuts, strict=True))
+    ]
+    conts = engine.generate(requests, greedy, return_cache=True)
+    for p, f, c, k in zip(prompts, full, conts, cuts, strict=True):
+        n = len(c.token_ids)
+        assert n >= 1 and torch.equal(c.token_ids, f.token_ids[k : k + n])
+        assert torch.allclose(c.logprobs, f.logprobs[k : k + n], atol=1e-4)
+        assert torch.allclose(c.entropy, f.entropy[k : k + n], atol=1e-4)
+        assert c.cache is not None and c.cache.length == len(p) + k + n - 1
+        # the child's cache holds the same prefix states as the parent's
+        m = min(c.cache.length, f.cache.length)
+        assert torch.allclose(c.cache.keys[0][:, :m], f.cache.keys[0][:, :m], atol=1e-4)
+
+
+def test_finished_rows_leave_the_batch_without_changing_results(tiny):
+    """Greedy outputs do not depend on which other rows share the batch (compaction is exact)."""
+    tok, model, _ = tiny
+    prompts = _prompts(tok, 5)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    alone = [RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, 1).generate([GenerationRequest(p)], greedy)[0] for p in prompts]
+    budgets = [3, 12, 5, 12, 1]  # rows leave at different steps
+    together = RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, 8).generate(
+        [GenerationRequest(p, max_new_tokens=b) for p, b in zip(prompts, budgets, strict=True)], greedy
+    )
+    for a, t, b in zip(alone, together, budgets, strict=True):
+        n = min(b, len(a.token_ids))
+        assert len(t.token_ids) == n
+        assert torch.equal(t.token_ids, a.token_ids[:n])
+        assert torch.allclose(t.logprobs, a.logprobs[:n], atol=1e-4)
+
+
+def test_invalid_requests_are_rejected(tiny):
+    _, _, engine = tiny
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate([GenerationRequest([])], SamplingParams())
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate([GenerationRequest([1, 2], max_new_tokens=0)], SamplingParams())

@@ -25,7 +25,7 @@ PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
 
 def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
     engine, emb, prompts = setup
-    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=0.0), torch.Generator().manual_seed(0))
+    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=0.0), torch.Generator().manual_seed(0)).groups
     assert len(groups) == 3
     for g in groups:
         assert len(g.generations) == 4 and g.branched == [False, True, True, True]
@@ -44,7 +44,7 @@ def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
 
 def test_epsilon_one_gives_independent_chains(setup):
     engine, emb, prompts = setup
-    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=1.0), torch.Generator().manual_seed(0))
+    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=1.0), torch.Generator().manual_seed(0)).groups
     for g in groups:
         assert g.tree.parents == (-1, -1, -1, -1) and not any(g.branched)
         assert g.generated_tokens == sum(g.tree.lengths)
@@ -52,6 +52,42 @@ def test_epsilon_one_gives_independent_chains(setup):
 
 def test_seeded_tree_rollout_is_repeatable(setup):
     engine, emb, prompts = setup
-    a = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3))
-    b = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3))
+    a = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3)).groups
+    b = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3)).groups
     assert [g.tree for g in a] == [g.tree for g in b]
+
+
+def test_round_schedule_matches_the_sequential_algorithm(setup):
+    """Fresh chains first, then one branch per round: every branch picks the argmax over exactly
+    the chains with a smaller index, as the sequential loop of section 1.3 would."""
+    engine, emb, prompts = setup
+    result = tree_rollout(engine, prompts, 8, PARAMS, emb, RoseConfig(epsilon=0.5), torch.Generator().manual_seed(5))
+    branches_per_prompt = [sum(g.branched) for g in result.groups]
+    assert result.rounds == 1 + max(branches_per_prompt)
+    assert 0 < result.score_seconds < result.generate_seconds
+    for g in result.groups:
+        assert g.tree.parents[0] == -1 and len(g.generations) == 8
+        for c in range(1, 8):
+            parent, k = g.tree.parents[c], g.tree.branch_positions[c]
+            if parent < 0:
+                assert k == 0
+                continue
+            assert parent < c
+            earlier = [branch_scores(x.top_logprobs, x.top_ids, emb)[0] for x in g.generations[:c]]
+            flat = torch.cat(earlier)
+            offset = sum(len(x) for x in earlier[:parent])
+            assert int(torch.argmax(flat)) == offset + k
+            assert g.generations[c].cache is None  # freed once the trees are complete
+
+
+def test_kv_reuse_does_not_change_greedy_trees(setup):
+    """With greedy decoding the tree is deterministic; reusing the parent's cache must not change it."""
+    engine, emb, prompts = setup
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    ref = tree_rollout(engine, prompts, 4, greedy, emb, RoseConfig(epsilon=0.0, reuse_kv_cache=False))
+    out = tree_rollout(engine, prompts, 4, greedy, emb, RoseConfig(epsilon=0.0, reuse_kv_cache=True))
+    for a, b in zip(ref.groups, out.groups, strict=True):
+        assert a.tree == b.tree
+        for x, y in zip(a.generations, b.generations, strict=True):
+            assert torch.equal(x.token_ids, y.token_ids)
+            assert torch.allclose(x.logprobs, y.logprobs, atol=1e-4)

@@ -131,6 +131,10 @@ class RoseConfig:
     code_compat: bool = _opt(
         False, "Key tree nodes by (prompt, position) like ROSE's code instead of the exact tree."
     )
+    reuse_kv_cache: bool = _opt(
+        True, "Continue branches from the parent chain's KV cache (kept until the step's trees are "
+        "done); false re-encodes prompt + prefix, saving memory on long responses."
+    )
 
 
 @dataclass

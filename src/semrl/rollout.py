@@ -5,6 +5,11 @@ continue from, as tree rollouts do); only the newly generated tokens are returne
 the sampled ids, their log-probs, the top-k log-probs and ids at every position (ROSE's branching
 scores need them), the full-vocabulary entropy, and whether it ended with EOS or was truncated.
 
+A request may carry the ``PrefixCache`` of the chain it continues: then only the context tokens the
+cache does not cover are encoded. With ``return_cache=True`` every result carries the cache of all
+tokens it fed through the model, ready for its own continuations. Finished rows leave the batch at
+once, so a long straggler does not make the finished rows pay for its decoding steps.
+
 Log-probs are those of the temperature-scaled distribution before top-p/top-k filtering, i.e. the
 distribution the trainer's forward pass computes with the same temperature.
 """
@@ -15,6 +20,29 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class PrefixCache:
+    """Key/value states of one sequence's first ``length`` context tokens, for every layer.
+
+    keys[l], values[l]: (num_kv_heads, length, head_dim). A continuation from a prefix hands the
+    cache of its parent chain to the engine, which then feeds only the last context token instead
+    of re-encoding prompt + prefix (what vLLM's prefix caching does for the ROSE code).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[-2] if self.keys else 0
+
+    def truncate(self, length: int) -> PrefixCache:
+        return PrefixCache([k[:, :length] for k in self.keys], [v[:, :length] for v in self.values])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 @dataclass(frozen=True)
@@ -31,6 +59,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     prefix_ids: list[int] = field(default_factory=list)
     max_new_tokens: int | None = None  # overrides SamplingParams.max_new_tokens (branch budgets)
+    cache: PrefixCache | None = None  # KV of a leading part of prompt_ids + prefix_ids
 
 
 @dataclass
@@ -44,7 +73,7 @@ class Generation:
         top_ids: (L, k) their token ids.
         entropy: (L,) entropy of the full next-token distribution.
         finished: ended with EOS.
-        truncated: stopped by the token budget.
+        cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
     """
 
     token_ids: torch.Tensor
@@ -53,6 +82,7 @@ class Generation:
     top_ids: torch.Tensor
     entropy: torch.Tensor
     finished: bool
+    cache: PrefixCache | None = None
 
     @property
     def truncated(self) -> bool:
@@ -74,6 +104,34 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def _batched_cache(caches: list[PrefixCache | None], lengths: list[int], device: torch.device) -> DynamicCache:
+    """Left-pad the first ``lengths[i]`` cached tokens of each row into one (B, H, W, D) cache per layer."""
+    width = max(lengths)
+    template = next((c for c in caches if c is not None and c.length), None)
+    if width == 0 or template is None:
+        return DynamicCache()
+    layers = []
+    for layer in range(len(template.keys)):
+        heads, _, dim = template.keys[layer].shape
+        dtype = template.keys[layer].dtype
+        keys = torch.zeros((len(caches), heads, width, dim), dtype=dtype, device=device)
+        values = torch.zeros_like(keys)
+        for i, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
+            if n:
+                keys[i, :, width - n :] = cache.keys[layer][:, :n]  # type: ignore[union-attr]
+                values[i, :, width - n :] = cache.values[layer][:, :n]  # type: ignore[union-attr]
+        layers.append((keys, values))
+    return DynamicCache(ddp_cache_data=layers)
+
+
+def _row_cache(cache: DynamicCache, row: int, row_attention: torch.Tensor) -> PrefixCache:
+    """The unpadded cache of one batch row, as contiguous copies (the padding columns dropped)."""
+    valid = row_attention.bool()
+    keys = [layer.keys[row][:, valid].clone() for layer in cache.layers]
+    values = [layer.values[row][:, valid].clone() for layer in cache.layers]
+    return PrefixCache(keys, values)
+
+
 class RolloutEngine:
     """Samples continuations from a causal LM with Hugging Face's KV cache."""
 
@@ -91,45 +149,68 @@ class RolloutEngine:
         requests: list[GenerationRequest],
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        return_cache: bool = False,
     ) -> list[Generation]:
         out: list[Generation] = []
         for start in range(0, len(requests), self.batch_size):
-            out.extend(self._generate_batch(requests[start : start + self.batch_size], params, generator))
+            chunk = requests[start : start + self.batch_size]
+            out.extend(self._generate_batch(chunk, params, generator, return_cache))
         return out
 
     def _generate_batch(
-        self, requests: list[GenerationRequest], params: SamplingParams, generator: torch.Generator | None
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        return_cache: bool,
     ) -> list[Generation]:
         model = self.model
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
         contexts = [r.prompt_ids + r.prefix_ids for r in requests]
+        if any(not ctx for ctx in contexts):
+            raise ValueError("a generation request has an empty prompt")
         budgets = torch.tensor(
             [r.max_new_tokens if r.max_new_tokens is not None else params.max_new_tokens for r in requests]
         )
-        batch, width = len(contexts), max(len(c) for c in contexts)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for i, ctx in enumerate(contexts):  # left padding: every row's next token is at column `width`
-            input_ids[i, width - len(ctx) :] = torch.tensor(ctx)
-            attention[i, width - len(ctx) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
-        eos = self.eos_token_ids.to(device)
-        k = params.logprobs_top_k
+        if bool((budgets < 1).any()):
+            raise ValueError(f"max_new_tokens must be >= 1, got {budgets.min().item()}")
+        batch = len(contexts)
 
-        cache = DynamicCache()
+        # Row i = [left padding | cached[i] tokens from its PrefixCache | padding | uncached suffix].
+        # The last context token is always fed, so that its logits give the first new token.
+        cached = [min(r.cache.length, len(ctx) - 1) if r.cache else 0 for r, ctx in zip(requests, contexts, strict=True)]
+        suffixes = [ctx[n:] for ctx, n in zip(contexts, cached, strict=True)]
+        past_width, suffix_width = max(cached), max(len(s) for s in suffixes)
+        input_ids = torch.full((batch, suffix_width), self.pad_token_id, dtype=torch.long)
+        positions = torch.zeros((batch, suffix_width), dtype=torch.long)
+        attention = torch.zeros((batch, past_width + suffix_width), dtype=torch.long)
+        for i, (n, suffix) in enumerate(zip(cached, suffixes, strict=True)):
+            input_ids[i, suffix_width - len(suffix) :] = torch.tensor(suffix)
+            positions[i, suffix_width - len(suffix) :] = torch.arange(n, n + len(suffix))
+            attention[i, past_width - n : past_width] = 1
+            attention[i, past_width + suffix_width - len(suffix) :] = 1
+        cache = _batched_cache([r.cache for r in requests], cached, device)
+        attention = attention.to(device)
         logits = model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions,
+            input_ids=input_ids.to(device), attention_mask=attention, position_ids=positions.to(device),
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1, :].float()
-        next_pos = positions[:, -1] + 1
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        steps: list[tuple[torch.Tensor, ...]] = []
+
         max_steps = int(budgets.max().item())
-        budgets = budgets.to(device)
+        k = params.logprobs_top_k
+        tokens = torch.full((batch, max_steps), self.pad_token_id, dtype=torch.long)
+        logps = torch.zeros((batch, max_steps))
+        top_lps = torch.zeros((batch, max_steps, k))
+        top_ids = torch.zeros((batch, max_steps, k), dtype=torch.long)
+        entropies = torch.zeros((batch, max_steps))
+        lengths = torch.zeros(batch, dtype=torch.long)
+        finished = torch.zeros(batch, dtype=torch.bool)
+        caches: list[PrefixCache | None] = [None] * batch
+        active = torch.arange(batch)  # original row index of each row still in the batch
+        next_pos = torch.tensor([len(c) for c in contexts], device=device)
+        eos = self.eos_token_ids.to(device)
         for step in range(max_steps):
             scaled = logits / params.temperature if params.temperature > 0 else logits
             logp_all = torch.log_softmax(scaled, dim=-1)
@@ -138,17 +219,31 @@ class RolloutEngine:
                 token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
             else:
                 token = scaled.argmax(-1)
-            token = torch.where(done, torch.full_like(token, self.pad_token_id), token)
-            token_logp = logp_all.gather(-1, token[:, None]).squeeze(-1)
             top_lp, top_id = torch.topk(logp_all, k, dim=-1)
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-            steps.append((token, token_logp, top_lp, top_id, entropy, done.clone()))
-            is_eos = torch.isin(token, eos) & ~done
-            finished |= is_eos
-            done |= is_eos | (step + 1 >= budgets)
-            if bool(done.all()):
-                break
-            attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], -1)
+            tokens[active, step] = token.cpu()
+            logps[active, step] = logp_all.gather(-1, token[:, None]).squeeze(-1).cpu()
+            top_lps[active, step] = top_lp.cpu()
+            top_ids[active, step] = top_id.cpu()
+            entropies[active, step] = -(logp_all.exp() * logp_all).sum(-1).cpu()
+            lengths[active] += 1
+            is_eos = torch.isin(token, eos).cpu()
+            finished[active] |= is_eos
+            done = is_eos | (lengths[active] >= budgets[active])
+            if bool(done.any()):
+                if return_cache:
+                    for row in done.nonzero().flatten().tolist():
+                        caches[int(active[row])] = _row_cache(cache, row, attention[row])
+                keep = (~done).nonzero().flatten()
+                if keep.numel() == 0:
+                    break
+                active, token, next_pos, attention = active[keep], token[keep], next_pos[keep], attention[keep]
+                # Drop finished rows, then the leading columns that only they used.
+                first = int(attention.argmax(-1).min().item())
+                for layer in cache.layers:
+                    layer.keys = layer.keys[keep.to(device), :, first:]
+                    layer.values = layer.values[keep.to(device), :, first:]
+                attention = attention[:, first:]
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], -1)
             logits = model(
                 input_ids=token[:, None], attention_mask=attention, position_ids=next_pos[:, None],
                 past_key_values=cache, use_cache=True,
@@ -157,18 +252,14 @@ class RolloutEngine:
         if was_training:
             model.train()
 
-        tokens, logps, top_lps, top_ids, entropies, was_done = (torch.stack(x, 1).cpu() for x in zip(*steps, strict=False))
         results = []
         for i in range(batch):
-            n = int((~was_done[i]).sum().item())
+            n = int(lengths[i])
             results.append(
                 Generation(
-                    token_ids=tokens[i, :n].clone(),
-                    logprobs=logps[i, :n].clone(),
-                    top_logprobs=top_lps[i, :n].clone(),
-                    top_ids=top_ids[i, :n].clone(),
-                    entropy=entropies[i, :n].clone(),
-                    finished=bool(finished[i].item()),
+                    token_ids=tokens[i, :n].clone(), logprobs=logps[i, :n].clone(),
+                    top_logprobs=top_lps[i, :n].clone(), top_ids=top_ids[i, :n].clone(),
+                    entropy=entropies[i, :n].clone(), finished=bool(finished[i]), cache=caches[i],
                 )
             )
         return results

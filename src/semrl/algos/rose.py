@@ -30,10 +30,11 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
     cfg = trainer.cfg
     if getattr(trainer, "_rose_embeddings", None) is None:  # once per model, not per call
         trainer._rose_embeddings = normalized_embeddings(trainer.model.get_input_embeddings().weight)
-    groups = tree_rollout(
+    result = tree_rollout(
         trainer.engine, prompt_ids, cfg.rollout.group_size, trainer._sampling_params(),
         trainer._rose_embeddings, cfg.rose, trainer.generator,
     )
+    groups = result.groups
     gens = [g for group in groups for g in group.generations]
     branched = sum(sum(group.branched) for group in groups)
     entropies = [h for group in groups for h in group.chosen_entropy]
@@ -47,7 +48,10 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
         "rose/branch_entropy": float(sum(entropies) / len(entropies)) if entropies else 0.0,
         "rose/branch_divergence": float(sum(divergences) / len(divergences)) if divergences else 0.0,
         "rose/generated_tokens": float(generated),
+        # leaves' total length = what independent sampling of the same responses would generate
         "rose/generated_vs_independent": generated / max(1, total_tokens),
+        "rose/generation_rounds": float(result.rounds),
+        "rose/score_time_frac": result.score_seconds / max(1e-9, result.score_seconds + result.generate_seconds),
     }
     extras = {
         "trees": [group.tree for group in groups],

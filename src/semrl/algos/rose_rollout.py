@@ -1,13 +1,20 @@
 """ROSE tree rollout ("iterative" mode, algorithms.md section 1.3).
 
 Per prompt: a root chain, then G-1 iterations; each starts a fresh chain with probability epsilon,
-otherwise re-samples from the highest-scoring position over all existing chains of that prompt
-(the token at that position is re-sampled). All prompts of a batch advance together: one batched
-generation call per iteration.
+otherwise re-samples from the highest-scoring position over all chains created before it (the
+token at that position is re-sampled).
+
+Scheduling. Whether an iteration is fresh does not depend on what was sampled, so the coins are
+drawn up front and every fresh chain is generated in the first round, batched with the roots. The
+branch iterations of a prompt then run one per round, in their original order, each choosing among
+exactly the chains the sequential algorithm would have had (those with a smaller index). All
+prompts advance together, one batched generation call per round; a continuation reuses its parent
+chain's KV cache (``rose.reuse_kv_cache``) instead of re-encoding prompt + prefix.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +37,22 @@ class TreeGroup:
     generated_tokens: int  # tokens actually sampled (prefixes are reused, not re-sampled)
 
 
+@dataclass
+class TreeRollout:
+    groups: list[TreeGroup]  # one per prompt, in prompt order
+    rounds: int  # batched generation calls
+    generate_seconds: float  # time inside the engine
+    score_seconds: float  # time computing branching scores
+
+
+@dataclass
+class _Job:
+    prompt: int
+    index: int  # iteration = chain index within the prompt's group
+    parent: int  # -1 for the root and fresh chains
+    position: int  # branch position k in the parent; -1 root, 0 fresh
+
+
 def _concat(prefix: Generation, k: int, cont: Generation) -> Generation:
     return Generation(
         token_ids=torch.cat([prefix.token_ids[:k], cont.token_ids]),
@@ -38,7 +61,21 @@ def _concat(prefix: Generation, k: int, cont: Generation) -> Generation:
         top_ids=torch.cat([prefix.top_ids[:k], cont.top_ids]),
         entropy=torch.cat([prefix.entropy[:k], cont.entropy]),
         finished=cont.finished,
+        cache=cont.cache,  # covers prompt + prefix + continuation: the whole new chain
     )
+
+
+def _argmax_position(chain_scores: list[torch.Tensor]) -> tuple[int, int] | None:
+    """(chain, position) of the highest score; the first maximum wins, so the earliest chain wins ties."""
+    flat = torch.cat(chain_scores)
+    if flat.numel() == 0:
+        return None
+    best = int(torch.argmax(flat).item())
+    chain = 0
+    while best >= len(chain_scores[chain]):
+        best -= len(chain_scores[chain])
+        chain += 1
+    return chain, best
 
 
 def tree_rollout(
@@ -49,62 +86,88 @@ def tree_rollout(
     unit_embeddings: torch.Tensor,
     options: RoseConfig,
     generator: torch.Generator | None = None,
-) -> list[TreeGroup]:
-    n = len(prompts)
-    chains: list[list[Generation]] = [[] for _ in range(n)]
-    scores: list[list[torch.Tensor]] = [[] for _ in range(n)]
+) -> TreeRollout:
+    """G leaves per prompt from ROSE's iterative tree rollout.
+
+    Args:
+        prompts: token ids of each prompt.
+        unit_embeddings: (V, D) L2-normalised input embeddings for semantic divergence.
+        options: the ``rose`` config section (epsilon, branch metric, modes, KV reuse).
+    """
+    n, g = len(prompts), group_size
+    is_fresh = torch.rand((n, g), generator=generator) < options.epsilon
+    is_fresh[:, 0] = True
+    chains: list[list[Generation | None]] = [[None] * g for _ in range(n)]
+    scores: list[list[torch.Tensor]] = [[torch.empty(0)] * g for _ in range(n)]
+    parents = [[-1] * g for _ in range(n)]
+    positions = [[-1] + [0] * (g - 1) for _ in range(n)]
     stats: list[list[tuple[float, float]]] = [[] for _ in range(n)]
-    parents: list[list[int]] = [[] for _ in range(n)]
-    positions: list[list[int]] = [[] for _ in range(n)]
     generated = [0] * n
-    for it in range(group_size):
-        requests, plan = [], []
-        for p in range(n):
-            fresh = it == 0 or bool(torch.rand((), generator=generator) < options.epsilon)
-            if not fresh:
-                flat = torch.cat(scores[p])
-                if flat.numel() == 0:
-                    fresh = True
-            if fresh:
-                plan.append((-1, -1 if it == 0 else 0))
-                requests.append(GenerationRequest(prompts[p]))
+    pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
+    timing = {"generate": 0.0, "score": 0.0}
+
+    def run(jobs: list[_Job]) -> None:
+        requests = []
+        for job in jobs:
+            if job.parent < 0:
+                requests.append(GenerationRequest(prompts[job.prompt]))
                 continue
-            best = int(torch.argmax(flat).item())  # first maximum: earliest chain wins ties
-            c, k = 0, best
-            while k >= len(scores[p][c]):
-                k -= len(scores[p][c])
-                c += 1
-            plan.append((c, k))
-            prefix = chains[p][c].token_ids[:k].tolist()
+            parent = chains[job.prompt][job.parent]
+            assert parent is not None
             requests.append(
-                GenerationRequest(prompts[p], prefix_ids=prefix, max_new_tokens=params.max_new_tokens - k)
+                GenerationRequest(
+                    prompts[job.prompt], prefix_ids=parent.token_ids[: job.position].tolist(),
+                    max_new_tokens=params.max_new_tokens - job.position,
+                    cache=parent.cache if options.reuse_kv_cache else None,
+                )
             )
-        outputs = engine.generate(requests, params, generator)
-        for p, ((parent, k), out) in enumerate(zip(plan, outputs, strict=True)):
+        t0 = time.perf_counter()
+        outputs = engine.generate(requests, params, generator, return_cache=options.reuse_kv_cache)
+        t1 = time.perf_counter()
+        for job, out in zip(jobs, outputs, strict=True):
             score, entropy, divergence = branch_scores(
                 out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
                 entropy_mode=options.entropy_mode, full_entropy=out.entropy,
                 sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=generator,
             )
+            p, k = job.prompt, job.position
             generated[p] += len(out.token_ids)
-            if parent < 0:
-                chains[p].append(out)
-                scores[p].append(score)
+            parents[p][job.index], positions[p][job.index] = job.parent, k
+            if job.parent < 0:
+                chains[p][job.index], scores[p][job.index] = out, score
             else:
-                chains[p].append(_concat(chains[p][parent], k, out))
-                scores[p].append(torch.cat([scores[p][parent][:k], score]))
-                if len(entropy):
-                    stats[p].append((entropy[0].item(), divergence[0].item()))
-            parents[p].append(parent)
-            positions[p].append(k)
+                parent = chains[p][job.parent]
+                assert parent is not None
+                chains[p][job.index] = _concat(parent, k, out)
+                scores[p][job.index] = torch.cat([scores[p][job.parent][:k], score])
+                stats[p].append((entropy[0].item(), divergence[0].item()))
+        timing["generate"] += t1 - t0
+        timing["score"] += time.perf_counter() - t1
+
+    rounds = 1
+    run([_Job(p, it, -1, -1 if it == 0 else 0) for p in range(n) for it in range(g) if is_fresh[p, it]])
+    while any(pending):
+        jobs = []
+        for p in range(n):
+            if not pending[p]:
+                continue
+            it = pending[p].pop(0)
+            choice = _argmax_position(scores[p][:it])
+            jobs.append(_Job(p, it, -1, 0) if choice is None else _Job(p, it, *choice))
+        run(jobs)
+        rounds += 1
+
     groups = []
     for p in range(n):
-        tree = ChainTree(tuple(parents[p]), tuple(positions[p]), tuple(len(g.token_ids) for g in chains[p]))
+        leaves = [c for c in chains[p] if c is not None]
+        for leaf in leaves:
+            leaf.cache = None  # the trees are complete: free the KV memory
+        tree = ChainTree(tuple(parents[p]), tuple(positions[p]), tuple(len(c.token_ids) for c in leaves))
         groups.append(
             TreeGroup(
-                generations=chains[p], tree=tree, branched=[q >= 0 for q in parents[p]],
+                generations=leaves, tree=tree, branched=[q >= 0 for q in parents[p]],
                 chosen_entropy=[h for h, _ in stats[p]], chosen_divergence=[d for _, d in stats[p]],
                 generated_tokens=generated[p],
             )
         )
-    return groups
+    return TreeRollout(groups, rounds, timing["generate"], timing["score"])
