@@ -166,4 +166,28 @@ def test_rose_trains_and_logs_tree_metrics(digit_model_dir, seven_task, tmp_path
         assert m["rose/branched_chains"] + m["rose/fresh_chains"] == 32
         assert 0 < m["rose/generated_vs_independent"] <= 1.0
         assert {"rose/max_tree_depth", "rose/branch_entropy", "rose/branch_divergence"} <= set(m)
+        assert 1 <= m["rose/generation_rounds"] <= 8 and 0 < m["rose/score_time_frac"] < 0.5
+        assert 1 <= m["reward/distinct_answers_per_group"] <= 8
     assert sum(m["rose/branched_chains"] for m in metrics) > 0
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_dir, seven_task, tmp_path):
+    out = tmp_path / "dyn"
+    cfg = _cfg(
+        digit_model_dir, seven_task, out, "trainer.steps=2", "algorithm.dynamic_sampling=true",
+        "algorithm.max_sampling_rounds=3",
+    )
+    trainer = Trainer(cfg)
+    batch, metrics, _ = trainer.collect()
+    grouped = batch.group_rewards()
+    informative = (grouped.max(1).values > grouped.min(1).values).tolist()
+    kept = int(metrics["dynamic_sampling/kept_groups"])
+    assert batch.num_groups == 4 and len(batch.generations) == 32
+    assert informative == [True] * kept + [False] * (4 - kept)  # kept groups first, fillers after
+    assert metrics["dynamic_sampling/filled_groups"] == 4 - kept
+    assert 1 <= metrics["dynamic_sampling/rollout_batches"] <= 3
+    if kept < 4:
+        assert metrics["dynamic_sampling/rollout_batches"] == 3
+    assert 1 <= metrics["reward/distinct_answers_per_group"] <= 8
+    last = trainer.train()
+    assert "dynamic_sampling/kept_groups" in last and last["step"] == 2

@@ -112,6 +112,14 @@ class AlgorithmConfig:
     clip_ratio_c: float = _opt(3.0, "Dual-clip constant for negative advantages (verl default 3).")
     kl_coef: float = _opt(0.0, "KL-to-reference coefficient beta; 0 loads no reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = _opt("k3", "KL estimator (k3 = verl low_var_kl).")
+    dynamic_sampling: bool = _opt(
+        False, "Drop groups whose rewards are all equal and sample more prompts until the batch is "
+        "full (DAPO; verl: algorithm.filter_groups.enable)."
+    )
+    max_sampling_rounds: int = _opt(
+        8, "Rollout batches per step at most with dynamic sampling (verl: max_num_gen_batches); a "
+        "batch still short is filled with dropped, zero-advantage groups."
+    )
 
 
 @dataclass
@@ -346,6 +354,7 @@ def validate(cfg: Config) -> None:
         "trainer.ppo_epochs": cfg.trainer.ppo_epochs,
         "reward.num_workers": cfg.reward.num_workers,
         "logging.eval_samples": cfg.logging.eval_samples,
+        "algorithm.max_sampling_rounds": cfg.algorithm.max_sampling_rounds,
     }
     for key, value in positive.items():
         if value < 1:

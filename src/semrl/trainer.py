@@ -11,7 +11,6 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from tqdm.auto import tqdm
 
 from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss
 from semrl.algos.registry import AdvantageInputs, resolve_algorithm
+from semrl.batch import RolloutBatch, gather_groups
 from semrl.checkpoint import (
     cleanup_partial,
     latest_checkpoint,
@@ -40,27 +40,15 @@ from semrl.data import (
     resolve_dataset,
 )
 from semrl.evaluation import evaluate_problems
-from semrl.forward import SequenceBatch, make_sequence_batch, response_logprobs
+from semrl.forward import SequenceBatch, response_logprobs
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.reward import VerifierPool, score_responses
-from semrl.rollout import Generation, GenerationRequest, RolloutEngine, SamplingParams
+from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 ARITHMETIC = "arithmetic"
 EVAL_SEED_OFFSET = 10_007  # held-out arithmetic problems use another seed and exclude train texts
-
-
-@dataclass
-class RolloutBatch:
-    """One step's rollouts: N = prompts_per_step * group_size sequences, grouped by prompt."""
-
-    problems: list[Problem]  # (N,) the problem of each sequence
-    group_ids: torch.Tensor  # (N,)
-    generations: list[Generation]  # (N,)
-    sequences: SequenceBatch  # prompt + response token layout
-    texts: list[str]  # (N,) decoded responses
-    extras: dict[str, Any]  # method-specific rollout data (e.g. ROSE trees) and its metrics
 
 
 def load_dataset(name: str, cfg: Config, split: str, exclude: set[str] | None = None) -> list[Problem]:
@@ -242,11 +230,9 @@ class Trainer:
         try:
             while self.step < cfg.trainer.steps:
                 t0 = time.perf_counter()
-                batch = self.rollout()
+                batch, reward_metrics, t_reward = self.collect()
                 t1 = time.perf_counter()
-                rewards, reward_metrics = self.reward(batch)
-                t2 = time.perf_counter()
-                advantages = self.advantages(batch, rewards)
+                advantages = self.advantages(batch)
                 update_metrics = self.update(batch, advantages)
                 t3 = time.perf_counter()
                 self.step += 1
@@ -257,9 +243,9 @@ class Trainer:
                     **batch.extras.get("metrics", {}),
                     **update_metrics,
                     "lr": self.scheduler.get_last_lr()[0],
-                    "time/rollout_s": t1 - t0,
-                    "time/reward_s": t2 - t1,
-                    "time/update_s": t3 - t2,
+                    "time/rollout_s": t1 - t0 - t_reward,
+                    "time/reward_s": t_reward,
+                    "time/update_s": t3 - t1,
                     "time/step_s": t3 - t0,
                 }
                 if cfg.logging.eval_every and self.step % cfg.logging.eval_every == 0 and self.step < cfg.trainer.steps:
@@ -267,7 +253,7 @@ class Trainer:
                 if self.step == cfg.trainer.steps and self.eval_problems:
                     last.update(self.evaluate())
                 self._log(last)
-                self._write_samples(batch, rewards)
+                self._write_samples(batch)
                 if (cfg.logging.save_every and self.step % cfg.logging.save_every == 0) or self.step == cfg.trainer.steps:
                     self.save()
                 bar.update(1)
@@ -286,6 +272,43 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     # Stages
 
+    def collect(self) -> tuple[RolloutBatch, dict[str, float], float]:
+        """Rollout + reward. With ``algorithm.dynamic_sampling`` (DAPO), groups whose rewards are all
+        equal are dropped and more prompts are sampled until ``prompts_per_step`` groups remain, for at
+        most ``algorithm.max_sampling_rounds`` rollout batches; a batch still short is filled with
+        dropped groups, whose advantages are zero. Returns (batch, reward metrics over every sampled
+        sequence, seconds spent in the reward stage)."""
+        algo, wanted = self.cfg.algorithm, self.cfg.rollout.prompts_per_step
+        sampled: list[RolloutBatch] = []
+        kept: list[tuple[RolloutBatch, int]] = []
+        dropped: list[tuple[RolloutBatch, int]] = []
+        reward_seconds = 0.0
+        while True:
+            batch = self.rollout()
+            t0 = time.perf_counter()
+            self.reward(batch)
+            reward_seconds += time.perf_counter() - t0
+            sampled.append(batch)
+            if not algo.dynamic_sampling:
+                return batch, self._reward_metrics(sampled), reward_seconds
+            grouped = batch.group_rewards()
+            informative = grouped.max(1).values > grouped.min(1).values
+            for g in range(batch.num_groups):
+                (kept if informative[g] else dropped).append((batch, g))
+            if len(kept) >= wanted or len(sampled) >= algo.max_sampling_rounds:
+                break
+        if len(kept) < wanted:
+            logger.warning(
+                "dynamic sampling: %d of %d groups have distinct rewards after %d rollout batches "
+                "(algorithm.max_sampling_rounds); filling with zero-advantage groups", len(kept), wanted, len(sampled),
+            )
+        chosen = (kept + dropped)[:wanted]
+        metrics = self._reward_metrics(sampled)
+        metrics["dynamic_sampling/rollout_batches"] = float(len(sampled))
+        metrics["dynamic_sampling/kept_groups"] = float(min(len(kept), wanted))
+        metrics["dynamic_sampling/filled_groups"] = float(max(0, wanted - len(kept)))
+        return gather_groups(chosen), metrics, reward_seconds
+
     def rollout(self) -> RolloutBatch:
         cfg = self.cfg
         group = cfg.rollout.group_size
@@ -297,18 +320,20 @@ class Trainer:
         else:
             requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(group)]
             gens = self.engine.generate(requests, self._sampling_params(), self.generator)
-        expanded = [p for p in problems for _ in range(group)]
-        sequences = make_sequence_batch(
-            [ids for ids in prompt_ids for _ in range(group)], [g.token_ids.tolist() for g in gens],
-            self.tokenizer.pad_token_id,
+        return RolloutBatch(
+            problems=[p for p in problems for _ in range(group)],
+            prompt_ids=[ids for ids in prompt_ids for _ in range(group)],
+            generations=gens,
+            texts=[self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens],
+            group_size=group,
+            pad_token_id=self.tokenizer.pad_token_id,
+            extras=extras,
         )
-        texts = [self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
-        group_ids = torch.arange(len(problems)).repeat_interleave(group)
-        return RolloutBatch(expanded, group_ids, gens, sequences, texts, extras)
 
-    def reward(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def reward(self, batch: RolloutBatch) -> None:
+        """Score every response; fills ``batch.rewards`` and ``batch.reward_results``."""
         timeouts_before = self.pool.num_timeouts
-        results = score_responses(
+        batch.reward_results = score_responses(
             self.pool,
             batch.texts,
             [p.answer for p in batch.problems],
@@ -316,18 +341,27 @@ class Trainer:
             truncated=[g.truncated for g in batch.generations],
             truncated_reward=self.cfg.reward.truncated_reward,
         )
-        self._last_rewards = results
-        rewards = torch.tensor([r.reward for r in results])
-        grouped = rewards.view(-1, self.cfg.rollout.group_size)
-        return rewards, {
+        batch.rewards = torch.tensor([r.reward for r in batch.reward_results])
+        batch.verify_timeouts = self.pool.num_timeouts - timeouts_before
+
+    def _reward_metrics(self, batches: list[RolloutBatch]) -> dict[str, float]:
+        rewards = torch.cat([b.rewards for b in batches if b.rewards is not None])
+        grouped = torch.cat([b.group_rewards() for b in batches])
+        results = [r for b in batches for r in b.reward_results]
+        g = batches[0].group_size
+        # distinct extracted answers per group (None = no answer found counts as one more)
+        distinct = [len({r.answer for r in results[i : i + g]}) for i in range(0, len(results), g)]
+        return {
             "reward": rewards.mean().item(),
             "accuracy": float(np.mean([r.correct for r in results])),
             "reward/frac_groups_all_equal": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
-            "reward/verify_timeouts": float(self.pool.num_timeouts - timeouts_before),
+            "reward/distinct_answers_per_group": float(np.mean(distinct)),
+            "reward/verify_timeouts": float(sum(b.verify_timeouts for b in batches)),
         }
 
-    def advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> torch.Tensor:
-        inputs = AdvantageInputs(rewards, batch.group_ids, batch.sequences.response_mask, batch.extras)
+    def advantages(self, batch: RolloutBatch) -> torch.Tensor:
+        assert batch.rewards is not None
+        inputs = AdvantageInputs(batch.rewards, batch.group_ids, batch.sequences.response_mask, batch.extras)
         return self.method.advantage_fn(inputs, self.cfg.algorithm)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
@@ -426,7 +460,7 @@ class Trainer:
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         lengths = np.array([len(g.token_ids) for g in batch.generations], dtype=float)
         entropy = torch.cat([g.entropy for g in batch.generations])
-        correct = np.array([r.correct for r in self._last_rewards])
+        correct = np.array([r.correct for r in batch.reward_results])
         return {
             "entropy": entropy.mean().item() if entropy.numel() else 0.0,
             "response_length": float(lengths.mean()),
@@ -443,7 +477,8 @@ class Trainer:
                     self.tb.add_scalar(key, value, metrics["step"])
             self.tb.flush()
 
-    def _write_samples(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
+    def _write_samples(self, batch: RolloutBatch) -> None:
+        assert batch.rewards is not None
         n = min(self.cfg.logging.samples_per_step, len(batch.texts))
         with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
             for i in range(n):
@@ -455,8 +490,8 @@ class Trainer:
                             "problem": batch.problems[i].problem,
                             "gold": batch.problems[i].answer,
                             "response": batch.texts[i],
-                            "answer": self._last_rewards[i].answer,
-                            "reward": rewards[i].item(),
+                            "answer": batch.reward_results[i].answer,
+                            "reward": batch.rewards[i].item(),
                         }
                     )
                     + "\n"

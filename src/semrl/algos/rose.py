@@ -54,7 +54,7 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
         "rose/score_time_frac": result.score_seconds / max(1e-9, result.score_seconds + result.generate_seconds),
     }
     extras = {
-        "trees": [group.tree for group in groups],
+        "groups": {"trees": [group.tree for group in groups]},
         "alpha": cfg.rose.alpha,
         "code_compat": cfg.rose.code_compat,
         "metrics": metrics,
@@ -64,7 +64,7 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
 
 def rose_advantages(inputs: AdvantageInputs, algo_cfg: Any) -> torch.Tensor:
     """(N, T) segment advantages, one prefix tree per prompt group (prompt-major order)."""
-    trees: list[ChainTree] = inputs.extras["trees"]
+    trees: list[ChainTree] = inputs.extras["groups"]["trees"]
     width = inputs.response_mask.shape[1]
     out, start = [], 0
     for tree in trees:

@@ -1,0 +1,80 @@
+"""One step's rollouts, and building a batch from chosen prompt groups (dynamic sampling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from semrl.data import Problem
+from semrl.forward import SequenceBatch, make_sequence_batch
+from semrl.reward import RewardResult
+from semrl.rollout import Generation
+
+
+@dataclass
+class RolloutBatch:
+    """N = num_groups * group_size sequences, grouped by prompt (group g = rows g*G .. g*G+G-1).
+
+    ``extras`` carries method-specific rollout data. Its ``"groups"`` entry maps names to lists
+    with one item per prompt group (e.g. ROSE's trees): these follow their groups when a batch is
+    built from chosen groups. Other keys hold batch-level values (options, ``"metrics"``).
+    """
+
+    problems: list[Problem]  # (N,) the problem of each sequence
+    prompt_ids: list[list[int]]  # (N,) prompt tokens of each sequence
+    generations: list[Generation]  # (N,)
+    texts: list[str]  # (N,) decoded responses
+    group_size: int
+    pad_token_id: int
+    extras: dict[str, Any] = field(default_factory=dict)
+    rewards: torch.Tensor | None = None  # (N,) after the reward stage
+    reward_results: list[RewardResult] = field(default_factory=list)  # (N,)
+    verify_timeouts: int = 0  # verifier time-outs while scoring this batch
+
+    def __post_init__(self) -> None:
+        self.sequences: SequenceBatch = make_sequence_batch(
+            self.prompt_ids, [g.token_ids.tolist() for g in self.generations], self.pad_token_id
+        )
+        self.group_ids = torch.arange(self.num_groups).repeat_interleave(self.group_size)  # (N,)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.generations) // self.group_size
+
+    def group_rewards(self) -> torch.Tensor:
+        """(num_groups, G) rewards."""
+        assert self.rewards is not None, "reward stage has not run"
+        return self.rewards.view(-1, self.group_size)
+
+
+def gather_groups(chosen: list[tuple[RolloutBatch, int]]) -> RolloutBatch:
+    """A new batch made of the chosen (batch, group index) pairs, in that order.
+
+    Batch-level extras come from the first batch, except ``"metrics"``, averaged over the distinct
+    batches the groups came from.
+    """
+    first = chosen[0][0]
+    g = first.group_size
+    rows = [(b, i) for b, grp in chosen for i in range(grp * g, (grp + 1) * g)]
+    extras = {k: v for k, v in first.extras.items() if k not in ("groups", "metrics")}
+    if "groups" in first.extras:
+        extras["groups"] = {name: [b.extras["groups"][name][grp] for b, grp in chosen] for name in first.extras["groups"]}
+    sources = list({id(b): b for b, _ in chosen}.values())
+    metric_dicts = [b.extras["metrics"] for b in sources if "metrics" in b.extras]
+    if metric_dicts:
+        extras["metrics"] = {k: sum(m[k] for m in metric_dicts) / len(metric_dicts) for k in metric_dicts[0]}
+    out = RolloutBatch(
+        problems=[b.problems[i] for b, i in rows],
+        prompt_ids=[b.prompt_ids[i] for b, i in rows],
+        generations=[b.generations[i] for b, i in rows],
+        texts=[b.texts[i] for b, i in rows],
+        group_size=g,
+        pad_token_id=first.pad_token_id,
+        extras=extras,
+    )
+    if all(b.rewards is not None for b, _ in chosen):
+        out.rewards = torch.stack([b.rewards[i] for b, i in rows])  # type: ignore[index]
+        out.reward_results = [b.reward_results[i] for b, i in rows]
+    return out
