@@ -5,7 +5,7 @@ import torch
 
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
 from semrl.algos.registry import METHODS, AdvantageInputs, get_method, resolve_algorithm
-from semrl.config import AlgorithmConfig
+from semrl.config import AlgorithmConfig, Config
 
 
 def test_dr_grpo_centres_per_group():
@@ -48,7 +48,7 @@ def test_registry_methods_and_defaults():
     spec = resolve_algorithm(cfg)
     assert cfg.norm_adv_by_std is False and cfg.loss_agg_mode == "seq-mean-token-sum-norm"
     inputs = AdvantageInputs(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 3))
-    adv = spec.advantage_fn(inputs, cfg)
+    adv = spec.advantage_fn(inputs, Config(algorithm=cfg))
     assert adv.shape == (2, 3)
     assert torch.allclose(adv[:, 0], torch.tensor([0.5, -0.5]))
     grpo_cfg = AlgorithmConfig(method="grpo", loss_agg_mode="token-mean")

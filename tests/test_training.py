@@ -1,6 +1,7 @@
 """End to end: a tiny model learns a trivial task; resume is exact; bad inputs fail early."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -191,3 +192,46 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_di
     assert 1 <= metrics["reward/distinct_answers_per_group"] <= 8
     last = trainer.train()
     assert "dynamic_sampling/kept_groups" in last and last["step"] == 2
+
+
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        ("kl_cov", []),
+        ("clip_cov", []),
+        ("entropy_8020", []),
+        ("sent", []),
+        ("sent", ["sent.selection_scope=micro", "sent.kl_target=ref_k3", "sent.clip_in_sent_loss=true"]),
+        ("seed_grpo", []),
+        ("dapo", ["algorithm.clip_ratio_high=0.28", "reward.overlong_buffer_len=2"]),
+    ],
+)
+def test_every_method_trains_and_logs_entropy_dynamics(digit_model_dir, seven_task, tmp_path, method, extra):
+    out = tmp_path / method
+    cfg = _cfg(
+        digit_model_dir, seven_task, out, "trainer.steps=2", f"algorithm.method={method}",
+        "trainer.mini_batch_size=16", "trainer.micro_batch_size=8", *extra,
+    )
+    trainer = Trainer(cfg)
+    assert (trainer.ref_model is not None) == ("sent.kl_target=ref_k3" in extra)
+    last = trainer.train()
+    assert last["step"] == 2 and math.isfinite(last["loss"])
+    for key in ("entropy", "entropy/low_frac", "entropy/cov_logp_adv", "actor/grad_norm"):
+        assert math.isfinite(last[key]), key
+    assert 0.0 <= last["entropy/low_frac"] <= 1.0
+    if "sent.kl_target=ref_k3" in extra:
+        assert last["kl"] >= 0
+    if method == "sent":
+        assert 0 < last["actor/sent_regularised_frac"] <= 0.8
+    if method == "seed_grpo":
+        assert 0 <= last["seed/scale"] <= 1
+    if method == "entropy_8020":
+        assert 0 < last["actor/high_entropy_frac"] <= 0.25
+
+
+def test_log_ref_kl_loads_the_reference_without_a_kl_loss(digit_model_dir, seven_task, tmp_path):
+    cfg = _cfg(digit_model_dir, seven_task, tmp_path / "k", "trainer.steps=1", "logging.log_ref_kl=true")
+    trainer = Trainer(cfg)
+    assert trainer.ref_model is not None and trainer.cfg.algorithm.kl_coef == 0
+    last = trainer.train()
+    assert last["kl"] >= 0

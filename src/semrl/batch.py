@@ -38,6 +38,12 @@ class RolloutBatch:
             self.prompt_ids, [g.token_ids.tolist() for g in self.generations], self.pad_token_id
         )
         self.group_ids = torch.arange(self.num_groups).repeat_interleave(self.group_size)  # (N,)
+        shape = self.sequences.response_mask.shape
+        self.rollout_logprobs = torch.zeros(shape)  # (N, T) behaviour log-probs of the sampled tokens
+        self.rollout_entropy = torch.zeros(shape)  # (N, T) full-vocabulary entropy at sampling time
+        for i, g in enumerate(self.generations):
+            self.rollout_logprobs[i, : len(g.logprobs)] = g.logprobs
+            self.rollout_entropy[i, : len(g.entropy)] = g.entropy
 
     @property
     def num_groups(self) -> int:

@@ -72,6 +72,15 @@ class DataConfig:
     skip_bad_rows: bool = _opt(
         False, "Skip (and count) malformed data rows instead of failing on the first one."
     )
+    curriculum: str | None = _opt(
+        None, "Per-problem semantic-entropy file from 'semrl curriculum score': train in stages, "
+        "low entropy (easy) first (SENT). null: no curriculum."
+    )
+    curriculum_stages: int = _opt(2, "Curriculum stages of equal size; trainer.steps is split evenly.")
+    curriculum_reset_optimizer: bool = _opt(
+        True, "Each stage starts from the previous stage's final checkpoint like a new run: fresh "
+        "optimizer and schedule, and that checkpoint as the KL reference (SENT's scripts)."
+    )
 
 
 @dataclass
@@ -96,11 +105,22 @@ class RewardConfig:
     truncated_reward: float | None = _opt(
         None, "Reward for responses cut at max_new_tokens (null: verify them like the others)."
     )
+    overlong_buffer_len: int = _opt(
+        0, "DAPO overlong shaping: over the last N tokens before max_new_tokens the penalty rises "
+        "linearly to overlong_penalty_factor (0: off; verl: reward_model.overlong_buffer.len)."
+    )
+    overlong_penalty_factor: float = _opt(1.0, "Largest DAPO overlong penalty, reached at max_new_tokens.")
 
 
 @dataclass
 class AlgorithmConfig:
-    method: str = _opt("dr_grpo", "Method from the registry: 'grpo', 'dr_grpo' or 'rose'.")
+    method: str = _opt(
+        "dr_grpo", "Method from the registry (semrl config --methods lists them): grpo, dr_grpo, dapo, "
+        "rose, sent, seed_grpo, kl_cov, clip_cov, entropy_8020."
+    )
+    policy_loss: str | None = _opt(
+        None, "Per-token policy loss: ppo, kl_cov, clip_cov, high_entropy, sent (null: the method's)."
+    )
     norm_adv_by_std: bool | None = _opt(
         None, "Divide group-centred rewards by the group std (null: the method's default)."
     )
@@ -112,6 +132,14 @@ class AlgorithmConfig:
     clip_ratio_c: float = _opt(3.0, "Dual-clip constant for negative advantages (verl default 3).")
     kl_coef: float = _opt(0.0, "KL-to-reference coefficient beta; 0 loads no reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = _opt("k3", "KL estimator (k3 = verl low_var_kl).")
+    kl_cov_ratio: float = _opt(0.002, "KL-Cov: fraction of tokens (top Cov) given the |logp - old| penalty.")
+    ppo_kl_coef: float = _opt(1.0, "KL-Cov: coefficient of the |logp - old logp| penalty.")
+    clip_cov_ratio: float = _opt(0.0002, "Clip-Cov: fraction of tokens whose gradient is removed.")
+    clip_cov_lb: float = _opt(1.0, "Clip-Cov: lower covariance bound of candidate tokens.")
+    clip_cov_ub: float = _opt(5.0, "Clip-Cov: upper covariance bound of candidate tokens.")
+    top_entropy_quantile: float = _opt(
+        0.2, "80/20 rule: fraction of highest-entropy tokens of a mini-batch kept in the loss."
+    )
     dynamic_sampling: bool = _opt(
         False, "Drop groups whose rewards are all equal and sample more prompts until the batch is "
         "full (DAPO; verl: algorithm.filter_groups.enable)."
@@ -142,6 +170,37 @@ class RoseConfig:
     reuse_kv_cache: bool = _opt(
         True, "Continue branches from the parent chain's KV cache (kept until the step's trees are "
         "done); false re-encodes prompt + prefix, saving memory on long responses."
+    )
+
+
+@dataclass
+class SentConfig:
+    entropy_quantile: float = _opt(0.8, "SENT: tokens below this entropy rank quantile are low-entropy.")
+    cov_top_ratio: float = _opt(
+        0.0002, "SENT: fraction of low-entropy tokens with the highest Cov(logp, A) given beta_high."
+    )
+    beta_high: float = _opt(0.2, "SENT: KL coefficient on high-covariance low-entropy tokens.")
+    beta_low: float = _opt(0.05, "SENT: KL coefficient on the other regularised low-entropy tokens.")
+    beta_low_scope: Literal["rest_of_low", "bottom_cov_ratio"] = _opt(
+        "rest_of_low", "beta_low on all other low-entropy tokens (paper) or only the bottom-Cov ones (code)."
+    )
+    kl_target: Literal["old_abs", "ref_k3"] = _opt(
+        "old_abs", "Token KL: |logp - old logp| (code; no effect on a single on-policy update) or k3 to the reference (paper)."
+    )
+    selection_scope: Literal["mini", "micro"] = _opt(
+        "mini", "Select tokens over the whole mini-batch (ours) or each micro-batch (code)."
+    )
+    clip_in_sent_loss: bool = _opt(False, "PPO-clip the SENT policy term (the code does not clip).")
+
+
+@dataclass
+class SeedConfig:
+    alpha: float = _opt(1.0, "SEED-GRPO: strength; scale = f(alpha * SE / log G).")
+    scale_fn: Literal["linear", "inverse", "exp"] = _opt(
+        "linear", "SEED-GRPO f: 1 - x (clamped at 0), 1 / (1 + x), or exp(-x)."
+    )
+    likelihood: Literal["length_normalized", "frequency"] = _opt(
+        "length_normalized", "Cluster mass: exp(mean token log-prob) per response, or counts."
     )
 
 
@@ -177,6 +236,12 @@ class LoggingConfig:
     )
     samples_per_step: int = _opt(4, "Completions written to samples.jsonl per step.")
     tensorboard: bool = _opt(True, "Write TensorBoard event files.")
+    log_ref_kl: bool = _opt(
+        False, "Load the reference model to log the KL to it even when algorithm.kl_coef = 0."
+    )
+    low_entropy_threshold: float = _opt(
+        0.1, "Tokens with entropy below this (nats) count as low-entropy in entropy/low_frac."
+    )
     progress: bool = _opt(True, "Show a live progress bar.")
 
 
@@ -188,6 +253,8 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rose: RoseConfig = field(default_factory=RoseConfig)
+    sent: SentConfig = field(default_factory=SentConfig)
+    seed_grpo: SeedConfig = field(default_factory=SeedConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -355,10 +422,33 @@ def validate(cfg: Config) -> None:
         "reward.num_workers": cfg.reward.num_workers,
         "logging.eval_samples": cfg.logging.eval_samples,
         "algorithm.max_sampling_rounds": cfg.algorithm.max_sampling_rounds,
+        "data.curriculum_stages": cfg.data.curriculum_stages,
     }
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
+    from semrl.algos.policy_losses import POLICY_LOSSES
+
+    if cfg.algorithm.policy_loss is not None and cfg.algorithm.policy_loss not in POLICY_LOSSES:
+        raise ConfigError(
+            f"config key 'algorithm.policy_loss': unknown loss '{cfg.algorithm.policy_loss}'. "
+            f"Available: {', '.join(sorted(POLICY_LOSSES))}"
+        )
+    fractions = {
+        "sent.entropy_quantile": cfg.sent.entropy_quantile,
+        "sent.cov_top_ratio": cfg.sent.cov_top_ratio,
+        "algorithm.kl_cov_ratio": cfg.algorithm.kl_cov_ratio,
+        "algorithm.clip_cov_ratio": cfg.algorithm.clip_cov_ratio,
+        "algorithm.top_entropy_quantile": cfg.algorithm.top_entropy_quantile,
+    }
+    for key, value in fractions.items():
+        if not 0.0 < value <= 1.0:
+            raise ConfigError(f"config key '{key}' must be in (0, 1], got {value}")
+    if cfg.reward.overlong_buffer_len < 0 or cfg.reward.overlong_buffer_len >= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"config key 'reward.overlong_buffer_len' must be in [0, rollout.max_new_tokens), "
+            f"got {cfg.reward.overlong_buffer_len}"
+        )
     if cfg.trainer.steps < 0:
         raise ConfigError(f"config key 'trainer.steps' must be >= 0, got {cfg.trainer.steps}")
     if not 0.0 < cfg.rollout.top_p <= 1.0:

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss
+from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean
+from semrl.algos.policy_losses import MiniBatchInputs, PolicyLossInputs, get_policy_loss
 from semrl.algos.registry import AdvantageInputs, resolve_algorithm
+from semrl.algos.token_selection import token_covariance
 from semrl.batch import RolloutBatch, gather_groups
 from semrl.checkpoint import (
     cleanup_partial,
@@ -43,6 +45,7 @@ from semrl.evaluation import evaluate_problems
 from semrl.forward import SequenceBatch, response_logprobs
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.reward import VerifierPool, score_responses
+from semrl.reward.shaping import overlong_penalty
 from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -92,6 +95,7 @@ class Trainer:
     def __init__(self, cfg: Config, resume: bool = False) -> None:
         self.cfg = cfg
         self.method = resolve_algorithm(cfg.algorithm)
+        self.policy_loss = get_policy_loss(cfg.algorithm.policy_loss)  # type: ignore[arg-type]
         self.run_dir = Path(cfg.logging.output_dir)
         ckpt = self._prepare_run_dir(resume)
         if cfg.trainer.num_threads:
@@ -119,7 +123,8 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.ref_model = None
-        if cfg.algorithm.kl_coef > 0:  # no reference model is loaded when beta = 0
+        if cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(cfg):
+            # no reference model is loaded when nothing reads it (beta = 0)
             ref_path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
             self.ref_model = load_model(ref_path, cfg.model.dtype, cfg.model.attn_implementation)
             self.ref_model.requires_grad_(False).eval()
@@ -240,6 +245,7 @@ class Trainer:
                     "step": self.step,
                     **reward_metrics,
                     **self._rollout_metrics(batch),
+                    **self._entropy_metrics(batch, advantages),
                     **batch.extras.get("metrics", {}),
                     **update_metrics,
                     "lr": self.scheduler.get_last_lr()[0],
@@ -342,6 +348,12 @@ class Trainer:
             truncated_reward=self.cfg.reward.truncated_reward,
         )
         batch.rewards = torch.tensor([r.reward for r in batch.reward_results])
+        rc = self.cfg.reward
+        if rc.overlong_buffer_len > 0:
+            lengths = torch.tensor([len(g.token_ids) for g in batch.generations])
+            batch.rewards += overlong_penalty(
+                lengths, self.cfg.rollout.max_new_tokens, rc.overlong_buffer_len, rc.overlong_penalty_factor
+            )
         batch.verify_timeouts = self.pool.num_timeouts - timeouts_before
 
     def _reward_metrics(self, batches: list[RolloutBatch]) -> dict[str, float]:
@@ -361,8 +373,11 @@ class Trainer:
 
     def advantages(self, batch: RolloutBatch) -> torch.Tensor:
         assert batch.rewards is not None
-        inputs = AdvantageInputs(batch.rewards, batch.group_ids, batch.sequences.response_mask, batch.extras)
-        return self.method.advantage_fn(inputs, self.cfg.algorithm)
+        inputs = AdvantageInputs(
+            batch.rewards, batch.group_ids, batch.sequences.response_mask, batch.extras,
+            answers=[r.answer for r in batch.reward_results], logprobs=batch.rollout_logprobs,
+        )
+        return self.method.advantage_fn(inputs, self.cfg)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """PPO epochs over mini-batches, gradient accumulation over micro-batches."""
@@ -385,20 +400,36 @@ class Trainer:
             for m_start in range(0, total, mini):
                 mini_idx = order[m_start : m_start + mini]
                 num_tokens = int(seqs.response_mask[mini_idx].sum().item())
+                selection: dict[str, torch.Tensor] = {}
+                if self.policy_loss.prepare_fn is not None:  # token selection over the whole mini-batch
+                    selection = self.policy_loss.prepare_fn(
+                        MiniBatchInputs(
+                            batch.rollout_logprobs[mini_idx], batch.rollout_entropy[mini_idx],
+                            advantages[mini_idx], seqs.response_mask[mini_idx].float(),
+                        ),
+                        cfg,
+                    )
                 for u_start in range(0, len(mini_idx), micro):
                     idx = mini_idx[u_start : u_start + micro]
                     sub = seqs.select(idx)
                     r = sub.response_mask.shape[1]
                     mask = sub.response_mask.float()
                     logp, entropy = response_logprobs(self.model, sub, temperature)
-                    old = logp.detach() if old_logp is None else old_logp[idx, :r]
-                    adv = advantages[idx, :r]
-                    token_loss, pg_metrics = ppo_clip_loss(
-                        logp, old, adv, mask, algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c
+                    inputs = PolicyLossInputs(
+                        logp=logp,
+                        old_logp=logp.detach() if old_logp is None else old_logp[idx, :r],
+                        advantages=advantages[idx, :r],
+                        mask=mask,
+                        entropy=None if entropy is None else entropy.detach(),
+                        ref_logp=None if ref_logp is None else ref_logp[idx, :r],
+                        selection={k: v[u_start : u_start + len(idx), :r] for k, v in selection.items()},
+                        generator=self.generator,
                     )
-                    if ref_logp is not None:
-                        kl = kl_penalty(logp, ref_logp[idx, :r], algo.kl_estimator)
-                        token_loss = token_loss + algo.kl_coef * kl
+                    token_loss, pg_metrics = self.policy_loss.loss_fn(inputs, cfg)
+                    if inputs.ref_logp is not None:
+                        kl = kl_penalty(logp, inputs.ref_logp, algo.kl_estimator)
+                        if algo.kl_coef > 0:
+                            token_loss = token_loss + algo.kl_coef * kl
                         stats.setdefault("kl", []).append(masked_mean(kl.detach(), mask).item())
                     loss = aggregate_loss(
                         token_loss, mask, algo.loss_agg_mode, num_sequences=len(mini_idx),
@@ -466,6 +497,17 @@ class Trainer:
             "response_length": float(lengths.mean()),
             "response_length/correct": float(lengths[correct].mean()) if correct.any() else 0.0,
             "response_length/truncated_frac": float(np.mean([g.truncated for g in batch.generations])),
+        }
+
+    def _entropy_metrics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """Entropy dynamics over the step's response tokens (rollout-time entropy and log-probs)."""
+        mask = batch.sequences.response_mask.bool()
+        low = (batch.rollout_entropy < self.cfg.logging.low_entropy_threshold) & mask
+        cov = token_covariance(batch.rollout_logprobs, advantages, mask)
+        n = max(1, int(mask.sum()))
+        return {
+            "entropy/low_frac": low.sum().item() / n,
+            "entropy/cov_logp_adv": cov.sum().item() / n,
         }
 
     def _log(self, metrics: dict[str, float]) -> None:

@@ -55,14 +55,12 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
     }
     extras = {
         "groups": {"trees": [group.tree for group in groups]},
-        "alpha": cfg.rose.alpha,
-        "code_compat": cfg.rose.code_compat,
         "metrics": metrics,
     }
     return gens, extras
 
 
-def rose_advantages(inputs: AdvantageInputs, algo_cfg: Any) -> torch.Tensor:
+def rose_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
     """(N, T) segment advantages, one prefix tree per prompt group (prompt-major order)."""
     trees: list[ChainTree] = inputs.extras["groups"]["trees"]
     width = inputs.response_mask.shape[1]
@@ -72,7 +70,7 @@ def rose_advantages(inputs: AdvantageInputs, algo_cfg: Any) -> torch.Tensor:
         out.append(
             segment_advantages(
                 tree, inputs.rewards[start : start + g], width,
-                alpha=inputs.extras["alpha"], code_compat=inputs.extras["code_compat"],
+                alpha=cfg.rose.alpha, code_compat=cfg.rose.code_compat,
             )
         )
         start += g

@@ -1,0 +1,64 @@
+"""SEED-GRPO (algorithms.md section 5): Dr.GRPO advantages scaled down on prompts whose G answers
+have high semantic entropy. A_i = (r_i - mean r) * f(alpha * SE(q) / log G)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
+from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
+from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy, max_entropy
+
+
+def uncertainty_scale(x: torch.Tensor, scale_fn: str) -> torch.Tensor:
+    """f(x) for x = alpha * SE / SE_max >= 0: ``linear`` max(0, 1 - x), ``inverse`` 1 / (1 + x),
+    ``exp`` exp(-x)."""
+    if scale_fn == "linear":
+        return (1.0 - x).clamp(min=0.0)
+    if scale_fn == "inverse":
+        return 1.0 / (1.0 + x)
+    if scale_fn == "exp":
+        return torch.exp(-x)
+    raise ValueError(f"unknown SEED-GRPO scale_fn '{scale_fn}'")
+
+
+def group_semantic_entropy(inputs: AdvantageInputs, estimator: str) -> torch.Tensor:
+    """(num_groups,) semantic entropy of each prompt's G answers (string clustering)."""
+    mask = inputs.response_mask.float()
+    mean_logp = None
+    if estimator == "length_normalized":
+        assert inputs.logprobs is not None, "SEED-GRPO needs rollout log-probs"
+        mean_logp = (inputs.logprobs * mask).sum(1) / mask.sum(1).clamp(min=1)
+    out = []
+    for g in inputs.group_ids.unique(sorted=True).tolist():
+        rows = (inputs.group_ids == g).nonzero().flatten()
+        ids = cluster_answers([inputs.answers[i] for i in rows.tolist()])
+        out.append(cluster_entropy(ids, None if mean_logp is None else mean_logp[rows], estimator))  # type: ignore[arg-type]
+    return torch.tensor(out)
+
+
+def seed_grpo_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
+    seed = cfg.seed_grpo
+    centred = group_centered_rewards(
+        inputs.rewards, inputs.group_ids, normalize_std=bool(cfg.algorithm.norm_adv_by_std)
+    )
+    entropy = group_semantic_entropy(inputs, seed.likelihood)
+    group_size = int((inputs.group_ids == inputs.group_ids[0]).sum())
+    scale = uncertainty_scale(seed.alpha * entropy / max(max_entropy(group_size), 1e-12), seed.scale_fn)
+    inputs.extras.setdefault("metrics", {}).update(
+        {"seed/semantic_entropy": entropy.mean().item(), "seed/scale": scale.mean().item()}
+    )
+    return broadcast_to_tokens(centred * scale[inputs.group_ids], inputs.response_mask)
+
+
+register_method(
+    MethodSpec(
+        name="seed_grpo",
+        advantage_fn=seed_grpo_advantages,
+        norm_adv_by_std=False,
+        loss_agg_mode="seq-mean-token-sum-norm",
+        description="SEED-GRPO: Dr.GRPO advantages scaled by f(alpha * semantic entropy / log G) (Chen et al. 2025).",
+    )
+)
