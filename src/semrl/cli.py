@@ -27,23 +27,51 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _problems(args: argparse.Namespace, seed: int) -> list:
+    from semrl.data import load_problems, resolve_dataset
+    from semrl.data.arithmetic import make_arithmetic_problems
+
+    if args.data == "arithmetic":
+        problems = make_arithmetic_problems(args.limit or 64, args.levels, seed=seed)
+    else:
+        problems, _ = load_problems(resolve_dataset(args.data))
+    return problems[: args.limit] if args.limit else problems
+
+
+def _curriculum_score(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from semrl.curriculum import score_problems
+    from semrl.models import load_model, load_tokenizer, resolve_model_path
+    from semrl.reward import VerifierPool
+    from semrl.rollout import RolloutEngine, SamplingParams
+
+    problems = _problems(args, seed=args.seed)  # the training problems of a run with trainer.seed
+    path = resolve_model_path(args.model)
+    tokenizer, model = load_tokenizer(path), load_model(path)
+    engine = RolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, args.batch_size)
+    params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
+    system = None if args.no_system_prompt else args.system_prompt
+    with VerifierPool(2, args.timeout) as pool, tqdm(total=len(problems), desc="score", disable=args.quiet) as bar:
+        written = score_problems(
+            engine, tokenizer, pool, problems, Path(args.output), params, args.n, system,
+            not args.no_number_fallback, args.estimator, torch.Generator().manual_seed(args.seed), bar.update,
+        )
+    print(f"{args.output}: {written} problems scored, {len(problems) - written} already there")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from semrl.data import load_problems, resolve_dataset
-    from semrl.data.arithmetic import make_arithmetic_problems
     from semrl.evaluation import evaluate_problems
     from semrl.models import load_model, load_tokenizer, resolve_model_path
     from semrl.reward import VerifierPool
     from semrl.rollout import RolloutEngine, SamplingParams
 
-    if args.data == "arithmetic":
-        problems = make_arithmetic_problems(args.limit or 64, args.levels, seed=10_007)
-    else:
-        problems, _ = load_problems(resolve_dataset(args.data))
-    if args.limit:
-        problems = problems[: args.limit]
+    problems = _problems(args, seed=10_007)
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
     model = load_model(path)
@@ -139,6 +167,43 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--check", metavar="YAML", help="validate a config file (with overrides)")
     conf.add_argument("overrides", nargs="*", help="section.key=value overrides")
     conf.set_defaults(func=_config)
+
+    cur = sub.add_parser(
+        "curriculum",
+        help="SENT curriculum tools",
+        description="Score problems by semantic entropy for a staged curriculum (data.curriculum).",
+    )
+    cur_sub = cur.add_subparsers(dest="curriculum_command", required=True)
+    score = cur_sub.add_parser(
+        "score",
+        help="write per-problem semantic entropy (resumable)",
+        description="Sample N answers per problem, cluster them by math equivalence, and append one "
+        "row per problem with its semantic entropy to --output. A re-run skips problems already there.",
+    )
+    score.add_argument("--model", default="smollm2-135m", help="alias, model/checkpoint dir, .gguf or hub id")
+    score.add_argument("--data", default="arithmetic", help="benchmark name or .jsonl/.parquet path")
+    score.add_argument("--levels", type=int, nargs="+", default=[1], help="arithmetic levels")
+    score.add_argument("--limit", type=int, default=0, help="score only the first N problems")
+    score.add_argument("--n", type=int, default=8, help="answers sampled per problem (M)")
+    score.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    score.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
+    score.add_argument("--max-new-tokens", type=int, default=64, help="response budget")
+    score.add_argument(
+        "--estimator", choices=["length_normalized", "frequency"], default="length_normalized",
+        help="cluster mass: exp(mean token log-prob) per answer, or answer counts",
+    )
+    score.add_argument("--batch-size", type=int, default=64, help="generation batch size")
+    score.add_argument("--seed", type=int, default=0, help="sampling seed; arithmetic problems use it too")
+    score.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
+    score.add_argument(
+        "--system-prompt", default="Please reason step by step, and put your final answer within \\boxed{}.",
+        help="system message of the chat template",
+    )
+    score.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
+    score.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
+    score.add_argument("--output", required=True, help="jsonl file to append to (data.curriculum)")
+    score.add_argument("--quiet", action="store_true", help="no progress bar")
+    score.set_defaults(func=_curriculum_score)
     return parser
 
 

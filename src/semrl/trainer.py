@@ -32,6 +32,7 @@ from semrl.checkpoint import (
     set_rng_state,
 )
 from semrl.config import Config, ConfigError, save_config
+from semrl.curriculum import curriculum_stages, load_curriculum
 from semrl.data import (
     DataError,
     EpochSampler,
@@ -109,13 +110,20 @@ class Trainer:
         )
         if cfg.data.eval and not self.eval_problems:
             raise DataError(f"data.eval '{cfg.data.eval}' gave no problems; raise data.eval_size")
-        self.train_problems = load_dataset(cfg.data.train, cfg, "train", {p.problem for p in self.eval_problems})
-        if not self.train_problems:
+        held_out = {p.problem for p in self.eval_problems}
+        if cfg.data.curriculum:  # SENT: stages of increasing semantic entropy
+            scored = [(p, h) for p, h in load_curriculum(cfg.data.curriculum) if p.problem not in held_out]
+            self.stages = curriculum_stages(scored, cfg.data.curriculum_stages)
+        else:
+            self.stages = [load_dataset(cfg.data.train, cfg, "train", held_out)]
+        if not all(self.stages):
             raise DataError(
                 f"data.train '{cfg.data.train}' has no problems left after removing the held-out ones; "
                 "add arithmetic levels or lower data.eval_size"
             )
-        self.sampler = EpochSampler(len(self.train_problems), cfg.trainer.seed)
+        # stage k trains steps [stage_ends[k-1], stage_ends[k])
+        self.stage_ends = [round((k + 1) * cfg.trainer.steps / len(self.stages)) for k in range(len(self.stages))]
+        self._enter_stage(0)
 
         model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
         self.tokenizer = load_tokenizer(model_path)
@@ -137,13 +145,7 @@ class Trainer:
             self.model, eos, self.tokenizer.pad_token_id, cfg.rollout.generation_batch_size
         )
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=cfg.trainer.lr,
-            betas=tuple(cfg.trainer.betas),  # type: ignore[arg-type]
-            weight_decay=cfg.trainer.weight_decay,
-        )
-        self.scheduler = make_scheduler(self.optimizer, cfg, cfg.trainer.steps * self._updates_per_step())
+        self._new_optimizer(cfg.trainer.steps)
         self.step = 0
         self.consecutive_bad_steps = 0
         if ckpt is not None:
@@ -175,13 +177,46 @@ class Trainer:
 
     def _check_prompt_lengths(self) -> None:
         limit = self.cfg.data.max_prompt_length
-        for p in self.train_problems[:1000]:
+        for p in [p for stage in self.stages for p in stage][:1000]:
             n = len(build_prompt_ids(self.tokenizer, p.problem, self.cfg.data.system_prompt))
             if n > limit:
                 raise DataError(
                     f"problem '{p.id}' has a {n}-token prompt, over data.max_prompt_length={limit}; "
                     "raise data.max_prompt_length or drop the problem"
                 )
+
+    def _enter_stage(self, stage: int) -> None:
+        self.stage = stage
+        self.train_problems = self.stages[stage]
+        self.sampler = EpochSampler(len(self.train_problems), self.cfg.trainer.seed + stage)
+
+    def _new_optimizer(self, steps: int) -> None:
+        cfg = self.cfg
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.trainer.lr,
+            betas=tuple(cfg.trainer.betas),  # type: ignore[arg-type]
+            weight_decay=cfg.trainer.weight_decay,
+        )
+        self.scheduler = make_scheduler(self.optimizer, cfg, steps * self._updates_per_step())
+
+    def _stage_reference_dir(self, stage: int) -> Path:
+        return self.run_dir / "curriculum" / f"stage-{stage}"
+
+    def _advance_stage(self) -> None:
+        """Curriculum: move to the next stage once this one's steps are done. With
+        ``data.curriculum_reset_optimizer`` the new stage starts like a run from the previous
+        stage's final checkpoint: fresh optimizer and schedule, and those weights as reference."""
+        if self.stage + 1 >= len(self.stages) or self.step < self.stage_ends[self.stage]:
+            return
+        self.save()
+        self._enter_stage(self.stage + 1)
+        logger.info("curriculum: stage %d of %d from step %d", self.stage + 1, len(self.stages), self.step)
+        if self.cfg.data.curriculum_reset_optimizer:
+            self._new_optimizer(self.stage_ends[self.stage] - self.step)
+            if self.ref_model is not None:
+                self.ref_model.load_state_dict(self.model.state_dict())
+                save_checkpoint(self._stage_reference_dir(self.stage), self.step, self.model, self.tokenizer, {}, 1)
 
     def _updates_per_step(self) -> int:
         total = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
@@ -190,6 +225,13 @@ class Trainer:
 
     def _restore(self, ckpt: Path) -> None:
         state = load_trainer_state(ckpt)
+        self._enter_stage(state.get("stage", 0))
+        if self.stage > 0 and self.cfg.data.curriculum_reset_optimizer:
+            steps = self.stage_ends[self.stage] - self.stage_ends[self.stage - 1]
+            self._new_optimizer(steps)
+            reference = latest_checkpoint(self._stage_reference_dir(self.stage))
+            if self.ref_model is not None and reference is not None:
+                self.ref_model.load_state_dict(load_model(str(reference), self.cfg.model.dtype).state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
@@ -214,6 +256,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(self.generator),
             "consecutive_bad_steps": self.consecutive_bad_steps,
+            "stage": self.stage,
             "config": self.cfg.to_dict(),
         }
         return save_checkpoint(
@@ -234,6 +277,7 @@ class Trainer:
         last: dict[str, float] = {}
         try:
             while self.step < cfg.trainer.steps:
+                self._advance_stage()
                 t0 = time.perf_counter()
                 batch, reward_metrics, t_reward = self.collect()
                 t1 = time.perf_counter()
@@ -249,6 +293,7 @@ class Trainer:
                     **batch.extras.get("metrics", {}),
                     **update_metrics,
                     "lr": self.scheduler.get_last_lr()[0],
+                    "curriculum/stage": float(self.stage + 1),
                     "time/rollout_s": t1 - t0 - t_reward,
                     "time/reward_s": t_reward,
                     "time/update_s": t3 - t1,

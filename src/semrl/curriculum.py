@@ -1,0 +1,126 @@
+"""SENT's semantic-entropy curriculum (algorithms.md section 2.1).
+
+``score_problems`` samples M answers per problem from a model, clusters them by answer equivalence
+(math-verify through the verifier pool; an answer that cannot be extracted is its own cluster) and
+writes one jsonl row per problem with its semantic entropy. The file is resumable: a re-run skips
+the ids already in it, and rows are appended and flushed one problem at a time, so an interrupted
+run loses at most the problems in flight. ``curriculum_stages`` sorts by entropy, easy (low) first,
+and splits into equal stages that the trainer runs in order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from semrl.algos.semantic_entropy import Estimator, cluster_answers, cluster_entropy
+from semrl.data import DataError, Problem, build_prompt_ids, load_problems
+from semrl.reward import VerifierPool
+from semrl.reward.extract import extract_answer
+from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+
+SCORE_FIELD = "semantic_entropy"
+
+
+def _done_ids(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    ids = set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(json.loads(line)["id"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise DataError(
+                f"{path}:{number}: not a curriculum row; delete the line (it is re-scored) or pick another --output"
+            ) from None
+    return ids
+
+
+def score_problems(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: VerifierPool,
+    problems: list[Problem],
+    output: Path,
+    params: SamplingParams,
+    num_samples: int = 8,
+    system_prompt: str | None = None,
+    final_number_fallback: bool = True,
+    estimator: Estimator = "length_normalized",
+    generator: torch.Generator | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> int:
+    """Append a semantic-entropy row for every problem not yet in ``output``; returns rows written."""
+    done = _done_ids(output)
+    todo = [p for p in problems if p.id not in done]
+    if progress is not None and len(problems) > len(todo):
+        progress(len(problems) - len(todo))
+    per_batch = max(1, engine.batch_size // num_samples)
+    written = 0
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("a", encoding="utf-8") as fh:
+        for start in range(0, len(todo), per_batch):
+            chunk = todo[start : start + per_batch]
+            requests = [
+                GenerationRequest(build_prompt_ids(tokenizer, p.problem, system_prompt))
+                for p in chunk for _ in range(num_samples)
+            ]
+            gens = engine.generate(requests, params, generator)
+            for i, problem in enumerate(chunk):
+                group = gens[i * num_samples : (i + 1) * num_samples]
+                texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in group]
+                answers = [extract_answer(t, final_number_fallback) for t in texts]
+                ids = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
+                mean_logp = torch.stack([g.logprobs.mean() for g in group])
+                verdicts = pool.verify_many([(problem.answer, a) for a in answers])
+                row = {
+                    "id": problem.id, "problem": problem.problem, "answer": problem.answer, "level": problem.level,
+                    SCORE_FIELD: cluster_entropy(ids, mean_logp, estimator),
+                    "num_clusters": len(set(ids)),
+                    "accuracy": float(np.mean([v.correct for v in verdicts])),
+                    "num_samples": num_samples,
+                    "estimator": estimator,
+                }
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                written += 1
+            if progress is not None:
+                progress(len(chunk))
+    return written
+
+
+def load_curriculum(path: str | Path) -> list[tuple[Problem, float]]:
+    """(problem, semantic entropy) pairs from a file written by ``score_problems``."""
+    path = Path(path)
+    problems, _ = load_problems(path)
+    scores: dict[str, float] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        value = row.get(SCORE_FIELD)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value):
+            raise DataError(
+                f"{path}:{number}: field '{SCORE_FIELD}' must be a finite number; "
+                "score the file with 'semrl curriculum score'"
+            )
+        scores[str(row["id"])] = float(value)
+    return [(p, scores[p.id]) for p in problems]
+
+
+def curriculum_stages(scored: list[tuple[Problem, float]], num_stages: int) -> list[list[Problem]]:
+    """Sort by semantic entropy ascending (ties by id) and split into ``num_stages`` stages whose
+    sizes differ by at most one."""
+    if len(scored) < num_stages:
+        raise DataError(f"a {num_stages}-stage curriculum needs at least {num_stages} problems, got {len(scored)}")
+    ordered = [p for p, _ in sorted(scored, key=lambda x: (x[1], x[0].id))]
+    bounds = np.linspace(0, len(ordered), num_stages + 1).round().astype(int)
+    return [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
