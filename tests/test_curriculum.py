@@ -34,6 +34,8 @@ def test_stages_sort_easy_first_and_split_evenly(tmp_path):
 def test_load_curriculum_names_bad_rows(tmp_path):
     good = _write(tmp_path / "c.jsonl", [{"id": "a", "problem": "1+1", "answer": "2", "semantic_entropy": 0.3}])
     assert [(p.id, h) for p, h in load_curriculum(good)] == [("a", 0.3)]
+    with pytest.raises(DataError, match="semrl curriculum score --output"):
+        load_curriculum(tmp_path / "missing.jsonl")
     bad = _write(tmp_path / "b.jsonl", [{"id": "a", "problem": "1+1", "answer": "2"}])
     with pytest.raises(DataError, match=r"b.jsonl:1: field 'semantic_entropy'.*semrl curriculum score"):
         load_curriculum(bad)

@@ -100,6 +100,11 @@ def score_problems(
 def load_curriculum(path: str | Path) -> list[tuple[Problem, float]]:
     """(problem, semantic entropy) pairs from a file written by ``score_problems``."""
     path = Path(path)
+    if not path.is_file():
+        raise DataError(
+            f"curriculum file '{path}' does not exist; write it with "
+            f"'semrl curriculum score --output {path}' (see configs/sent_demo.yaml)"
+        )
     problems, _ = load_problems(path)
     scores: dict[str, float] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
