@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from semrl.algos.fr3e import state_sizes
 from semrl.cli import main
 from semrl.config import ConfigError, load_config
 from semrl.trainer import Trainer
@@ -204,6 +205,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_di
         ("sent", ["sent.selection_scope=micro", "sent.kl_target=ref_k3", "sent.clip_in_sent_loss=true"]),
         ("seed_grpo", []),
         ("dapo", ["algorithm.clip_ratio_high=0.28", "reward.overlong_buffer_len=2"]),
+        ("fr3e", ["fr3e.anchor_metric=surprisal"]),
     ],
 )
 def test_every_method_trains_and_logs_entropy_dynamics(digit_model_dir, seven_task, tmp_path, method, extra):
@@ -225,6 +227,8 @@ def test_every_method_trains_and_logs_entropy_dynamics(digit_model_dir, seven_ta
         assert 0 < last["actor/sent_regularised_frac"] <= 0.8
     if method == "seed_grpo":
         assert 0 <= last["seed/scale"] <= 1
+    if method == "fr3e":
+        assert 0 < last["fr3e/anchors_per_prompt"] <= 3
     if method == "entropy_8020":
         assert 0 < last["actor/high_entropy_frac"] <= 0.25
 
@@ -235,3 +239,21 @@ def test_log_ref_kl_loads_the_reference_without_a_kl_loss(digit_model_dir, seven
     assert trainer.ref_model is not None and trainer.cfg.algorithm.kl_coef == 0
     last = trainer.train()
     assert last["kl"] >= 0
+
+
+def test_fr3e_trains_continuations_with_their_prefix_in_the_prompt(digit_model_dir, seven_task, tmp_path):
+    cfg = _cfg(digit_model_dir, seven_task, tmp_path / "f", "trainer.steps=0", "algorithm.method=fr3e",
+               "rollout.max_new_tokens=6", "fr3e.num_anchors=3")
+    trainer = Trainer(cfg)
+    batch = trainer.rollout()
+    assert len(batch.generations) == 32
+    for g in range(4):
+        states = batch.extras["groups"]["states"][g]
+        num_states = max(states) + 1  # fewer than 4 when the first-return chain is short
+        assert states == [j for j, n in enumerate(state_sizes(8, num_states)) for _ in range(n)]
+        rows = range(g * 8, g * 8 + 8)
+        base = min(len(batch.prompt_ids[i]) for i in rows)
+        for i in rows:
+            prefix = len(batch.prompt_ids[i]) - base  # the anchor position of this row's state
+            assert (prefix == 0) == (batch.extras["groups"]["states"][g][i - g * 8] == 0)
+            assert len(batch.generations[i].token_ids) <= 6 - prefix

@@ -205,6 +205,15 @@ class SeedConfig:
 
 
 @dataclass
+class FR3EConfig:
+    num_anchors: int = _opt(3, "FR3E: anchors K on the first-return chain; G is spread over K + 1 states.")
+    anchor_metric: Literal["entropy", "surprisal"] = _opt(
+        "entropy", "Anchors at the highest token entropy (paper) or lowest sampled log-prob (code)."
+    )
+    sharpen: bool = _opt(True, "Sharpen the value changes: sign(d)|d|^1.5 / sum |d|^1.5 (code).")
+
+
+@dataclass
 class TrainerConfig:
     steps: int = _opt(10, "Number of rollout-update steps.")
     lr: float = _opt(1e-6, "AdamW learning rate.")
@@ -255,6 +264,7 @@ class Config:
     rose: RoseConfig = field(default_factory=RoseConfig)
     sent: SentConfig = field(default_factory=SentConfig)
     seed_grpo: SeedConfig = field(default_factory=SeedConfig)
+    fr3e: FR3EConfig = field(default_factory=FR3EConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -423,6 +433,7 @@ def validate(cfg: Config) -> None:
         "logging.eval_samples": cfg.logging.eval_samples,
         "algorithm.max_sampling_rounds": cfg.algorithm.max_sampling_rounds,
         "data.curriculum_stages": cfg.data.curriculum_stages,
+        "fr3e.num_anchors": cfg.fr3e.num_anchors,
     }
     for key, value in positive.items():
         if value < 1:
@@ -448,6 +459,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"config key 'reward.overlong_buffer_len' must be in [0, rollout.max_new_tokens), "
             f"got {cfg.reward.overlong_buffer_len}"
+        )
+    if cfg.algorithm.method == "fr3e" and cfg.fr3e.num_anchors + 1 > cfg.rollout.group_size:
+        raise ConfigError(
+            f"config key 'fr3e.num_anchors' ({cfg.fr3e.num_anchors}) + 1 states exceed rollout.group_size "
+            f"({cfg.rollout.group_size}); every state needs at least one continuation"
         )
     if cfg.trainer.steps < 0:
         raise ConfigError(f"config key 'trainer.steps' must be >= 0, got {cfg.trainer.steps}")

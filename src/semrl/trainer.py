@@ -373,7 +373,8 @@ class Trainer:
             gens = self.engine.generate(requests, self._sampling_params(), self.generator)
         return RolloutBatch(
             problems=[p for p in problems for _ in range(group)],
-            prompt_ids=[ids for ids in prompt_ids for _ in range(group)],
+            # a method whose trained prompts include a prefix (FR3E) gives them per sequence
+            prompt_ids=extras.pop("sequence_prompt_ids", None) or [ids for ids in prompt_ids for _ in range(group)],
             generations=gens,
             texts=[self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens],
             group_size=group,

@@ -38,7 +38,8 @@ class AdvantageInputs:
 
 # (inputs, the whole Config) -> (N, T) advantages
 AdvantageFn = Callable[[AdvantageInputs, Any], torch.Tensor]
-# (trainer, prompt token ids) -> (generations, prompt-major with group_size per prompt; extras)
+# (trainer, prompt token ids) -> (generations, prompt-major with group_size per prompt; extras).
+# extras["sequence_prompt_ids"] (N,), if given, replaces each sequence's prompt (FR3E: prompt + prefix).
 RolloutFn = Callable[[Any, list[list[int]]], tuple[list[Any], dict[str, Any]]]
 
 
@@ -150,6 +151,7 @@ def resolve_algorithm(algo_cfg: Any) -> MethodSpec:
 
 
 # Built-in methods that live in their own modules register themselves on import.
+import semrl.algos.fr3e  # noqa: E402, F401
 import semrl.algos.rose  # noqa: E402, F401
 import semrl.algos.seed_grpo  # noqa: E402, F401
 import semrl.algos.sent  # noqa: E402, F401

@@ -1,0 +1,122 @@
+"""FR3E (First Return, Entropy-Eliciting Explore; algorithms.md section 6).
+
+Per prompt: one first-return chain; its K highest-entropy positions (paper; ``surprisal``: the K
+lowest sampled-token log-probs, as the code does) are anchors. States S_0 = prompt and
+S_j = prompt + chain[:anchor_j]; the G continuations of the prompt are spread over the K + 1
+states (S_0 gets the first extra ones when G is not a multiple of K + 1). Continuations reuse the
+first-return chain's KV cache; the prefix is part of the prompt, so only continuations are
+trained on, and the first-return chain itself is not.
+
+Advantage: per state, A = r - mean over that state's continuations (no std). With v_j the share of
+state j's continuations whose centred score is positive, delta_0 = 1 - v_0 and
+delta_j = v_j - v_(j-1) (optionally sharpened: sign(d)|d|^1.5 / sum |d|^1.5), and A_j <- A_j / exp(delta_j).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from semrl.algos.advantages import broadcast_to_tokens
+from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
+from semrl.rollout import Generation, GenerationRequest
+
+
+def select_anchors(scores: torch.Tensor, num_anchors: int) -> list[int]:
+    """Sorted positions of the ``num_anchors`` largest scores, excluding position 0 (the prompt is S_0).
+
+    scores: (L,) one per generated token of the first-return chain.
+    """
+    if len(scores) <= 1:
+        return []
+    k = min(num_anchors, len(scores) - 1)
+    return sorted((torch.topk(scores[1:], k).indices + 1).tolist())
+
+
+def state_sizes(group_size: int, num_states: int) -> list[int]:
+    """Continuations per state: as even as possible, earlier states first."""
+    base, extra = divmod(group_size, num_states)
+    return [base + (1 if j < extra else 0) for j in range(num_states)]
+
+
+def fr3e_modulation(rewards: torch.Tensor, states: torch.Tensor, sharpen: bool = True) -> torch.Tensor:
+    """(G,) FR3E advantages of one prompt's continuations.
+
+    Args:
+        rewards: (G,) reward of each continuation.
+        states: (G,) state index j of each continuation (0 = from the prompt), states ascending.
+    """
+    num_states = int(states.max()) + 1
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    value = torch.zeros(num_states)
+    for j in range(num_states):
+        rows = states == j
+        if rows.any():
+            centred = rewards[rows].float() - rewards[rows].float().mean()
+            adv[rows] = centred
+            value[j] = (centred > 0).float().mean()
+    delta = torch.cat([1.0 - value[:1], value[1:] - value[:-1]])
+    if sharpen:
+        powered = delta.abs() ** 1.5
+        delta = torch.sign(delta) * powered / powered.sum().clamp(min=1e-12)
+    return adv / torch.exp(delta[states])
+
+
+def fr3e_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Generation], dict[str, Any]]:
+    cfg, opts = trainer.cfg, trainer.cfg.fr3e
+    params = trainer._sampling_params()
+    group = cfg.rollout.group_size
+    first = trainer.engine.generate(
+        [GenerationRequest(ids) for ids in prompt_ids], params, trainer.generator, return_cache=True
+    )
+    requests, sequence_prompts, states_per_group = [], [], []
+    for ids, chain in zip(prompt_ids, first, strict=True):
+        scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs
+        anchors = [0, *select_anchors(scores, opts.num_anchors)]
+        sizes = state_sizes(group, len(anchors))
+        states = []
+        for j, (anchor, size) in enumerate(zip(anchors, sizes, strict=True)):
+            prefix = chain.token_ids[:anchor].tolist()
+            for _ in range(size):
+                requests.append(
+                    GenerationRequest(ids, prefix, params.max_new_tokens - anchor, cache=chain.cache if anchor else None)
+                )
+                sequence_prompts.append(ids + prefix)
+                states.append(j)
+        states_per_group.append(states)
+        chain.cache = None
+    gens = trainer.engine.generate(requests, params, trainer.generator)
+    first_tokens = sum(len(c.token_ids) for c in first)
+    metrics = {
+        "fr3e/anchors_per_prompt": sum(max(s) for s in states_per_group) / len(states_per_group),
+        "fr3e/first_return_tokens": float(first_tokens),
+    }
+    return gens, {
+        "sequence_prompt_ids": sequence_prompts,
+        "groups": {"states": states_per_group},
+        "metrics": metrics,
+    }
+
+
+def fr3e_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
+    states: list[list[int]] = inputs.extras["groups"]["states"]
+    out, start = [], 0
+    for group_states in states:
+        g = len(group_states)
+        out.append(fr3e_modulation(inputs.rewards[start : start + g], torch.tensor(group_states), cfg.fr3e.sharpen))
+        start += g
+    return broadcast_to_tokens(torch.cat(out), inputs.response_mask)
+
+
+register_method(
+    MethodSpec(
+        name="fr3e",
+        advantage_fn=fr3e_advantages,
+        norm_adv_by_std=False,
+        loss_agg_mode="token-mean",
+        description="FR3E: continuations from the high-entropy anchors of a first-return chain, "
+        "advantages modulated by exp(state-value change) (Zheng et al. 2025).",
+        rollout_fn=fr3e_rollout,
+    )
+)
