@@ -127,7 +127,7 @@ def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    for command in ("train", "eval", "config"):
+    for command in ("train", "eval", "config", "curriculum"):
         assert command in text
 
 

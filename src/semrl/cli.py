@@ -1,4 +1,4 @@
-"""Command-line interface: ``semrl train``, ``semrl eval``, ``semrl config``."""
+"""Command-line interface: ``semrl train``, ``semrl eval``, ``semrl config``, ``semrl curriculum``."""
 
 from __future__ import annotations
 
@@ -103,7 +103,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    if args.check:
+    if args.methods:
+        from semrl.algos.registry import METHODS
+
+        for name, spec in sorted(METHODS.items()):
+            print(f"{name:14s} {spec.description}")
+    elif args.check:
         cfg = load_config(args.check, args.overrides)
         print(f"{args.check}: OK (method {cfg.algorithm.method})")
     else:
@@ -165,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Without arguments: every config key with type, default and meaning.",
     )
     conf.add_argument("--check", metavar="YAML", help="validate a config file (with overrides)")
+    conf.add_argument("--methods", action="store_true", help="list the registered methods")
     conf.add_argument("overrides", nargs="*", help="section.key=value overrides")
     conf.set_defaults(func=_config)
 

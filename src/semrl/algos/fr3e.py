@@ -116,7 +116,7 @@ register_method(
         norm_adv_by_std=False,
         loss_agg_mode="token-mean",
         description="FR3E: continuations from the high-entropy anchors of a first-return chain, "
-        "advantages modulated by exp(state-value change) (Zheng et al. 2025).",
+        "advantages modulated by exp(state-value change) (FR3E, First Return Entropy-Eliciting Explore).",
         rollout_fn=fr3e_rollout,
     )
 )

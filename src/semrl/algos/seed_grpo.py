@@ -59,6 +59,6 @@ register_method(
         advantage_fn=seed_grpo_advantages,
         norm_adv_by_std=False,
         loss_agg_mode="seq-mean-token-sum-norm",
-        description="SEED-GRPO: Dr.GRPO advantages scaled by f(alpha * semantic entropy / log G) (Chen et al. 2025).",
+        description="SEED-GRPO: Dr.GRPO advantages scaled by f(alpha * semantic entropy / log G) (SEED-GRPO).",
     )
 )

@@ -12,7 +12,7 @@ register_method(
         advantage_fn=outcome_advantages,
         norm_adv_by_std=True,
         loss_agg_mode="token-mean",
-        description="SENT: GRPO with token-level KL on low-entropy, high-covariance tokens (Cao et al. 2025); "
+        description="SENT: GRPO with token-level KL on low-entropy, high-covariance tokens (arXiv 2512.04359); "
         "curriculum via data.curriculum.",
         policy_loss="sent",
     )
