@@ -145,7 +145,8 @@ class Trainer:
             self.model, eos, self.tokenizer.pad_token_id, cfg.rollout.generation_batch_size
         )
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-        self._new_optimizer(cfg.trainer.steps)
+        # with a curriculum that restarts each stage, the schedule spans one stage
+        self._new_optimizer(self.stage_ends[0] if cfg.data.curriculum_reset_optimizer else cfg.trainer.steps)
         self.step = 0
         self.consecutive_bad_steps = 0
         if ckpt is not None:
