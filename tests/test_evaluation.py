@@ -1,10 +1,10 @@
-"""Unbiased pass@k against a direct combinatorial computation."""
+"""Unbiased pass@k against a direct combinatorial computation, maj@k ties, summaries."""
 
 from math import comb
 
 import pytest
 
-from semrl.evaluation import pass_at_k, summarize_correctness
+from semrl.evaluation import maj_at_k, markdown_table, pass_at_k, report_ks, summarize_by, summarize_records
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 16])
@@ -25,11 +25,66 @@ def test_pass_at_k_edge_cases():
         pass_at_k(4, 1, 5)
 
 
-def test_summarize_correctness():
-    out = summarize_correctness([[True, False, False, False], [True, True, True, True]])
+def _record(correct, answers, clusters=None, level=None, lengths=None):
+    n = len(correct)
+    clusters = clusters if clusters is not None else list(range(n))
+    lengths = lengths if lengths is not None else [10] * n
+    return {
+        "id": f"p{len(answers)}{level}", "gold": "1", "level": level, "subject": None,
+        "samples": [
+            {"response": "", "answer": a, "correct": c, "length": ln, "truncated": False,
+             "timed_out": False, "cluster": k}
+            for c, a, k, ln in zip(correct, answers, clusters, lengths, strict=True)
+        ],
+    }
+
+
+def test_maj_at_k_majority_and_ties():
+    # answers: 1 (correct), 2, 2, 1 -> first 3: '2' wins; first 4: tie 2-2 split -> 0.5
+    clusters, correct, answered = [0, 1, 1, 0], [True, False, False, True], [True] * 4
+    assert maj_at_k(clusters, correct, answered, 1) == 1.0
+    assert maj_at_k(clusters, correct, answered, 2) == 0.5  # 1-1 tie between a right and a wrong class
+    assert maj_at_k(clusters, correct, answered, 3) == 0.0
+    assert maj_at_k(clusters, correct, answered, 4) == 0.5
+    # three-way tie with one correct class -> 1/3
+    assert maj_at_k([0, 1, 2], [True, False, False], [True] * 3, 3) == pytest.approx(1 / 3)
+    # samples without an answer do not vote, even when they are the most frequent "class"
+    assert maj_at_k([0, 1, 2, 3], [False, False, False, True], [False, False, False, True], 4) == 1.0
+    assert maj_at_k([0, 1], [False, False], [False, False], 2) == 0.0
+    with pytest.raises(ValueError):
+        maj_at_k([0], [True], [True], 2)
+
+
+def test_summarize_records():
+    records = [
+        _record([True, False, False, False], ["1", "2", "2", None], [0, 1, 1, 2], level=1, lengths=[4, 8, 8, 12]),
+        _record([True, True, True, True], ["1", "1.0", "1", "1"], [0, 0, 0, 0], level=2),
+    ]
+    out = summarize_records(records)
+    assert out["problems"] == 2
     assert out["mean@4"] == pytest.approx((0.25 + 1.0) / 2)
     assert out["pass@1"] == pytest.approx(out["mean@4"])
-    assert out["pass@4"] == 1.0
     assert out["pass@2"] == pytest.approx((0.5 + 1.0) / 2)
-    with pytest.raises(ValueError, match="same number"):
-        summarize_correctness([[True], [True, False]])
+    assert out["pass@3"] == pytest.approx((0.75 + 1.0) / 2)
+    assert out["pass@4"] == 1.0
+    assert out["maj@4"] == pytest.approx((0.0 + 1.0) / 2)  # '2' beats '1' 2-1 in the first problem
+    assert out["maj@1"] == 1.0
+    assert out["distinct_answers"] == pytest.approx((2 + 1) / 2)  # None is not an answer
+    assert out["response_length"] == pytest.approx((4 + 8 + 8 + 12 + 40) / 8)
+    assert out["response_length/correct"] == pytest.approx((4 + 40) / 5)
+    by_level = summarize_by(records, "level")
+    assert list(by_level) == ["1", "2"] and by_level["2"]["mean@4"] == 1.0
+    assert summarize_by(records, "subject") == {}
+    with pytest.raises(ValueError, match="same"):
+        summarize_records([records[0], _record([True], ["1"])])
+
+
+def test_report_ks_and_markdown():
+    assert report_ks(8) == [1, 2, 4, 8] and report_ks(6) == [1, 2, 4, 6] and report_ks(1) == [1]
+    records = [_record([True, False], ["1", "2"], level=1), _record([False, False], ["3", None], level=3)]
+    summary = {"settings": {"num_samples": 2}, "metrics": summarize_records(records),
+               "by_level": summarize_by(records, "level"), "by_subject": {}}
+    table = markdown_table({"toy": summary})
+    assert "| dataset | problems | mean@2 | pass@1 | pass@2 | maj@2 |" in table
+    assert "| toy | 2 | 0.250 | 0.250 | 0.500 |" in table
+    assert "**toy by level**" in table and "| 3 | 1 | 0.000 |" in table

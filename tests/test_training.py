@@ -127,25 +127,51 @@ def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    for command in ("train", "eval", "config", "curriculum"):
+    for command in ("train", "eval", "report", "compare", "config", "curriculum"):
         assert command in text
 
 
-def test_eval_cli_reports_pass_at_k(digit_model_dir, seven_task, tmp_path, capsys):
+def _eval_args(model_dir, out, *extra):
+    return ["eval", "--model", str(model_dir), "--n", "4", "--max-new-tokens", "4", "--temperature", "1.0",
+            "--batch-size", "8", "--system-prompt", DIGIT_SYSTEM_PROMPT, "--output", str(out), "--quiet", *extra]
+
+
+def test_eval_cli_reports_pass_at_k_on_several_datasets(digit_model_dir, seven_task, tmp_path, capsys):
     out = tmp_path / "eval"
-    code = main(["eval", "--model", str(digit_model_dir), "--data", str(seven_task), "--limit", "6",
-                 "--n", "4", "--greedy", "--max-new-tokens", "4", "--temperature", "1.0",
-                 "--system-prompt", DIGIT_SYSTEM_PROMPT, "--output", str(out), "--quiet"])
+    code = main(_eval_args(digit_model_dir, out, "--data", str(seven_task), "arithmetic", "--limit", "6"))
     assert code == 0
     report = json.loads((out / "metrics.json").read_text())
-    assert report["problems"] == 6
-    sampled, greedy = report["sampled"], report["greedy"]
-    assert {"mean@4", "pass@1", "pass@2", "pass@4", "response_length", "verify_timeouts"} <= set(sampled)
-    assert sampled["pass@1"] == pytest.approx(sampled["mean@4"])
-    assert sampled["pass@1"] <= sampled["pass@2"] <= sampled["pass@4"]
-    assert "mean@1" in greedy
-    lines = (out / "samples_sampled.jsonl").read_text().splitlines()
-    assert len(lines) == 24 and {"gold", "answer", "correct", "response"} <= set(json.loads(lines[0]))
+    assert set(report) == {seven_task.stem, "arithmetic"}
+    metrics = report[seven_task.stem]["metrics"]
+    assert metrics["problems"] == 6
+    assert {"mean@4", "pass@3", "maj@4", "response_length/correct", "distinct_answers", "verify_timeouts"} <= set(metrics)
+    assert metrics["pass@1"] == pytest.approx(metrics["mean@4"])
+    assert metrics["pass@1"] <= metrics["pass@2"] <= metrics["pass@3"] <= metrics["pass@4"]
+    assert report["arithmetic"]["by_level"].keys() == {"1"}
+    lines = (out / seven_task.stem / "problems.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and len(json.loads(lines[0])["samples"]) == 4
+    table = (out / "results.md").read_text()
+    assert f"| {seven_task.stem} | 6 |" in table and "| arithmetic | 6 |" in table
+
+
+def test_eval_cli_resumes_with_the_same_samples(digit_model_dir, seven_task, tmp_path, capsys):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert main(_eval_args(digit_model_dir, whole, "--data", str(seven_task), "--limit", "6")) == 0
+    assert main(_eval_args(digit_model_dir, resumed, "--data", str(seven_task), "--limit", "3")) == 0
+    with (resumed / seven_task.stem / "problems.jsonl").open("a") as fh:
+        fh.write('{"id": "torn li')  # a crash in the middle of a line
+    capsys.readouterr()
+    assert main(_eval_args(digit_model_dir, resumed, "--data", str(seven_task), "--limit", "6")) == 0
+    assert "reused 3 problems" in capsys.readouterr().out
+
+    def by_id(path):
+        return {r["id"]: r for r in map(json.loads, (path / seven_task.stem / "problems.jsonl").read_text().splitlines())}
+
+    assert by_id(resumed) == by_id(whole)
+    # other sampling settings in the same directory: refused, nothing overwritten
+    assert main(_eval_args(digit_model_dir, resumed, "--data", str(seven_task), "--limit", "6", "--seed", "1")) == 2
+    assert "other settings" in capsys.readouterr().err
+    assert by_id(resumed) == by_id(whole)
 
 
 def test_hub_id_offline_says_to_pass_a_local_path(monkeypatch):

@@ -1,4 +1,4 @@
-"""Command-line interface: ``semrl train``, ``semrl eval``, ``semrl config``, ``semrl curriculum``."""
+"""Command-line interface: ``semrl train``, ``eval``, ``report``, ``compare``, ``config``, ``curriculum``."""
 
 from __future__ import annotations
 
@@ -27,14 +27,15 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _problems(args: argparse.Namespace, seed: int) -> list:
+def _problems(name: str, args: argparse.Namespace, seed: int) -> list:
+    """Problems of a packaged benchmark, a data file or 'arithmetic', cut to ``--limit``."""
     from semrl.data import load_problems, resolve_dataset
     from semrl.data.arithmetic import make_arithmetic_problems
 
-    if args.data == "arithmetic":
+    if name == "arithmetic":
         problems = make_arithmetic_problems(args.limit or 64, args.levels, seed=seed)
     else:
-        problems, _ = load_problems(resolve_dataset(args.data))
+        problems, _ = load_problems(resolve_dataset(name))
     return problems[: args.limit] if args.limit else problems
 
 
@@ -47,7 +48,7 @@ def _curriculum_score(args: argparse.Namespace) -> int:
     from semrl.reward import VerifierPool
     from semrl.rollout import RolloutEngine, SamplingParams
 
-    problems = _problems(args, seed=args.seed)  # the training problems of a run with trainer.seed
+    problems = _problems(args.data, args, seed=args.seed)  # the training problems of a run with trainer.seed
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
     engine = RolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, args.batch_size)
@@ -63,42 +64,60 @@ def _curriculum_score(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
     from tqdm.auto import tqdm
 
-    from semrl.evaluation import evaluate_problems
+    from semrl.evaluation import PRESETS, EvalSettings, evaluate_dataset, markdown_table
     from semrl.models import load_model, load_tokenizer, resolve_model_path
     from semrl.reward import VerifierPool
-    from semrl.rollout import RolloutEngine, SamplingParams
+    from semrl.rollout import RolloutEngine
 
-    problems = _problems(args, seed=10_007)
+    preset = PRESETS[args.preset] if args.preset else {}
+    n = args.n or preset.get("n", 8)
+    temperature = args.temperature if args.temperature is not None else preset.get("temperature", 0.6)
+    top_p = args.top_p if args.top_p is not None else preset.get("top_p", 0.95)
+    max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 256)
+    datasets = {Path(d).stem if d.endswith((".jsonl", ".parquet")) else d: d for d in args.data}
+    problems = {name: _problems(source, args, seed=10_007) for name, source in datasets.items()}  # fail early
     path = resolve_model_path(args.model)
-    tokenizer = load_tokenizer(path)
-    model = load_model(path)
+    tokenizer, model = load_tokenizer(path), load_model(path)
     engine = RolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, args.batch_size)
     system = None if args.no_system_prompt else args.system_prompt
-    report: dict[str, dict[str, float]] = {}
+    out = Path(args.output or Path("runs") / "eval" / Path(str(path)).name)
+    summaries = {}
     with VerifierPool(2, args.timeout) as pool:
-        settings = [("greedy", 0.0, 1)] if args.greedy else []
-        settings.append(("sampled", args.temperature, args.n))
-        for name, temperature, n in settings:
-            params = SamplingParams(temperature, args.top_p, 0, args.max_new_tokens)
-            with tqdm(total=len(problems) * n, desc=f"eval {name}", disable=args.quiet) as bar:
-                metrics, records = evaluate_problems(
-                    engine, tokenizer, pool, problems, params, n, system, not args.no_number_fallback,
-                    torch.Generator().manual_seed(args.seed), progress=bar.update,
+        for name, source in datasets.items():
+            settings = EvalSettings(
+                model=str(path), dataset=source, num_samples=n, temperature=temperature, top_p=top_p,
+                max_new_tokens=max_new_tokens, seed=args.seed, system_prompt=system,
+                final_number_fallback=not args.no_number_fallback,
+                problems_per_chunk=max(1, args.batch_size // n), batch_size=args.batch_size,
+            )
+            with tqdm(total=len(problems[name]), desc=f"eval {name}", unit="problem", disable=args.quiet) as bar:
+                summaries[name], reused = evaluate_dataset(
+                    engine, tokenizer, pool, problems[name], settings, out / name, bar.update
                 )
-            report[name] = metrics
-            if args.output:
-                out = Path(args.output)
-                out.mkdir(parents=True, exist_ok=True)
-                with (out / f"samples_{name}.jsonl").open("w", encoding="utf-8") as fh:
-                    for rec in records:
-                        fh.write(json.dumps(rec) + "\n")
-    text = json.dumps({"model": args.model, "data": args.data, "problems": len(problems), **report}, indent=2)
-    if args.output:
-        (Path(args.output) / "metrics.json").write_text(text)
-    print(text)
+            if reused:
+                print(f"{name}: reused {reused} problems already in {out / name / 'problems.jsonl'}")
+    table = markdown_table(summaries)
+    (out / "metrics.json").write_text(json.dumps(summaries, indent=2))
+    (out / "results.md").write_text(f"# {args.model}: n={n}, T={temperature}, top_p={top_p}\n\n{table}\n")
+    print(table)
+    print(f"written: {out / 'metrics.json'}, {out / 'results.md'}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from semrl.report import write_report
+
+    index = write_report(args.run_dir, args.output)
+    print(f"report: {index}  (open it in a browser; figures in {index.parent / 'figures'})")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from semrl.report import compare_runs
+
+    print(compare_runs(args.run_dirs, args.metric, args.output))
     return 0
 
 
@@ -139,18 +158,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser(
         "eval",
         help="evaluate a model or checkpoint on a dataset",
-        description="Accuracy (greedy and sampled), unbiased pass@k and mean@k of a model on a "
-        "dataset file, a packaged benchmark (math500, gsm8k_test, aime24, ...) or 'arithmetic'.",
+        description="n samples per problem on one or more datasets: unbiased pass@k, mean@k and maj@k "
+        "for every k <= n, response length (all, correct), distinct answers, accuracy by level and "
+        "subject, verification time-outs. Writes JSON and a Markdown table; resumable.",
     )
     ev.add_argument("--model", default="smollm2-135m", help="alias, model/checkpoint dir, .gguf or hub id")
-    ev.add_argument("--data", default="arithmetic", help="benchmark name or .jsonl/.parquet path")
+    ev.add_argument(
+        "--data", nargs="+", default=["arithmetic"],
+        help="benchmark names (math500 aime24 aime25 amc23 gsm8k_test minerva_math olympiadbench ...), "
+        ".jsonl/.parquet files in the same schema, or 'arithmetic'",
+    )
+    ev.add_argument(
+        "--preset", choices=["rose", "sent", "greedy", "aime64"],
+        help="papers' sampling settings: rose = n 8, T 0.6, top_p 0.95, 4096 tokens; sent = n 1, T 1.0, "
+        "top_p 0.6; greedy = n 1, T 0; aime64 = n 64, T 0.6. Explicit flags override it",
+    )
     ev.add_argument("--levels", type=int, nargs="+", default=[1], help="arithmetic levels")
-    ev.add_argument("--limit", type=int, default=0, help="evaluate only the first N problems")
-    ev.add_argument("--n", type=int, default=8, help="samples per problem (pass@k for k <= n)")
-    ev.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
-    ev.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
-    ev.add_argument("--max-new-tokens", type=int, default=256, help="response budget")
-    ev.add_argument("--greedy", action="store_true", help="also report greedy accuracy")
+    ev.add_argument("--limit", type=int, default=0, help="evaluate only the first N problems of each dataset")
+    ev.add_argument("--n", type=int, default=0, help="samples per problem, pass@k for every k <= n (default 8)")
+    ev.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (default 0.6)")
+    ev.add_argument("--top-p", type=float, help="nucleus sampling threshold (default 0.95)")
+    ev.add_argument("--max-new-tokens", type=int, default=0, help="response budget (default 256)")
     ev.add_argument("--batch-size", type=int, default=64, help="generation batch size")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed")
     ev.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
@@ -161,9 +189,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
     ev.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
-    ev.add_argument("--output", help="directory for metrics.json and per-sample records")
+    ev.add_argument(
+        "--output",
+        help="directory (default runs/eval/MODEL): DATASET/problems.jsonl per dataset, metrics.json, "
+        "results.md. A re-run with the same settings reuses the problems already there",
+    )
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=_eval)
+
+    rep = sub.add_parser(
+        "report", help="write a run's HTML report",
+        description="A self-contained HTML page (no server, no network) with training and evaluation "
+        "curves, evaluation tables and the reasoning-tree viewer, plus PNG curves (with matplotlib).",
+    )
+    rep.add_argument("run_dir", help="run directory (logging.output_dir)")
+    rep.add_argument("--output", help="directory for index.html and figures/ (default RUN_DIR/report)")
+    rep.set_defaults(func=_report)
+
+    cmp = sub.add_parser(
+        "compare", help="compare runs side by side",
+        description="Final metrics of several runs side by side and per-step tables (Markdown), and with "
+        "--output one PNG per metric with all runs overlaid.",
+    )
+    cmp.add_argument("run_dirs", nargs="+", help="run directories")
+    cmp.add_argument("--metric", nargs="+", help="metrics (default: reward, accuracy, entropy, ..., eval)")
+    cmp.add_argument("--output", help="directory for the PNG plots")
+    cmp.set_defaults(func=_compare)
 
     conf = sub.add_parser(
         "config", help="print the config reference or check a config file",

@@ -244,6 +244,9 @@ class LoggingConfig:
         None, "Evaluation temperature (null: the training temperature)."
     )
     samples_per_step: int = _opt(4, "Completions written to samples.jsonl per step.")
+    trees_per_step: int = _opt(
+        2, "Rollout trees (ROSE) written to trees.jsonl per step for the report's tree viewer; 0: none."
+    )
     tensorboard: bool = _opt(True, "Write TensorBoard event files.")
     log_ref_kl: bool = _opt(
         False, "Load the reference model to log the KL to it even when algorithm.kl_coef = 0."

@@ -1,15 +1,28 @@
-"""Evaluation: unbiased pass@k (Chen et al. 2021), mean@k and sampled/greedy accuracy."""
+"""Evaluation: unbiased pass@k (Chen et al. 2021), mean@k, maj@k, lengths, distinct answers.
+
+A *problem record* (one JSON line of ``problems.jsonl``) holds a problem's n samples::
+
+    {"id", "gold", "level", "subject",
+     "samples": [{"response", "answer", "correct", "length", "truncated", "timed_out", "cluster"}]}
+
+``cluster`` numbers the sample's answer-equivalence class within the problem (math-verify, as the
+semantic entropy of ``semrl.algos.semantic_entropy``); a sample without an answer is its own class.
+Metric conventions: ``shared/design/ecosystem.md`` section 3.
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from semrl.algos.semantic_entropy import cluster_answers
 from semrl.data import Problem, build_prompt_ids
 from semrl.reward import VerifierPool, score_responses
 from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
@@ -25,36 +38,100 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def summarize_correctness(correct: list[list[bool]]) -> dict[str, float]:
-    """mean@n and pass@k for k = 1, 2, 4, ... n from per-problem lists of n booleans."""
-    n = len(correct[0])
-    if any(len(c) != n for c in correct):
-        raise ValueError("every problem needs the same number of samples")
-    counts = [sum(c) for c in correct]
-    out = {f"mean@{n}": float(np.mean([c / n for c in counts]))}
-    ks = sorted({2**i for i in range(int(math.log2(n)) + 1)} | {n})
-    for k in ks:
+def maj_at_k(clusters: Sequence[int], correct: Sequence[bool], has_answer: Sequence[bool], k: int) -> float:
+    """Majority-vote accuracy over the first k samples of one problem.
+
+    Samples without an answer do not vote. Ties are split: when t answer classes share the top
+    count, the problem scores (number of correct classes among them) / t, the expected accuracy of
+    breaking the tie uniformly at random. A class is correct when any of its samples is (its
+    members are equivalent answers).
+    """
+    if not 1 <= k <= len(clusters):
+        raise ValueError(f"need 1 <= k <= {len(clusters)} samples, got k={k}")
+    votes: dict[int, int] = {}
+    right: dict[int, bool] = {}
+    for cluster, ok, answered in zip(clusters[:k], correct[:k], has_answer[:k], strict=True):
+        if answered:
+            votes[cluster] = votes.get(cluster, 0) + 1
+            right[cluster] = right.get(cluster, False) or ok
+    if not votes:
+        return 0.0
+    top = max(votes.values())
+    leaders = [c for c, v in votes.items() if v == top]
+    return sum(right[c] for c in leaders) / len(leaders)
+
+
+def report_ks(n: int) -> list[int]:
+    """The k shown in tables: 1, 2, 4, ... and n (every k <= n is in the JSON)."""
+    return sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n})
+
+
+def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Flat metrics over problem records that all have the same number of samples n:
+    ``mean@n``, ``pass@k`` and ``maj@k`` for every k <= n, response length (all and correct),
+    truncation rate, distinct answers per problem and verification time-outs."""
+    if not records:
+        raise ValueError("no problem records to summarize")
+    n = len(records[0]["samples"])
+    if n == 0 or any(len(r["samples"]) != n for r in records):
+        raise ValueError("every problem needs the same, non-zero number of samples")
+    counts = [sum(s["correct"] for s in r["samples"]) for r in records]
+    samples = [s for r in records for s in r["samples"]]
+    lengths = np.array([s["length"] for s in samples], dtype=float)
+    correct = np.array([s["correct"] for s in samples], dtype=bool)
+    out: dict[str, float] = {"problems": float(len(records)), f"mean@{n}": float(np.mean(counts) / n)}
+    for k in range(1, n + 1):
         out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in counts]))
+    for k in range(1, n + 1):
+        out[f"maj@{k}"] = float(
+            np.mean(
+                [
+                    maj_at_k(
+                        [s["cluster"] for s in r["samples"]], [s["correct"] for s in r["samples"]],
+                        [s["answer"] is not None for s in r["samples"]], k,
+                    )
+                    for r in records
+                ]
+            )
+        )
+    out["response_length"] = float(lengths.mean())
+    out["response_length/correct"] = float(lengths[correct].mean()) if correct.any() else 0.0
+    out["truncated_frac"] = float(np.mean([s["truncated"] for s in samples]))
+    out["distinct_answers"] = float(
+        np.mean([len({s["cluster"] for s in r["samples"] if s["answer"] is not None}) for r in records])
+    )
+    out["verify_timeouts"] = float(sum(s["timed_out"] for s in samples))
     return out
 
 
-def evaluate_problems(
+def summarize_by(records: Sequence[dict[str, Any]], field: str) -> dict[str, dict[str, float]]:
+    """``summarize_records`` per value of ``field`` ('level' or 'subject'); empty when no record
+    has the field."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get(field) is not None:
+            groups.setdefault(str(r[field]), []).append(r)
+    return {key: summarize_records(groups[key]) for key in sorted(groups, key=_natural_key)}
+
+
+def _natural_key(text: str) -> tuple[int, Any]:
+    return (0, int(text)) if text.lstrip("-").isdigit() else (1, text)
+
+
+def sample_problems(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
     pool: VerifierPool,
-    problems: list[Problem],
+    problems: Sequence[Problem],
     params: SamplingParams,
     num_samples: int,
     system_prompt: str | None,
     final_number_fallback: bool,
     generator: torch.Generator | None = None,
     progress: Callable[[int], Any] | None = None,
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Sample ``num_samples`` answers per problem and score them.
-
-    Returns (metrics, records): metrics has mean@n, pass@k, mean response length, truncation
-    rate and verification time-outs; records hold one entry per sample.
-    """
+) -> list[dict[str, Any]]:
+    """Sample ``num_samples`` responses per problem, score them and cluster their answers.
+    Returns one problem record per problem (module docstring); ``progress`` gets sample counts."""
     prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt) for p in problems]
     requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(num_samples)]
     gens = []
@@ -65,23 +142,198 @@ def evaluate_problems(
             progress(min(step, len(requests) - start))
     texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
     golds = [p.answer for p in problems for _ in range(num_samples)]
-    timeouts_before = pool.num_timeouts
     rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
-    correct = [
-        [rewards[i * num_samples + j].correct for j in range(num_samples)] for i in range(len(problems))
-    ]
-    metrics = summarize_correctness(correct)
-    metrics["response_length"] = float(np.mean([len(g.token_ids) for g in gens]))
-    metrics["truncated_frac"] = float(np.mean([g.truncated for g in gens]))
-    metrics["verify_timeouts"] = float(pool.num_timeouts - timeouts_before)
-    records = [
-        {
-            "id": problems[i // num_samples].id,
-            "gold": golds[i],
-            "answer": rewards[i].answer,
-            "correct": rewards[i].correct,
-            "response": texts[i],
-        }
-        for i in range(len(gens))
-    ]
-    return metrics, records
+    records = []
+    for i, problem in enumerate(problems):
+        rows = range(i * num_samples, (i + 1) * num_samples)
+        answers = [rewards[j].answer for j in rows]
+        clusters = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
+        records.append(
+            {
+                "id": problem.id, "gold": problem.answer, "level": problem.level, "subject": problem.subject,
+                "samples": [
+                    {
+                        "response": texts[j], "answer": rewards[j].answer, "correct": rewards[j].correct,
+                        "length": len(gens[j].token_ids), "truncated": gens[j].truncated,
+                        "timed_out": rewards[j].timed_out, "cluster": cluster,
+                    }
+                    for j, cluster in zip(rows, clusters, strict=True)
+                ],
+            }
+        )
+    return records
+
+
+def evaluate_problems(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: VerifierPool,
+    problems: Sequence[Problem],
+    params: SamplingParams,
+    num_samples: int,
+    system_prompt: str | None,
+    final_number_fallback: bool,
+    generator: torch.Generator | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """``sample_problems`` then ``summarize_records``: (flat metrics, problem records)."""
+    records = sample_problems(
+        engine, tokenizer, pool, problems, params, num_samples, system_prompt, final_number_fallback,
+        generator, progress,
+    )
+    return summarize_records(records), records
+
+
+# ----------------------------------------------------------------------------------------------
+# Resumable evaluation of a dataset into a directory
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Everything that decides the samples; a resumed evaluation must match it exactly."""
+
+    model: str
+    dataset: str
+    num_samples: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    system_prompt: str | None
+    final_number_fallback: bool
+    problems_per_chunk: int
+    batch_size: int
+
+
+# Named sampling settings of the papers (ecosystem.md section 3).
+PRESETS: dict[str, dict[str, Any]] = {
+    "rose": {"n": 8, "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 4096},
+    "sent": {"n": 1, "temperature": 1.0, "top_p": 0.6, "max_new_tokens": 3000},
+    "greedy": {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 3000},
+    "aime64": {"n": 64, "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 4096},
+}
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """Complete lines of a problems.jsonl; a torn last line (a crash mid-write) is dropped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+def evaluate_dataset(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: VerifierPool,
+    problems: Sequence[Problem],
+    settings: EvalSettings,
+    out_dir: Path,
+    progress: Callable[[int], Any] | None = None,
+) -> tuple[dict[str, Any], int]:
+    """Evaluate ``problems`` into ``out_dir`` (``settings.json``, ``problems.jsonl``,
+    ``summary.json``), resuming: problems already in ``problems.jsonl`` are reused.
+
+    Problems are sampled in fixed chunks of ``settings.problems_per_chunk``, chunk i with seed
+    ``settings.seed + i``, so a resumed evaluation gives the same samples as an uninterrupted one.
+    Returns (summary, number of problems reused); the summary has ``metrics``, ``by_level`` and
+    ``by_subject``. ``progress`` gets problem counts, reused ones included.
+    """
+    seen: set[str] = set()
+    for p in problems:
+        if p.id in seen:
+            raise ValueError(f"dataset '{settings.dataset}' has the id '{p.id}' twice; ids must be unique")
+        seen.add(p.id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings_file = out_dir / "settings.json"
+    wanted = asdict(settings)
+    if settings_file.exists():
+        found = json.loads(settings_file.read_text())
+        if found != wanted:
+            diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
+            raise ValueError(
+                f"{out_dir} holds an evaluation with other settings {diff} (found, asked); "
+                "pass a new --output directory or delete that one to start over"
+            )
+    else:
+        settings_file.write_text(json.dumps(wanted, indent=2))
+    records_file = out_dir / "problems.jsonl"
+    done = {r["id"]: r for r in _read_records(records_file)}
+    reused = sum(p.id in done for p in problems)
+    # rewrite without any torn line before appending
+    records_file.write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
+    if progress is not None and reused:
+        progress(reused)
+    params = SamplingParams(settings.temperature, settings.top_p, 0, settings.max_new_tokens)
+    size = settings.problems_per_chunk
+    for chunk, start in enumerate(range(0, len(problems), size)):
+        todo = [p for p in problems[start : start + size] if p.id not in done]
+        if not todo:
+            continue
+        if len(todo) < len(problems[start : start + size]):
+            todo = list(problems[start : start + size])  # a partly written chunk: redo it whole
+        generator = torch.Generator().manual_seed(settings.seed + chunk)
+        records = sample_problems(
+            engine, tokenizer, pool, todo, params, settings.num_samples, settings.system_prompt,
+            settings.final_number_fallback, generator,
+        )
+        new = [r for r in records if r["id"] not in done]
+        with records_file.open("a", encoding="utf-8") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in new))
+        done.update((r["id"], r) for r in new)
+        if progress is not None:
+            progress(len(new))
+    ordered = [done[p.id] for p in problems]
+    summary = {
+        "settings": wanted,
+        "metrics": summarize_records(ordered),
+        "by_level": summarize_by(ordered, "level"),
+        "by_subject": summarize_by(ordered, "subject"),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary, reused
+
+
+def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """One row per dataset: pass@k for k in ``report_ks(n)``, maj@n, lengths, distinct answers,
+    time-outs; then a table per dataset with levels or subjects."""
+
+    def row_cells(metrics: dict[str, float], n: int) -> list[str]:
+        cells = [f"{int(metrics['problems'])}", f"{metrics[f'mean@{n}']:.3f}"]
+        cells += [f"{metrics[f'pass@{k}']:.3f}" for k in report_ks(n)]
+        cells += [
+            f"{metrics[f'maj@{n}']:.3f}", f"{metrics['response_length']:.1f}",
+            f"{metrics['response_length/correct']:.1f}", f"{metrics['distinct_answers']:.2f}",
+            f"{int(metrics['verify_timeouts'])}",
+        ]
+        return cells
+
+    def header(first: str, n: int) -> list[str]:
+        cols = [first, "problems", f"mean@{n}", *(f"pass@{k}" for k in report_ks(n)), f"maj@{n}"]
+        cols += ["length", "length (correct)", "distinct answers", "time-outs"]
+        return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+    lines: list[str] = []
+    by_n: dict[int, list[str]] = {}
+    for name, summary in summaries.items():
+        by_n.setdefault(summary["settings"]["num_samples"], []).append(name)
+    for n, names in by_n.items():
+        lines += header("dataset", n)
+        lines += ["| " + " | ".join([name, *row_cells(summaries[name]["metrics"], n)]) + " |" for name in names]
+        lines.append("")
+    for name, summary in summaries.items():
+        n = summary["settings"]["num_samples"]
+        for field in ("level", "subject"):
+            groups = summary[f"by_{field}"]
+            if len(groups) > 1:
+                lines.append(f"**{name} by {field}**")
+                lines.append("")
+                lines += header(field, n)
+                lines += ["| " + " | ".join([key, *row_cells(m, n)]) + " |" for key, m in groups.items()]
+                lines.append("")
+    return "\n".join(lines)

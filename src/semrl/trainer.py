@@ -48,6 +48,7 @@ from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.reward import VerifierPool, score_responses
 from semrl.reward.shaping import overlong_penalty
 from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from semrl.tree_log import tree_records
 
 logger = logging.getLogger(__name__)
 
@@ -239,14 +240,15 @@ class Trainer:
         set_rng_state(state["rng"], self.generator)
         self.step = state["step"]
         self.consecutive_bad_steps = state.get("consecutive_bad_steps", 0)
-        # Metrics logged after this checkpoint belong to steps that will be re-run.
-        metrics = self.run_dir / "metrics.jsonl"
-        if metrics.exists():
-            kept = [
-                line for line in metrics.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= self.step
-            ]
-            metrics.write_text("".join(line + "\n" for line in kept))
+        # Lines logged after this checkpoint belong to steps that will be re-run.
+        for name in ("metrics.jsonl", "samples.jsonl", "trees.jsonl"):
+            log = self.run_dir / name
+            if log.exists():
+                kept = [
+                    line for line in log.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= self.step
+                ]
+                log.write_text("".join(line + "\n" for line in kept))
         logger.info("resumed from %s at step %d", ckpt, self.step)
 
     def save(self) -> Path:
@@ -305,7 +307,7 @@ class Trainer:
                 if self.step == cfg.trainer.steps and self.eval_problems:
                     last.update(self.evaluate())
                 self._log(last)
-                self._write_samples(batch)
+                self._write_samples(batch, advantages)
                 if (cfg.logging.save_every and self.step % cfg.logging.save_every == 0) or self.step == cfg.trainer.steps:
                     self.save()
                 bar.update(1)
@@ -566,8 +568,14 @@ class Trainer:
                     self.tb.add_scalar(key, value, metrics["step"])
             self.tb.flush()
 
-    def _write_samples(self, batch: RolloutBatch) -> None:
+    def _write_samples(self, batch: RolloutBatch, advantages: torch.Tensor) -> None:
         assert batch.rewards is not None
+        trees = tree_records(
+            batch, advantages, self.tokenizer, self.step, self.cfg.logging.trees_per_step, self.cfg.rose.code_compat
+        )
+        if trees:
+            with (self.run_dir / "trees.jsonl").open("a", encoding="utf-8") as fh:
+                fh.write("".join(json.dumps(t) + "\n" for t in trees))
         n = min(self.cfg.logging.samples_per_step, len(batch.texts))
         with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
             for i in range(n):

@@ -54,7 +54,10 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
         "rose/score_time_frac": result.score_seconds / max(1e-9, result.score_seconds + result.generate_seconds),
     }
     extras = {
-        "groups": {"trees": [group.tree for group in groups]},
+        "groups": {
+            "trees": [group.tree for group in groups],
+            "branch_points": [group.branch_points for group in groups],
+        },
         "metrics": metrics,
     }
     return gens, extras

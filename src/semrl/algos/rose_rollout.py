@@ -34,6 +34,7 @@ class TreeGroup:
     branched: list[bool]  # False for the root and fresh chains
     chosen_entropy: list[float]  # H at each chosen branch point
     chosen_divergence: list[float]  # SD at each chosen branch point
+    branch_points: list[tuple[float, float, float] | None]  # per chain: (H, SD, score) where it branched
     generated_tokens: int  # tokens actually sampled (prefixes are reused, not re-sampled)
 
 
@@ -101,7 +102,8 @@ def tree_rollout(
     scores: list[list[torch.Tensor]] = [[torch.empty(0)] * g for _ in range(n)]
     parents = [[-1] * g for _ in range(n)]
     positions = [[-1] + [0] * (g - 1) for _ in range(n)]
-    stats: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+    stats: list[list[tuple[float, float] | None]] = [[None] * g for _ in range(n)]
+    chosen_scores: list[list[float]] = [[0.0] * g for _ in range(n)]
     generated = [0] * n
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
     timing = {"generate": 0.0, "score": 0.0}
@@ -139,8 +141,9 @@ def tree_rollout(
                 parent = chains[p][job.parent]
                 assert parent is not None
                 chains[p][job.index] = _concat(parent, k, out)
+                chosen_scores[p][job.index] = scores[p][job.parent][k].item()
                 scores[p][job.index] = torch.cat([scores[p][job.parent][:k], score])
-                stats[p].append((entropy[0].item(), divergence[0].item()))
+                stats[p][job.index] = (entropy[0].item(), divergence[0].item())
         timing["generate"] += t1 - t0
         timing["score"] += time.perf_counter() - t1
 
@@ -163,10 +166,12 @@ def tree_rollout(
         for leaf in leaves:
             leaf.cache = None  # the trees are complete: free the KV memory
         tree = ChainTree(tuple(parents[p]), tuple(positions[p]), tuple(len(c.token_ids) for c in leaves))
+        chosen = [(c, st) for c, st in enumerate(stats[p]) if st is not None]
         groups.append(
             TreeGroup(
                 generations=leaves, tree=tree, branched=[q >= 0 for q in parents[p]],
-                chosen_entropy=[h for h, _ in stats[p]], chosen_divergence=[d for _, d in stats[p]],
+                chosen_entropy=[h for _, (h, _) in chosen], chosen_divergence=[d for _, (_, d) in chosen],
+                branch_points=[None if st is None else (*st, chosen_scores[p][c]) for c, st in enumerate(stats[p])],
                 generated_tokens=generated[p],
             )
         )

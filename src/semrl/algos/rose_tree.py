@@ -112,6 +112,15 @@ def _segments(points: list[int], length: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 
 
+def chain_segments(tree: ChainTree, code_compat: bool = False) -> list[list[tuple[int, int]]]:
+    """Per chain, its segments [start, end) between the tree nodes it passes through."""
+    if code_compat:
+        points = [sorted(k for k in s if k != 0) for s in code_compat_node_sets(tree)]
+    else:
+        points = exact_node_points(tree)[0]
+    return [_segments(points[c], tree.lengths[c]) for c in range(len(tree))]
+
+
 def segment_advantages(
     tree: ChainTree,
     rewards: torch.Tensor,

@@ -1,0 +1,69 @@
+"""Rollout trees written for the report's tree viewer (``trees.jsonl``, one line per prompt group).
+
+Any method whose rollout puts ``ChainTree`` objects in ``extras["groups"]["trees"]`` gets its trees
+saved; ``extras["groups"]["branch_points"]`` (optional) gives, per chain, the (H, SD, score) of the
+position it branched at. A line::
+
+    {"step", "problem_id", "problem", "gold",
+     "chains": [{"chain", "parent", "branch_position", "length", "answer", "reward", "correct",
+                 "branch": {"entropy", "divergence", "score"} | null,
+                 "segments": [{"start", "end", "text", "advantage"}]}]}
+
+``advantage`` is the mean of the segment's token advantages (constant within a segment unless
+ROSE's length discount starts inside it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from semrl.algos.rose_tree import ChainTree, chain_segments
+from semrl.batch import RolloutBatch
+
+
+def tree_records(
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    tokenizer: PreTrainedTokenizerBase,
+    step: int,
+    max_groups: int,
+    code_compat: bool = False,
+) -> list[dict[str, Any]]:
+    """Records of the first ``max_groups`` groups that have a tree; ``advantages`` is (N, T)."""
+    groups = batch.extras.get("groups", {})
+    trees: list[ChainTree] | None = groups.get("trees")
+    if not trees or max_groups <= 0:
+        return []
+    assert batch.rewards is not None
+    branch_points = groups.get("branch_points") or [[None] * len(t) for t in trees]
+    records = []
+    for g, (tree, points) in enumerate(zip(trees[:max_groups], branch_points, strict=False)):
+        base = g * batch.group_size
+        chains = []
+        for c, segments in enumerate(chain_segments(tree, code_compat)):
+            row = base + c
+            ids = batch.generations[row].token_ids
+            point = points[c]
+            chains.append(
+                {
+                    "chain": c, "parent": tree.parents[c], "branch_position": tree.branch_positions[c],
+                    "length": tree.lengths[c], "answer": batch.reward_results[row].answer,
+                    "reward": batch.rewards[row].item(), "correct": batch.reward_results[row].correct,
+                    "branch": None if point is None else dict(zip(("entropy", "divergence", "score"), point, strict=True)),
+                    "segments": [
+                        {
+                            "start": a, "end": b, "text": tokenizer.decode(ids[a:b], skip_special_tokens=True),
+                            "advantage": advantages[row, a:b].mean().item(),
+                        }
+                        for a, b in segments
+                    ],
+                }
+            )
+        problem = batch.problems[base]
+        records.append(
+            {"step": step, "problem_id": problem.id, "problem": problem.problem, "gold": problem.answer, "chains": chains}
+        )
+    return records
