@@ -135,3 +135,28 @@ def test_tree_viewer_in_headless_chromium(rose_run, tmp_path):
     assert all(url.startswith("file://") for url in requests), requests
     if os.environ.get("SEMRL_SCREENSHOT_DIR"):
         shutil.copy(shot, Path(os.environ["SEMRL_SCREENSHOT_DIR"]) / shot.name)
+
+
+def test_evaluation_during_training_reaches_the_report(digit_model_dir, seven_task, tmp_path):
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(
+        json.dumps({"id": f"e{i}", "problem": f"Choose a digit [{i}].", "answer": "7", "level": 1 + i % 2}) + "\n"
+        for i in range(6)
+    ))
+    run = tmp_path / "run"
+    cfg = load_config(None, [
+        f"model.name={digit_model_dir}", f"data.train={seven_task}", f"data.eval={held_out}",
+        "data.system_prompt=Answer with one digit.", "rollout.group_size=4", "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.steps=3", "logging.eval_every=2",
+        "logging.eval_samples=4", f"logging.output_dir={run}", "logging.progress=false", "logging.tensorboard=false",
+    ])
+    Trainer(cfg).train()
+    rows = read_jsonl(run / "metrics.jsonl")
+    evaluated = [r["step"] for r in rows if "eval/mean@4" in r]
+    assert evaluated == [0, 2, 3]
+    for r in rows:
+        if "eval/mean@4" in r:
+            assert r["eval/problems"] == 6 and r["eval/pass@1"] == pytest.approx(r["eval/mean@4"])
+            assert {"eval/maj@4", "eval/distinct_answers", "eval/response_length/correct"} <= set(r)
+    page = write_report(run).read_text()
+    assert '"eval_table": {"columns": ["step", "mean@4", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"' in page
