@@ -1,0 +1,150 @@
+"""Tree-packed forward: every token of a prompt's prefix tree computed once.
+
+A group of G chains that share prefixes (ROSE trees) is laid out as one packed row
+``[prompt | chain 0 | chain 1's own tokens | ...]``: each chain contributes only the tokens after
+its branch point. A float additive 4D attention mask lets each token see exactly its ancestors
+(the prompt, the shared prefix it continues, and its own chain's earlier tokens), and position
+ids restart so every token keeps the position it has in its own chain. The log-probs, entropies
+and losses equal those of the padded per-chain layout (``semrl.forward``), while a shared prefix
+goes through the model once. Independent samples are the special case of a tree without branches
+(every chain's parent is -1), which packs a micro-batch without padding waste.
+
+Mask format: ``shared/design/measured.md`` section B (a boolean 4D mask is silently wrong with
+eager attention; 0 / finfo.min floats are right for eager and sdpa).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from semrl.algos.rose_tree import ChainTree
+
+
+@dataclass
+class PackedBatch:
+    """B packed rows of width S holding N chains of response width R.
+
+    Attributes:
+        input_ids: (B, S) token ids, pad where a row is shorter than S.
+        position_ids: (B, S) position of each token in its own chain.
+        visible: (B, S, S) bool, key j visible to query i (ancestors and itself).
+        row: (N,) the packed row holding chain n.
+        predictor: (N, R) column whose logits predict response token t of chain n; -1 on padding.
+        targets: (N, R) response token ids (pad on padding).
+        response_mask: (N, R) 1 on response tokens.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    visible: torch.Tensor
+    row: torch.Tensor
+    predictor: torch.Tensor
+    targets: torch.Tensor
+    response_mask: torch.Tensor
+
+    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, S, S) additive mask: 0 where visible, the dtype's most negative value elsewhere."""
+        mask = torch.full(self.visible.shape, torch.finfo(dtype).min, dtype=dtype)
+        return mask.masked_fill(self.visible, 0.0)[:, None]
+
+    @property
+    def packed_tokens(self) -> int:
+        """Real (non-pad) tokens in the packed rows."""
+        return int(self.visible.diagonal(dim1=1, dim2=2).sum())
+
+
+def _pack_row(prompt: list[int], responses: list[list[int]], tree: ChainTree) -> tuple[list[int], list[int], list[list[int]], list[list[int]]]:
+    """One tree: (ids, positions, ancestors per column, slot of every response token per chain)."""
+    ids, positions = list(prompt), list(range(len(prompt)))
+    ancestors: list[list[int]] = [list(range(i + 1)) for i in range(len(prompt))]
+    slots: list[list[int]] = []
+    for c, response in enumerate(responses):
+        parent, k = tree.parents[c], tree.branch_positions[c]
+        start = k if parent >= 0 else 0
+        if parent >= 0 and response[:k] != responses[parent][:k]:
+            raise ValueError(f"chain {c} does not start with the first {k} tokens of its parent {parent}")
+        own = slots[parent][:start] if parent >= 0 else []
+        for t in range(start, len(response)):
+            column = len(ids)
+            before = ancestors[own[-1]] if own else ancestors[len(prompt) - 1]
+            ids.append(response[t])
+            positions.append(len(prompt) + t)
+            ancestors.append([*before, column])
+            own.append(column)
+        slots.append(own)
+    return ids, positions, ancestors, slots
+
+
+def pack_trees(
+    prompts: list[list[int]], responses: list[list[list[int]]], trees: list[ChainTree], pad_token_id: int
+) -> PackedBatch:
+    """Pack one tree per row. ``prompts[b]`` is tree b's prompt, ``responses[b][c]`` chain c's
+    response ids (full, shared prefix included), ``trees[b]`` its parents and branch positions."""
+    rows = [_pack_row(p, r, t) for p, r, t in zip(prompts, responses, trees, strict=True)]
+    width = max(len(ids) for ids, _, _, _ in rows)
+    chains = [(b, c, r) for b, group in enumerate(responses) for c, r in enumerate(group)]
+    r_width = max(1, max(len(r) for _, _, r in chains))
+    b_count = len(rows)
+    input_ids = torch.full((b_count, width), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((b_count, width), dtype=torch.long)
+    visible = torch.zeros((b_count, width, width), dtype=torch.bool)
+    for b, (ids, positions, ancestors, _) in enumerate(rows):
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        position_ids[b, : len(ids)] = torch.tensor(positions)
+        for i, seen in enumerate(ancestors):
+            visible[b, i, seen] = True
+        pad = torch.arange(len(ids), width)
+        visible[b, pad, pad] = True  # pads see themselves only: no all-masked row, no NaN
+    row = torch.tensor([b for b, _, _ in chains], dtype=torch.long)
+    predictor = torch.full((len(chains), r_width), -1, dtype=torch.long)
+    targets = torch.full((len(chains), r_width), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((len(chains), r_width), dtype=torch.long)
+    for n, (b, c, response) in enumerate(chains):
+        slots = rows[b][3][c]
+        last_prompt = len(prompts[b]) - 1
+        for t in range(len(response)):
+            predictor[n, t] = last_prompt if t == 0 else slots[t - 1]
+        if response:
+            targets[n, : len(response)] = torch.tensor(response)
+            response_mask[n, : len(response)] = 1
+    return PackedBatch(input_ids, position_ids, visible, row, predictor, targets, response_mask)
+
+
+def packed_response_logprobs(
+    model: PreTrainedModel, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, R) log-probs of every chain's response tokens and optionally their entropies (no
+    gradient), equal to ``semrl.forward.response_logprobs`` on the padded chains."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    hidden = model.model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask(dtype).to(device),
+        position_ids=batch.position_ids.to(device),
+        use_cache=False,
+    ).last_hidden_state  # (B, S, D)
+    mask = batch.response_mask.to(device)
+    columns = batch.predictor.clamp(min=0).to(device)
+    rows = batch.row.to(device)[:, None].expand_as(columns)
+    # the LM head only on the columns that predict a response token
+    logits = model.lm_head(hidden[rows, columns]).float()  # (N, R, V)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, batch.targets.to(device)[..., None]).squeeze(-1) * mask
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
+    return logp, entropy
+
+
+def supports_packing(model: PreTrainedModel) -> bool:
+    """Whether the model takes a custom 4D mask through ``model.model`` and has an ``lm_head``
+    (Llama-family decoders in transformers >= 4.40 do)."""
+    return hasattr(model, "model") and hasattr(model, "lm_head") and getattr(
+        model.config, "model_type", ""
+    ) in {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "olmo2"}

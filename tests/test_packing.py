@@ -1,0 +1,87 @@
+"""Tree-packed log-probs, entropies, losses and gradients equal the padded per-chain ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from semrl.algos.rose_tree import ChainTree
+from semrl.forward import make_sequence_batch, response_logprobs
+from semrl.packing import pack_trees, packed_response_logprobs
+
+
+def _random_tree(gen: torch.Generator, g: int, vocab: int, max_len: int) -> tuple[list[list[int]], ChainTree]:
+    responses: list[list[int]] = []
+    parents, positions = [], []
+    for c in range(g):
+        length = int(torch.randint(1, max_len + 1, (1,), generator=gen))
+        if c == 0 or torch.rand((), generator=gen) < 0.3:
+            parents.append(-1)
+            positions.append(-1 if c == 0 else 0)
+            responses.append(torch.randint(0, vocab, (length,), generator=gen).tolist())
+            continue
+        parent = int(torch.randint(0, c, (1,), generator=gen))
+        k = int(torch.randint(0, len(responses[parent]) + 1, (1,), generator=gen))
+        parents.append(parent)
+        positions.append(k)
+        responses.append(responses[parent][:k] + torch.randint(0, vocab, (length,), generator=gen).tolist())
+    return responses, ChainTree(tuple(parents), tuple(positions), tuple(len(r) for r in responses))
+
+
+def test_pack_layout_on_a_hand_built_tree():
+    # prompt [1, 2]; chain 0 = [3, 4, 5]; chain 1 branches at k=1: [3, 6]; chain 2 fresh: [7]
+    tree = ChainTree((-1, 0, -1), (-1, 1, 0), (3, 2, 1))
+    packed = pack_trees([[1, 2]], [[[3, 4, 5], [3, 6], [7]]], [tree], pad_token_id=0)
+    assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 2]]
+    assert packed.packed_tokens == 7
+    seen = packed.visible[0]
+    assert seen[5].nonzero().flatten().tolist() == [0, 1, 2, 5]  # token 6 sees prompt, the shared 3, itself
+    assert seen[6].nonzero().flatten().tolist() == [0, 1, 6]  # the fresh chain sees only the prompt
+    assert packed.predictor.tolist() == [[1, 2, 3], [1, 2, -1], [1, -1, -1]]
+    assert packed.targets[1, :2].tolist() == [3, 6] and packed.response_mask[2].tolist() == [1, 0, 0]
+    mask = packed.attention_mask(torch.float32)
+    assert mask.shape == (1, 1, 7, 7) and mask[0, 0, 5, 4] == torch.finfo(torch.float32).min and mask[0, 0, 5, 2] == 0
+    with pytest.raises(ValueError, match="chain 1 does not start"):
+        pack_trees([[1, 2]], [[[3, 4, 5], [9, 6], [7]]], [tree], pad_token_id=0)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts, groups, trees = [], [], []
+    for b in range(3):
+        prompts.append(torch.randint(0, vocab, (5 + 3 * b,), generator=gen).tolist())
+        responses, tree = _random_tree(gen, 6, vocab, 9)
+        groups.append(responses)
+        trees.append(tree)
+    # a tree without branches: independent samples of unequal lengths
+    prompts.append([11, 12, 13])
+    groups.append([[5] * n for n in (1, 7, 3)])
+    trees.append(ChainTree((-1, -1, -1), (-1, 0, 0), (1, 7, 3)))
+
+    packed = pack_trees(prompts, groups, trees, pad_token_id=0)
+    padded = make_sequence_batch([p for p, g in zip(prompts, groups, strict=True) for _ in g],
+                                 [r for g in groups for r in g], pad_token_id=0)
+    assert packed.packed_tokens < padded.attention_mask.sum()
+    adv = torch.randn(packed.response_mask.shape, generator=gen)
+
+    def run(fn, batch):
+        model.zero_grad()
+        logp, entropy = fn(model, batch, temperature=0.7)
+        loss = -(logp * adv[:, : logp.shape[1]]).sum() / batch.response_mask.sum()
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        return logp.detach(), entropy, loss.detach(), grads
+
+    lp_pack, h_pack, loss_pack, g_pack = run(packed_response_logprobs, packed)
+    lp_pad, h_pad, loss_pad, g_pad = run(response_logprobs, padded)
+    r = lp_pad.shape[1]
+    assert torch.equal(packed.response_mask[:, :r], padded.response_mask)
+    torch.testing.assert_close(lp_pack[:, :r], lp_pad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h_pack[:, :r], h_pad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss_pack, loss_pad, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(g_pack, g_pad, atol=1e-5, rtol=1e-4)
