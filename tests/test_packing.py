@@ -85,3 +85,36 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn):
     torch.testing.assert_close(h_pack[:, :r], h_pad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss_pack, loss_pad, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(g_pack, g_pad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["rose", "grpo"])
+def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, method):
+    import json
+
+    from semrl.config import load_config
+    from semrl.trainer import Trainer
+
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"Say a number ({i}).", "answer": "7"}) + "\n"
+                            for i in range(16)))
+    models = {}
+    for packing in ("none", "tree"):
+        cfg = load_config(None, [
+            f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null", f"algorithm.method={method}",
+            "rollout.group_size=6", "rollout.prompts_per_step=2", "rollout.max_new_tokens=10",
+            "trainer.micro_batch_size=5", "trainer.steps=1", "trainer.lr=1e-2", "algorithm.kl_coef=0.01",
+            f"trainer.packing={packing}", f"logging.output_dir={tmp_path / packing}", "logging.progress=false",
+            "logging.tensorboard=false",
+        ])
+        trainer = Trainer(cfg)
+        assert trainer.packing == (packing == "tree")
+        metrics = trainer.train()
+        # after one AdamW step, exp_avg = (1 - beta1) * the accumulated gradient: compare gradients,
+        # not weights (Adam turns float noise on near-zero gradients into lr-sized steps)
+        grads = [trainer.optimizer.state[p]["exp_avg"] / 0.1 for p in trainer.model.parameters()]
+        models[packing] = (grads, metrics)
+    (g_pad, m_pad), (g_pack, m_pack) = models["none"], models["tree"]
+    assert m_pack["loss"] == pytest.approx(m_pad["loss"], rel=1e-4, abs=1e-6)
+    assert m_pack["kl"] == pytest.approx(m_pad["kl"], rel=1e-3, abs=1e-7)
+    torch.testing.assert_close(torch.cat([g.flatten() for g in g_pack]), torch.cat([g.flatten() for g in g_pad]),
+                               atol=1e-5, rtol=1e-4)

@@ -229,6 +229,12 @@ class TrainerConfig:
         None, "Sequences per optimizer step (null: the whole rollout batch, one step)."
     )
     micro_batch_size: int = _opt(8, "Sequences per forward/backward (gradient accumulation).")
+    packing: Literal["none", "tree"] = _opt(
+        "none",
+        "tree: each micro-batch's rows of one prompt go through the model as one packed row, shared "
+        "prompt and tree prefixes computed once (4D ancestor mask); micro-batches then take whole "
+        "groups in a shuffled group order. Same log-probs and loss as 'none' (padded rows).",
+    )
     seed: int = _opt(0, "Seed for data order, sampling and initialisation.")
     num_threads: int | None = _opt(None, "torch CPU threads (null: torch's default).")
 

@@ -148,3 +148,54 @@ def supports_packing(model: PreTrainedModel) -> bool:
     return hasattr(model, "model") and hasattr(model, "lm_head") and getattr(
         model.config, "model_type", ""
     ) in {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "olmo2"}
+
+
+def pack_rows(
+    prompt_ids: list[list[int]],
+    responses: list[list[int]],
+    rows: list[int],
+    group_size: int,
+    trees: list[ChainTree] | None,
+    pad_token_id: int,
+) -> tuple[PackedBatch, list[int]]:
+    """Pack the chosen rows of a rollout batch (any subset, any order).
+
+    Rows of the same group with the same prompt go into one packed row; a chain keeps its tree
+    parent when that parent is among the chosen rows and otherwise becomes a root carrying its
+    whole response. Without trees every chain is a root, so the group still shares its prompt.
+
+    Returns (packed batch, order): packed chain n is row ``rows[order[n]]``, so
+    ``logp[order.index(i)]`` belongs to ``rows[i]``; use ``unpack_order(order)`` to gather.
+    """
+    buckets: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for i, row in enumerate(rows):
+        buckets.setdefault((row // group_size, tuple(prompt_ids[row])), []).append(i)
+    prompts, packed_responses, subtrees, order = [], [], [], []
+    for (group, prompt), members in buckets.items():
+        members.sort(key=lambda i: rows[i])
+        local = {rows[i]: j for j, i in enumerate(members)}
+        tree = trees[group] if trees is not None else None
+        parents, positions = [], []
+        for j, i in enumerate(members):
+            chain = rows[i] - group * group_size
+            parent = tree.parents[chain] if tree is not None else -1
+            parent_row = group * group_size + parent
+            if parent >= 0 and parent_row in local:
+                parents.append(local[parent_row])
+                positions.append(tree.branch_positions[chain])  # type: ignore[union-attr]
+            else:
+                parents.append(-1)
+                positions.append(-1 if j == 0 else 0)
+        chains = [responses[rows[i]] for i in members]
+        prompts.append(list(prompt))
+        packed_responses.append(chains)
+        subtrees.append(ChainTree(tuple(parents), tuple(positions), tuple(len(c) for c in chains)))
+        order.extend(members)
+    return pack_trees(prompts, packed_responses, subtrees, pad_token_id), order
+
+
+def unpack_order(order: list[int]) -> torch.Tensor:
+    """Index that takes packed-chain tensors back to the caller's row order."""
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return inverse

@@ -43,8 +43,9 @@ from semrl.data import (
     resolve_dataset,
 )
 from semrl.evaluation import evaluate_problems
-from semrl.forward import SequenceBatch, response_logprobs
+from semrl.forward import response_logprobs
 from semrl.models import load_model, load_tokenizer, resolve_model_path
+from semrl.packing import pack_rows, packed_response_logprobs, supports_packing, unpack_order
 from semrl.reward import VerifierPool, score_responses
 from semrl.reward.shaping import overlong_penalty
 from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
@@ -138,6 +139,12 @@ class Trainer:
             self.ref_model = load_model(ref_path, cfg.model.dtype, cfg.model.attn_implementation)
             self.ref_model.requires_grad_(False).eval()
         self._check_prompt_lengths()
+        self.packing = cfg.trainer.packing == "tree" and supports_packing(self.model)
+        if cfg.trainer.packing == "tree" and not self.packing:
+            logger.warning(
+                "trainer.packing=tree: model type '%s' is not known to take a 4D attention mask; "
+                "using padded rows", getattr(self.model.config, "model_type", "?"),
+            )
 
         eos = [self.tokenizer.eos_token_id]
         if isinstance(self.model.generation_config.eos_token_id, list):
@@ -439,13 +446,18 @@ class Trainer:
         # On-policy with a single update: pi_old = pi_theta, so the ratio is exactly 1 and the
         # extra forward pass for old log-probs is skipped.
         single_update = cfg.trainer.ppo_epochs == 1 and mini == total
-        old_logp = None if single_update else self._no_grad_logprobs(self.model, seqs, temperature)
-        ref_logp = self._no_grad_logprobs(self.ref_model, seqs, temperature) if self.ref_model else None
+        old_logp = None if single_update else self._no_grad_logprobs(self.model, batch, temperature)
+        ref_logp = self._no_grad_logprobs(self.ref_model, batch, temperature) if self.ref_model else None
 
         self.model.train()
         stats: dict[str, list[float]] = {}
         for _ in range(cfg.trainer.ppo_epochs):
-            order = torch.randperm(total, generator=self.generator)
+            if self.packing:  # whole groups stay together so that micro-batches share prefixes
+                g = batch.group_size
+                groups = torch.randperm(total // g, generator=self.generator)
+                order = (groups[:, None] * g + torch.arange(g)).flatten()
+            else:
+                order = torch.randperm(total, generator=self.generator)
             for m_start in range(0, total, mini):
                 mini_idx = order[m_start : m_start + mini]
                 num_tokens = int(seqs.response_mask[mini_idx].sum().item())
@@ -460,10 +472,8 @@ class Trainer:
                     )
                 for u_start in range(0, len(mini_idx), micro):
                     idx = mini_idx[u_start : u_start + micro]
-                    sub = seqs.select(idx)
-                    r = sub.response_mask.shape[1]
-                    mask = sub.response_mask.float()
-                    logp, entropy = response_logprobs(self.model, sub, temperature)
+                    logp, entropy, mask = self._logprobs(self.model, batch, idx, temperature, with_entropy=True)
+                    r = mask.shape[1]
                     inputs = PolicyLossInputs(
                         logp=logp,
                         old_logp=logp.detach() if old_logp is None else old_logp[idx, :r],
@@ -504,14 +514,32 @@ class Trainer:
         out["loss"] = float(np.sum(stats["loss"])) / (cfg.trainer.ppo_epochs * (total // mini))
         return out
 
-    def _no_grad_logprobs(self, model: Any, seqs: SequenceBatch, temperature: float) -> torch.Tensor:
-        out = torch.zeros(seqs.response_mask.shape)
+    def _logprobs(
+        self, model: Any, batch: RolloutBatch, idx: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Log-probs (n, r), entropies and response mask (n, r) of rows ``idx``, padded or packed."""
+        if not self.packing:
+            sub = batch.sequences.select(idx)
+            logp, entropy = response_logprobs(model, sub, temperature, with_entropy=with_entropy)
+            return logp, entropy, sub.response_mask.float()
+        rows = idx.tolist()
+        packed, order = pack_rows(
+            batch.prompt_ids, [g.token_ids.tolist() for g in batch.generations], rows, batch.group_size,
+            batch.extras.get("groups", {}).get("trees"), batch.pad_token_id,
+        )
+        logp, entropy = packed_response_logprobs(model, packed, temperature, with_entropy=with_entropy)
+        back = unpack_order(order)
+        return logp[back], None if entropy is None else entropy[back], packed.response_mask[back].float()
+
+    def _no_grad_logprobs(self, model: Any, batch: RolloutBatch, temperature: float) -> torch.Tensor:
+        """(N, T) log-probs of every response token under ``model`` (old policy or reference)."""
+        out = torch.zeros(batch.sequences.response_mask.shape)
+        total, micro = len(batch.generations), self.cfg.trainer.micro_batch_size
         model.eval()
         with torch.no_grad():
-            for start in range(0, seqs.input_ids.shape[0], self.cfg.trainer.micro_batch_size):
-                idx = torch.arange(start, min(start + self.cfg.trainer.micro_batch_size, seqs.input_ids.shape[0]))
-                sub = seqs.select(idx)
-                logp, _ = response_logprobs(model, sub, temperature, with_entropy=False)
+            for start in range(0, total, micro):
+                idx = torch.arange(start, min(start + micro, total))
+                logp, _, _ = self._logprobs(model, batch, idx, temperature, with_entropy=False)
                 out[idx, : logp.shape[1]] = logp.cpu()
         return out
 

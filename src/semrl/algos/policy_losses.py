@@ -144,7 +144,7 @@ def _sent(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.
             raise ValueError("sent.selection_scope='micro' needs the current entropy")
         beta = _sent_beta(x.logp, x.entropy, x.advantages, x.mask, cfg)
     clip = (a.clip_ratio_low, a.clip_ratio_high) if s.clip_in_sent_loss else None
-    return sent_loss(x.logp, x.old_logp, x.advantages, x.mask, beta, s.kl_target, x.ref_logp, clip)
+    return sent_loss(x.logp, x.old_logp, x.advantages, x.mask, beta, s.kl_target, x.ref_logp, clip, s.beta_high)
 
 
 register_policy_loss(PolicyLoss("ppo", _ppo))

@@ -154,9 +154,10 @@ def sent_loss(
     kl_target: KLTarget = "old_abs",
     ref_logp: torch.Tensor | None = None,
     clip: tuple[float, float] | None = None,
+    beta_high: float = 0.2,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SENT token loss: the policy-gradient term plus ``beta_t * KL_t`` (beta from
-    ``sent_coefficients``).
+    ``sent_coefficients``; ``beta_high`` only names which tokens the ``sent_high_frac`` metric counts).
 
     KL_t is ``|logp - old_logp|`` (``old_abs``, the code) or k3 to the reference (``ref_k3``, the
     paper). ``clip=None`` is the code's unclipped ``-A rho``; ``(low, high)`` uses the PPO clip.
@@ -176,6 +177,6 @@ def sent_loss(
         raise ValueError(f"unknown kl_target '{kl_target}'")
     valid = mask.bool()
     n = max(1, int(valid.sum()))
-    metrics["sent_high_frac"] = ((beta == beta.max()) & (beta > 0) & valid).float().sum() / n
+    metrics["sent_high_frac"] = ((beta == beta_high) & valid).float().sum() / n
     metrics["sent_regularised_frac"] = ((beta > 0) & valid).float().sum() / n
     return loss + beta * kl, metrics
