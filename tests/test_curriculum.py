@@ -100,3 +100,41 @@ def test_curriculum_score_cli(digit_model_dir, tmp_path, capsys):
                  "--max-new-tokens", "4", "--output", str(out), "--quiet"])
     assert code == 0 and "3 problems scored" in capsys.readouterr().out
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_resume_inside_the_second_stage_is_exact(digit_model_dir, tmp_path):
+    import shutil
+
+    import torch
+
+    from semrl.checkpoint import latest_checkpoint
+    from semrl.models import load_model
+
+    rows = [{"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7", "semantic_entropy": float(i % 5)}
+            for i in range(40)]
+    curriculum = _write(tmp_path / "curr.jsonl", rows)
+
+    def cfg(out):
+        return load_config(None, [
+            f"model.name={digit_model_dir}", "data.train=arithmetic", "data.eval=null", f"data.curriculum={curriculum}",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.prompts_per_step=4",
+            "rollout.max_new_tokens=4", "trainer.steps=4", "trainer.micro_batch_size=16", "trainer.lr=1e-2",
+            "algorithm.method=sent", "algorithm.kl_coef=0.01", "reward.num_workers=1", "logging.save_every=1",
+            f"logging.output_dir={out}", "logging.progress=false", "logging.tensorboard=false",
+        ])
+
+    whole = tmp_path / "whole"
+    Trainer(cfg(whole)).train()
+    crashed = tmp_path / "crashed"
+    shutil.copytree(whole, crashed)
+    shutil.rmtree(latest_checkpoint(crashed))  # as if killed during step 4, in stage 2
+    assert latest_checkpoint(crashed).name.endswith("3")
+    resumed = Trainer(cfg(crashed), resume=True)
+    assert resumed.stage == 1 and resumed.step == 3
+    resumed.train()
+    a = load_model(str(latest_checkpoint(whole)))
+    b = load_model(str(latest_checkpoint(crashed)))
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    metrics = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
