@@ -116,7 +116,7 @@ class RewardConfig:
 class AlgorithmConfig:
     method: str = _opt(
         "dr_grpo", "Method from the registry (semrl config --methods lists them): grpo, dr_grpo, dapo, "
-        "rose, sent, seed_grpo, kl_cov, clip_cov, entropy_8020."
+        "rose, sent, seed_grpo, fr3e, kl_cov, clip_cov, entropy_8020."
     )
     policy_loss: str | None = _opt(
         None, "Per-token policy loss: ppo, kl_cov, clip_cov, high_entropy, sent (null: the method's)."
