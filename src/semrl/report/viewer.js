@@ -41,9 +41,10 @@
       el("svg:line", { class: "grid", x1: L, x2: W - R, y1: sy(y), y2: sy(y) }, svg);
       el("svg:text", { x: L - 4, y: sy(y) + 3, "text-anchor": "end" }, svg, fmt(y));
     }
-    const ticks = Math.min(6, x1 - x0);
-    for (let i = 0; i <= ticks; i++) {
-      const x = Math.round(x0 + ((x1 - x0) * i) / ticks);
+    // integer step ticks at an even spacing of 1, 2, 5, 10, 20, 50, ... (at most about 10)
+    const spacing = [1, 2, 5].flatMap((m) => [1, 10, 100, 1000, 10000].map((p) => m * p))
+      .sort((a, b) => a - b).find((d) => (x1 - x0) / d <= 10) || Math.ceil((x1 - x0) / 10);
+    for (let x = Math.ceil(x0 / spacing) * spacing; x <= x1; x += spacing) {
       el("svg:text", { x: sx(x), y: H - B + 13, "text-anchor": "middle" }, svg, String(x));
     }
     el("svg:line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }, svg);
@@ -70,7 +71,7 @@
     const body = el("tbody", {}, t);
     for (const row of rows) {
       const tr = el("tr", {}, body);
-      row.forEach((v) => el("td", {}, tr, typeof v === "number" ? fmt(v) : String(v)));
+      row.forEach((v) => el("td", {}, tr, typeof v !== "number" ? String(v) : Number.isInteger(v) ? String(v) : fmt(v)));
     }
     return t;
   }
