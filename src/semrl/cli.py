@@ -135,6 +135,19 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that sample from a model and verify its answers."""
+    parser.add_argument("--batch-size", type=int, default=64, help="generation batch size")
+    parser.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
+    parser.add_argument(
+        "--system-prompt",
+        default="Please reason step by step, and put your final answer within \\boxed{}.",
+        help="system message of the chat template",
+    )
+    parser.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
+    parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="semrl",
@@ -179,16 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (default 0.6)")
     ev.add_argument("--top-p", type=float, help="nucleus sampling threshold (default 0.95)")
     ev.add_argument("--max-new-tokens", type=int, default=0, help="response budget (default 256)")
-    ev.add_argument("--batch-size", type=int, default=64, help="generation batch size")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed")
-    ev.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
-    ev.add_argument(
-        "--system-prompt",
-        default="Please reason step by step, and put your final answer within \\boxed{}.",
-        help="system message",
-    )
-    ev.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
-    ev.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
+    _add_model_io_args(ev)
     ev.add_argument(
         "--output",
         help="directory (default runs/eval/MODEL): DATASET/problems.jsonl per dataset, metrics.json, "
@@ -249,15 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--estimator", choices=["length_normalized", "frequency"], default="length_normalized",
         help="cluster mass: exp(mean token log-prob) per answer, or answer counts",
     )
-    score.add_argument("--batch-size", type=int, default=64, help="generation batch size")
     score.add_argument("--seed", type=int, default=0, help="sampling seed; arithmetic problems use it too")
-    score.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
-    score.add_argument(
-        "--system-prompt", default="Please reason step by step, and put your final answer within \\boxed{}.",
-        help="system message of the chat template",
-    )
-    score.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
-    score.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
+    _add_model_io_args(score)
     score.add_argument("--output", required=True, help="jsonl file to append to (data.curriculum)")
     score.add_argument("--quiet", action="store_true", help="no progress bar")
     score.set_defaults(func=_curriculum_score)

@@ -164,26 +164,6 @@ def sample_problems(
     return records
 
 
-def evaluate_problems(
-    engine: RolloutEngine,
-    tokenizer: PreTrainedTokenizerBase,
-    pool: VerifierPool,
-    problems: Sequence[Problem],
-    params: SamplingParams,
-    num_samples: int,
-    system_prompt: str | None,
-    final_number_fallback: bool,
-    generator: torch.Generator | None = None,
-    progress: Callable[[int], Any] | None = None,
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """``sample_problems`` then ``summarize_records``: (flat metrics, problem records)."""
-    records = sample_problems(
-        engine, tokenizer, pool, problems, params, num_samples, system_prompt, final_number_fallback,
-        generator, progress,
-    )
-    return summarize_records(records), records
-
-
 # ----------------------------------------------------------------------------------------------
 # Resumable evaluation of a dataset into a directory
 

@@ -42,7 +42,7 @@ from semrl.data import (
     make_arithmetic_problems,
     resolve_dataset,
 )
-from semrl.evaluation import evaluate_problems
+from semrl.evaluation import sample_problems, summarize_records
 from semrl.forward import response_logprobs
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import pack_rows, packed_response_logprobs, supports_packing, unpack_order
@@ -558,12 +558,12 @@ class Trainer:
         log = self.cfg.logging
         # A separate generator: evaluation must not change the training random stream.
         gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 1)
-        metrics, _ = evaluate_problems(
+        records = sample_problems(
             self.engine, self.tokenizer, self.pool, self.eval_problems,
             self._sampling_params(log.eval_temperature), log.eval_samples,
             self.cfg.data.system_prompt, self.cfg.reward.final_number_fallback, gen,
         )
-        return {f"eval/{k}": v for k, v in metrics.items()}
+        return {f"eval/{k}": v for k, v in summarize_records(records).items()}
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         lengths = np.array([len(g.token_ids) for g in batch.generations], dtype=float)
