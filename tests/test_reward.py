@@ -1,6 +1,8 @@
 """Answer extraction and verification in killable processes."""
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,53 @@ def test_hostile_strings_are_never_run(pool, tmp_path):
     verdicts = pool.verify_many([("1", h) for h in hostile])
     assert not any(v.correct for v in verdicts)
     assert not marker.exists()
+
+
+HOSTILE_FILE = Path(__file__).parent / "data" / "hostile_answers.jsonl"
+HOSTILE_TIMEOUT_S = 1.0
+HOSTILE_MARGIN_S = 1.5  # killing a worker and the cheap extraction of a 1 MB output
+
+
+def _hostile_corpus(marker: Path) -> list[dict]:
+    rows = [json.loads(line) for line in HOSTILE_FILE.read_text(encoding="utf-8").splitlines()]
+    for row in rows:
+        body = row["prefix"] + row["text"] * row["repeat"] + row["suffix"]
+        row["answer"] = body.replace("{MARKER}", str(marker))
+    return rows
+
+
+def test_hostile_answer_corpus(tmp_path):
+    """Every answer of tests/data/hostile_answers.jsonl goes through the whole reward path
+    (extraction, fast path, math-verify worker) alone, so its own wall time is measured."""
+    marker = tmp_path / "pwned"
+    rows = _hostile_corpus(marker)
+    assert len(rows) >= 200
+    assert {"huge_exponent", "deep_nesting", "megabyte", "broken_latex", "control_chars",
+            "unicode_lookalike", "python_like"} <= {r["category"] for r in rows}
+    assert max(len(r["answer"]) for r in rows) >= 1 << 20
+    times: dict[str, float] = {}
+    with VerifierPool(num_workers=2, timeout_s=HOSTILE_TIMEOUT_S) as pool:
+        pool.verify_many([("1", r"\frac{2}{2}")])  # start the workers outside the timings
+        for row in rows:
+            start = time.monotonic()
+            (result,) = score_responses(pool, [row["answer"]], [row["gold"]], final_number_fallback=True)
+            times[row["id"]] = time.monotonic() - start
+            assert result.reward in (0.0, 1.0)
+        timeouts = pool.num_timeouts
+        # the pool still works after every hostile answer
+        assert score_responses(pool, [r"\boxed{\frac{6}{2}}"], ["3"], final_number_fallback=False)[0].reward == 1.0
+    worst = max(times, key=times.__getitem__)
+    print(f"\nhostile corpus: {len(rows)} answers, {timeouts} timeouts, worst {times[worst]:.2f} s ({worst}), "
+          f"total {sum(times.values()):.1f} s")
+    assert times[worst] < HOSTILE_TIMEOUT_S + HOSTILE_MARGIN_S, worst
+    assert not marker.exists(), "a hostile answer was executed"
+
+
+def test_fresh_worker_imports_do_not_count_against_a_job():
+    """A job's timeout starts when a worker is ready: right after a hang killed both workers, a
+    quick job must not time out while their replacements are still importing math-verify."""
+    with VerifierPool(num_workers=1, timeout_s=0.3) as pool:
+        assert pool.verify_many([("3", HANG)])[0].timed_out
+        verdict = pool.verify_many([("2", r"\frac{4}{2}")])[0]
+        assert verdict.correct and not verdict.timed_out
+        assert pool.num_timeouts == 1

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from semrl.faults import kill_point
+
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -51,6 +53,7 @@ def save_checkpoint(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, tmp / "trainer_state.pt")
+        kill_point("checkpoint", step)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -274,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"semrl: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        if type(err).__name__ != "TrainingError":
+            raise
+        print(f"semrl: stopped: {err}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -235,6 +235,11 @@ class TrainerConfig:
         "prompt and tree prefixes computed once (4D ancestor mask); micro-batches then take whole "
         "groups in a shuffled group order. Same log-probs and loss as 'none' (padded rows).",
     )
+    max_bad_updates: int = _opt(
+        3,
+        "Optimizer updates in a row whose loss or gradient norm is NaN/inf (each is skipped) before "
+        "the run stops with a checkpoint; 0: never stop.",
+    )
     seed: int = _opt(0, "Seed for data order, sampling and initialisation.")
     num_threads: int | None = _opt(None, "torch CPU threads (null: torch's default).")
 

@@ -43,6 +43,7 @@ from semrl.data import (
     resolve_dataset,
 )
 from semrl.evaluation import sample_problems, summarize_records
+from semrl.faults import kill_point
 from semrl.forward import response_logprobs
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import pack_rows, packed_response_logprobs, supports_packing, unpack_order
@@ -92,6 +93,10 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_updates:
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. too many non-finite updates); the message says what to do."""
 
 
 class Trainer:
@@ -156,7 +161,7 @@ class Trainer:
         # with a curriculum that restarts each stage, the schedule spans one stage
         self._new_optimizer(self.stage_ends[0] if cfg.data.curriculum_reset_optimizer else cfg.trainer.steps)
         self.step = 0
-        self.consecutive_bad_steps = 0
+        self.consecutive_bad_updates = 0
         if ckpt is not None:
             self._restore(ckpt)
         self.tb = None
@@ -246,7 +251,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"], self.generator)
         self.step = state["step"]
-        self.consecutive_bad_steps = state.get("consecutive_bad_steps", 0)
+        self.consecutive_bad_updates = state.get("consecutive_bad_updates", 0)
         # Lines logged after this checkpoint belong to steps that will be re-run.
         for name in ("metrics.jsonl", "samples.jsonl", "trees.jsonl"):
             log = self.run_dir / name
@@ -265,7 +270,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(self.generator),
-            "consecutive_bad_steps": self.consecutive_bad_steps,
+            "consecutive_bad_updates": self.consecutive_bad_updates,
             "stage": self.stage,
             "config": self.cfg.to_dict(),
         }
@@ -317,6 +322,7 @@ class Trainer:
                 self._write_samples(batch, advantages)
                 if (cfg.logging.save_every and self.step % cfg.logging.save_every == 0) or self.step == cfg.trainer.steps:
                     self.save()
+                self._stop_on_bad_updates()
                 bar.update(1)
                 bar.set_postfix(
                     reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}",
@@ -329,6 +335,19 @@ class Trainer:
             if self.tb is not None:
                 self.tb.close()
         return last
+
+    def _stop_on_bad_updates(self) -> None:
+        limit = self.cfg.trainer.max_bad_updates
+        if limit <= 0 or self.consecutive_bad_updates < limit:
+            return
+        ckpt = self.save()
+        raise TrainingError(
+            f"{self.consecutive_bad_updates} optimizer updates in a row had a NaN/inf loss or gradient norm "
+            f"and were skipped (trainer.max_bad_updates={limit}), the last at step {self.step}. The weights are "
+            f"those of the last good update, saved in {ckpt}. Look for the cause (learning rate, "
+            "model.dtype=float16 overflow, rewards), then continue with 'semrl train --resume "
+            f"{self.run_dir}' and any overrides, or set trainer.max_bad_updates=0 to keep skipping."
+        )
 
     # ------------------------------------------------------------------------------------------
     # Stages
@@ -381,6 +400,7 @@ class Trainer:
         else:
             requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(group)]
             gens = self.engine.generate(requests, self._sampling_params(), self.generator)
+        kill_point("rollout", self.step + 1)
         return RolloutBatch(
             problems=[p for p in problems for _ in range(group)],
             # a method whose trained prompts include a prefix (FR3E) gives them per sequence
@@ -451,6 +471,7 @@ class Trainer:
 
         self.model.train()
         stats: dict[str, list[float]] = {}
+        skipped = 0
         for _ in range(cfg.trainer.ppo_epochs):
             if self.packing:  # whole groups stay together so that micro-batches share prefixes
                 g = batch.group_size
@@ -470,6 +491,7 @@ class Trainer:
                         ),
                         cfg,
                     )
+                n_micro = math.ceil(len(mini_idx) / micro)
                 for u_start in range(0, len(mini_idx), micro):
                     idx = mini_idx[u_start : u_start + micro]
                     logp, entropy, mask = self._logprobs(self.model, batch, idx, temperature, with_entropy=True)
@@ -495,23 +517,26 @@ class Trainer:
                         num_tokens=num_tokens, max_response_length=cfg.rollout.max_new_tokens,
                     )
                     loss.backward()
+                    kill_point("update", self.step + 1)
                     stats.setdefault("loss", []).append(loss.item())
                     for k, v in pg_metrics.items():
                         stats.setdefault(f"actor/{k}", []).append(v.item())
                     if entropy is not None:
                         stats.setdefault("actor/entropy", []).append(masked_mean(entropy, mask).item())
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.trainer.max_grad_norm)
-                if torch.isfinite(grad_norm):
+                finite = bool(torch.isfinite(grad_norm)) and all(math.isfinite(v) for v in stats["loss"][-n_micro:])
+                skipped += not finite
+                if finite:
                     self.optimizer.step()
-                    self.consecutive_bad_steps = 0
-                else:
-                    stats.setdefault("actor/skipped_updates", []).append(1.0)
-                    self.consecutive_bad_steps += 1
+                    self.consecutive_bad_updates = 0
+                else:  # the weights stay as they were; the scheduler still advances
+                    self.consecutive_bad_updates += 1
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 stats.setdefault("actor/grad_norm", []).append(grad_norm.item())
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["loss"] = float(np.sum(stats["loss"])) / (cfg.trainer.ppo_epochs * (total // mini))
+        out["actor/skipped_updates"] = float(skipped)
         return out
 
     def _logprobs(

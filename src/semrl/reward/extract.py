@@ -4,54 +4,50 @@ from __future__ import annotations
 
 import re
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
 
-def _balanced_group(text: str, open_idx: int) -> str | None:
-    """Content of the ``{...}`` group opening at ``text[open_idx]``; ``\\{``/``\\}`` are literal."""
-    depth = 0
-    i = open_idx
-    n = len(text)
+def _closing_braces(text: str) -> dict[int, int]:
+    """Index of the ``}`` that closes each ``{`` that is closed, in one pass (``\\{``/``\\}`` are
+    literal). One pass keeps extraction linear: scanning to the end once per ``\\boxed{`` is
+    quadratic on an output of a million unclosed ``\\boxed{``."""
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    i, n = 0, len(text)
     while i < n:
         ch = text[i]
         if ch == "\\":
             i += 2  # skip the escaped character, e.g. \{ or \}
             continue
         if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_idx + 1 : i]
+            stack.append(i)
+        elif ch == "}" and stack:
+            closing[stack.pop()] = i
         i += 1
-    return None  # unbalanced
+    return closing
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)")
+_BARE_TOKEN = re.compile(r"[^\s$]+")
 
 
 def extract_boxed(text: str) -> str | None:
     """The content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``, ``\\boxed 5``)."""
-    best_pos, best = -1, None
-    for cmd in _BOX_COMMANDS:
-        start = 0
-        while True:
-            pos = text.find(cmd, start)
-            if pos < 0:
-                break
-            start = pos + len(cmd)
-            j = start
-            while j < len(text) and text[j] == " ":
-                j += 1
-            content: str | None
-            if j < len(text) and text[j] == "{":
-                content = _balanced_group(text, j)
-            elif j > start and j < len(text):  # "\boxed 5": one token after a space
-                m = re.match(r"[^\s$]+", text[j:])
-                content = m.group(0) if m else None
-            else:
-                content = None
-            if content is not None and pos > best_pos:
-                best_pos, best = pos, content
-    return best.strip() if best is not None else None
+    closing: dict[int, int] | None = None
+    for match in reversed(list(_BOX.finditer(text))):
+        start = j = match.end()
+        while j < len(text) and text[j] == " ":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            if closing is None:
+                closing = _closing_braces(text)
+            if j in closing:
+                return text[j + 1 : closing[j]].strip()
+        elif start < j < len(text):  # "\boxed 5": one token after a space
+            bare = _BARE_TOKEN.match(text, j)
+            if bare:
+                return bare.group(0).strip()
+    return None
 
 
 def extract_last_number(text: str) -> str | None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from multiprocessing.connection import Connection, wait
 
+READY = "ready"
+STARTUP_TIMEOUT_S = 120.0  # a worker that cannot import math-verify in this long is broken
 MAX_ANSWER_CHARS = 2000  # longer "answers" are hostile or degenerate: scored 0 without parsing
 
 _NUM = re.compile(r"^-?\d+(?:\.\d+)?(?:/\d+)?$")
@@ -78,7 +80,7 @@ def _worker_main(conn: Connection) -> None:
 
     # math-verify warns on every call that its own timeouts are off: the pool enforces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-
+    conn.send(READY)  # jobs are timed from here: a fresh worker's imports cost no job its budget
     while True:
         try:
             job = conn.recv()
@@ -99,6 +101,8 @@ class _Worker:
         self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
+        self.started = time.monotonic()
         self.job: int | None = None
         self.deadline = 0.0
 
@@ -167,37 +171,51 @@ class VerifierPool:
         return [r if r is not None else Verdict(False) for r in results]
 
     def _run_pool(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Verdict]:
+        """Verdicts for ``keys``; a job's ``timeout_s`` starts when it reaches a ready worker."""
         self._ensure_workers()
         out: dict[tuple[str, str], Verdict] = {}
         queue = list(range(len(keys)))
         queue.reverse()
-        busy: dict[Connection, _Worker] = {}
-        while queue or busy:
+        while queue or any(w.job is not None for w in self._workers):
             for w in self._workers:
-                if w.job is None and queue:
+                if w.ready and w.job is None and queue:
                     w.job = queue.pop()
                     w.deadline = time.monotonic() + self.timeout_s
                     w.conn.send((w.job, *keys[w.job]))
-                    busy[w.conn] = w
-            now = time.monotonic()
-            wait_for = max(0.0, min(w.deadline for w in busy.values()) - now) if busy else 0
-            ready = wait(list(busy), timeout=wait_for)
-            for conn in ready:
-                w = busy.pop(conn)  # type: ignore[arg-type]
+            by_conn = {w.conn: w for w in self._workers if w.job is not None or not w.ready}
+            deadlines = [w.deadline if w.ready else w.started + STARTUP_TIMEOUT_S for w in by_conn.values()]
+            for conn in wait(list(by_conn), timeout=max(0.0, min(deadlines) - time.monotonic())):
+                w = by_conn[conn]  # type: ignore[index]
                 try:
-                    idx, correct, error = conn.recv()  # type: ignore[union-attr]
-                    out[keys[idx]] = Verdict(bool(correct), error=error)
+                    message = conn.recv()  # type: ignore[union-attr]
                 except (EOFError, OSError):  # the worker died (e.g. out of memory): score 0
-                    out[keys[w.job]] = Verdict(False, error="verifier process died")  # type: ignore[index]
+                    if not w.ready:
+                        raise RuntimeError(
+                            "a math-verify worker exited while starting; check that "
+                            "'python -c \"import math_verify\"' works in this environment"
+                        ) from None
+                    if w.job is not None:
+                        out[keys[w.job]] = Verdict(False, error="verifier process died")
                     self._replace(w)
+                    continue
+                if message == READY:
+                    w.ready = True
+                    continue
+                idx, correct, error = message
+                out[keys[idx]] = Verdict(bool(correct), error=error)
                 w.job = None
             now = time.monotonic()
-            for conn, w in list(busy.items()):
-                if now >= w.deadline:
-                    out[keys[w.job]] = Verdict(False, timed_out=True, error="timeout")  # type: ignore[index]
+            for w in list(self._workers):
+                if w.job is not None and now >= w.deadline:
+                    out[keys[w.job]] = Verdict(False, timed_out=True, error="timeout")
                     self.num_timeouts += 1
-                    busy.pop(conn)
                     self._replace(w)
+                elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
+                    w.kill()
+                    raise RuntimeError(
+                        f"a math-verify worker did not start within {STARTUP_TIMEOUT_S:.0f} s; "
+                        "check that 'python -c \"import math_verify\"' works in this environment"
+                    )
         return out
 
     def _replace(self, worker: _Worker) -> None:
