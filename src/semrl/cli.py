@@ -11,9 +11,27 @@ from pathlib import Path
 from semrl.config import ConfigError, config_reference, load_config
 
 
+def _launch(args: argparse.Namespace) -> int:
+    """Re-run this ``semrl train`` command in ``args.num_processes`` processes through accelerate."""
+    import subprocess
+
+    if args.num_processes < 1:
+        raise ConfigError(f"--num-processes must be >= 1, got {args.num_processes}")
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+        "--num_processes", str(args.num_processes), "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "semrl", "train",
+    ]
+    command += ["--config", args.config] if args.config else []
+    command += ["--resume", args.resume] if args.resume else []
+    return subprocess.call(command + list(args.overrides))
+
+
 def _train(args: argparse.Namespace) -> int:
     from semrl.trainer import Trainer
 
+    if args.num_processes != 1:
+        return _launch(args)
     if args.resume:
         run_dir = Path(args.resume)
         cfg = load_config(args.config or run_dir / "config.yaml", args.overrides)
@@ -22,6 +40,9 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=bool(args.resume))
     final = trainer.train()
+    trainer.procs.close()
+    if not trainer.procs.is_main:
+        return 0
     summary = {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward", "accuracy"))}
     print(f"done: {cfg.logging.output_dir}  {json.dumps(summary)}")
     return 0
@@ -165,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--config", help="YAML config file (see 'semrl config' for every key)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    train.add_argument(
+        "--num-processes", type=int, default=1, metavar="N",
+        help="data-parallel processes on this machine, started through 'accelerate launch' (gloo on CPU, "
+        "NCCL on GPUs); the same as 'accelerate launch --multi_gpu --num_processes N -m semrl train ...'",
+    )
     train.add_argument("overrides", nargs="*", help="section.key=value overrides")
     train.set_defaults(func=_train)
 

@@ -93,6 +93,12 @@ class RolloutConfig:
     top_k: int = _opt(0, "Top-k sampling (0 = off).")
     generation_batch_size: int = _opt(64, "Sequences generated together in one batch.")
     logprobs_top_k: int = _opt(20, "Top-k log-probs stored per position (ROSE uses 20).")
+    seed_per_sequence: bool = _opt(
+        False,
+        "Each training sample draws from its own generator seeded by (trainer.seed, step, prompt, "
+        "sample), so rollouts do not depend on the generation batch size or the number of processes "
+        "(a multi-process run then reproduces a single-process one). Off: one stream per process.",
+    )
 
 
 @dataclass

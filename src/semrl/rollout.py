@@ -60,6 +60,9 @@ class GenerationRequest:
     prefix_ids: list[int] = field(default_factory=list)
     max_new_tokens: int | None = None  # overrides SamplingParams.max_new_tokens (branch budgets)
     cache: PrefixCache | None = None  # KV of a leading part of prompt_ids + prefix_ids
+    # Own random stream: the sample then does not depend on the other rows of its batch, the
+    # generation batch size or the number of processes (rollout.seed_per_sequence).
+    seed: int | None = None
 
 
 @dataclass
@@ -211,12 +214,27 @@ class RolloutEngine:
         active = torch.arange(batch)  # original row index of each row still in the batch
         next_pos = torch.tensor([len(c) for c in contexts], device=device)
         eos = self.eos_token_ids.to(device)
+        if generator is not None and generator.device != torch.device(device):
+            # sampling runs on the model's device: a device stream seeded from the caller's CPU stream
+            seed = int(torch.randint(2**62, (1,), generator=generator))
+            generator = torch.Generator(device).manual_seed(seed)
+        row_generators = None
+        if any(r.seed is not None for r in requests):
+            if not all(r.seed is not None for r in requests):
+                raise ValueError("either every request of a batch has a seed or none has")
+            row_generators = [torch.Generator(device).manual_seed(int(r.seed)) for r in requests]  # type: ignore[arg-type]
         for step in range(max_steps):
             scaled = logits / params.temperature if params.temperature > 0 else logits
             logp_all = torch.log_softmax(scaled, dim=-1)
             if params.temperature > 0:
                 probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
-                token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                if row_generators is None:
+                    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                else:
+                    token = torch.cat([
+                        torch.multinomial(probs[j], 1, generator=row_generators[int(row)])
+                        for j, row in enumerate(active.tolist())
+                    ])
             else:
                 token = scaled.argmax(-1)
             top_lp, top_id = torch.topk(logp_all, k, dim=-1)

@@ -42,6 +42,7 @@ from semrl.data import (
     make_arithmetic_problems,
     resolve_dataset,
 )
+from semrl.distributed import ProcessGroup
 from semrl.evaluation import sample_problems, summarize_records
 from semrl.faults import kill_point
 from semrl.forward import response_logprobs
@@ -105,10 +106,13 @@ class Trainer:
         self.method = resolve_algorithm(cfg.algorithm)
         self.policy_loss = get_policy_loss(cfg.algorithm.policy_loss)  # type: ignore[arg-type]
         self.run_dir = Path(cfg.logging.output_dir)
+        self.procs = ProcessGroup()
+        self._check_world_size()
         ckpt = self._prepare_run_dir(resume)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
-        self.generator = seed_everything(cfg.trainer.seed)
+        # one random stream per process; the data order (EpochSampler) is shared by all
+        self.generator = seed_everything(cfg.trainer.seed + self.procs.rank)
 
         # Data first: a bad file fails before any model is loaded. Held-out problems are drawn
         # first so that the training set can exclude them (1-digit sums have only 100 problems).
@@ -132,9 +136,11 @@ class Trainer:
         self.stage_ends = [round((k + 1) * cfg.trainer.steps / len(self.stages)) for k in range(len(self.stages))]
         self._enter_stage(0)
 
-        model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
+        with self.procs.state.main_process_first():  # one process converts a GGUF into the cache
+            model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, cfg.model.dtype, cfg.model.attn_implementation)
+        self.model.to(self.procs.device)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.ref_model = None
@@ -142,7 +148,7 @@ class Trainer:
             # no reference model is loaded when nothing reads it (beta = 0)
             ref_path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
             self.ref_model = load_model(ref_path, cfg.model.dtype, cfg.model.attn_implementation)
-            self.ref_model.requires_grad_(False).eval()
+            self.ref_model.requires_grad_(False).eval().to(self.procs.device)
         self._check_prompt_lengths()
         self.packing = cfg.trainer.packing == "tree" and supports_packing(self.model)
         if cfg.trainer.packing == "tree" and not self.packing:
@@ -165,7 +171,7 @@ class Trainer:
         if ckpt is not None:
             self._restore(ckpt)
         self.tb = None
-        if cfg.logging.tensorboard:
+        if cfg.logging.tensorboard and self.procs.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
@@ -174,20 +180,36 @@ class Trainer:
     # Setup helpers
 
     def _prepare_run_dir(self, resume: bool) -> Path | None:
-        cleanup_partial(self.run_dir)
         ckpt = latest_checkpoint(self.run_dir)
+        holds_run = ckpt is not None or (self.run_dir / "metrics.jsonl").exists()
+        self.procs.barrier()  # every process has looked before the main one writes
         if resume:
             if ckpt is None:
                 raise ConfigError(f"--resume: no complete checkpoint in {self.run_dir / 'checkpoints'}")
+            if self.procs.is_main:
+                cleanup_partial(self.run_dir)
             return ckpt
-        if ckpt is not None or (self.run_dir / "metrics.jsonl").exists():
+        if holds_run:
             raise ConfigError(
                 f"run directory {self.run_dir} already holds a run; continue it with "
                 f"'semrl train --resume {self.run_dir}' or set logging.output_dir to a new directory"
             )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(self.cfg, self.run_dir / "config.yaml")
+        if self.procs.is_main:
+            cleanup_partial(self.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.cfg, self.run_dir / "config.yaml")
         return None
+
+    def _check_world_size(self) -> None:
+        world, cfg = self.procs.world, self.cfg
+        if cfg.rollout.prompts_per_step % world:
+            raise ConfigError(
+                f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be a multiple of the "
+                f"number of processes ({world}): each process takes whole prompt groups"
+            )
+        mini = cfg.trainer.mini_batch_size
+        if mini is not None and mini % world:
+            raise ConfigError(f"trainer.mini_batch_size ({mini}) must be a multiple of the number of processes ({world})")
 
     def _check_prompt_lengths(self) -> None:
         limit = self.cfg.data.max_prompt_length
@@ -230,7 +252,9 @@ class Trainer:
             self._new_optimizer(self.stage_ends[self.stage] - self.step)
             if self.ref_model is not None:
                 self.ref_model.load_state_dict(self.model.state_dict())
-                save_checkpoint(self._stage_reference_dir(self.stage), self.step, self.model, self.tokenizer, {}, 1)
+                if self.procs.is_main:
+                    save_checkpoint(self._stage_reference_dir(self.stage), self.step, self.model, self.tokenizer, {}, 1)
+                self.procs.barrier()
 
     def _updates_per_step(self) -> int:
         total = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
@@ -249,11 +273,21 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"], self.generator)
+        rng = state["rng"]
+        if isinstance(rng, list):  # one state per process
+            if len(rng) != self.procs.world:
+                raise ConfigError(
+                    f"the checkpoint {ckpt} was written by {len(rng)} processes; resume it with "
+                    f"--num-processes {len(rng)} (this run has {self.procs.world})"
+                )
+            rng = rng[self.procs.rank]
+        elif self.procs.distributed:
+            raise ConfigError(f"the checkpoint {ckpt} was written by 1 process; resume it with 1 process")
+        set_rng_state(rng, self.generator)
         self.step = state["step"]
         self.consecutive_bad_updates = state.get("consecutive_bad_updates", 0)
         # Lines logged after this checkpoint belong to steps that will be re-run.
-        for name in ("metrics.jsonl", "samples.jsonl", "trees.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "trees.jsonl") if self.procs.is_main else ():
             log = self.run_dir / name
             if log.exists():
                 kept = [
@@ -264,19 +298,23 @@ class Trainer:
         logger.info("resumed from %s at step %d", ckpt, self.step)
 
     def save(self) -> Path:
+        """Checkpoint written by the main process (every process holds the same weights)."""
+        rngs = self.procs.gather(rng_state(self.generator))
         state = {
             "step": self.step,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "rng": rng_state(self.generator),
+            "rng": rngs if self.procs.distributed else rngs[0],
             "consecutive_bad_updates": self.consecutive_bad_updates,
             "stage": self.stage,
             "config": self.cfg.to_dict(),
         }
-        return save_checkpoint(
-            self.run_dir, self.step, self.model, self.tokenizer, state, self.cfg.logging.keep_last
-        )
+        path = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
+        if self.procs.is_main:
+            path = save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, state, self.cfg.logging.keep_last)
+        self.procs.barrier()
+        return path
 
     # ------------------------------------------------------------------------------------------
     # The loop
@@ -286,8 +324,8 @@ class Trainer:
         if self.step == 0 and self.eval_problems:
             self._log({"step": 0, **self.evaluate()})
         bar = tqdm(
-            total=cfg.trainer.steps, initial=self.step, desc="train", disable=not cfg.logging.progress,
-            dynamic_ncols=True,
+            total=cfg.trainer.steps, initial=self.step, desc="train",
+            disable=not (cfg.logging.progress and self.procs.is_main), dynamic_ncols=True,
         )
         last: dict[str, float] = {}
         try:
@@ -314,6 +352,7 @@ class Trainer:
                     "time/update_s": t3 - t1,
                     "time/step_s": t3 - t0,
                 }
+                last = self.procs.mean_metrics(last)
                 if cfg.logging.eval_every and self.step % cfg.logging.eval_every == 0 and self.step < cfg.trainer.steps:
                     last.update(self.evaluate())
                 if self.step == cfg.trainer.steps and self.eval_problems:
@@ -334,6 +373,7 @@ class Trainer:
             self.pool.close()
             if self.tb is not None:
                 self.tb.close()
+        self.procs.barrier()
         return last
 
     def _stop_on_bad_updates(self) -> None:
@@ -357,14 +397,15 @@ class Trainer:
         equal are dropped and more prompts are sampled until ``prompts_per_step`` groups remain, for at
         most ``algorithm.max_sampling_rounds`` rollout batches; a batch still short is filled with
         dropped groups, whose advantages are zero. Returns (batch, reward metrics over every sampled
-        sequence, seconds spent in the reward stage)."""
-        algo, wanted = self.cfg.algorithm, self.cfg.rollout.prompts_per_step
+        sequence, seconds spent in the reward stage). With several processes each one keeps its share
+        of the groups, and all of them sample until every share is full."""
+        algo, wanted = self.cfg.algorithm, self.cfg.rollout.prompts_per_step // self.procs.world
         sampled: list[RolloutBatch] = []
         kept: list[tuple[RolloutBatch, int]] = []
         dropped: list[tuple[RolloutBatch, int]] = []
         reward_seconds = 0.0
         while True:
-            batch = self.rollout()
+            batch = self.rollout(len(sampled))
             t0 = time.perf_counter()
             self.reward(batch)
             reward_seconds += time.perf_counter() - t0
@@ -375,7 +416,7 @@ class Trainer:
             informative = grouped.max(1).values > grouped.min(1).values
             for g in range(batch.num_groups):
                 (kept if informative[g] else dropped).append((batch, g))
-            if len(kept) >= wanted or len(sampled) >= algo.max_sampling_rounds:
+            if self.procs.all_true(len(kept) >= wanted) or len(sampled) >= algo.max_sampling_rounds:
                 break
         if len(kept) < wanted:
             logger.warning(
@@ -385,20 +426,26 @@ class Trainer:
         chosen = (kept + dropped)[:wanted]
         metrics = self._reward_metrics(sampled)
         metrics["dynamic_sampling/rollout_batches"] = float(len(sampled))
-        metrics["dynamic_sampling/kept_groups"] = float(min(len(kept), wanted))
-        metrics["dynamic_sampling/filled_groups"] = float(max(0, wanted - len(kept)))
+        metrics["dynamic_sampling/kept_groups"] = self.procs.sum(min(len(kept), wanted))
+        metrics["dynamic_sampling/filled_groups"] = self.procs.sum(max(0, wanted - len(kept)))
         return gather_groups(chosen), metrics, reward_seconds
 
-    def rollout(self) -> RolloutBatch:
+    def rollout(self, round_index: int = 0) -> RolloutBatch:
+        """G samples for each prompt of this process's share of the step's global batch."""
         cfg = self.cfg
         group = cfg.rollout.group_size
-        problems = [self.train_problems[i] for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
+        global_batch = self.sampler.next_indices(cfg.rollout.prompts_per_step)  # the same on every process
+        first = self.procs.rank * len(global_batch) // self.procs.world
+        problems = [self.train_problems[i] for i in self.procs.share(global_batch)]
         prompt_ids = [build_prompt_ids(self.tokenizer, p.problem, cfg.data.system_prompt) for p in problems]
         extras: dict[str, Any] = {}
         if self.method.rollout_fn is not None:
             gens, extras = self.method.rollout_fn(self, prompt_ids)
         else:
-            requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(group)]
+            requests = [
+                GenerationRequest(ids, seed=self._sequence_seed(round_index, first + i, j))
+                for i, ids in enumerate(prompt_ids) for j in range(group)
+            ]
             gens = self.engine.generate(requests, self._sampling_params(), self.generator)
         kill_point("rollout", self.step + 1)
         return RolloutBatch(
@@ -411,6 +458,14 @@ class Trainer:
             pad_token_id=self.tokenizer.pad_token_id,
             extras=extras,
         )
+
+    def _sequence_seed(self, round_index: int, prompt: int, sample: int) -> int | None:
+        """Seed of sample ``sample`` of prompt ``prompt`` (index in the global batch) of this step's
+        rollout round ``round_index``, with ``rollout.seed_per_sequence``; else None."""
+        if not self.cfg.rollout.seed_per_sequence:
+            return None
+        key = [self.cfg.trainer.seed, self.step, round_index, prompt, sample]
+        return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
 
     def reward(self, batch: RolloutBatch) -> None:
         """Score every response; fills ``batch.rewards`` and ``batch.reward_results``."""
@@ -456,11 +511,14 @@ class Trainer:
         return self.method.advantage_fn(inputs, self.cfg)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """PPO epochs over mini-batches, gradient accumulation over micro-batches."""
+        """PPO epochs over mini-batches, gradient accumulation over micro-batches. With several
+        processes, each holds its share of every mini-batch, losses use the global token and
+        sequence counts, and gradients are summed before the optimizer step."""
         cfg, algo = self.cfg, self.cfg.algorithm
         seqs = batch.sequences
         total = seqs.input_ids.shape[0]
-        mini = cfg.trainer.mini_batch_size or total
+        world = self.procs.world
+        mini = (cfg.trainer.mini_batch_size // world) if cfg.trainer.mini_batch_size else total
         micro = cfg.trainer.micro_batch_size
         temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
         # On-policy with a single update: pi_old = pi_theta, so the ratio is exactly 1 and the
@@ -481,7 +539,7 @@ class Trainer:
                 order = torch.randperm(total, generator=self.generator)
             for m_start in range(0, total, mini):
                 mini_idx = order[m_start : m_start + mini]
-                num_tokens = int(seqs.response_mask[mini_idx].sum().item())
+                num_tokens = int(self.procs.sum(seqs.response_mask[mini_idx].sum().item()))
                 selection: dict[str, torch.Tensor] = {}
                 if self.policy_loss.prepare_fn is not None:  # token selection over the whole mini-batch
                     selection = self.policy_loss.prepare_fn(
@@ -495,15 +553,15 @@ class Trainer:
                 for u_start in range(0, len(mini_idx), micro):
                     idx = mini_idx[u_start : u_start + micro]
                     logp, entropy, mask = self._logprobs(self.model, batch, idx, temperature, with_entropy=True)
-                    r = mask.shape[1]
+                    r, dev = mask.shape[1], logp.device
                     inputs = PolicyLossInputs(
                         logp=logp,
-                        old_logp=logp.detach() if old_logp is None else old_logp[idx, :r],
-                        advantages=advantages[idx, :r],
+                        old_logp=logp.detach() if old_logp is None else old_logp[idx, :r].to(dev),
+                        advantages=advantages[idx, :r].to(dev),
                         mask=mask,
                         entropy=None if entropy is None else entropy.detach(),
-                        ref_logp=None if ref_logp is None else ref_logp[idx, :r],
-                        selection={k: v[u_start : u_start + len(idx), :r] for k, v in selection.items()},
+                        ref_logp=None if ref_logp is None else ref_logp[idx, :r].to(dev),
+                        selection={k: v[u_start : u_start + len(idx), :r].to(dev) for k, v in selection.items()},
                         generator=self.generator,
                     )
                     token_loss, pg_metrics = self.policy_loss.loss_fn(inputs, cfg)
@@ -513,7 +571,7 @@ class Trainer:
                             token_loss = token_loss + algo.kl_coef * kl
                         stats.setdefault("kl", []).append(masked_mean(kl.detach(), mask).item())
                     loss = aggregate_loss(
-                        token_loss, mask, algo.loss_agg_mode, num_sequences=len(mini_idx),
+                        token_loss, mask, algo.loss_agg_mode, num_sequences=len(mini_idx) * world,
                         num_tokens=num_tokens, max_response_length=cfg.rollout.max_new_tokens,
                     )
                     loss.backward()
@@ -523,8 +581,10 @@ class Trainer:
                         stats.setdefault(f"actor/{k}", []).append(v.item())
                     if entropy is not None:
                         stats.setdefault("actor/entropy", []).append(masked_mean(entropy, mask).item())
+                self.procs.sum_gradients(self.model.parameters())
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.trainer.max_grad_norm)
-                finite = bool(torch.isfinite(grad_norm)) and all(math.isfinite(v) for v in stats["loss"][-n_micro:])
+                losses_finite = self.procs.all_true(all(math.isfinite(v) for v in stats["loss"][-n_micro:]))
+                finite = bool(torch.isfinite(grad_norm)) and losses_finite
                 skipped += not finite
                 if finite:
                     self.optimizer.step()
@@ -535,7 +595,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 stats.setdefault("actor/grad_norm", []).append(grad_norm.item())
         out = {k: float(np.mean(v)) for k, v in stats.items()}
-        out["loss"] = float(np.sum(stats["loss"])) / (cfg.trainer.ppo_epochs * (total // mini))
+        # this process's share of the loss; mean_metrics makes it the global loss over processes
+        out["loss"] = float(np.sum(stats["loss"])) * world / (cfg.trainer.ppo_epochs * (total // mini))
         out["actor/skipped_updates"] = float(skipped)
         return out
 
@@ -546,7 +607,7 @@ class Trainer:
         if not self.packing:
             sub = batch.sequences.select(idx)
             logp, entropy = response_logprobs(model, sub, temperature, with_entropy=with_entropy)
-            return logp, entropy, sub.response_mask.float()
+            return logp, entropy, sub.response_mask.to(logp.device).float()
         rows = idx.tolist()
         packed, order = pack_rows(
             batch.prompt_ids, [g.token_ids.tolist() for g in batch.generations], rows, batch.group_size,
@@ -554,7 +615,8 @@ class Trainer:
         )
         logp, entropy = packed_response_logprobs(model, packed, temperature, with_entropy=with_entropy)
         back = unpack_order(order)
-        return logp[back], None if entropy is None else entropy[back], packed.response_mask[back].float()
+        mask = packed.response_mask[back].to(logp.device).float()
+        return logp[back], None if entropy is None else entropy[back], mask
 
     def _no_grad_logprobs(self, model: Any, batch: RolloutBatch, temperature: float) -> torch.Tensor:
         """(N, T) log-probs of every response token under ``model`` (old policy or reference)."""
@@ -579,7 +641,9 @@ class Trainer:
         )
 
     def evaluate(self) -> dict[str, float]:
-        """mean@k / pass@k on the held-out problems at the evaluation temperature."""
+        """mean@k / pass@k on the held-out problems at the evaluation temperature (main process)."""
+        if not self.procs.is_main:
+            return {}
         log = self.cfg.logging
         # A separate generator: evaluation must not change the training random stream.
         gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 1)
@@ -613,6 +677,8 @@ class Trainer:
         }
 
     def _log(self, metrics: dict[str, float]) -> None:
+        if not self.procs.is_main:
+            return
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(metrics) + "\n")
         if self.tb is not None:
@@ -622,6 +688,9 @@ class Trainer:
             self.tb.flush()
 
     def _write_samples(self, batch: RolloutBatch, advantages: torch.Tensor) -> None:
+        """The main process's samples and trees (its share of the batch)."""
+        if not self.procs.is_main:
+            return
         assert batch.rewards is not None
         trees = tree_records(
             batch, advantages, self.tokenizer, self.step, self.cfg.logging.trees_per_step, self.cfg.rose.code_compat

@@ -1,0 +1,93 @@
+"""Data-parallel training across processes, on accelerate's process group (gloo on CPU, NCCL on
+GPU). Start it with ``semrl train --num-processes N`` or ``accelerate launch -m semrl train``.
+
+The split (docs: README "Multi-process training"): every process draws the same global batch of
+``prompts_per_step`` prompts and takes a contiguous share of whole prompts, so a group's chains
+are always on one process and group statistics (advantages, dynamic sampling) are exact. Each
+process computes the loss of its share with the *global* denominators and the gradients are
+summed, so an update equals the single-process update on the global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import PartialState
+
+
+class ProcessGroup:
+    """This process's place in the run; every collective is a no-op in a single process."""
+
+    def __init__(self, cpu: bool | None = None) -> None:
+        # without cpu=True, accelerate ignores a multi-process launch on a machine without GPUs
+        self.state = PartialState(cpu=not torch.cuda.is_available() if cpu is None else cpu)
+        self.rank = self.state.process_index
+        self.world = self.state.num_processes
+        self.device = self.state.device
+        self.is_main = self.state.is_main_process
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            self.state.wait_for_everyone()
+
+    def share(self, items: list[Any]) -> list[Any]:
+        """This process's contiguous share of ``items`` (whose length the world size divides)."""
+        size = len(items) // self.world
+        return items[self.rank * size : (self.rank + 1) * size]
+
+    def sum(self, value: float) -> float:
+        if not self.distributed:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def all_true(self, flag: bool) -> bool:
+        return self.sum(0.0 if flag else 1.0) == 0.0
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every process, in rank order, on every process."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Per-key mean over processes (shares have equal numbers of sequences)."""
+        if not self.distributed:
+            return metrics
+        every = self.gather(metrics)
+        keys = [k for k in metrics if all(k in m for m in every)]
+        return {k: (metrics[k] if k == "step" else sum(m[k] for m in every) / self.world) for k in keys}
+
+    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Sum ``.grad`` over processes in one flat all-reduce (a missing grad counts as zero)."""
+        if not self.distributed:
+            return
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
+            offset += n
+
+    def _collective_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
