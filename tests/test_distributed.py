@@ -18,7 +18,8 @@ from .test_training import _cfg, _metrics
 
 def _args(model_dir, task, out):
     return [
-        f"model.name={model_dir}", f"data.train={task}", "data.eval=null",
+        f"model.name={model_dir}", f"data.train={task}", f"data.eval={task}", "data.eval_size=5",
+        "logging.eval_samples=4",
         "data.system_prompt=Answer with one digit.", "rollout.group_size=8", "rollout.prompts_per_step=4",
         "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.lr=2e-3", "reward.num_workers=1",
         "trainer.steps=3", "rollout.seed_per_sequence=true", "logging.progress=false",
@@ -26,44 +27,73 @@ def _args(model_dir, task, out):
     ]
 
 
-def test_two_processes_train_like_one(digit_model_dir, seven_task, tmp_path):
-    """Same global batch, same steps: each process takes 2 of the 4 prompt groups, computes its
-    share of the loss with the global token count, and gradients are summed over gloo."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one, two = tmp_path / "one", tmp_path / "two"
-    single = subprocess.run(
-        [sys.executable, "-m", "semrl", "train", *_args(digit_model_dir, seven_task, one)],
-        env=env, capture_output=True, text=True,
-    )
-    assert single.returncode == 0, single.stderr[-3000:]
-    double = subprocess.run(
-        [sys.executable, "-m", "semrl", "train", "--num-processes", "2", *_args(digit_model_dir, seven_task, two)],
-        env=env, capture_output=True, text=True,
-    )
-    assert double.returncode == 0, double.stderr[-3000:]
+def _train(*args, env=None):
+    run = subprocess.run([sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
 
-    m1, m2 = _metrics(one), _metrics(two)
-    assert [m["step"] for m in m2] == [1, 2, 3]  # the main process logs, once per step
+
+def _final_weights(run_dir, step=3):
+    return load_file(run_dir / "checkpoints" / f"step-{step:06d}" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def single_process_run(digit_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    task = root / "seven.jsonl"
+    task.write_text("".join(f'{{"id": "s{i}", "problem": "Pick a number ({i}).", "answer": "7"}}\n' for i in range(64)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    _train(*_args(digit_model_dir, task, root / "one"), env=env)
+    return task, root / "one", env
+
+
+def _assert_same_training(digit_model_dir, one, other):
+    assert [m["step"] for m in _metrics(other)] == [0, 1, 2, 3]  # the main process logs, once per step
+    for m in (_metrics(other)[0], _metrics(other)[-1]):  # held-out problems shared out, 5 x 4 samples
+        assert 0.0 <= m["eval/mean@4"] <= 1.0 and m["eval/problems"] == 5
+    m1, m2 = _metrics(one)[1:], _metrics(other)[1:]
     assert [m["reward"] for m in m1] == [m["reward"] for m in m2]  # the same samples
     for a, b in zip(m1, m2, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
-
     start = load_file(digit_model_dir / "model.safetensors")
-    w1 = load_file(one / "checkpoints" / "step-000003" / "model.safetensors")
-    w2 = load_file(two / "checkpoints" / "step-000003" / "model.safetensors")
-    moved = max((w1[k] - start[k]).abs().max().item() for k in w1)
-    apart = max((w1[k] - w2[k]).abs().max().item() for k in w1)
-    assert moved > 1e-3  # training changed the weights ...
-    assert apart < 1e-4 * max(1.0, moved / 1e-3)  # ... and both runs changed them alike
-    assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
+    w1, w2 = _final_weights(one), _final_weights(other)
+    assert w1.keys() == w2.keys()
+    assert max((w1[k] - start[k]).abs().max().item() for k in w1) > 1e-3  # training moved the weights
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)  # ... alike in both runs
+
+
+def test_two_processes_train_like_one(digit_model_dir, single_process_run, tmp_path):
+    """Same global batch, same steps: each process takes 2 of the 4 prompt groups, computes its
+    share of the loss with the global token count, and gradients are summed over gloo."""
+    task, one, env = single_process_run
+    two = tmp_path / "two"
+    _train("--num-processes", "2", *_args(digit_model_dir, task, two), env=env)
+    _assert_same_training(digit_model_dir, one, two)
 
     # the checkpoint holds one random state per process; resuming needs as many processes
     state = torch.load(two / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=False)
     assert isinstance(state["rng"], list) and len(state["rng"]) == 2
     with pytest.raises(ConfigError, match="--num-processes 2"):
-        Trainer(_cfg(digit_model_dir, seven_task, two, "trainer.steps=4", "rollout.seed_per_sequence=true"),
-                resume=True)
+        Trainer(_cfg(digit_model_dir, task, two, "trainer.steps=4", f"data.eval={task}", "data.eval_size=5"), resume=True)
+
+
+def test_fsdp_trains_like_one_process_and_resumes_exactly(digit_model_dir, single_process_run, tmp_path):
+    """FSDP2 over 2 gloo processes: sharded parameters, gradients and AdamW state give the
+    single-process weights; a run stopped after step 2 and resumed ends where an uninterrupted one does."""
+    task, one, env = single_process_run
+    fsdp, part = tmp_path / "fsdp", tmp_path / "part"
+    _train("--num-processes", "2", *_args(digit_model_dir, task, fsdp), "trainer.fsdp=true", env=env)
+    _assert_same_training(digit_model_dir, one, fsdp)
+
+    _train("--num-processes", "2", *_args(digit_model_dir, task, part), "trainer.fsdp=true", "trainer.steps=2", env=env)
+    _train("--num-processes", "2", "--resume", str(part), "trainer.steps=3", "logging.progress=false", env=env)
+    w_full, w_resumed = _final_weights(fsdp), _final_weights(part)
+    assert all(torch.equal(w_full[k], w_resumed[k]) for k in w_full)
+
+
+def test_fsdp_needs_several_processes(digit_model_dir, seven_task, tmp_path):
+    with pytest.raises(ConfigError, match="--num-processes"):
+        Trainer(_cfg(digit_model_dir, seven_task, tmp_path / "f", "trainer.fsdp=true"))
 
 
 def test_per_sequence_seeds_make_rollouts_independent_of_the_generation_batch(digit_model_dir, seven_task, tmp_path):

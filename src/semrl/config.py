@@ -97,7 +97,8 @@ class RolloutConfig:
         False,
         "Each training sample draws from its own generator seeded by (trainer.seed, step, prompt, "
         "sample), so rollouts do not depend on the generation batch size or the number of processes "
-        "(a multi-process run then reproduces a single-process one). Off: one stream per process.",
+        "(a multi-process run then reproduces a single-process one). Off: one stream per process. "
+        "ROSE and FR3E, which sample their own trees, always use one stream per process.",
     )
 
 
@@ -240,6 +241,11 @@ class TrainerConfig:
         "tree: each micro-batch's rows of one prompt go through the model as one packed row, shared "
         "prompt and tree prefixes computed once (4D ancestor mask); micro-batches then take whole "
         "groups in a shuffled group order. Same log-probs and loss as 'none' (padded rows).",
+    )
+    fsdp: bool = _opt(
+        False,
+        "Shard parameters, gradients and optimizer state over the processes (FSDP2 on each decoder "
+        "layer). Rollouts use a full copy of the weights gathered after every update.",
     )
     max_bad_updates: int = _opt(
         3,

@@ -87,7 +87,63 @@ class ProcessGroup:
     def _collective_device(self) -> torch.device:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
+    def scalar(self, value: torch.Tensor) -> torch.Tensor:
+        """A plain tensor from a possibly sharded one (FSDP's grad norm is a DTensor)."""
+        return value.full_tensor() if hasattr(value, "full_tensor") else value
+
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP (trainer.fsdp): parameters, gradients and optimizer state sharded over the processes
+
+
+def shard_model(model: torch.nn.Module) -> None:
+    """FSDP2 ``fully_shard`` on every decoder layer, then on the whole model. Gradients are
+    reduce-scattered as plain sums (our losses already carry the global denominators; gloo has
+    no pre-multiplied sum)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"trainer.fsdp: model type '{getattr(model.config, 'model_type', '?')}' has no model.layers "
+            "to shard; use trainer.fsdp=false"
+        )
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter gathered whole, on every process (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_state_dict(target: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load gathered weights into an unsharded copy; tied weights appear once in ``state``."""
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(target.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"weights do not match the rollout model: missing {missing}, unexpected {unexpected}")
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

@@ -42,7 +42,14 @@ from semrl.data import (
     make_arithmetic_problems,
     resolve_dataset,
 )
-from semrl.distributed import ProcessGroup
+from semrl.distributed import (
+    ProcessGroup,
+    full_optimizer_state,
+    full_state_dict,
+    load_full_state_dict,
+    load_optimizer_state,
+    shard_model,
+)
 from semrl.evaluation import sample_problems, summarize_records
 from semrl.faults import kill_point
 from semrl.forward import response_logprobs
@@ -143,6 +150,12 @@ class Trainer:
         self.model.to(self.procs.device)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        # the model that samples: the trained one, or with FSDP a full copy synced after each update
+        self.rollout_model = self.model
+        if cfg.trainer.fsdp:
+            self.rollout_model = load_model(model_path, cfg.model.dtype, cfg.model.attn_implementation)
+            self.rollout_model.requires_grad_(False).eval().to(self.procs.device)
+            shard_model(self.model)
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(cfg):
             # no reference model is loaded when nothing reads it (beta = 0)
@@ -161,7 +174,7 @@ class Trainer:
         if isinstance(self.model.generation_config.eos_token_id, list):
             eos += self.model.generation_config.eos_token_id
         self.engine = RolloutEngine(
-            self.model, eos, self.tokenizer.pad_token_id, cfg.rollout.generation_batch_size
+            self.rollout_model, eos, self.tokenizer.pad_token_id, cfg.rollout.generation_batch_size
         )
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
         # with a curriculum that restarts each stage, the schedule spans one stage
@@ -207,6 +220,10 @@ class Trainer:
                 f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be a multiple of the "
                 f"number of processes ({world}): each process takes whole prompt groups"
             )
+        if cfg.trainer.fsdp and world == 1:
+            raise ConfigError("trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'")
+        if cfg.trainer.fsdp and cfg.trainer.packing == "tree":
+            raise ConfigError("trainer.packing=tree does not work with trainer.fsdp yet; set trainer.packing=none")
         mini = cfg.trainer.mini_batch_size
         if mini is not None and mini % world:
             raise ConfigError(f"trainer.mini_batch_size ({mini}) must be a multiple of the number of processes ({world})")
@@ -251,9 +268,11 @@ class Trainer:
         if self.cfg.data.curriculum_reset_optimizer:
             self._new_optimizer(self.stage_ends[self.stage] - self.step)
             if self.ref_model is not None:
-                self.ref_model.load_state_dict(self.model.state_dict())
+                self.ref_model.load_state_dict(self.rollout_model.state_dict())
                 if self.procs.is_main:
-                    save_checkpoint(self._stage_reference_dir(self.stage), self.step, self.model, self.tokenizer, {}, 1)
+                    save_checkpoint(
+                        self._stage_reference_dir(self.stage), self.step, self.rollout_model, self.tokenizer, {}, 1
+                    )
                 self.procs.barrier()
 
     def _updates_per_step(self) -> int:
@@ -270,7 +289,10 @@ class Trainer:
             reference = latest_checkpoint(self._stage_reference_dir(self.stage))
             if self.ref_model is not None and reference is not None:
                 self.ref_model.load_state_dict(load_model(str(reference), self.cfg.model.dtype).state_dict())
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.cfg.trainer.fsdp:
+            load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         rng = state["rng"]
@@ -300,9 +322,12 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint written by the main process (every process holds the same weights)."""
         rngs = self.procs.gather(rng_state(self.generator))
+        optimizer = (
+            full_optimizer_state(self.model, self.optimizer) if self.cfg.trainer.fsdp else self.optimizer.state_dict()
+        )
         state = {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rngs if self.procs.distributed else rngs[0],
@@ -312,7 +337,9 @@ class Trainer:
         }
         path = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
         if self.procs.is_main:
-            path = save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, state, self.cfg.logging.keep_last)
+            path = save_checkpoint(
+                self.run_dir, self.step, self.rollout_model, self.tokenizer, state, self.cfg.logging.keep_last
+            )
         self.procs.barrier()
         return path
 
@@ -336,6 +363,8 @@ class Trainer:
                 t1 = time.perf_counter()
                 advantages = self.advantages(batch)
                 update_metrics = self.update(batch, advantages)
+                if self.rollout_model is not self.model:  # FSDP: the next rollout samples the new weights
+                    load_full_state_dict(self.rollout_model, full_state_dict(self.model))
                 t3 = time.perf_counter()
                 self.step += 1
                 last = {
@@ -581,8 +610,11 @@ class Trainer:
                         stats.setdefault(f"actor/{k}", []).append(v.item())
                     if entropy is not None:
                         stats.setdefault("actor/entropy", []).append(masked_mean(entropy, mask).item())
-                self.procs.sum_gradients(self.model.parameters())
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.trainer.max_grad_norm)
+                if not cfg.trainer.fsdp:  # FSDP reduce-scatters the gradients during backward
+                    self.procs.sum_gradients(self.model.parameters())
+                grad_norm = self.procs.scalar(
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.trainer.max_grad_norm)
+                )
                 losses_finite = self.procs.all_true(all(math.isfinite(v) for v in stats["loss"][-n_micro:]))
                 finite = bool(torch.isfinite(grad_norm)) and losses_finite
                 skipped += not finite
@@ -641,17 +673,19 @@ class Trainer:
         )
 
     def evaluate(self) -> dict[str, float]:
-        """mean@k / pass@k on the held-out problems at the evaluation temperature (main process)."""
-        if not self.procs.is_main:
-            return {}
-        log = self.cfg.logging
+        """mean@k / pass@k on the held-out problems at the evaluation temperature. Each process
+        samples every N-th problem; the main process gets the records and returns the metrics."""
+        log, procs = self.cfg.logging, self.procs
         # A separate generator: evaluation must not change the training random stream.
-        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 1)
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 1 + 7919 * procs.rank)
         records = sample_problems(
-            self.engine, self.tokenizer, self.pool, self.eval_problems,
+            self.engine, self.tokenizer, self.pool, self.eval_problems[procs.rank :: procs.world],
             self._sampling_params(log.eval_temperature), log.eval_samples,
             self.cfg.data.system_prompt, self.cfg.reward.final_number_fallback, gen,
         )
+        records = [r for share in procs.gather(records) for r in share]
+        if not procs.is_main:
+            return {}
         return {f"eval/{k}": v for k, v in summarize_records(records).items()}
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, float]:
