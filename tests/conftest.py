@@ -93,12 +93,16 @@ def digit_model_dir(tiny_model_dir: Path) -> Path:
     return _pretrain_digits(tiny_model_dir, tiny_model_dir.with_name("tiny-digits"))
 
 
-@pytest.fixture
-def seven_task(tmp_path: Path) -> Path:
+def write_seven_task(path: Path) -> Path:
     """A trivially learnable task: every answer is 7."""
     import json
 
-    path = tmp_path / "seven.jsonl"
     rows = [{"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7"} for i in range(64)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture
+def seven_task(tmp_path: Path) -> Path:
+    return write_seven_task(tmp_path / "seven.jsonl")
+

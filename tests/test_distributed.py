@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from semrl.config import ConfigError
 from semrl.trainer import Trainer
 
+from .conftest import write_seven_task
 from .test_training import _cfg, _metrics
 
 
@@ -39,8 +40,7 @@ def _final_weights(run_dir, step=3):
 @pytest.fixture(scope="module")
 def single_process_run(digit_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
-    task = root / "seven.jsonl"
-    task.write_text("".join(f'{{"id": "s{i}", "problem": "Pick a number ({i}).", "answer": "7"}}\n' for i in range(64)))
+    task = write_seven_task(root / "seven.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     _train(*_args(digit_model_dir, task, root / "one"), env=env)
     return task, root / "one", env

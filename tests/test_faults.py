@@ -13,8 +13,10 @@ from safetensors.torch import load_file
 
 from semrl.checkpoint import list_checkpoints
 from semrl.cli import main
-from semrl.trainer import Trainer, TrainingError
+from semrl.errors import TrainingError
+from semrl.trainer import Trainer
 
+from .conftest import write_seven_task
 from .test_training import _cfg, _metrics
 
 
@@ -84,8 +86,7 @@ def _assert_checkpoints_complete(run_dir):
 @pytest.fixture(scope="module")
 def uninterrupted_run(digit_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    task = root / "seven.jsonl"
-    task.write_text("".join(f'{{"id": "s{i}", "problem": "Pick a number ({i}).", "answer": "7"}}\n' for i in range(64)))
+    task = write_seven_task(root / "seven.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(_train_cmd(digit_model_dir, task, root / "full"), env=env, check=True, capture_output=True)
     return task, root / "full", env

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from semrl.config import ConfigError, config_reference, load_config
+from semrl.errors import TrainingError
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -300,9 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"semrl: error: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:
-        if type(err).__name__ != "TrainingError":
-            raise
+    except TrainingError as err:
         print(f"semrl: stopped: {err}", file=sys.stderr)
         return 3
 

@@ -50,6 +50,7 @@ from semrl.distributed import (
     load_optimizer_state,
     shard_model,
 )
+from semrl.errors import TrainingError
 from semrl.evaluation import sample_problems, summarize_records
 from semrl.faults import kill_point
 from semrl.forward import response_logprobs
@@ -101,10 +102,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_updates:
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. too many non-finite updates); the message says what to do."""
 
 
 class Trainer:
