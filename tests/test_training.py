@@ -199,15 +199,18 @@ def test_rose_trains_and_logs_tree_metrics(digit_model_dir, seven_task, tmp_path
     assert sum(m["rose/branched_chains"] for m in metrics) > 0
 
 
-def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_dir, seven_task, tmp_path):
+@pytest.mark.parametrize("metric", ["reward", "accuracy"])
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_dir, seven_task, tmp_path, metric):
     out = tmp_path / "dyn"
     cfg = _cfg(
         digit_model_dir, seven_task, out, "trainer.steps=2", "algorithm.dynamic_sampling=true",
-        "algorithm.max_sampling_rounds=3",
+        "algorithm.max_sampling_rounds=3", f"algorithm.dynamic_sampling_metric={metric}",
+        # overlong shaping makes rewards differ by length, so the two metrics keep different groups
+        "reward.overlong_buffer_len=3", "rollout.max_new_tokens=6",
     )
     trainer = Trainer(cfg)
     batch, metrics, _ = trainer.collect()
-    grouped = batch.group_rewards()
+    grouped = batch.group_rewards() if metric == "reward" else batch.group_correct()
     informative = (grouped.max(1).values > grouped.min(1).values).tolist()
     kept = int(metrics["dynamic_sampling/kept_groups"])
     assert batch.num_groups == 4 and len(batch.generations) == 32

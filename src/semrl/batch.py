@@ -54,6 +54,10 @@ class RolloutBatch:
         assert self.rewards is not None, "reward stage has not run"
         return self.rewards.view(-1, self.group_size)
 
+    def group_correct(self) -> torch.Tensor:
+        """(num_groups, G) correctness as 0/1 (the reward without shaping or truncation overrides)."""
+        return torch.tensor([float(r.correct) for r in self.reward_results]).view(-1, self.group_size)
+
 
 def gather_groups(chosen: list[tuple[RolloutBatch, int]]) -> RolloutBatch:
     """A new batch made of the chosen (batch, group index) pairs, in that order.

@@ -151,6 +151,11 @@ class AlgorithmConfig:
         False, "Drop groups whose rewards are all equal and sample more prompts until the batch is "
         "full (DAPO; verl: algorithm.filter_groups.enable)."
     )
+    dynamic_sampling_metric: Literal["reward", "accuracy"] = _opt(
+        "reward", "What must vary within a group for dynamic sampling to keep it: the final reward, "
+        "overlong shaping included (verl metric seq_final_reward, as ROSE's code), or correctness "
+        "(acc, DAPO's recipe).",
+    )
     max_sampling_rounds: int = _opt(
         8, "Rollout batches per step at most with dynamic sampling (verl: max_num_gen_batches); a "
         "batch still short is filled with dropped, zero-advantage groups."

@@ -438,7 +438,7 @@ class Trainer:
             sampled.append(batch)
             if not algo.dynamic_sampling:
                 return batch, self._reward_metrics(sampled), reward_seconds
-            grouped = batch.group_rewards()
+            grouped = batch.group_rewards() if algo.dynamic_sampling_metric == "reward" else batch.group_correct()
             informative = grouped.max(1).values > grouped.min(1).values
             for g in range(batch.num_groups):
                 (kept if informative[g] else dropped).append((batch, g))
