@@ -104,3 +104,10 @@ def test_per_sequence_seeds_make_rollouts_independent_of_the_generation_batch(di
                      f"rollout.generation_batch_size={batch_size}")).train()
         runs.append([m["reward"] for m in _metrics(out)])
     assert runs[0] == runs[1]
+
+
+def test_a_bad_config_fails_before_any_process_starts(capsys):
+    from semrl.cli import main
+
+    assert main(["train", "--num-processes", "2", "trainer.stpes=3"]) == 2
+    assert "trainer.steps" in capsys.readouterr().err

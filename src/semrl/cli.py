@@ -18,6 +18,8 @@ def _launch(args: argparse.Namespace) -> int:
 
     if args.num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {args.num_processes}")
+    # a bad config fails here, once, instead of in every process
+    load_config(args.config or (Path(args.resume) / "config.yaml" if args.resume else None), args.overrides)
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
         "--num_processes", str(args.num_processes), "--num_machines", "1",
