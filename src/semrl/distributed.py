@@ -5,7 +5,8 @@ The split (docs: README "Multi-process training"): every process draws the same 
 ``prompts_per_step`` prompts and takes a contiguous share of whole prompts, so a group's chains
 are always on one process and group statistics (advantages, dynamic sampling) are exact. Each
 process computes the loss of its share with the *global* denominators and the gradients are
-summed, so an update equals the single-process update on the global batch.
+summed, so an update equals the single-process update on the global batch. With
+``trainer.fsdp`` the model is sharded instead (``shard_model``) and samples from a full copy.
 """
 
 from __future__ import annotations
