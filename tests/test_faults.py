@@ -54,7 +54,9 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(
     assert _same(_weights(ckpts[1]), _weights(ckpts[3]))  # the skipped updates changed nothing
     hook.remove()
 
-    # once the cause is gone, the run goes on from its checkpoint
+    # once the cause is gone, the run goes on from its checkpoint, even past a torn log line
+    with (out / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 5, "rew')
     assert main(["train", "--resume", str(out), "logging.progress=false"]) == 0
     assert [m["step"] for m in _metrics(out)] == list(range(1, 9))
     assert _metrics(out)[-1]["actor/skipped_updates"] == 0.0

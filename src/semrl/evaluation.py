@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from semrl.algos.semantic_entropy import cluster_answers
 from semrl.data import Problem, build_prompt_ids
+from semrl.jsonl import read_jsonl
 from semrl.reward import VerifierPool, score_responses
 from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 
@@ -194,19 +195,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    """Complete lines of a problems.jsonl; a torn last line (a crash mid-write) is dropped."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
-
-
 def evaluate_dataset(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
@@ -243,7 +231,7 @@ def evaluate_dataset(
     else:
         settings_file.write_text(json.dumps(wanted, indent=2))
     records_file = out_dir / "problems.jsonl"
-    done = {r["id"]: r for r in _read_records(records_file)}
+    done = {r["id"]: r for r in read_jsonl(records_file)}
     reused = sum(p.id in done for p in problems)
     # rewrite without any torn line before appending
     records_file.write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")

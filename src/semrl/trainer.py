@@ -54,6 +54,7 @@ from semrl.errors import TrainingError
 from semrl.evaluation import sample_problems, summarize_records
 from semrl.faults import kill_point
 from semrl.forward import response_logprobs
+from semrl.jsonl import read_jsonl
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import pack_rows, packed_response_logprobs, supports_packing, unpack_order
 from semrl.reward import VerifierPool, score_responses
@@ -309,11 +310,8 @@ class Trainer:
         for name in ("metrics.jsonl", "samples.jsonl", "trees.jsonl") if self.procs.is_main else ():
             log = self.run_dir / name
             if log.exists():
-                kept = [
-                    line for line in log.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= self.step
-                ]
-                log.write_text("".join(line + "\n" for line in kept))
+                kept = [row for row in read_jsonl(log) if row.get("step", 0) <= self.step]
+                log.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
         logger.info("resumed from %s at step %d", ckpt, self.step)
 
     def save(self) -> Path:

@@ -20,7 +20,11 @@ from typing import Any
 
 import yaml
 
+from semrl.jsonl import read_jsonl
+
 logger = logging.getLogger(__name__)
+
+__all__ = ["compare_runs", "load_metrics", "read_jsonl", "series", "write_report"]
 
 TRAIN_METRICS = [
     "reward", "accuracy", "entropy", "entropy/low_frac", "kl", "response_length",
@@ -29,21 +33,6 @@ TRAIN_METRICS = [
     "rose/branch_entropy", "rose/branch_divergence", "curriculum/stage", "time/step_s",
 ]
 COMPARE_METRICS = ["reward", "accuracy", "entropy", "entropy/low_frac", "kl", "response_length", "time/step_s"]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines of a log; a torn last line (a run killed mid-write) is ignored."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            logger.warning("%s: skipping a line that is not complete JSON", path)
-    return rows
 
 
 def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
