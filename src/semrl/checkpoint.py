@@ -41,12 +41,17 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
     generator.set_state(state["generator"])
 
 
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives: ``run_dir/checkpoints/step-NNNNNN``."""
+    return run_dir / "checkpoints" / f"step-{step:06d}"
+
+
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], keep_last: int
 ) -> Path:
-    ckpt_root = run_dir / "checkpoints"
+    final = checkpoint_dir(run_dir, step)
+    ckpt_root = final.parent
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    final = ckpt_root / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:06d}-", dir=ckpt_root))
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
     try:

@@ -38,10 +38,10 @@ class ProcessGroup:
         if self.distributed:
             self.state.wait_for_everyone()
 
-    def share(self, items: list[Any]) -> list[Any]:
-        """This process's contiguous share of ``items`` (whose length the world size divides)."""
-        size = len(items) // self.world
-        return items[self.rank * size : (self.rank + 1) * size]
+    def share(self, n: int) -> range:
+        """Indices of this process's contiguous share of ``n`` items (``n`` a multiple of the world size)."""
+        size = n // self.world
+        return range(self.rank * size, (self.rank + 1) * size)
 
     def sum(self, value: float) -> float:
         if not self.distributed:

@@ -83,18 +83,13 @@ def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {"problems": float(len(records)), f"mean@{n}": float(np.mean(counts) / n)}
     for k in range(1, n + 1):
         out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in counts]))
+    votes = [  # per problem: (answer classes, correct, has an answer) of its samples
+        ([s["cluster"] for s in r["samples"]], [s["correct"] for s in r["samples"]],
+         [s["answer"] is not None for s in r["samples"]])
+        for r in records
+    ]
     for k in range(1, n + 1):
-        out[f"maj@{k}"] = float(
-            np.mean(
-                [
-                    maj_at_k(
-                        [s["cluster"] for s in r["samples"]], [s["correct"] for s in r["samples"]],
-                        [s["answer"] is not None for s in r["samples"]], k,
-                    )
-                    for r in records
-                ]
-            )
-        )
+        out[f"maj@{k}"] = float(np.mean([maj_at_k(*v, k) for v in votes]))
     out["response_length"] = float(lengths.mean())
     out["response_length/correct"] = float(lengths[correct].mean()) if correct.any() else 0.0
     out["truncated_frac"] = float(np.mean([s["truncated"] for s in samples]))

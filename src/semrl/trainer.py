@@ -24,6 +24,7 @@ from semrl.algos.registry import AdvantageInputs, resolve_algorithm
 from semrl.algos.token_selection import token_covariance
 from semrl.batch import RolloutBatch, gather_groups
 from semrl.checkpoint import (
+    checkpoint_dir,
     cleanup_partial,
     latest_checkpoint,
     load_trainer_state,
@@ -330,7 +331,7 @@ class Trainer:
             "stage": self.stage,
             "config": self.cfg.to_dict(),
         }
-        path = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
+        path = checkpoint_dir(self.run_dir, self.step)
         if self.procs.is_main:
             path = save_checkpoint(
                 self.run_dir, self.step, self.rollout_model, self.tokenizer, state, self.cfg.logging.keep_last
@@ -383,9 +384,10 @@ class Trainer:
                     last.update(self.evaluate())
                 self._log(last)
                 self._write_samples(batch, advantages)
+                saved = None
                 if (cfg.logging.save_every and self.step % cfg.logging.save_every == 0) or self.step == cfg.trainer.steps:
-                    self.save()
-                self._stop_on_bad_updates()
+                    saved = self.save()
+                self._stop_on_bad_updates(saved)
                 bar.update(1)
                 bar.set_postfix(
                     reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}",
@@ -400,11 +402,12 @@ class Trainer:
         self.procs.barrier()
         return last
 
-    def _stop_on_bad_updates(self) -> None:
+    def _stop_on_bad_updates(self, saved: Path | None) -> None:
+        """Stop with a checkpoint (``saved``, this step's, or a new one) after too many bad updates."""
         limit = self.cfg.trainer.max_bad_updates
         if limit <= 0 or self.consecutive_bad_updates < limit:
             return
-        ckpt = self.save()
+        ckpt = saved or self.save()
         raise TrainingError(
             f"{self.consecutive_bad_updates} optimizer updates in a row had a NaN/inf loss or gradient norm "
             f"and were skipped (trainer.max_bad_updates={limit}), the last at step {self.step}. The weights are "
@@ -459,16 +462,16 @@ class Trainer:
         cfg = self.cfg
         group = cfg.rollout.group_size
         global_batch = self.sampler.next_indices(cfg.rollout.prompts_per_step)  # the same on every process
-        first = self.procs.rank * len(global_batch) // self.procs.world
-        problems = [self.train_problems[i] for i in self.procs.share(global_batch)]
+        share = self.procs.share(len(global_batch))  # positions in the global batch
+        problems = [self.train_problems[global_batch[k]] for k in share]
         prompt_ids = [build_prompt_ids(self.tokenizer, p.problem, cfg.data.system_prompt) for p in problems]
         extras: dict[str, Any] = {}
         if self.method.rollout_fn is not None:
             gens, extras = self.method.rollout_fn(self, prompt_ids)
         else:
             requests = [
-                GenerationRequest(ids, seed=self._sequence_seed(round_index, first + i, j))
-                for i, ids in enumerate(prompt_ids) for j in range(group)
+                GenerationRequest(ids, seed=self._sequence_seed(round_index, k, j))
+                for k, ids in zip(share, prompt_ids, strict=True) for j in range(group)
             ]
             gens = self.engine.generate(requests, self._sampling_params(), self.generator)
         kill_point("rollout", self.step + 1)
