@@ -76,12 +76,19 @@ def response_logprobs(
     logits = model(
         input_ids=ids, attention_mask=att, position_ids=positions, use_cache=False,
         logits_to_keep=r + 1,
-    ).logits[:, :-1, :].float()
+    ).logits[:, :-1, :]
+    return token_logprobs(logits, ids[:, batch.prompt_width :], batch.response_mask.to(device), temperature, with_entropy)
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, R, V) logits predicting (N, R) targets -> (N, R) log-probs of the targets and optionally
+    the entropy of each next-token distribution (no gradient); both 0 where ``mask`` is 0."""
+    logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    targets = ids[:, batch.prompt_width :]
-    mask = batch.response_mask.to(device)
     logp = logp_all.gather(-1, targets[..., None]).squeeze(-1) * mask
     entropy = None
     if with_entropy:

@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from semrl.algos.rose_tree import ChainTree
+from semrl.forward import token_logprobs
 
 
 @dataclass
@@ -126,20 +127,13 @@ def packed_response_logprobs(
         position_ids=batch.position_ids.to(device),
         use_cache=False,
     ).last_hidden_state  # (B, S, D)
-    mask = batch.response_mask.to(device)
     columns = batch.predictor.clamp(min=0).to(device)
     rows = batch.row.to(device)[:, None].expand_as(columns)
     # the LM head only on the columns that predict a response token
-    logits = model.lm_head(hidden[rows, columns]).float()  # (N, R, V)
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, batch.targets.to(device)[..., None]).squeeze(-1) * mask
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
-    return logp, entropy
+    logits = model.lm_head(hidden[rows, columns])  # (N, R, V)
+    return token_logprobs(
+        logits, batch.targets.to(device), batch.response_mask.to(device), temperature, with_entropy
+    )
 
 
 def supports_packing(model: PreTrainedModel) -> bool:
