@@ -11,6 +11,7 @@ writes one PNG per metric with every run overlaid.
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 from collections.abc import Sequence
@@ -107,8 +108,8 @@ def _plot_pngs(curves: dict[str, dict[str, list[tuple[int, float]]]], out_dir: P
 
 
 def _eval_table(rows: Sequence[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """Every evaluation step as a row; columns: mean@n, pass@k (1, 2, 4, .., n), maj@n, length."""
-    show = [n for n in names if not n.startswith(("eval/pass@", "eval/maj@")) or _is_power_or_last(n, names)]
+    """Every evaluation step as a row; columns: mean@n, pass@k and maj@k for k in report_ks(n), length."""
+    show = [n for n in names if not n.startswith(("eval/pass@", "eval/maj@")) or _in_report_ks(n, names)]
     show = [n for n in show if n not in ("eval/problems",)]
     eval_rows = [row for row in rows if any(n in row for n in names)]
     return {
@@ -117,11 +118,13 @@ def _eval_table(rows: Sequence[dict[str, Any]], names: list[str]) -> dict[str, A
     }
 
 
-def _is_power_or_last(name: str, names: list[str]) -> bool:
+def _in_report_ks(name: str, names: list[str]) -> bool:
+    """Whether eval/KIND@k is one of the k that tables show (the same k as ``semrl eval``'s)."""
+    from semrl.evaluation import report_ks  # here: semrl.evaluation imports torch and transformers
+
     kind, k = name.split("@")
-    ks = [int(n.split("@")[1]) for n in names if n.startswith(kind + "@")]
-    value = int(k)
-    return value == max(ks) or (value & (value - 1)) == 0
+    n = max(int(other.split("@")[1]) for other in names if other.startswith(kind + "@"))
+    return int(k) in report_ks(n)
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None, max_trees: int = 200) -> Path:
@@ -131,9 +134,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, max_tre
     out = Path(out_dir) if out_dir else run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     train_rows = [r for r in rows if r.get("step", 0) > 0 or "reward" in r]
+    train_points = {m: series(train_rows, m) for m in TRAIN_METRICS}
     train_curves = [
-        {"metric": m, "series": [{"name": run_dir.name, "points": series(train_rows, m)}]}
-        for m in TRAIN_METRICS if series(train_rows, m)
+        {"metric": m, "series": [{"name": run_dir.name, "points": points}]}
+        for m, points in train_points.items() if points
     ]
     eval_names = _eval_metric_names(rows)
     eval_curves = [
@@ -160,7 +164,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, max_tre
     for marker, value in (
         ("__STYLE__", assets.joinpath("style.css").read_text(encoding="utf-8")),
         ("__SCRIPT__", assets.joinpath("viewer.js").read_text(encoding="utf-8")),
-        ("__TITLE__", _html_escape(run_dir.name)),
+        ("__TITLE__", html.escape(run_dir.name)),
         ("__DATA__", payload),
     ):
         page = page.replace(marker, value, 1)
@@ -171,10 +175,6 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, max_tre
     curves = {c["metric"]: {run_dir.name: c["series"][0]["points"]} for c in train_curves + eval_curves}
     _plot_pngs(curves, out / "figures")
     return index
-
-
-def _html_escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
 def compare_runs(
@@ -200,8 +200,9 @@ def compare_runs(
         if not steps:
             continue
         lines += ["", f"**{m}**", "", "| step | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        by_step = [dict(pts) for pts in curves[m].values()]
         for step in steps:
-            cells = [f"{dict(pts)[step]:.4g}" if step in dict(pts) else "" for pts in curves[m].values()]
+            cells = [f"{values[step]:.4g}" if step in values else "" for values in by_step]
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
     if out_dir is not None:
         written = _plot_pngs(curves, Path(out_dir))
