@@ -19,7 +19,7 @@ def _save_atomically(model, tokenizer, target: Path) -> Path:  # noqa: ANN001
     return target
 
 
-def _build_tiny_model(target: Path) -> Path:
+def _build_tiny_model(target: Path, hidden_size: int = 64) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from semrl.models import smollm2_gguf_path
@@ -30,8 +30,8 @@ def _build_tiny_model(target: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -53,6 +53,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if cached:
         return _build_tiny_model(Path(cached))
     return _build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny32_model_dir(tiny_model_dir: Path) -> Path:
+    """The tiny model's shape with hidden 128: head dim 32, the least vLLM's CPU attention takes."""
+    return _build_tiny_model(tiny_model_dir.with_name("tiny-llama-hd32"), hidden_size=128)
 
 
 DIGIT_SYSTEM_PROMPT = "Answer with one digit."
@@ -106,3 +112,19 @@ def write_seven_task(path: Path) -> Path:
 def seven_task(tmp_path: Path) -> Path:
     return write_seven_task(tmp_path / "seven.jsonl")
 
+
+
+@pytest.fixture(scope="session")
+def digit32_model_dir(tiny32_model_dir: Path) -> Path:
+    """The head-dim-32 tiny model after the same digit warm-up (for both engines)."""
+    return _pretrain_digits(tiny32_model_dir, tiny32_model_dir.with_name("tiny-digits-hd32"))
+
+
+def vllm_or_skip() -> None:
+    """Skip a vLLM test where vLLM is not installed, unless SEMRL_REQUIRE_VLLM is set (CI)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("SEMRL_REQUIRE_VLLM"):
+            pytest.fail("SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm]'")
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm]')")

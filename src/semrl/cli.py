@@ -68,16 +68,24 @@ def _curriculum_score(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from semrl.curriculum import score_problems
+    from semrl.data import build_prompt_ids
     from semrl.models import load_model, load_tokenizer, resolve_model_path
     from semrl.reward import VerifierPool
-    from semrl.rollout import RolloutEngine, SamplingParams
+    from semrl.rollout import SamplingParams
 
+    if args.engine == "vllm" and args.top_p < 1.0 and args.estimator == "length_normalized":
+        raise ConfigError(
+            "--engine vllm with --top-p < 1: vLLM's log-probs are those of the filtered distribution, which the "
+            "length_normalized estimator must not read (docs/engines.md); use --top-p 1, --estimator frequency "
+            "or --engine hf"
+        )
     problems = _problems(args.data, args, seed=args.seed)  # the training problems of a run with trainer.seed
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
-    engine = RolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, args.batch_size)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
     system = None if args.no_system_prompt else args.system_prompt
+    prompts = [build_prompt_ids(tokenizer, p.problem, system) for p in problems]
+    engine = _make_engine(args, model, tokenizer, prompts, args.max_new_tokens)
     with VerifierPool(2, args.timeout) as pool, tqdm(total=len(problems), desc="score", disable=args.quiet) as bar:
         written = score_problems(
             engine, tokenizer, pool, problems, Path(args.output), params, args.n, system,
@@ -90,10 +98,10 @@ def _curriculum_score(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
+    from semrl.data import build_prompt_ids
     from semrl.evaluation import PRESETS, EvalSettings, evaluate_dataset, markdown_table
     from semrl.models import load_model, load_tokenizer, resolve_model_path
     from semrl.reward import VerifierPool
-    from semrl.rollout import RolloutEngine
 
     preset = PRESETS[args.preset] if args.preset else {}
     n = args.n or preset.get("n", 8)
@@ -104,8 +112,9 @@ def _eval(args: argparse.Namespace) -> int:
     problems = {name: _problems(source, args, seed=10_007) for name, source in datasets.items()}  # fail early
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
-    engine = RolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, args.batch_size)
     system = None if args.no_system_prompt else args.system_prompt
+    prompts = [build_prompt_ids(tokenizer, p.problem, system) for ps in problems.values() for p in ps]
+    engine = _make_engine(args, model, tokenizer, prompts, max_new_tokens)
     out = Path(args.output or Path("runs") / "eval" / Path(str(path)).name)
     summaries = {}
     with VerifierPool(2, args.timeout) as pool:
@@ -170,6 +179,24 @@ def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
     parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
+    parser.add_argument(
+        "--engine", choices=["hf", "vllm"], default="hf",
+        help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm]'); docs/engines.md",
+    )
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm on CPU: KV-cache size in GiB")
+
+
+def _make_engine(args: argparse.Namespace, model, tokenizer, prompts: list[list[int]], max_new_tokens: int):  # noqa: ANN001, ANN202
+    """The engine of ``--engine`` for these prompts (vllm sizes its cache by the longest)."""
+    from types import SimpleNamespace
+
+    from semrl.engine import build_engine
+
+    options = SimpleNamespace(vllm_kv_cache_gib=args.kv_cache_gib, vllm_gpu_memory_utilization=0.3, vllm_block_size=32)
+    longest = max((len(p) for p in prompts), default=0)
+    return build_engine(
+        args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed, vllm_options=options,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -93,6 +93,23 @@ class RolloutConfig:
     top_k: int = _opt(0, "Top-k sampling (0 = off).")
     generation_batch_size: int = _opt(64, "Sequences generated together in one batch.")
     logprobs_top_k: int = _opt(20, "Top-k log-probs stored per position (ROSE uses 20).")
+    engine: Literal["hf", "vllm"] = _opt(
+        "hf",
+        "Sampling engine for rollouts, evaluation and curriculum scoring: 'hf' (semrl's own batched "
+        "transformers sampler, the reference) or 'vllm' (vLLM in the training process, prefix "
+        "caching, weights pushed after every update; install with pip install -e '.[vllm]'). "
+        "See docs/engines.md.",
+    )
+    vllm_kv_cache_gib: float = _opt(
+        1.0, "vllm engine on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; vLLM's own default takes ~9 GiB)."
+    )
+    vllm_gpu_memory_utilization: float = _opt(
+        0.3, "vllm engine on GPU: fraction of GPU memory vLLM may take for weights and KV cache "
+        "(colocated with training, as TRL's vllm_gpu_memory_utilization)."
+    )
+    vllm_block_size: int = _opt(
+        32, "vllm engine: KV block size in tokens; prefix caching reuses whole blocks (the CPU backend needs a multiple of 32)."
+    )
     seed_per_sequence: bool = _opt(
         False,
         "Each training sample draws from its own generator seeded by (trainer.seed, step, prompt, "
@@ -517,6 +534,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config key 'rose.sd_top_k' must be <= rollout.logprobs_top_k")
     if cfg.reward.timeout_s <= 0:
         raise ConfigError("config key 'reward.timeout_s' must be > 0")
+    if cfg.rollout.engine == "vllm":
+        from semrl.vllm_engine import check_vllm_settings
+
+        check_vllm_settings(cfg)
 
 
 def config_reference() -> str:

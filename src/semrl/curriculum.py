@@ -21,9 +21,10 @@ from transformers import PreTrainedTokenizerBase
 
 from semrl.algos.semantic_entropy import Estimator, cluster_answers, cluster_entropy
 from semrl.data import DataError, Problem, build_prompt_ids, load_problems
+from semrl.engine import Engine
 from semrl.reward import VerifierPool
 from semrl.reward.extract import extract_answer
-from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from semrl.rollout import GenerationRequest, SamplingParams
 
 SCORE_FIELD = "semantic_entropy"
 
@@ -45,7 +46,7 @@ def _done_ids(path: Path) -> set[str]:
 
 
 def score_problems(
-    engine: RolloutEngine,
+    engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
     pool: VerifierPool,
     problems: list[Problem],

@@ -6,3 +6,8 @@ from __future__ import annotations
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. too many non-finite updates); the message says what to do."""
+
+
+class EngineError(ValueError):
+    """The sampling engine cannot start with these settings (vLLM missing, a model it cannot
+    load, a KV cache too small); the message names the setting to change."""

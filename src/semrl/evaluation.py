@@ -24,9 +24,10 @@ from transformers import PreTrainedTokenizerBase
 
 from semrl.algos.semantic_entropy import cluster_answers
 from semrl.data import Problem, build_prompt_ids
+from semrl.engine import Engine
 from semrl.jsonl import read_jsonl
 from semrl.reward import VerifierPool, score_responses
-from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from semrl.rollout import GenerationRequest, SamplingParams
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -115,7 +116,7 @@ def _natural_key(text: str) -> tuple[int, Any]:
 
 
 def sample_problems(
-    engine: RolloutEngine,
+    engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
     pool: VerifierPool,
     problems: Sequence[Problem],
@@ -191,7 +192,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def evaluate_dataset(
-    engine: RolloutEngine,
+    engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
     pool: VerifierPool,
     problems: Sequence[Problem],

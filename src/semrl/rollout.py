@@ -74,7 +74,8 @@ class Generation:
         logprobs: (L,) log-prob of each sampled token.
         top_logprobs: (L, k) largest log-probs at each position, descending.
         top_ids: (L, k) their token ids.
-        entropy: (L,) entropy of the full next-token distribution.
+        entropy: (L,) entropy of the full next-token distribution; None from an engine that does
+            not compute it (vllm): ``semrl.engine.fill_entropy`` adds it.
         finished: ended with EOS.
         cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
     """
@@ -83,7 +84,7 @@ class Generation:
     logprobs: torch.Tensor
     top_logprobs: torch.Tensor
     top_ids: torch.Tensor
-    entropy: torch.Tensor
+    entropy: torch.Tensor | None
     finished: bool
     cache: PrefixCache | None = None
 
@@ -136,7 +137,10 @@ def _row_cache(cache: DynamicCache, row: int, row_attention: torch.Tensor) -> Pr
 
 
 class RolloutEngine:
-    """Samples continuations from a causal LM with Hugging Face's KV cache."""
+    """Samples continuations from a causal LM with Hugging Face's KV cache (the ``hf`` engine)."""
+
+    name = "hf"
+    computes_entropy = True
 
     def __init__(
         self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, batch_size: int = 64
@@ -145,6 +149,14 @@ class RolloutEngine:
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)))
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
+
+    def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Load ``state`` (full tensors) into the sampling model; without it there is nothing to do,
+        since this engine samples from the trained model itself."""
+        if state is not None:
+            from semrl.distributed import load_full_state_dict
+
+            load_full_state_dict(self.model, state)
 
     @torch.inference_mode()
     def generate(

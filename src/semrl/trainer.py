@@ -47,10 +47,10 @@ from semrl.distributed import (
     ProcessGroup,
     full_optimizer_state,
     full_state_dict,
-    load_full_state_dict,
     load_optimizer_state,
     shard_model,
 )
+from semrl.engine import Engine, build_engine
 from semrl.errors import TrainingError
 from semrl.evaluation import sample_problems, summarize_records
 from semrl.faults import kill_point
@@ -60,7 +60,7 @@ from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import pack_rows, packed_response_logprobs, supports_packing, unpack_order
 from semrl.reward import VerifierPool, score_responses
 from semrl.reward.shaping import overlong_penalty
-from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from semrl.rollout import GenerationRequest, SamplingParams
 from semrl.tree_log import tree_records
 
 logger = logging.getLogger(__name__)
@@ -169,11 +169,10 @@ class Trainer:
                 "using padded rows", getattr(self.model.config, "model_type", "?"),
             )
 
-        eos = [self.tokenizer.eos_token_id]
-        if isinstance(self.model.generation_config.eos_token_id, list):
-            eos += self.model.generation_config.eos_token_id
-        self.engine = RolloutEngine(
-            self.rollout_model, eos, self.tokenizer.pad_token_id, cfg.rollout.generation_batch_size
+        r = cfg.rollout
+        self.engine: Engine = build_engine(
+            r.engine, self.rollout_model, self.tokenizer, r.generation_batch_size,
+            cfg.data.max_prompt_length + r.max_new_tokens, r.logprobs_top_k, cfg.trainer.seed + self.procs.rank, r,
         )
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
         # with a curriculum that restarts each stage, the schedule spans one stage
@@ -221,6 +220,8 @@ class Trainer:
             )
         if cfg.trainer.fsdp and world == 1:
             raise ConfigError("trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'")
+        if cfg.trainer.fsdp and cfg.rollout.engine == "vllm":
+            raise ConfigError("rollout.engine=vllm does not work with trainer.fsdp yet; set rollout.engine=hf")
         if cfg.trainer.fsdp and cfg.trainer.packing == "tree":
             raise ConfigError("trainer.packing=tree does not work with trainer.fsdp yet; set trainer.packing=none")
         mini = cfg.trainer.mini_batch_size
@@ -359,8 +360,9 @@ class Trainer:
                 t1 = time.perf_counter()
                 advantages = self.advantages(batch)
                 update_metrics = self.update(batch, advantages)
-                if self.rollout_model is not self.model:  # FSDP: the next rollout samples the new weights
-                    load_full_state_dict(self.rollout_model, full_state_dict(self.model))
+                # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
+                # vllm takes them in place (a no-op for hf, which samples from the trained model)
+                self.engine.sync_weights(full_state_dict(self.model) if cfg.trainer.fsdp else None)
                 t3 = time.perf_counter()
                 self.step += 1
                 last = {
@@ -551,7 +553,16 @@ class Trainer:
         # On-policy with a single update: pi_old = pi_theta, so the ratio is exactly 1 and the
         # extra forward pass for old log-probs is skipped.
         single_update = cfg.trainer.ppo_epochs == 1 and mini == total
-        old_logp = None if single_update else self._no_grad_logprobs(self.model, batch, temperature)
+        # An engine without entropies (vllm, docs/engines.md): they come from the trainer's forward at
+        # the sampling weights, from the old-log-prob pass when there is one, else from a pass of their
+        # own when a token selection needs them before the update, else from the update's forward.
+        fill = not batch.has_rollout_entropy and (not single_update or self.policy_loss.prepare_fn is not None)
+        old_logp = None
+        if not single_update:
+            old_logp = self._no_grad_logprobs(self.model, batch, temperature, fill)
+        elif fill:
+            self._no_grad_logprobs(self.model, batch, temperature, fill)
+        update_entropy = None if batch.has_rollout_entropy else torch.zeros(seqs.response_mask.shape)
         ref_logp = self._no_grad_logprobs(self.ref_model, batch, temperature) if self.ref_model else None
 
         self.model.train()
@@ -581,6 +592,8 @@ class Trainer:
                     idx = mini_idx[u_start : u_start + micro]
                     logp, entropy, mask = self._logprobs(self.model, batch, idx, temperature, with_entropy=True)
                     r, dev = mask.shape[1], logp.device
+                    if update_entropy is not None and entropy is not None:
+                        update_entropy[idx, :r] = entropy.detach().float().cpu()
                     inputs = PolicyLossInputs(
                         logp=logp,
                         old_logp=logp.detach() if old_logp is None else old_logp[idx, :r].to(dev),
@@ -624,6 +637,9 @@ class Trainer:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 stats.setdefault("actor/grad_norm", []).append(grad_norm.item())
+            if update_entropy is not None:  # single update: the first forward ran at the sampling weights
+                batch.set_rollout_entropy(update_entropy)
+                update_entropy = None
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         # this process's share of the loss; mean_metrics makes it the global loss over processes
         out["loss"] = float(np.sum(stats["loss"])) * world / (cfg.trainer.ppo_epochs * (total // mini))
@@ -648,16 +664,24 @@ class Trainer:
         mask = packed.response_mask[back].to(logp.device).float()
         return logp[back], None if entropy is None else entropy[back], mask
 
-    def _no_grad_logprobs(self, model: Any, batch: RolloutBatch, temperature: float) -> torch.Tensor:
-        """(N, T) log-probs of every response token under ``model`` (old policy or reference)."""
+    def _no_grad_logprobs(
+        self, model: Any, batch: RolloutBatch, temperature: float, fill_entropy: bool = False
+    ) -> torch.Tensor:
+        """(N, T) log-probs of every response token under ``model`` (old policy or reference); with
+        ``fill_entropy`` also the batch's rollout entropies (``model`` holds the sampling weights)."""
         out = torch.zeros(batch.sequences.response_mask.shape)
+        entropies = torch.zeros_like(out)
         total, micro = len(batch.generations), self.cfg.trainer.micro_batch_size
         model.eval()
         with torch.no_grad():
             for start in range(0, total, micro):
                 idx = torch.arange(start, min(start + micro, total))
-                logp, _, _ = self._logprobs(model, batch, idx, temperature, with_entropy=False)
+                logp, entropy, _ = self._logprobs(model, batch, idx, temperature, with_entropy=fill_entropy)
                 out[idx, : logp.shape[1]] = logp.cpu()
+                if entropy is not None:
+                    entropies[idx, : entropy.shape[1]] = entropy.float().cpu()
+        if fill_entropy:
+            batch.set_rollout_entropy(entropies)
         return out
 
     # ------------------------------------------------------------------------------------------

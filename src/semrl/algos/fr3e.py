@@ -20,6 +20,7 @@ import torch
 
 from semrl.algos.advantages import broadcast_to_tokens
 from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
+from semrl.engine import fill_entropy
 from semrl.rollout import Generation, GenerationRequest
 
 
@@ -70,6 +71,8 @@ def fr3e_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
     first = trainer.engine.generate(
         [GenerationRequest(ids) for ids in prompt_ids], params, trainer.generator, return_cache=True
     )
+    if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
+        fill_entropy(trainer.engine.model, prompt_ids, first, params.temperature)
     requests, sequence_prompts, states_per_group = [], [], []
     for ids, chain in zip(prompt_ids, first, strict=True):
         scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs

@@ -22,7 +22,8 @@ import torch
 from semrl.algos.branching import branch_scores
 from semrl.algos.rose_tree import ChainTree
 from semrl.config import RoseConfig
-from semrl.rollout import Generation, GenerationRequest, RolloutEngine, SamplingParams
+from semrl.engine import Engine, fill_entropy
+from semrl.rollout import Generation, GenerationRequest, SamplingParams
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _concat(prefix: Generation, k: int, cont: Generation) -> Generation:
         logprobs=torch.cat([prefix.logprobs[:k], cont.logprobs]),
         top_logprobs=torch.cat([prefix.top_logprobs[:k], cont.top_logprobs]),
         top_ids=torch.cat([prefix.top_ids[:k], cont.top_ids]),
-        entropy=torch.cat([prefix.entropy[:k], cont.entropy]),
+        entropy=None if prefix.entropy is None or cont.entropy is None else torch.cat([prefix.entropy[:k], cont.entropy]),
         finished=cont.finished,
         cache=cont.cache,  # covers prompt + prefix + continuation: the whole new chain
     )
@@ -80,7 +81,7 @@ def _argmax_position(chain_scores: list[torch.Tensor]) -> tuple[int, int] | None
 
 
 def tree_rollout(
-    engine: RolloutEngine,
+    engine: Engine,
     prompts: list[list[int]],
     group_size: int,
     params: SamplingParams,
@@ -125,6 +126,9 @@ def tree_rollout(
             )
         t0 = time.perf_counter()
         outputs = engine.generate(requests, params, generator, return_cache=options.reuse_kv_cache)
+        if options.entropy_mode == "full_vocab":  # an engine without entropies (vllm): one forward pass
+            contexts = [r.prompt_ids + r.prefix_ids for r in requests]
+            fill_entropy(engine.model, contexts, outputs, params.temperature)
         t1 = time.perf_counter()
         for job, out in zip(jobs, outputs, strict=True):
             score, entropy, divergence = branch_scores(

@@ -1,0 +1,118 @@
+"""The sampling-engine interface, and the one place engines are built (docs/engines.md).
+
+Two engines implement :class:`Engine`: ``hf`` (``semrl.rollout.RolloutEngine``, semrl's batched
+transformers sampler, the reference) and ``vllm`` (``semrl.vllm_engine.VLLMEngine``, vLLM in the
+training process). The trainer, ROSE, FR3E, evaluation and curriculum scoring only call this
+interface, so they run unchanged on either engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from semrl.forward import make_sequence_batch, response_logprobs
+from semrl.rollout import Generation, GenerationRequest, RolloutEngine, SamplingParams
+
+
+class Engine(Protocol):
+    """What every sampling engine offers.
+
+    Attributes:
+        name: ``hf`` or ``vllm``.
+        batch_size: sequences generated together (evaluation sizes its chunks by it).
+        computes_entropy: whether ``Generation.entropy`` is filled at sampling time; when it is
+            not, consumers get full-vocabulary entropies from :func:`fill_entropy`.
+        model: the Hugging Face model whose weights the engine samples from (it also computes
+            the entropies and holds the input embeddings ROSE reads).
+    """
+
+    name: str
+    batch_size: int
+    computes_entropy: bool
+    model: PreTrainedModel
+
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        return_cache: bool = False,
+    ) -> list[Generation]:
+        """One ``Generation`` per request, in request order."""
+        ...
+
+    def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Make the engine sample from new weights: ``state`` (full tensors, e.g. gathered from
+        FSDP shards) or, when None, the current weights of ``model``. Cached prefixes are dropped."""
+        ...
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the generation config's EOS ids
+    (SmolLM2-Instruct stops at ``<|im_end|>``, which only its generation config names)."""
+    ids = [tokenizer.eos_token_id]
+    configured = model.generation_config.eos_token_id
+    ids += configured if isinstance(configured, list) else [configured] if configured is not None else []
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def build_engine(
+    kind: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    max_model_len: int,
+    logprobs_top_k: int = 20,
+    seed: int = 0,
+    vllm_options: Any = None,
+) -> Engine:
+    """The engine named ``kind`` sampling from ``model``.
+
+    Args:
+        max_model_len: longest prompt + response any request will have (vllm sizes its cache by it).
+        vllm_options: the ``rollout`` config section (``vllm_*`` keys), or None for the defaults.
+    """
+    eos = eos_token_ids(tokenizer, model)
+    if kind == "hf":
+        return RolloutEngine(model, eos, tokenizer.pad_token_id, batch_size)
+    if kind == "vllm":
+        from semrl.vllm_engine import VLLMEngine, VLLMSettings
+
+        settings = VLLMSettings.from_options(vllm_options, max_model_len, batch_size, logprobs_top_k, seed)
+        return VLLMEngine(model, eos, tokenizer.pad_token_id, settings)
+    raise ValueError(f"unknown engine '{kind}'; rollout.engine is 'hf' or 'vllm'")
+
+
+@torch.no_grad()
+def fill_entropy(
+    model: PreTrainedModel,
+    contexts: list[list[int]],
+    generations: list[Generation],
+    temperature: float,
+    micro_batch_size: int = 8,
+) -> None:
+    """Fill ``entropy`` of generations that lack it (vllm) with the full-vocabulary entropy of
+    the tempered next-token distribution at each response position, from a forward pass of
+    ``model`` (the weights that sampled them). contexts[i]: the tokens before generations[i]."""
+    todo = [i for i, g in enumerate(generations) if g.entropy is None]
+    was_training = model.training
+    model.eval()
+    for start in range(0, len(todo), micro_batch_size):
+        rows = todo[start : start + micro_batch_size]
+        batch = make_sequence_batch(
+            [contexts[i] for i in rows], [generations[i].token_ids.tolist() for i in rows], _pad_id(model)
+        )
+        _, entropy = response_logprobs(model, batch, temperature if temperature > 0 else 1.0, with_entropy=True)
+        assert entropy is not None
+        for j, i in enumerate(rows):
+            generations[i].entropy = entropy[j, : len(generations[i].token_ids)].float().cpu()
+    if was_training:
+        model.train()
+
+
+def _pad_id(model: PreTrainedModel) -> int:
+    pad = model.config.pad_token_id
+    return int(pad) if pad is not None else 0

@@ -1,0 +1,312 @@
+"""The ``vllm`` engine: vLLM colocated in the training process (docs/engines.md).
+
+The engine core runs in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so its
+weights can be replaced in place after every optimizer update (``sync_weights``: vLLM's
+``reload_weights`` through ``LLM.collective_rpc``, then ``reset_prefix_cache``). Every request is a
+token prompt (prompt + prefix for tree branches) with its own seed, drawn from the caller's
+generator when the request has none, so a seeded run repeats. Automatic prefix caching does the
+KV reuse of tree rollouts in whole blocks of ``rollout.vllm_block_size`` tokens.
+
+What vLLM returns, and how it maps onto ``Generation``:
+- ``logprobs``: ``logprobs_mode="processed_logprobs"`` gives log-probs after temperature and
+  top-p/top-k. With top_p = 1 and top_k = 0 that is exactly the trainer's definition (tempered,
+  unfiltered); with top_p < 1 or top_k > 0 it is the renormalised filtered distribution, which
+  training refuses (``check_vllm_settings``) and evaluation does not read.
+- ``top_logprobs`` / ``top_ids``: the k entries of rank 1..k (vLLM adds the sampled token as a
+  (k+1)-th entry when it is outside the top k; that entry is dropped here, and ROSE's
+  ``rose.entropy_with_sampled`` puts it back from ``logprobs`` as the ROSE code does).
+- ``entropy``: None. vLLM never returns the full-vocabulary entropy; see ``semrl.engine.fill_entropy``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from semrl.errors import EngineError
+from semrl.rollout import Generation, GenerationRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+CPU_BLOCK_MULTIPLE = 32  # the CPU attention backend takes block sizes that are multiples of 32
+CPU_MIN_HEAD_DIM = 32  # the CPU attention backend needs head dim >= 32
+INSTALL_HINT = "pip install -e '.[vllm]' (then pip uninstall -y torchvision torchaudio torchcodec)"
+
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """Engine-wide vLLM options (per-request options travel in ``SamplingParams``)."""
+
+    max_model_len: int
+    max_num_seqs: int
+    max_logprobs: int
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.3
+    block_size: int = 32
+    seed: int = 0
+
+    @classmethod
+    def from_options(
+        cls, options: Any, max_model_len: int, max_num_seqs: int, max_logprobs: int, seed: int
+    ) -> VLLMSettings:
+        """From the ``rollout`` config section (``vllm_*`` keys), or defaults when it is None."""
+        extra = {}
+        if options is not None:
+            extra = {
+                "kv_cache_gib": options.vllm_kv_cache_gib,
+                "gpu_memory_utilization": options.vllm_gpu_memory_utilization,
+                "block_size": options.vllm_block_size,
+            }
+        block = extra.get("block_size", cls.block_size)
+        # vLLM rounds nothing up itself; a length that fills whole blocks wastes no cache
+        length = -(-max_model_len // block) * block
+        return cls(length, max_num_seqs, max(1, max_logprobs), seed=seed, **extra)
+
+
+# One vLLM engine per process and model shape: a second Trainer (or test, or evaluation) with the
+# same model shape reuses it when its lengths fit, and pushes its own weights in, instead of paying
+# vLLM's ~45 s start-up again. key -> (settings it was started with, LLM)
+_ENGINES: dict[tuple[Any, ...], tuple[VLLMSettings, Any]] = {}
+
+
+def check_vllm_settings(cfg: Any) -> None:
+    """Config-level checks for ``rollout.engine=vllm``; they run when the config is loaded."""
+    from semrl.config import ConfigError
+
+    r = cfg.rollout
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set rollout.engine=hf")
+    if r.top_p < 1.0 or r.top_k > 0:
+        raise ConfigError(
+            f"rollout.engine=vllm with rollout.top_p={r.top_p}, rollout.top_k={r.top_k}: vLLM returns log-probs of "
+            "the filtered, renormalised distribution, while training uses the tempered unfiltered one "
+            "(docs/engines.md); set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf"
+        )
+    if r.vllm_block_size < 1 or (not torch.cuda.is_available() and r.vllm_block_size % CPU_BLOCK_MULTIPLE):
+        raise ConfigError(
+            f"rollout.vllm_block_size={r.vllm_block_size}: vLLM's CPU backend needs a multiple of {CPU_BLOCK_MULTIPLE}"
+        )
+    if r.vllm_kv_cache_gib <= 0:
+        raise ConfigError(f"rollout.vllm_kv_cache_gib must be > 0, got {r.vllm_kv_cache_gib}")
+    if not 0.0 < r.vllm_gpu_memory_utilization < 1.0:
+        raise ConfigError(
+            f"rollout.vllm_gpu_memory_utilization must be in (0, 1), got {r.vllm_gpu_memory_utilization}"
+        )
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of K and V over all layers for one token of ``config``'s model."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def check_model_for_vllm(model: PreTrainedModel, settings: VLLMSettings, on_gpu: bool) -> None:
+    """Fail before vLLM starts when it could not run this model with these settings."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if not on_gpu and head_dim < CPU_MIN_HEAD_DIM:
+        raise EngineError(
+            f"vLLM's CPU attention needs a head dimension >= {CPU_MIN_HEAD_DIM}; model "
+            f"'{model.name_or_path}' has {head_dim}: set rollout.engine=hf for this model"
+        )
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and settings.max_model_len > positions:
+        raise EngineError(
+            f"prompt + response length {settings.max_model_len} exceeds the model's {positions} positions; "
+            "lower data.max_prompt_length or rollout.max_new_tokens"
+        )
+    if not on_gpu:
+        per_token = kv_bytes_per_token(config, model.dtype)
+        need = settings.max_model_len * per_token
+        have = int(settings.kv_cache_gib * GIB)
+        if have < need:
+            raise EngineError(
+                f"rollout.vllm_kv_cache_gib={settings.kv_cache_gib} holds {have // per_token} tokens, fewer than "
+                f"one sequence of {settings.max_model_len} tokens ({need / GIB:.3f} GiB); raise rollout.vllm_kv_cache_gib "
+                "or lower rollout.max_new_tokens"
+            )
+        if have < need * settings.max_num_seqs:
+            logger.warning(
+                "vllm: the KV cache (%.2f GiB) holds %d full-length sequences of the %d in a batch; vLLM will run "
+                "fewer at once (raise rollout.vllm_kv_cache_gib to %.2f for all)",
+                settings.kv_cache_gib, have // need, settings.max_num_seqs, need * settings.max_num_seqs / GIB,
+            )
+
+
+def _import_vllm() -> Any:
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set rollout.engine=hf")
+    if importlib.util.find_spec("torchvision") is not None:
+        try:
+            import torchvision  # noqa: F401
+        except Exception as err:  # the PyPI build of torchvision does not load beside the CPU torch
+            raise EngineError(
+                f"torchvision is installed but does not load ({type(err).__name__}: {err}); vLLM's dependencies "
+                "pull a torchvision built for another torch. Nothing in semrl needs it: "
+                "pip uninstall -y torchvision torchaudio torchcodec"
+            ) from err
+    # engine core in this process: its weights are reachable for in-place updates, and its
+    # scheduling is deterministic
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    import vllm
+
+    return vllm
+
+
+def _engine_key(model: PreTrainedModel, settings: VLLMSettings) -> tuple[Any, ...]:
+    config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    shape = json.dumps(config, sort_keys=True, default=str)
+    return (shape, str(model.dtype), str(model.device), settings.block_size, settings.kv_cache_gib,
+            settings.gpu_memory_utilization, settings.seed)
+
+
+def _fits(started: VLLMSettings, wanted: VLLMSettings) -> bool:
+    return (
+        started.max_model_len >= wanted.max_model_len
+        and started.max_logprobs >= wanted.max_logprobs
+        and started.max_num_seqs >= wanted.max_num_seqs
+    )
+
+
+def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any:
+    on_gpu = model.device.type == "cuda"
+    kwargs: dict[str, Any] = {
+        "model": model.name_or_path,
+        "skip_tokenizer_init": True,  # requests are token ids; nothing is detokenized
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "seed": settings.seed,
+        "enable_prefix_caching": True,
+        "block_size": settings.block_size,
+        "max_model_len": settings.max_model_len,
+        "max_num_seqs": settings.max_num_seqs,
+        "logprobs_mode": "processed_logprobs",
+        "max_logprobs": settings.max_logprobs,
+    }
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    else:
+        kwargs["kv_cache_memory_bytes"] = int(settings.kv_cache_gib * GIB)
+    # vLLM's CPU worker sets torch to one thread and replaces torch.set_num_threads with a no-op;
+    # the training that shares this process needs both back.
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        return vllm.LLM(**kwargs)
+    except Exception as err:
+        # vLLM's messages can list every architecture it knows: keep the first lines, shortened
+        detail = " ".join(line.strip()[:200] for line in str(err).splitlines()[:2])
+        raise EngineError(
+            f"vLLM could not start on model '{model.name_or_path}' ({type(err).__name__}: {detail}); "
+            "set rollout.engine=hf for this model, or change the rollout.vllm_* settings the message names"
+        ) from err
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+
+
+class VLLMEngine:
+    """Samples with vLLM from the weights of ``model`` (the trained Hugging Face model).
+
+    ``model`` stays the source of truth: the engine starts from its directory, takes its current
+    weights at once, and again at every ``sync_weights``; ``fill_entropy`` and ROSE's embeddings
+    read it too.
+    """
+
+    name = "vllm"
+    computes_entropy = False
+
+    def __init__(
+        self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, settings: VLLMSettings
+    ) -> None:
+        self.model = model
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.pad_token_id = pad_token_id
+        self.settings = settings
+        self.batch_size = settings.max_num_seqs
+        check_model_for_vllm(model, settings, on_gpu=model.device.type == "cuda")
+        vllm = _import_vllm()
+        self._vllm = vllm
+        key = _engine_key(model, settings)
+        if key not in _ENGINES or not _fits(_ENGINES[key][0], settings):
+            _ENGINES.pop(key, None)  # a smaller engine of this shape goes before a larger one starts
+            logger.info("starting vLLM on %s (once per process; about 45 s on a 2-core CPU)", model.name_or_path)
+            _ENGINES[key] = (settings, _start_llm(vllm, model, settings))
+        self.llm = _ENGINES[key][1]
+        self.sync_weights()  # a reused engine may hold another model's weights
+
+    def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
+        tensors = state if state is not None else self.model.state_dict()
+        weights = [(name, t.detach()) for name, t in tensors.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        # a prefix cached under the old weights must never serve a new request
+        self.llm.reset_prefix_cache()
+
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        return_cache: bool = False,  # noqa: ARG002 - prefix caching replaces explicit caches
+    ) -> list[Generation]:
+        if not requests:
+            return []
+        vllm = self._vllm
+        prompts, sampling = [], []
+        for r in requests:
+            context = r.prompt_ids + r.prefix_ids
+            if not context:
+                raise ValueError("a generation request has an empty prompt")
+            budget = r.max_new_tokens if r.max_new_tokens is not None else params.max_new_tokens
+            if budget < 1:
+                raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
+            if len(context) + budget > self.settings.max_model_len:
+                raise ValueError(
+                    f"a request of {len(context)} context + {budget} new tokens exceeds the vllm engine's "
+                    f"max_model_len {self.settings.max_model_len} (data.max_prompt_length + rollout.max_new_tokens)"
+                )
+            seed = r.seed
+            if seed is None and generator is not None:
+                seed = int(torch.randint(2**62, (1,), generator=generator))
+            prompts.append(vllm.TokensPrompt(prompt_token_ids=context))
+            sampling.append(
+                vllm.SamplingParams(
+                    n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                    max_tokens=budget, logprobs=params.logprobs_top_k, seed=seed,
+                    stop_token_ids=self.eos_token_ids, detokenize=False,
+                )
+            )
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        return [self._to_generation(out.outputs[0], params.logprobs_top_k) for out in outputs]
+
+    def _to_generation(self, completion: Any, k: int) -> Generation:
+        tokens = list(completion.token_ids)
+        n = len(tokens)
+        logprobs = torch.zeros(n)
+        top_lps = torch.zeros((n, k))
+        top_ids = torch.zeros((n, k), dtype=torch.long)
+        for t, (token, entries) in enumerate(zip(tokens, completion.logprobs, strict=True)):
+            logprobs[t] = entries[token].logprob
+            # rank 1..k; the sampled token's extra entry (rank > k) is dropped
+            ranked = sorted(((v.rank, -v.logprob, tid) for tid, v in entries.items() if v.rank <= k))[:k]
+            if len(ranked) < k:  # ties can leave rank gaps: fall back to the k largest values
+                ranked = sorted((-v.logprob, -v.logprob, tid) for tid, v in entries.items())[:k]
+            top_ids[t] = torch.tensor([tid for _, _, tid in ranked])
+            top_lps[t] = torch.tensor([-neg for _, neg, _ in ranked])
+        finished = bool(n) and tokens[-1] in self.eos_token_ids and completion.finish_reason == "stop"
+        return Generation(
+            token_ids=torch.tensor(tokens, dtype=torch.long), logprobs=logprobs, top_logprobs=top_lps,
+            top_ids=top_ids, entropy=None, finished=finished,
+        )

@@ -1,0 +1,371 @@
+"""One contract for both sampling engines (hf and vllm), on a tiny model vLLM accepts (head dim 32).
+
+vLLM starts once per test session (``semrl.vllm_engine`` keeps one engine per model shape) and
+every later engine of that shape pushes its own weights into it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from semrl.algos.branching import branch_scores, normalized_embeddings
+from semrl.algos.fr3e import select_anchors
+from semrl.algos.rose_rollout import tree_rollout
+from semrl.algos.token_selection import high_entropy_mask, low_entropy_mask
+from semrl.config import ConfigError, RoseConfig, load_config
+from semrl.data import build_prompt_ids
+from semrl.engine import build_engine, eos_token_ids, fill_entropy
+from semrl.errors import EngineError
+from semrl.forward import make_sequence_batch, response_logprobs
+from semrl.models import load_model, load_tokenizer
+from semrl.rollout import Generation, GenerationRequest, SamplingParams
+
+from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
+
+ENGINES = ["hf", "vllm"]
+MAX_MODEL_LEN = 512  # the session's vLLM engine; later ones of this shape fit in it
+
+
+@pytest.fixture(scope="module")
+def setup(digit32_model_dir):
+    tok = load_tokenizer(str(digit32_model_dir))
+    model = load_model(str(digit32_model_dir))
+    return tok, model
+
+
+def _engine(kind, model, tok, batch_size=64):
+    if kind == "vllm":
+        vllm_or_skip()
+    return build_engine(kind, model, tok, batch_size, MAX_MODEL_LEN, logprobs_top_k=20)
+
+
+def _prompts(tok, n=6):
+    # unequal lengths, so that padding and left alignment matter
+    return [tok(f"Question {i}: " + "go on " * (i % 4) + "and then")["input_ids"] for i in range(n)]
+
+
+def _forward(model, prompts, gens, temperature):
+    batch = make_sequence_batch(prompts, [g.token_ids.tolist() for g in gens], 0)
+    with torch.no_grad():
+        logp, entropy = response_logprobs(model, batch, temperature)
+    return batch, logp, entropy
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_top_k_equal_the_training_forward(setup, kind, temperature):
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    prompts = _prompts(tok)
+    params = SamplingParams(temperature=temperature, max_new_tokens=12, logprobs_top_k=20)
+    gens = engine.generate([GenerationRequest(p) for p in prompts], params, torch.Generator().manual_seed(0))
+    batch, logp, _ = _forward(model, prompts, gens, temperature)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+            position_ids=(batch.attention_mask.cumsum(-1) - 1).clamp(min=0),
+        ).logits[:, batch.prompt_width - 1 : -1].float()
+    logp_all = torch.log_softmax(logits / temperature, -1)
+    for i, g in enumerate(gens):
+        n = len(g.token_ids)
+        assert n >= 1 and g.logprobs.shape == (n,)
+        assert g.top_logprobs.shape == (n, 20) and g.top_ids.shape == (n, 20)  # exactly k, whatever vLLM adds
+        torch.testing.assert_close(g.logprobs, logp[i, :n], atol=2e-4, rtol=0)
+        ref_lp, ref_ids = torch.topk(logp_all[i, :n], 20, -1)
+        torch.testing.assert_close(g.top_logprobs, ref_lp, atol=2e-4, rtol=0)
+        # ids agree wherever neighbouring values are not near-ties
+        distinct = (ref_lp[:, :-1] - ref_lp[:, 1:]).abs() > 1e-3
+        assert torch.equal(g.top_ids[:, :-1][distinct], ref_ids[:, :-1][distinct])
+        assert bool((g.top_logprobs[:, :-1] >= g.top_logprobs[:, 1:] - 1e-6).all())  # descending
+    assert engine.computes_entropy == (kind == "hf")
+    assert all((g.entropy is not None) == engine.computes_entropy for g in gens)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_greedy_continuation_from_a_prefix_equals_the_full_greedy_generation(setup, kind):
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    prompts = _prompts(tok, 4)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+    full = engine.generate([GenerationRequest(p) for p in prompts], greedy)
+    for k in (1, 5, 11):
+        conts = engine.generate(
+            [GenerationRequest(p, f.token_ids[:k].tolist(), max_new_tokens=16 - k) for p, f in zip(prompts, full, strict=True)], greedy
+        )
+        for f, c in zip(full, conts, strict=True):
+            assert torch.equal(torch.cat([f.token_ids[:k], c.token_ids]), f.token_ids)
+            torch.testing.assert_close(c.logprobs, f.logprobs[k:], atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_eos_and_truncation_flags(setup, kind):
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    eos = eos_token_ids(tok, model)
+    prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(8)]
+    gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(0))
+    # the digit model answers one digit, then EOS
+    finished = [g for g in gens if g.finished]
+    assert len(finished) >= 6
+    for g in finished:
+        assert int(g.token_ids[-1]) in eos and not g.truncated
+    for g in gens:
+        assert (int(g.token_ids[-1]) in eos) == g.finished
+        assert not any(int(t) in eos for t in g.token_ids[:-1])  # nothing after the first EOS
+    cut = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=1), torch.Generator().manual_seed(0))
+    assert all(len(g.token_ids) == 1 and g.truncated for g in cut)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_seeded_runs_repeat_and_request_seeds_ignore_the_batch(setup, kind):
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    prompts = _prompts(tok, 4)
+    params = SamplingParams(temperature=1.0, max_new_tokens=10)
+    reqs = [GenerationRequest(p) for p in prompts]
+    a = engine.generate(reqs, params, torch.Generator().manual_seed(5))
+    b = engine.generate(reqs, params, torch.Generator().manual_seed(5))
+    c = engine.generate(reqs, params, torch.Generator().manual_seed(6))
+    assert all(torch.equal(x.token_ids, y.token_ids) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x.token_ids, y.token_ids) for x, y in zip(a, c, strict=True))
+    seeded = [GenerationRequest(p, seed=100 + i) for i, p in enumerate(prompts)]
+    together = engine.generate(seeded, params)
+    alone = [engine.generate([r], params)[0] for r in seeded[::-1]][::-1]
+    assert all(torch.equal(x.token_ids, y.token_ids) for x, y in zip(together, alone, strict=True))
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_after_a_weight_push_the_engine_samples_the_new_weights_and_no_stale_prefix(setup, kind):
+    tok, model = setup
+    trained = copy.deepcopy(model)
+    engine = _engine(kind, trained, tok)
+    prompts = _prompts(tok, 3)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    before = engine.generate([GenerationRequest(p) for p in prompts], greedy)
+    # the same prefixes again, now cached by vLLM
+    engine.generate([GenerationRequest(p, b.token_ids[:6].tolist(), max_new_tokens=6) for p, b in zip(prompts, before, strict=True)], greedy)
+    with torch.no_grad():  # an "update" that changes the greedy tokens
+        gen = torch.Generator().manual_seed(0)
+        for p in trained.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    engine.sync_weights()
+    # continuing the cached prefixes must use the new weights for the prefix too
+    conts = engine.generate(
+        [GenerationRequest(p, b.token_ids[:6].tolist(), max_new_tokens=6) for p, b in zip(prompts, before, strict=True)], greedy
+    )
+    ctx = [p + b.token_ids[:6].tolist() for p, b in zip(prompts, before, strict=True)]
+    _, logp, _ = _forward(trained, ctx, conts, 1.0)
+    _, old_logp, _ = _forward(model, ctx, conts, 1.0)
+    for i, c in enumerate(conts):
+        n = len(c.token_ids)
+        torch.testing.assert_close(c.logprobs, logp[i, :n], atol=2e-4, rtol=0)
+        assert (c.logprobs - old_logp[i, :n]).abs().max() > 1e-2  # the old weights would differ
+    reference = build_engine("hf", trained, tok, 64, MAX_MODEL_LEN).generate(
+        [GenerationRequest(c) for c in ctx], SamplingParams(temperature=0.0, max_new_tokens=6)
+    )
+    assert all(torch.equal(x.token_ids, y.token_ids) for x, y in zip(conts, reference, strict=True))
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+@pytest.mark.parametrize("epsilon", [0.0, 0.5])
+def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    emb = normalized_embeddings(model.get_input_embeddings().weight)
+    prompts = _prompts(tok, 4)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    rollout = tree_rollout(engine, prompts, 6, params, emb, RoseConfig(epsilon=epsilon), torch.Generator().manual_seed(1))
+    branched = 0
+    for group in rollout.groups:
+        gens, tree = group.generations, group.tree
+        assert len(gens) == 6
+        for c in range(6):
+            p, k = tree.parents[c], tree.branch_positions[c]
+            n = len(gens[c].token_ids)
+            assert n <= params.max_new_tokens and (gens[c].finished or n == params.max_new_tokens)
+            if p < 0:
+                continue
+            branched += 1
+            # the child repeats its parent up to the branch point, then has L - k of budget
+            assert p < c and 0 <= k < len(gens[p].token_ids)
+            assert torch.equal(gens[c].token_ids[:k], gens[p].token_ids[:k])
+            torch.testing.assert_close(gens[c].logprobs[:k], gens[p].logprobs[:k])
+            assert n - k <= params.max_new_tokens - k
+            # it branched at the argmax of the scores of the chains made before it
+            scores = [branch_scores(g.top_logprobs, g.top_ids, emb)[0] for g in gens[:c]]
+            flat = torch.cat(scores)
+            best = int(torch.argmax(flat))
+            offsets = torch.tensor([0] + [len(s) for s in scores]).cumsum(0)
+            chain = int((offsets[1:] <= best).sum())
+            assert (p, k) == (chain, best - int(offsets[chain]))
+    assert branched >= (4 * 5 if epsilon == 0.0 else 1)
+
+
+def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_pass(setup):
+    """The vllm engine's entropies come from the trainer's forward (fill_entropy); on the same
+    sequences they select the same SENT / 80-20 tokens and FR3E anchors as hf's sampling-time ones."""
+    tok, model = setup
+    engine = _engine("hf", model, tok)
+    prompts = _prompts(tok, 8)
+    gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(temperature=1.0, max_new_tokens=24),
+                           torch.Generator().manual_seed(2))
+    stripped = [Generation(g.token_ids, g.logprobs, g.top_logprobs, g.top_ids, None, g.finished) for g in gens]
+    fill_entropy(model, prompts, stripped, 1.0, micro_batch_size=3)
+    batch = make_sequence_batch(prompts, [g.token_ids.tolist() for g in gens], 0)
+    mask = batch.response_mask.float()
+    sampled = torch.nn.utils.rnn.pad_sequence([g.entropy for g in gens], batch_first=True)
+    forward = torch.nn.utils.rnn.pad_sequence([g.entropy for g in stripped], batch_first=True)
+    torch.testing.assert_close(forward, sampled, atol=1e-4, rtol=0)
+    for q in (0.05, 0.2, 0.5):
+        assert torch.equal(low_entropy_mask(sampled, mask, q), low_entropy_mask(forward, mask, q))
+        assert torch.equal(high_entropy_mask(sampled, mask, q), high_entropy_mask(forward, mask, q))
+    for a, b in zip(gens, stripped, strict=True):
+        assert select_anchors(a.entropy, 3) == select_anchors(b.entropy, 3)
+
+
+def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup):
+    tok, model = setup
+    engine = _engine("vllm", model, tok)
+    emb = normalized_embeddings(model.get_input_embeddings().weight)
+    prompts = _prompts(tok, 2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    rollout = tree_rollout(engine, prompts, 4, params, emb, RoseConfig(epsilon=0.0, entropy_mode="full_vocab"),
+                           torch.Generator().manual_seed(0))
+    for p, group in zip(prompts, rollout.groups, strict=True):
+        _, _, entropy = _forward(model, [p] * 4, group.generations, 1.0)
+        for i, g in enumerate(group.generations):
+            torch.testing.assert_close(g.entropy, entropy[i, : len(g.token_ids)], atol=1e-4, rtol=0)
+
+
+# -- bad input: each fails before training, naming the setting --------------------------------------
+
+
+def test_vllm_config_errors_name_the_setting(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"not installed: pip install -e '\.\[vllm\]'.*rollout.engine=hf"):
+        load_config(None, ["rollout.engine=vllm"])
+    monkeypatch.undo()
+    vllm_or_skip()
+    with pytest.raises(ConfigError, match="set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf"):
+        load_config(None, ["rollout.engine=vllm", "rollout.top_p=0.9"])
+    with pytest.raises(ConfigError, match="rollout.vllm_block_size=16"):
+        load_config(None, ["rollout.engine=vllm", "rollout.vllm_block_size=16"])
+    load_config(None, ["rollout.engine=vllm"])  # the defaults are valid
+
+
+def test_vllm_refuses_a_head_dim_below_32_and_a_kv_cache_too_small(setup, tiny_model_dir):
+    tok, model = setup
+    small = load_model(str(tiny_model_dir))  # head dim 16
+    with pytest.raises(EngineError, match="head dimension >= 32.*rollout.engine=hf"):
+        build_engine("vllm", small, tok, 8, 128)
+    from types import SimpleNamespace
+
+    options = SimpleNamespace(vllm_kv_cache_gib=1e-4, vllm_gpu_memory_utilization=0.3, vllm_block_size=32)
+    with pytest.raises(EngineError, match="raise rollout.vllm_kv_cache_gib"):
+        build_engine("vllm", model, tok, 8, 1000, vllm_options=options)
+
+
+def test_a_model_vllm_cannot_load_fails_with_the_setting_to_change(setup, tmp_path):
+    vllm_or_skip()
+    import json
+    import shutil
+
+    tok, model = setup
+    broken = tmp_path / "broken"
+    shutil.copytree(model.name_or_path, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (broken / "config.json").write_text(json.dumps(config))
+    other = copy.deepcopy(model)
+    other.name_or_path = str(broken)
+    other.config.architectures = ["NoSuchModelForCausalLM"]  # another shape: no engine to reuse
+    with pytest.raises(EngineError, match="vLLM could not start.*rollout.engine=hf"):
+        build_engine("vllm", other, tok, 8, 128)
+
+
+# -- the trainer, evaluation and curriculum scoring on vllm ------------------------------------------
+
+
+def _train_cfg(model_dir, task, out, *extra):
+    from .test_training import _cfg
+
+    return _cfg(model_dir, task, out, "rollout.engine=vllm", *extra)
+
+
+def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit32_model_dir, seven_task, tmp_path):
+    vllm_or_skip()
+    import json
+
+    from semrl.trainer import Trainer
+
+    out = tmp_path / "run"
+    cfg = _train_cfg(
+        digit32_model_dir, seven_task, out, "trainer.steps=12", f"data.eval={seven_task}", "data.eval_size=8",
+        "logging.eval_samples=4",
+    )
+    trainer = Trainer(cfg)
+    assert trainer.engine.name == "vllm"
+    trainer.train()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [m["reward"] for m in metrics if "reward" in m]
+    assert len(rewards) == 12
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.25, rewards
+    assert metrics[-1]["eval/mean@4"] > metrics[0]["eval/mean@4"], (metrics[0], metrics[-1])
+    assert all(0.0 < m["entropy"] for m in metrics if "reward" in m)  # from the training forward
+    # the engine samples from the final weights: its log-probs equal the trained model's forward
+    tok = trainer.tokenizer
+    prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
+    gens = trainer.engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
+                                   torch.Generator().manual_seed(0))
+    _, logp, _ = _forward(trainer.model, prompts, gens, 1.0)
+    for i, g in enumerate(gens):
+        torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        ("sent", ["trainer.mini_batch_size=16"]),  # old-log-prob pass fills the entropies
+        ("entropy_8020", []),  # single update: a pass of its own before the token selection
+        ("fr3e", ["fr3e.anchor_metric=entropy"]),
+        ("rose", ["rose.entropy_mode=full_vocab"]),
+        ("dapo", ["algorithm.dynamic_sampling=true", "algorithm.max_sampling_rounds=2"]),
+    ],
+)
+def test_entropy_consumers_train_on_vllm(digit32_model_dir, seven_task, tmp_path, method, extra):
+    vllm_or_skip()
+    import math
+
+    from semrl.trainer import Trainer
+
+    cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / method, "trainer.steps=2", f"algorithm.method={method}", *extra)
+    last = Trainer(cfg).train()
+    assert last["step"] == 2
+    for key in ("entropy", "entropy/low_frac", "loss", "actor/grad_norm"):
+        assert math.isfinite(last[key]) and last["entropy"] > 0, key
+    if method == "entropy_8020":
+        assert 0 < last["actor/high_entropy_frac"] <= 0.25
+    if method == "sent":
+        assert 0 < last["actor/sent_regularised_frac"] <= 0.8
+
+
+def test_eval_and_curriculum_score_clis_run_on_vllm(digit32_model_dir, seven_task, tmp_path, capsys):
+    vllm_or_skip()
+    import json
+
+    from semrl.cli import main
+
+    common = ["--model", str(digit32_model_dir), "--system-prompt", DIGIT_SYSTEM_PROMPT, "--engine", "vllm"]
+    assert main(["eval", *common, "--data", str(seven_task), "--limit", "8", "--n", "4", "--temperature", "1.0",
+                 "--max-new-tokens", "4", "--output", str(tmp_path / "eval"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "eval" / "metrics.json").read_text())["seven"]["metrics"]
+    assert summary["problems"] == 8 and 0.0 <= summary["mean@4"] <= 1.0
+    assert main(["curriculum", "score", *common, "--data", str(seven_task), "--limit", "4", "--n", "4",
+                 "--max-new-tokens", "4", "--output", str(tmp_path / "scores.jsonl"), "--quiet"]) == 0
+    assert (tmp_path / "scores.jsonl").read_text().count("\n") == 4
