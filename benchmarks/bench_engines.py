@@ -1,6 +1,6 @@
 """The hf and vllm engines side by side on SmolLM2-135M (CPU), in one run.
 
-    python benchmarks/bench_engines.py [--config configs/demo.yaml] [--steps 2] [--skip-steps]
+    python benchmarks/bench_engines.py [--config configs/demo.yaml] [--steps 2] [--sections rose eval ...]
 
 1. Sampling throughput at 1, 8, 32 and 64 sequences (64 new tokens each, EOS ignored, top-20 log-probs).
 2. ROSE tree rollout vs independent sampling of the same G x prompts, at 8 and 32 prompts.
@@ -47,7 +47,7 @@ def throughput(engines, prompts, sizes, new_tokens):  # noqa: ANN001, ANN201
         reqs = [GenerationRequest(prompts[i % len(prompts)]) for i in range(n)]
         rates = {}
         for name, engine in engines.items():
-            gens, seconds = _timed(lambda e=engine: e.generate(reqs, params, torch.Generator().manual_seed(0)))
+            gens, seconds = _timed(lambda e=engine, q=reqs: e.generate(q, params, torch.Generator().manual_seed(0)))
             rates[name] = sum(len(g.token_ids) for g in gens) / seconds
         rows.append(f"| {n} | {rates['hf']:.1f} | {rates['vllm']:.1f} | {rates['vllm'] / rates['hf']:.2f}x |")
     return ["| sequences | hf tok/s | vllm tok/s | vllm / hf |", "|---|---|---|---|", *rows]
@@ -70,8 +70,8 @@ def rose_vs_independent(engines, tok, model, cfg, prompt_counts, seeds):  # noqa
                 indep += s
                 tokens[0] += sum(len(g.token_ids) for g in gens)
                 result, s = _timed(
-                    lambda e=engine, sd=seed: tree_rollout(
-                        e, prompts, r.group_size, params, emb, replace(cfg.rose, epsilon=0.5), torch.Generator().manual_seed(sd)
+                    lambda e=engine, sd=seed, ps=prompts: tree_rollout(
+                        e, ps, r.group_size, params, emb, replace(cfg.rose, epsilon=0.5), torch.Generator().manual_seed(sd)
                     )
                 )
                 tree += s
@@ -134,7 +134,10 @@ def main() -> None:
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--steps", type=int, default=2, help="training steps per engine")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--skip-steps", action="store_true", help="leave out the training-step section")
+    parser.add_argument(
+        "--sections", nargs="+", default=["throughput", "rose", "eval", "steps"],
+        choices=["throughput", "rose", "eval", "steps"], help="which sections to run",
+    )
     args = parser.parse_args()
     cfg = load_config(args.config)
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
@@ -149,16 +152,17 @@ def main() -> None:
     for engine in engines.values():  # warm-up
         engine.generate([GenerationRequest(prompts[0])], SamplingParams(max_new_tokens=4))
     print(f"SmolLM2-135M fp32, torch threads {torch.get_num_threads()}\n")
-    # every sequence runs to its budget: no EOS for the throughput section
-    saved = engines["hf"].eos_token_ids, engines["vllm"].eos_token_ids
-    engines["hf"].eos_token_ids, engines["vllm"].eos_token_ids = torch.tensor([-1]), []
-    print("\n".join(throughput(engines, prompts, [1, 8, 32, 64], 64)), "\n", flush=True)
-    engines["hf"].eos_token_ids, engines["vllm"].eos_token_ids = saved
-    print("\n".join(rose_vs_independent(engines, tok, model, cfg, [8, 32], args.seeds)), "\n", flush=True)
-    print("\n".join(evaluation(engines, tok, cfg)), "\n", flush=True)
-    if not args.skip_steps:
+    if "throughput" in args.sections:  # every sequence runs to its budget: no EOS here
+        saved = engines["hf"].eos_token_ids, engines["vllm"].eos_token_ids
+        engines["hf"].eos_token_ids, engines["vllm"].eos_token_ids = torch.tensor([-1]), []
+        print("\n".join(throughput(engines, prompts, [1, 8, 32, 64], 64)), "\n", flush=True)
+        engines["hf"].eos_token_ids, engines["vllm"].eos_token_ids = saved
+    if "rose" in args.sections:
+        print("\n".join(rose_vs_independent(engines, tok, model, cfg, [8, 32], args.seeds)), "\n", flush=True)
+    if "eval" in args.sections:
+        print("\n".join(evaluation(engines, tok, cfg)), "\n", flush=True)
+    if "steps" in args.sections:
         print("\n".join(training_steps(args.config, args.steps)), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -89,3 +89,28 @@ def test_matches_explicit_double_sum():
         cos = e @ e.T
         slow = -sum(p[i] * p[j] * cos[i, j] for i in range(20) for j in range(20) if i != j)
         assert fast[row].item() == pytest.approx(slow.item(), rel=1e-4, abs=1e-6)
+
+
+def test_entropy_with_sampled_adds_the_21st_entry_like_the_rose_code():
+    """Reference: the ROSE code's dictionary of top-k entries plus the sampled token's entry when it
+    is outside them, summed as -p log p; random cases with the sampled token inside and outside."""
+    from semrl.algos.branching import branch_scores
+
+    gen = torch.Generator().manual_seed(0)
+    vocab, k = 50, 5
+    emb = torch.nn.functional.normalize(torch.randn(vocab, 8, generator=gen), dim=-1)
+    for _ in range(200):
+        length = int(torch.randint(1, 9, (1,), generator=gen))
+        logp_all = torch.log_softmax(torch.randn(length, vocab, generator=gen) * 2, -1)
+        top_lp, top_ids = torch.topk(logp_all, k, -1)
+        ids = torch.multinomial(logp_all.exp(), 1, generator=gen).squeeze(-1)
+        logps = logp_all.gather(-1, ids[:, None]).squeeze(-1)
+        _, entropy, _ = branch_scores(top_lp, top_ids, emb, sd_top_k=k, sampled=(ids, logps))
+        for t in range(length):
+            entries = {int(i): float(lp) for i, lp in zip(top_ids[t], top_lp[t], strict=True)}
+            entries.setdefault(int(ids[t]), float(logps[t]))
+            reference = -sum(math.exp(lp) * lp for lp in entries.values())
+            assert abs(float(entropy[t]) - reference) < 1e-5
+        _, plain, _ = branch_scores(top_lp, top_ids, emb, sd_top_k=k)
+        inside = (top_ids == ids[:, None]).any(-1)
+        assert torch.equal(plain[inside], entropy[inside]) and bool((entropy[~inside] > plain[~inside]).all())

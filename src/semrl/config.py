@@ -189,6 +189,10 @@ class RoseConfig:
     entropy_mode: Literal["topk_logprobs", "full_vocab"] = _opt(
         "topk_logprobs", "H over the top-k log-probs (ROSE code) or the full vocabulary (paper)."
     )
+    entropy_with_sampled: bool = _opt(
+        False, "With entropy_mode=topk_logprobs: add the sampled token's -p log p when it is outside the top k "
+        "(20 or 21 terms), as the ROSE code does with vLLM's log-prob dictionary (docs/engines.md)."
+    )
     sd_mode: Literal["rose", "normalized"] = _opt(
         "rose", "Semantic divergence: ROSE code formula, or the normalised non-negative variant."
     )

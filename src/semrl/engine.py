@@ -8,7 +8,8 @@ interface, so they run unchanged on either engine.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -48,6 +49,38 @@ class Engine(Protocol):
         """Make the engine sample from new weights: ``state`` (full tensors, e.g. gathered from
         FSDP shards) or, when None, the current weights of ``model``. Cached prefixes are dropped."""
         ...
+
+
+Tag = TypeVar("Tag")
+OnDone = Callable[[Tag, Generation], list[tuple[Tag, GenerationRequest]]]
+
+
+def generate_dynamic(
+    engine: Engine,
+    requests: list[tuple[Tag, GenerationRequest]],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    on_done: OnDone,
+    return_cache: bool = False,
+) -> int:
+    """Sample tagged requests; each finished one goes to ``on_done(tag, generation)``, which returns
+    requests to start next (tree rollouts: a prompt's next branch). An engine with its own
+    ``generate_dynamic`` (vllm) starts them at once inside the running batch; otherwise they run in
+    rounds of one batched ``generate`` call, finished results handled in request order. Returns the
+    number of batched calls."""
+    own = getattr(engine, "generate_dynamic", None)
+    if own is not None:
+        own(requests, params, generator, on_done)
+        return 1
+    calls = 0
+    while requests:
+        outputs = engine.generate([r for _, r in requests], params, generator, return_cache)
+        calls += 1
+        following: list[tuple[Tag, GenerationRequest]] = []
+        for (tag, _), out in zip(requests, outputs, strict=True):
+            following += on_done(tag, out)
+        requests = following
+    return calls
 
 
 def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:

@@ -21,9 +21,11 @@ What vLLM returns, and how it maps onto ``Generation``:
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,7 @@ from semrl.rollout import Generation, GenerationRequest, SamplingParams
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+_REQUEST_IDS = itertools.count()  # request ids of generate_dynamic, unique in the process
 CPU_BLOCK_MULTIPLE = 32  # the CPU attention backend takes block sizes that are multiples of 32
 CPU_MIN_HEAD_DIM = 32  # the CPU attention backend needs head dim >= 32
 INSTALL_HINT = "pip install -e '.[vllm]' (then pip uninstall -y torchvision torchaudio torchcodec)"
@@ -196,6 +199,10 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         "logprobs_mode": "processed_logprobs",
         "max_logprobs": settings.max_logprobs,
     }
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # one engine per training process, as TRL's colocate mode: vLLM joins the existing process
+        # group (RANK, WORLD_SIZE, MASTER_ADDR/PORT are set by accelerate) instead of forming its own
+        kwargs["distributed_executor_backend"] = "external_launcher"
     if on_gpu:
         kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
     else:
@@ -254,6 +261,32 @@ class VLLMEngine:
         # a prefix cached under the old weights must never serve a new request
         self.llm.reset_prefix_cache()
 
+    def generate_dynamic(
+        self,
+        requests: list[tuple[Any, GenerationRequest]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: Callable[[Any, Generation], list[tuple[Any, GenerationRequest]]],
+    ) -> None:
+        """Sample tagged requests; what ``on_done(tag, generation)`` returns for a finished one joins
+        the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``)."""
+        core = self.llm.llm_engine
+        tags: dict[str, Any] = {}
+
+        def submit(pairs: list[tuple[Any, GenerationRequest]]) -> None:
+            for tag, request in pairs:
+                prompt, sampling = self._prepare(request, params, generator)
+                request_id = f"semrl-{next(_REQUEST_IDS)}"
+                core.add_request(request_id, prompt, sampling)
+                tags[request_id] = tag
+
+        submit(requests)
+        while tags:
+            for out in core.step():
+                if out.finished:
+                    generation = self._to_generation(out.outputs[0], params.logprobs_top_k)
+                    submit(on_done(tags.pop(out.request_id), generation))
+
     def generate(
         self,
         requests: list[GenerationRequest],
@@ -263,33 +296,35 @@ class VLLMEngine:
     ) -> list[Generation]:
         if not requests:
             return []
-        vllm = self._vllm
-        prompts, sampling = [], []
-        for r in requests:
-            context = r.prompt_ids + r.prefix_ids
-            if not context:
-                raise ValueError("a generation request has an empty prompt")
-            budget = r.max_new_tokens if r.max_new_tokens is not None else params.max_new_tokens
-            if budget < 1:
-                raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
-            if len(context) + budget > self.settings.max_model_len:
-                raise ValueError(
-                    f"a request of {len(context)} context + {budget} new tokens exceeds the vllm engine's "
-                    f"max_model_len {self.settings.max_model_len} (data.max_prompt_length + rollout.max_new_tokens)"
-                )
-            seed = r.seed
-            if seed is None and generator is not None:
-                seed = int(torch.randint(2**62, (1,), generator=generator))
-            prompts.append(vllm.TokensPrompt(prompt_token_ids=context))
-            sampling.append(
-                vllm.SamplingParams(
-                    n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                    max_tokens=budget, logprobs=params.logprobs_top_k, seed=seed,
-                    stop_token_ids=self.eos_token_ids, detokenize=False,
-                )
-            )
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        prepared = [self._prepare(r, params, generator) for r in requests]
+        outputs = self.llm.generate([p for p, _ in prepared], [s for _, s in prepared], use_tqdm=False)
         return [self._to_generation(out.outputs[0], params.logprobs_top_k) for out in outputs]
+
+    def _prepare(
+        self, request: GenerationRequest, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[Any, Any]:
+        """vLLM's token prompt and sampling parameters for one request."""
+        vllm = self._vllm
+        context = request.prompt_ids + request.prefix_ids
+        if not context:
+            raise ValueError("a generation request has an empty prompt")
+        budget = request.max_new_tokens if request.max_new_tokens is not None else params.max_new_tokens
+        if budget < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
+        if len(context) + budget > self.settings.max_model_len:
+            raise ValueError(
+                f"a request of {len(context)} context + {budget} new tokens exceeds the vllm engine's "
+                f"max_model_len {self.settings.max_model_len} (data.max_prompt_length + rollout.max_new_tokens)"
+            )
+        seed = request.seed
+        if seed is None and generator is not None:
+            seed = int(torch.randint(2**62, (1,), generator=generator))
+        sampling = vllm.SamplingParams(
+            n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            max_tokens=budget, logprobs=params.logprobs_top_k, seed=seed,
+            stop_token_ids=self.eos_token_ids, detokenize=False,
+        )
+        return vllm.TokensPrompt(prompt_token_ids=context), sampling
 
     def _to_generation(self, completion: Any, k: int) -> Generation:
         tokens = list(completion.token_ids)

@@ -84,6 +84,7 @@ def branch_scores(
     sd_mode: SDMode = "rose",
     sd_top_k: int = 20,
     generator: torch.Generator | None = None,
+    sampled: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score every position as a branch point; the tree rollout branches at the argmax.
 
@@ -95,6 +96,8 @@ def branch_scores(
         entropy_mode: ``topk_logprobs`` (ROSE's code) or ``full_vocab`` (the paper; needs
             ``full_entropy`` (L,)).
         sd_top_k: candidates used for SD (ROSE: 20).
+        sampled: (ids, log-probs), each (L,), of the sampled tokens: with ``topk_logprobs``, a
+            sampled token outside the top K adds its term to H (the ROSE code's 21st entry).
     Returns:
         (score, H, SD), each (L,).
     """
@@ -104,6 +107,10 @@ def branch_scores(
         entropy = full_entropy.float()
     elif entropy_mode == "topk_logprobs":
         entropy = topk_entropy(top_logprobs.float())
+        if sampled is not None:
+            ids, logprobs = sampled
+            outside = ~(top_ids == ids[:, None]).any(-1)
+            entropy = entropy - torch.where(outside, logprobs.float().exp() * logprobs.float(), 0.0)
     else:
         raise ValueError(f"unknown entropy_mode '{entropy_mode}'")
     divergence = semantic_divergence(top_logprobs[..., :sd_top_k], top_ids[..., :sd_top_k], unit_embeddings, sd_mode)

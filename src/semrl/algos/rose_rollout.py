@@ -5,11 +5,13 @@ otherwise re-samples from the highest-scoring position over all chains created b
 token at that position is re-sampled).
 
 Scheduling. Whether an iteration is fresh does not depend on what was sampled, so the coins are
-drawn up front and every fresh chain is generated in the first round, batched with the roots. The
-branch iterations of a prompt then run one per round, in their original order, each choosing among
-exactly the chains the sequential algorithm would have had (those with a smaller index). All
-prompts advance together, one batched generation call per round; a continuation reuses its parent
-chain's KV cache (``rose.reuse_kv_cache``) instead of re-encoding prompt + prefix.
+drawn up front and every fresh chain starts at once, batched with the roots. The branch iterations
+of a prompt then run one at a time, in their original order: iteration i starts as soon as every
+chain of its prompt with a smaller index is done, and chooses among exactly those chains, as the
+sequential algorithm would. On the hf engine this runs in rounds (one batched call each; a
+continuation reuses its parent chain's KV cache, ``rose.reuse_kv_cache``); on vllm a prompt's next
+branch joins the running batch the moment its prompt is ready, without waiting for the slowest
+prompt (``semrl.engine.generate_dynamic``), and prefix caching does the KV reuse.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from semrl.algos.branching import branch_scores
 from semrl.algos.rose_tree import ChainTree
 from semrl.config import RoseConfig
-from semrl.engine import Engine, fill_entropy
+from semrl.engine import Engine, fill_entropy, generate_dynamic
 from semrl.rollout import Generation, GenerationRequest, SamplingParams
 
 
@@ -42,7 +44,7 @@ class TreeGroup:
 @dataclass
 class TreeRollout:
     groups: list[TreeGroup]  # one per prompt, in prompt order
-    rounds: int  # batched generation calls
+    rounds: int  # batched generation calls (hf); 1 on vllm, which adds branches to the running batch
     generate_seconds: float  # time inside the engine
     score_seconds: float  # time computing branching scores
 
@@ -107,62 +109,61 @@ def tree_rollout(
     chosen_scores: list[list[float]] = [[0.0] * g for _ in range(n)]
     generated = [0] * n
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
-    timing = {"generate": 0.0, "score": 0.0}
+    timing = {"score": 0.0}
 
-    def run(jobs: list[_Job]) -> None:
-        requests = []
-        for job in jobs:
-            if job.parent < 0:
-                requests.append(GenerationRequest(prompts[job.prompt]))
-                continue
-            parent = chains[job.prompt][job.parent]
-            assert parent is not None
-            requests.append(
-                GenerationRequest(
-                    prompts[job.prompt], prefix_ids=parent.token_ids[: job.position].tolist(),
-                    max_new_tokens=params.max_new_tokens - job.position,
-                    cache=parent.cache if options.reuse_kv_cache else None,
-                )
-            )
+    def request_for(job: _Job) -> GenerationRequest:
+        if job.parent < 0:
+            return GenerationRequest(prompts[job.prompt])
+        parent = chains[job.prompt][job.parent]
+        assert parent is not None
+        return GenerationRequest(
+            prompts[job.prompt], prefix_ids=parent.token_ids[: job.position].tolist(),
+            max_new_tokens=params.max_new_tokens - job.position,
+            cache=parent.cache if options.reuse_kv_cache else None,
+        )
+
+    def finish(job: _Job, out: Generation) -> list[tuple[_Job, GenerationRequest]]:
+        """Store a finished chain; start the prompt's next branch once every chain before it is done."""
         t0 = time.perf_counter()
-        outputs = engine.generate(requests, params, generator, return_cache=options.reuse_kv_cache)
+        p, k = job.prompt, job.position
         if options.entropy_mode == "full_vocab":  # an engine without entropies (vllm): one forward pass
-            contexts = [r.prompt_ids + r.prefix_ids for r in requests]
-            fill_entropy(engine.model, contexts, outputs, params.temperature)
-        t1 = time.perf_counter()
-        for job, out in zip(jobs, outputs, strict=True):
-            score, entropy, divergence = branch_scores(
-                out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
-                entropy_mode=options.entropy_mode, full_entropy=out.entropy,
-                sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=generator,
-            )
-            p, k = job.prompt, job.position
-            generated[p] += len(out.token_ids)
-            parents[p][job.index], positions[p][job.index] = job.parent, k
-            if job.parent < 0:
-                chains[p][job.index], scores[p][job.index] = out, score
-            else:
-                parent = chains[p][job.parent]
-                assert parent is not None
-                chains[p][job.index] = _concat(parent, k, out)
-                chosen_scores[p][job.index] = scores[p][job.parent][k].item()
-                scores[p][job.index] = torch.cat([scores[p][job.parent][:k], score])
-                stats[p][job.index] = (entropy[0].item(), divergence[0].item())
-        timing["generate"] += t1 - t0
-        timing["score"] += time.perf_counter() - t1
-
-    rounds = 1
-    run([_Job(p, it, -1, -1 if it == 0 else 0) for p in range(n) for it in range(g) if is_fresh[p, it]])
-    while any(pending):
-        jobs = []
-        for p in range(n):
-            if not pending[p]:
-                continue
+            parent = chains[p][job.parent] if job.parent >= 0 else None
+            context = prompts[p] + ([] if parent is None else parent.token_ids[:k].tolist())
+            fill_entropy(engine.model, [context], [out], params.temperature)
+        score, entropy, divergence = branch_scores(
+            out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
+            entropy_mode=options.entropy_mode, full_entropy=out.entropy,
+            sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=generator,
+            sampled=(out.token_ids, out.logprobs) if options.entropy_with_sampled else None,
+        )
+        generated[p] += len(out.token_ids)
+        parents[p][job.index], positions[p][job.index] = job.parent, k
+        if job.parent < 0:
+            chains[p][job.index], scores[p][job.index] = out, score
+        else:
+            parent = chains[p][job.parent]
+            assert parent is not None
+            chains[p][job.index] = _concat(parent, k, out)
+            chosen_scores[p][job.index] = scores[p][job.parent][k].item()
+            scores[p][job.index] = torch.cat([scores[p][job.parent][:k], score])
+            stats[p][job.index] = (entropy[0].item(), divergence[0].item())
+        following: list[tuple[_Job, GenerationRequest]] = []
+        if pending[p] and all(c is not None for c in chains[p][: pending[p][0]]):
             it = pending[p].pop(0)
             choice = _argmax_position(scores[p][:it])
-            jobs.append(_Job(p, it, -1, 0) if choice is None else _Job(p, it, *choice))
-        run(jobs)
-        rounds += 1
+            branch = _Job(p, it, -1, 0) if choice is None else _Job(p, it, *choice)
+            following.append((branch, request_for(branch)))
+        timing["score"] += time.perf_counter() - t0
+        return following
+
+    first = [_Job(p, it, -1, -1 if it == 0 else 0) for p in range(n) for it in range(g) if is_fresh[p, it]]
+    t_start = time.perf_counter()
+    rounds = generate_dynamic(
+        engine, [(job, request_for(job)) for job in first], params, generator, finish,
+        return_cache=options.reuse_kv_cache,
+    )
+    total_seconds = time.perf_counter() - t_start
+    timing["generate"] = total_seconds - timing["score"]
 
     groups = []
     for p in range(n):
