@@ -369,3 +369,22 @@ def test_eval_and_curriculum_score_clis_run_on_vllm(digit32_model_dir, seven_tas
     assert main(["curriculum", "score", *common, "--data", str(seven_task), "--limit", "4", "--n", "4",
                  "--max-new-tokens", "4", "--output", str(tmp_path / "scores.jsonl"), "--quiet"]) == 0
     assert (tmp_path / "scores.jsonl").read_text().count("\n") == 4
+
+
+def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_model_dir, tmp_path):
+    """Each of 2 gloo processes colocates its own vLLM engine (external launcher); with per-sequence
+    seeds the 2-process run samples what the 1-process run samples and ends with its weights."""
+    vllm_or_skip()
+    import os
+
+    from .conftest import write_seven_task
+    from .test_distributed import _args, _final_weights, _metrics, _train
+
+    task = write_seven_task(tmp_path / "seven.jsonl")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name, procs in (("one", 1), ("two", 2)):
+        _train(*_args(digit32_model_dir, task, tmp_path / name), "rollout.engine=vllm", "--num-processes", str(procs), env=env)
+    one, two = _metrics(tmp_path / "one")[1:], _metrics(tmp_path / "two")[1:]
+    assert [m["reward"] for m in one] == [m["reward"] for m in two]
+    w1, w2 = _final_weights(tmp_path / "one"), _final_weights(tmp_path / "two")
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4

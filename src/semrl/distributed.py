@@ -94,8 +94,12 @@ class ProcessGroup:
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
+            from semrl.vllm_engine import shutdown_engines
+
             dist.barrier()
-            dist.destroy_process_group()
+            shutdown_engines()  # vLLM's groups live inside ours: they go first
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------

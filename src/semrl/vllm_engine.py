@@ -323,6 +323,9 @@ class VLLMEngine:
             n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             max_tokens=budget, logprobs=params.logprobs_top_k, seed=seed,
             stop_token_ids=self.eos_token_ids, detokenize=False,
+            # only the finished output (what LLM.generate asks for); the cumulative default would
+            # rebuild every running request's output at every engine step
+            output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
         )
         return vllm.TokensPrompt(prompt_token_ids=context), sampling
 
@@ -345,3 +348,11 @@ class VLLMEngine:
             token_ids=torch.tensor(tokens, dtype=torch.long), logprobs=logprobs, top_logprobs=top_lps,
             top_ids=top_ids, entropy=None, finished=finished,
         )
+
+
+def shutdown_engines() -> None:
+    """Stop this process's vLLM engines; multi-process runs call it before leaving the process
+    group, since vLLM's own clean-up at exit would otherwise touch groups already destroyed."""
+    for _, llm in _ENGINES.values():
+        llm.llm_engine.engine_core.shutdown()
+    _ENGINES.clear()
