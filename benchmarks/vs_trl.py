@@ -114,7 +114,7 @@ def run_trl(model: str, steps: int, gradient_checkpointing: bool) -> list[float]
     return times
 
 
-def run_semrl(model: str, steps: int, packing: str) -> list[float]:
+def run_semrl(model: str, steps: int, packing: str, engine: str = "hf") -> list[float]:
     from semrl.config import load_config
     from semrl.trainer import Trainer
 
@@ -125,7 +125,7 @@ def run_semrl(model: str, steps: int, packing: str) -> list[float]:
             f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0", "algorithm.method=dr_grpo",
             "algorithm.kl_coef=0.0", f"trainer.lr={LR}", f"trainer.steps={steps}", "trainer.micro_batch_size=8",
             f"trainer.packing={packing}", f"logging.output_dir={out}/run", "logging.progress=false",
-            "logging.tensorboard=false",
+            "logging.tensorboard=false", f"rollout.engine={engine}",
         ])
         Trainer(cfg).train()
         rows = [json.loads(line) for line in Path(out, "run", "metrics.jsonl").read_text().splitlines()]
@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="alternating TRL / semrl runs of each")
     parser.add_argument("--trl-no-gradient-checkpointing", action="store_true")
     parser.add_argument("--packing", default="none", choices=["none", "tree"], help="semrl's trainer.packing")
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="semrl's rollout.engine")
     parser.add_argument("--worker", choices=["trl", "semrl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = _model_path(args.model)
@@ -146,13 +147,13 @@ def main() -> None:
         print(json.dumps(run_trl(model, args.steps, not args.trl_no_gradient_checkpointing)))
         return
     if args.worker == "semrl":
-        print(json.dumps(run_semrl(model, args.steps, args.packing)))
+        print(json.dumps(run_semrl(model, args.steps, args.packing, args.engine)))
         return
     steps: dict[str, list[float]] = {"trl": [], "semrl": []}
     for rep in range(args.repeats):
         for name in ("trl", "semrl"):
             cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--steps", str(args.steps),
-                   "--packing", args.packing]
+                   "--packing", args.packing, "--engine", args.engine]
             if args.trl_no_gradient_checkpointing:
                 cmd.append("--trl-no-gradient-checkpointing")
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
-    for noisy in ("transformers", "httpx", "huggingface_hub"):
+    for noisy in ("transformers", "httpx", "huggingface_hub", "vllm"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
         return args.func(args)
