@@ -373,7 +373,8 @@ def test_eval_and_curriculum_score_clis_run_on_vllm(digit32_model_dir, seven_tas
 
 def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_model_dir, tmp_path):
     """Each of 2 gloo processes colocates its own vLLM engine (external launcher); with per-sequence
-    seeds the 2-process run samples what the 1-process run samples and ends with its weights."""
+    seeds the 2-process run samples what the 1-process run samples and ends with its weights, with
+    data parallelism and with FSDP (the engine then takes gathered full tensors; no second copy)."""
     vllm_or_skip()
     import os
 
@@ -382,12 +383,17 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
 
     task = write_seven_task(tmp_path / "seven.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name, procs in (("one", 1), ("two", 2)):
-        _train(*_args(digit32_model_dir, task, tmp_path / name), "rollout.engine=vllm", "--num-processes", str(procs), env=env)
-    one, two = _metrics(tmp_path / "one")[1:], _metrics(tmp_path / "two")[1:]
-    assert [m["reward"] for m in one] == [m["reward"] for m in two]
-    w1, w2 = _final_weights(tmp_path / "one"), _final_weights(tmp_path / "two")
-    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4
+    runs = {"one": (1, []), "two": (2, []), "fsdp": (2, ["trainer.fsdp=true"])}
+    for name, (procs, extra) in runs.items():
+        _train(*_args(digit32_model_dir, task, tmp_path / name), "rollout.engine=vllm", *extra,
+               "--num-processes", str(procs), env=env)
+    one = _metrics(tmp_path / "one")[1:]
+    w1 = _final_weights(tmp_path / "one")
+    for name in ("two", "fsdp"):
+        assert [m["reward"] for m in one] == [m["reward"] for m in _metrics(tmp_path / name)[1:]], name
+        w2 = _final_weights(tmp_path / name)
+        assert w1.keys() == w2.keys()
+        assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, name
 
 
 @pytest.mark.parametrize("method", ["dr_grpo", "fr3e"])

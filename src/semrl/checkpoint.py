@@ -47,15 +47,20 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], keep_last: int
+    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], keep_last: int,
+    model_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
+    """Write ``model`` (or ``model_state``, its full weights, for a sharded model) and the trainer state."""
     final = checkpoint_dir(run_dir, step)
     ckpt_root = final.parent
     ckpt_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:06d}-", dir=ckpt_root))
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        if model_state is not None and getattr(model.config, "tie_word_embeddings", False):
+            # a gathered state names tied weights twice; the checkpoint stores them once, as HF does
+            model_state = {k: v for k, v in model_state.items() if k not in (model._tied_weights_keys or {})}
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, tmp / "trainer_state.pt")
         kill_point("checkpoint", step)

@@ -45,6 +45,10 @@ class Engine(Protocol):
         """One ``Generation`` per request, in request order."""
         ...
 
+    def input_embeddings(self) -> torch.Tensor:
+        """(V, D) input embeddings of the weights the engine samples from (ROSE's divergence)."""
+        ...
+
     def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
         """Make the engine sample from new weights: ``state`` (full tensors, e.g. gathered from
         FSDP shards) or, when None, the current weights of ``model``. Cached prefixes are dropped."""

@@ -150,6 +150,10 @@ class RolloutEngine:
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
 
+    def input_embeddings(self) -> torch.Tensor:
+        """(V, D) input embeddings of the sampling model."""
+        return self.model.get_input_embeddings().weight.detach()
+
     def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
         """Load ``state`` (full tensors) into the sampling model; without it there is nothing to do,
         since this engine samples from the trained model itself."""

@@ -47,6 +47,7 @@ from semrl.distributed import (
     ProcessGroup,
     full_optimizer_state,
     full_state_dict,
+    load_full_state_dict,
     load_optimizer_state,
     shard_model,
 )
@@ -149,11 +150,19 @@ class Trainer:
         self.model.to(self.procs.device)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        # the model that samples: the trained one, or with FSDP a full copy synced after each update
+        # The model the engine samples from: the trained one, or with FSDP on hf a full copy synced
+        # after each update. With FSDP on vllm the engine takes the model before it is sharded and
+        # then gathered full tensors after each update: no second copy.
         self.rollout_model = self.model
-        if cfg.trainer.fsdp:
+        if cfg.trainer.fsdp and cfg.rollout.engine == "hf":
             self.rollout_model = load_model(model_path, cfg.model.dtype, cfg.model.attn_implementation)
             self.rollout_model.requires_grad_(False).eval().to(self.procs.device)
+        r = cfg.rollout
+        self.engine: Engine = build_engine(
+            r.engine, self.rollout_model, self.tokenizer, r.generation_batch_size,
+            cfg.data.max_prompt_length + r.max_new_tokens, r.logprobs_top_k, cfg.trainer.seed + self.procs.rank, r,
+        )
+        if cfg.trainer.fsdp:
             shard_model(self.model)
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(cfg):
@@ -169,11 +178,6 @@ class Trainer:
                 "using padded rows", getattr(self.model.config, "model_type", "?"),
             )
 
-        r = cfg.rollout
-        self.engine: Engine = build_engine(
-            r.engine, self.rollout_model, self.tokenizer, r.generation_batch_size,
-            cfg.data.max_prompt_length + r.max_new_tokens, r.logprobs_top_k, cfg.trainer.seed + self.procs.rank, r,
-        )
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
         # with a curriculum that restarts each stage, the schedule spans one stage
         self._new_optimizer(self.stage_ends[0] if cfg.data.curriculum_reset_optimizer else cfg.trainer.steps)
@@ -220,8 +224,15 @@ class Trainer:
             )
         if cfg.trainer.fsdp and world == 1:
             raise ConfigError("trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'")
-        if cfg.trainer.fsdp and cfg.rollout.engine == "vllm":
-            raise ConfigError("rollout.engine=vllm does not work with trainer.fsdp yet; set rollout.engine=hf")
+        needs_forward = (cfg.algorithm.method == "fr3e" and cfg.fr3e.anchor_metric == "entropy") or (
+            cfg.algorithm.method == "rose" and cfg.rose.entropy_mode == "full_vocab"
+        )
+        if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and needs_forward:
+            raise ConfigError(
+                "with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
+                "(fr3e.anchor_metric=entropy, rose.entropy_mode=full_vocab); use fr3e.anchor_metric=surprisal, "
+                "rose.entropy_mode=topk_logprobs, or rollout.engine=hf"
+            )
         if cfg.trainer.fsdp and cfg.trainer.packing == "tree":
             raise ConfigError("trainer.packing=tree does not work with trainer.fsdp yet; set trainer.packing=none")
         mini = cfg.trainer.mini_batch_size
@@ -268,10 +279,15 @@ class Trainer:
         if self.cfg.data.curriculum_reset_optimizer:
             self._new_optimizer(self.stage_ends[self.stage] - self.step)
             if self.ref_model is not None:
-                self.ref_model.load_state_dict(self.rollout_model.state_dict())
+                weights = self._full_weights()
+                if weights is None:
+                    self.ref_model.load_state_dict(self.rollout_model.state_dict())
+                else:
+                    load_full_state_dict(self.ref_model, weights)
                 if self.procs.is_main:
                     save_checkpoint(
-                        self._stage_reference_dir(self.stage), self.step, self.rollout_model, self.tokenizer, {}, 1
+                        self._stage_reference_dir(self.stage), self.step, self.rollout_model, self.tokenizer, {}, 1,
+                        model_state=weights,
                     )
                 self.procs.barrier()
 
@@ -316,6 +332,13 @@ class Trainer:
                 log.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
         logger.info("resumed from %s at step %d", ckpt, self.step)
 
+    def _full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The trained weights whole (a collective under FSDP on vllm, which keeps no full copy);
+        None where ``rollout_model`` holds them."""
+        if self.cfg.trainer.fsdp and self.rollout_model is self.model:
+            return full_state_dict(self.model)
+        return None
+
     def save(self) -> Path:
         """Checkpoint written by the main process (every process holds the same weights)."""
         rngs = self.procs.gather(rng_state(self.generator))
@@ -333,9 +356,11 @@ class Trainer:
             "config": self.cfg.to_dict(),
         }
         path = checkpoint_dir(self.run_dir, self.step)
+        weights = self._full_weights()
         if self.procs.is_main:
             path = save_checkpoint(
-                self.run_dir, self.step, self.rollout_model, self.tokenizer, state, self.cfg.logging.keep_last
+                self.run_dir, self.step, self.rollout_model, self.tokenizer, state, self.cfg.logging.keep_last,
+                model_state=weights,
             )
         self.procs.barrier()
         return path

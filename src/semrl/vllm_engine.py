@@ -243,6 +243,9 @@ class VLLMEngine:
         self.pad_token_id = pad_token_id
         self.settings = settings
         self.batch_size = settings.max_num_seqs
+        embedding = model.get_input_embeddings().weight
+        self._embedding_key = next(name for name, param in model.named_parameters() if param is embedding)
+        self._embeddings = embedding
         check_model_for_vllm(model, settings, on_gpu=model.device.type == "cuda")
         vllm = _import_vllm()
         self._vllm = vllm
@@ -256,10 +259,16 @@ class VLLMEngine:
 
     def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
         tensors = state if state is not None else self.model.state_dict()
+        if state is not None:  # the model itself may be sharded: keep the full embeddings for ROSE
+            self._embeddings = state[self._embedding_key]
         weights = [(name, t.detach()) for name, t in tensors.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         # a prefix cached under the old weights must never serve a new request
         self.llm.reset_prefix_cache()
+
+    def input_embeddings(self) -> torch.Tensor:
+        """(V, D) input embeddings of the weights the engine samples from."""
+        return self._embeddings.detach()
 
     def generate_dynamic(
         self,

@@ -30,7 +30,7 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
     cfg = trainer.cfg
     if getattr(trainer, "_rose_embeddings", None) is None:  # once per model, not per call
         # on the CPU, beside the rollout's top-k log-probs that the scores read
-        trainer._rose_embeddings = normalized_embeddings(trainer.engine.model.get_input_embeddings().weight).cpu()
+        trainer._rose_embeddings = normalized_embeddings(trainer.engine.input_embeddings()).cpu()
     result = tree_rollout(
         trainer.engine, prompt_ids, cfg.rollout.group_size, trainer._sampling_params(),
         trainer._rose_embeddings, cfg.rose, trainer.generator,
