@@ -44,7 +44,6 @@ CPU_MIN_HEAD_DIM = 32  # the CPU attention backend needs head dim >= 32
 INSTALL_HINT = "pip install -e '.[vllm]' (then pip uninstall -y torchvision torchaudio torchcodec)"
 
 
-
 @dataclass(frozen=True)
 class VLLMSettings:
     """Engine-wide vLLM options (per-request options travel in ``SamplingParams``)."""
@@ -70,7 +69,7 @@ class VLLMSettings:
                 "block_size": options.vllm_block_size,
             }
         block = extra.get("block_size", cls.block_size)
-        # vLLM rounds nothing up itself; a length that fills whole blocks wastes no cache
+        # a length in whole KV blocks
         length = -(-max_model_len // block) * block
         return cls(length, max_num_seqs, max(1, max_logprobs), seed=seed, **extra)
 
