@@ -16,8 +16,10 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,13 +36,13 @@ from semrl.rollout import GenerationRequest, SamplingParams
 ENGINES = ("hf", "vllm")
 
 
-def _timed(fn):  # noqa: ANN001, ANN202
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
 
 
-def throughput(engines, prompts, sizes, new_tokens):  # noqa: ANN001, ANN201
+def throughput(engines: dict[str, Any], prompts: list[list[int]], sizes: list[int], new_tokens: int) -> list[str]:
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
     rows = []
     for n in sizes:
@@ -53,7 +55,9 @@ def throughput(engines, prompts, sizes, new_tokens):  # noqa: ANN001, ANN201
     return ["| sequences | hf tok/s | vllm tok/s | vllm / hf |", "|---|---|---|---|", *rows]
 
 
-def rose_vs_independent(engines, tok, model, cfg, prompt_counts, seeds):  # noqa: ANN001, ANN201
+def rose_vs_independent(
+    engines: dict[str, Any], tok: Any, model: Any, cfg: Any, prompt_counts: list[int], seeds: list[int]
+) -> list[str]:
     r = cfg.rollout
     params = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens, logprobs_top_k=r.logprobs_top_k)
     emb = normalized_embeddings(model.get_input_embeddings().weight).cpu()
@@ -88,7 +92,7 @@ def rose_vs_independent(engines, tok, model, cfg, prompt_counts, seeds):  # noqa
     ]
 
 
-def evaluation(engines, tok, cfg):  # noqa: ANN001, ANN201
+def evaluation(engines: dict[str, Any], tok: Any, cfg: Any) -> list[str]:
     problems = make_arithmetic_problems(cfg.data.eval_size, cfg.data.arithmetic_levels, seed=cfg.trainer.seed + 10_007)
     params = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
     seconds = {}
@@ -108,7 +112,7 @@ def evaluation(engines, tok, cfg):  # noqa: ANN001, ANN201
     ]
 
 
-def training_steps(config: str, steps: int):  # noqa: ANN201
+def training_steps(config: str, steps: int) -> list[str]:
     from semrl.trainer import Trainer
 
     means = {}

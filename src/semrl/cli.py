@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from semrl.config import ConfigError, config_reference, load_config
 from semrl.errors import TrainingError
@@ -186,7 +187,9 @@ def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm on CPU: KV-cache size in GiB")
 
 
-def _make_engine(args: argparse.Namespace, model, tokenizer, prompts: list[list[int]], max_new_tokens: int):  # noqa: ANN001, ANN202
+def _make_engine(
+    args: argparse.Namespace, model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int
+) -> Any:
     """The engine of ``--engine`` for these prompts (vllm sizes its cache by the longest)."""
     from types import SimpleNamespace
 

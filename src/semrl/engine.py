@@ -89,7 +89,7 @@ def generate_dynamic(
 
 def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS and the generation config's EOS ids
-    (SmolLM2-Instruct stops at ``<|im_end|>``, which only its generation config names)."""
+    (chat models often name their end-of-turn token only in the generation config)."""
     ids = [tokenizer.eos_token_id]
     configured = model.generation_config.eos_token_id
     ids += configured if isinstance(configured, list) else [configured] if configured is not None else []

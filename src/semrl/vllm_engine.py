@@ -300,7 +300,7 @@ class VLLMEngine:
         requests: list[GenerationRequest],
         params: SamplingParams,
         generator: torch.Generator | None = None,
-        return_cache: bool = False,  # noqa: ARG002 - prefix caching replaces explicit caches
+        return_cache: bool = False,  # unused: prefix caching replaces explicit KV caches
     ) -> list[Generation]:
         if not requests:
             return []
