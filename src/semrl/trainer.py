@@ -164,6 +164,8 @@ class Trainer:
         )
         if cfg.trainer.fsdp:
             shard_model(self.model)
+            if self.rollout_model is self.model:  # vllm: from now on it sees only gathered tensors
+                self.engine.sync_weights(full_state_dict(self.model))
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(cfg):
             # no reference model is loaded when nothing reads it (beta = 0)
