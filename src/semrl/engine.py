@@ -56,7 +56,7 @@ class Engine(Protocol):
 
 
 Tag = TypeVar("Tag")
-OnDone = Callable[[Tag, Generation], list[tuple[Tag, GenerationRequest]]]
+OnDone = Callable[[Tag, GenerationRequest, Generation], list[tuple[Tag, GenerationRequest]]]
 
 
 def generate_dynamic(
@@ -67,7 +67,7 @@ def generate_dynamic(
     on_done: OnDone,
     return_cache: bool = False,
 ) -> int:
-    """Sample tagged requests; each finished one goes to ``on_done(tag, generation)``, which returns
+    """Sample tagged requests; each finished one goes to ``on_done(tag, request, generation)``, which returns
     requests to start next (tree rollouts: a prompt's next branch). An engine with its own
     ``generate_dynamic`` (vllm) starts them at once inside the running batch; otherwise they run in
     rounds of one batched ``generate`` call, finished results handled in request order. Returns the
@@ -81,8 +81,8 @@ def generate_dynamic(
         outputs = engine.generate([r for _, r in requests], params, generator, return_cache)
         calls += 1
         following: list[tuple[Tag, GenerationRequest]] = []
-        for (tag, _), out in zip(requests, outputs, strict=True):
-            following += on_done(tag, out)
+        for (tag, request), out in zip(requests, outputs, strict=True):
+            following += on_done(tag, request, out)
         requests = following
     return calls
 
@@ -119,7 +119,7 @@ def build_engine(
         from semrl.vllm_engine import VLLMEngine, VLLMSettings
 
         settings = VLLMSettings.from_options(vllm_options, max_model_len, batch_size, logprobs_top_k, seed)
-        return VLLMEngine(model, eos, tokenizer.pad_token_id, settings)
+        return VLLMEngine(model, eos, settings)
     raise ValueError(f"unknown engine '{kind}'; rollout.engine is 'hf' or 'vllm'")
 
 
@@ -139,8 +139,8 @@ def fill_entropy(
     model.eval()
     for start in range(0, len(todo), micro_batch_size):
         rows = todo[start : start + micro_batch_size]
-        batch = make_sequence_batch(
-            [contexts[i] for i in rows], [generations[i].token_ids.tolist() for i in rows], _pad_id(model)
+        batch = make_sequence_batch(  # pad id 0: padding is masked out of the forward
+            [contexts[i] for i in rows], [generations[i].token_ids.tolist() for i in rows], 0
         )
         _, entropy = response_logprobs(model, batch, temperature if temperature > 0 else 1.0, with_entropy=True)
         assert entropy is not None
@@ -148,8 +148,3 @@ def fill_entropy(
             generations[i].entropy = entropy[j, : len(generations[i].token_ids)].float().cpu()
     if was_training:
         model.train()
-
-
-def _pad_id(model: PreTrainedModel) -> int:
-    pad = model.config.pad_token_id
-    return int(pad) if pad is not None else 0

@@ -93,6 +93,16 @@ class Generation:
         return not self.finished
 
 
+def request_budget(request: GenerationRequest, params: SamplingParams) -> int:
+    """The request's token budget, after checking that it has a context and a budget >= 1."""
+    if not request.prompt_ids and not request.prefix_ids:
+        raise ValueError("a generation request has an empty prompt")
+    budget = request.max_new_tokens if request.max_new_tokens is not None else params.max_new_tokens
+    if budget < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
+    return budget
+
+
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set logits outside the top-k / nucleus to -inf. logits: (B, V)."""
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -187,14 +197,8 @@ class RolloutEngine:
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
+        budgets = torch.tensor([request_budget(r, params) for r in requests])
         contexts = [r.prompt_ids + r.prefix_ids for r in requests]
-        if any(not ctx for ctx in contexts):
-            raise ValueError("a generation request has an empty prompt")
-        budgets = torch.tensor(
-            [r.max_new_tokens if r.max_new_tokens is not None else params.max_new_tokens for r in requests]
-        )
-        if bool((budgets < 1).any()):
-            raise ValueError(f"max_new_tokens must be >= 1, got {budgets.min().item()}")
         batch = len(contexts)
 
         # Row i = [left padding | cached[i] tokens from its PrefixCache | padding | uncached suffix].

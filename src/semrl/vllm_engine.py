@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedModel
 
 from semrl.errors import EngineError
-from semrl.rollout import Generation, GenerationRequest, SamplingParams
+from semrl.rollout import Generation, GenerationRequest, SamplingParams, request_budget
 
 logger = logging.getLogger(__name__)
 
@@ -234,12 +234,9 @@ class VLLMEngine:
     name = "vllm"
     computes_entropy = False
 
-    def __init__(
-        self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, settings: VLLMSettings
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, eos_token_ids: list[int], settings: VLLMSettings) -> None:
         self.model = model
         self.eos_token_ids = sorted(set(eos_token_ids))
-        self.pad_token_id = pad_token_id
         self.settings = settings
         self.batch_size = settings.max_num_seqs
         embedding = model.get_input_embeddings().weight
@@ -274,26 +271,26 @@ class VLLMEngine:
         requests: list[tuple[Any, GenerationRequest]],
         params: SamplingParams,
         generator: torch.Generator | None,
-        on_done: Callable[[Any, Generation], list[tuple[Any, GenerationRequest]]],
+        on_done: Callable[[Any, GenerationRequest, Generation], list[tuple[Any, GenerationRequest]]],
     ) -> None:
-        """Sample tagged requests; what ``on_done(tag, generation)`` returns for a finished one joins
-        the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``)."""
+        """Sample tagged requests; what ``on_done(tag, request, generation)`` returns for a finished
+        one joins the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``)."""
         core = self.llm.llm_engine
-        tags: dict[str, Any] = {}
+        running: dict[str, tuple[Any, GenerationRequest]] = {}
 
         def submit(pairs: list[tuple[Any, GenerationRequest]]) -> None:
             for tag, request in pairs:
                 prompt, sampling = self._prepare(request, params, generator)
                 request_id = f"semrl-{next(_REQUEST_IDS)}"
                 core.add_request(request_id, prompt, sampling)
-                tags[request_id] = tag
+                running[request_id] = (tag, request)
 
         submit(requests)
-        while tags:
+        while running:
             for out in core.step():
                 if out.finished:
                     generation = self._to_generation(out.outputs[0], params.logprobs_top_k)
-                    submit(on_done(tags.pop(out.request_id), generation))
+                    submit(on_done(*running.pop(out.request_id), generation))
 
     def generate(
         self,
@@ -313,12 +310,8 @@ class VLLMEngine:
     ) -> tuple[Any, Any]:
         """vLLM's token prompt and sampling parameters for one request."""
         vllm = self._vllm
+        budget = request_budget(request, params)
         context = request.prompt_ids + request.prefix_ids
-        if not context:
-            raise ValueError("a generation request has an empty prompt")
-        budget = request.max_new_tokens if request.max_new_tokens is not None else params.max_new_tokens
-        if budget < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
         if len(context) + budget > self.settings.max_model_len:
             raise ValueError(
                 f"a request of {len(context)} context + {budget} new tokens exceeds the vllm engine's "

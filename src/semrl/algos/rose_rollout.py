@@ -122,14 +122,12 @@ def tree_rollout(
             cache=parent.cache if options.reuse_kv_cache else None,
         )
 
-    def finish(job: _Job, out: Generation) -> list[tuple[_Job, GenerationRequest]]:
+    def finish(job: _Job, request: GenerationRequest, out: Generation) -> list[tuple[_Job, GenerationRequest]]:
         """Store a finished chain; start the prompt's next branch once every chain before it is done."""
         t0 = time.perf_counter()
         p, k = job.prompt, job.position
         if options.entropy_mode == "full_vocab":  # an engine without entropies (vllm): one forward pass
-            parent = chains[p][job.parent] if job.parent >= 0 else None
-            context = prompts[p] + ([] if parent is None else parent.token_ids[:k].tolist())
-            fill_entropy(engine.model, [context], [out], params.temperature)
+            fill_entropy(engine.model, [request.prompt_ids + request.prefix_ids], [out], params.temperature)
         score, entropy, divergence = branch_scores(
             out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
             entropy_mode=options.entropy_mode, full_entropy=out.entropy,
