@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
-from semrl.algos.registry import METHODS, AdvantageInputs, get_method, resolve_algorithm
-from semrl.config import AlgorithmConfig, Config
+from semrl.algos.catalog import METHODS, get_method
+from semrl.algos.registry import AdvantageInputs
+from semrl.config import load_config
 
 
 def test_dr_grpo_centres_per_group():
@@ -44,15 +45,13 @@ def test_broadcast_to_tokens_zero_on_padding():
 
 def test_registry_methods_and_defaults():
     assert {"grpo", "dr_grpo"} <= set(METHODS)
-    cfg = AlgorithmConfig(method="dr_grpo")
-    spec = resolve_algorithm(cfg)
-    assert cfg.norm_adv_by_std is False and cfg.loss_agg_mode == "seq-mean-token-sum-norm"
+    cfg = load_config(None, ["algorithm.method=dr_grpo"])  # the method's defaults fill the null keys
+    assert cfg.algorithm.norm_adv_by_std is False and cfg.algorithm.loss_agg_mode == "seq-mean-token-sum-norm"
     inputs = AdvantageInputs(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 3))
-    adv = spec.advantage_fn(inputs, Config(algorithm=cfg))
-    assert adv.shape == (2, 3)
+    adv, metrics = get_method("dr_grpo").advantage_fn(inputs, cfg)
+    assert adv.shape == (2, 3) and metrics == {}
     assert torch.allclose(adv[:, 0], torch.tensor([0.5, -0.5]))
-    grpo_cfg = AlgorithmConfig(method="grpo", loss_agg_mode="token-mean")
-    resolve_algorithm(grpo_cfg)
-    assert grpo_cfg.norm_adv_by_std is True and grpo_cfg.loss_agg_mode == "token-mean"
+    grpo_cfg = load_config(None, ["algorithm.method=grpo", "algorithm.loss_agg_mode=token-mean"])
+    assert grpo_cfg.algorithm.norm_adv_by_std is True and grpo_cfg.algorithm.loss_agg_mode == "token-mean"
     with pytest.raises(KeyError, match="available"):
         get_method("nope")

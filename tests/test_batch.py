@@ -2,7 +2,7 @@
 
 import torch
 
-from semrl.batch import RolloutBatch, gather_groups
+from semrl.batch import GroupInfo, RolloutBatch, gather_groups
 from semrl.data import Problem
 from semrl.reward import RewardResult
 from semrl.rollout import Generation
@@ -26,14 +26,15 @@ def _batch(tag: str, rewards: list[float], group_size: int = 2) -> RolloutBatch:
         texts=[f"{tag}-{i}" for i in range(n)],
         group_size=group_size,
         pad_token_id=0,
-        extras={"groups": {"trees": [f"{tag}-tree{g}" for g in range(groups)]}, "alpha": 1.0, "metrics": {"m": float(len(tag))}},
+        groups=[GroupInfo(method_data=f"{tag}-group{g}") for g in range(groups)],
+        metrics={"m": float(len(tag))},
     )
     batch.rewards = torch.tensor(rewards)
     batch.reward_results = [RewardResult(r, str(r), r > 0, False) for r in rewards]
     return batch
 
 
-def test_gather_groups_keeps_rows_and_per_group_extras_together():
+def test_gather_groups_keeps_rows_and_per_group_records_together():
     a = _batch("a", [1.0, 0.0, 1.0, 1.0])  # group 0 informative, group 1 all equal
     b = _batch("bb", [0.0, 1.0, 0.0, 0.0])
     out = gather_groups([(a, 0), (b, 0), (a, 1)])
@@ -41,9 +42,8 @@ def test_gather_groups_keeps_rows_and_per_group_extras_together():
     assert out.texts == ["a-0", "a-1", "bb-0", "bb-1", "a-2", "a-3"]
     assert out.rewards.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     assert [r.reward for r in out.reward_results] == out.rewards.tolist()
-    assert out.extras["groups"]["trees"] == ["a-tree0", "bb-tree0", "a-tree1"]
-    assert out.extras["alpha"] == 1.0
-    assert out.extras["metrics"]["m"] == 1.5  # averaged over the two source batches
+    assert [g.method_data for g in out.groups] == ["a-group0", "bb-group0", "a-group1"]
+    assert out.metrics["m"] == 1.5  # averaged over the two source batches
     assert out.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
     # sequences are rebuilt for the chosen rows: response lengths 1, 2, 1, 2, 3, 4
     assert out.sequences.response_mask.sum(1).tolist() == [1, 2, 1, 2, 3, 4]

@@ -70,3 +70,36 @@ def test_shipped_configs_are_valid():
 
     for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
         load_config(path)
+
+
+def test_a_loaded_config_is_final():
+    import dataclasses
+
+    cfg = load_config(None, ["algorithm.method=rose"])
+    assert cfg.algorithm.norm_adv_by_std is False and cfg.algorithm.policy_loss == "ppo"  # the method's defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.trainer.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rose.epsilon = 0.1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.methods["rose"] = None  # type: ignore[index]
+
+
+def test_method_sections_belong_to_their_methods():
+    cfg = load_config(None, ["algorithm.method=kl_cov", "kl_cov.ratio=0.01", "clip_cov.ub=4"])
+    assert cfg.kl_cov.ratio == 0.01 and cfg.clip_cov.ub == 4.0 and cfg.methods["kl_cov"] is cfg.kl_cov
+    assert {"rose", "sent", "fr3e", "seed_grpo", "kl_cov", "clip_cov", "entropy_8020"} <= set(cfg.to_dict())
+    with pytest.raises(ConfigError, match="'algorithm.kl_cov_ratio' moved to 'kl_cov.ratio'"):
+        load_config(None, ["algorithm.kl_cov_ratio=0.01"])
+    with pytest.raises(ConfigError, match="'kl_cov.ratio' must be in"):
+        load_config(None, ["kl_cov.ratio=2"])
+    with pytest.raises(ConfigError, match="rose.sd_top_k"):  # a method's check runs when it is selected
+        load_config(None, ["algorithm.method=rose", "rose.sd_top_k=30"])
+    load_config(None, ["algorithm.method=grpo", "rose.sd_top_k=30"])
+
+
+def test_readme_config_reference_is_generated_from_the_registry():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    assert config_reference() in readme, "regenerate the README's config reference with 'semrl config'"

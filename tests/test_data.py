@@ -109,10 +109,9 @@ def test_sampler_resumes_exactly():
 
 def test_held_out_arithmetic_is_disjoint_from_training_even_for_tiny_levels():
     from semrl.config import load_config
-    from semrl.trainer import load_dataset
+    from semrl.run_setup import load_problem_sets
 
     cfg = load_config(None, ["data.arithmetic_levels=[1]", "data.eval_size=32"])
-    held_out = load_dataset("arithmetic", cfg, "eval")[:32]
-    train = load_dataset("arithmetic", cfg, "train", {p.problem for p in held_out})
+    held_out, (train,) = load_problem_sets(cfg)
     assert len(held_out) == 32 and len(train) == 100 - 32  # only 100 distinct 1-digit sums
     assert not {p.problem for p in held_out} & {p.problem for p in train}

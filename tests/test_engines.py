@@ -13,9 +13,10 @@ import torch
 
 from semrl.algos.branching import branch_scores, normalized_embeddings
 from semrl.algos.fr3e import select_anchors
+from semrl.algos.rose import RoseConfig
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.algos.token_selection import high_entropy_mask, low_entropy_mask
-from semrl.config import ConfigError, RoseConfig, load_config
+from semrl.config import ConfigError, load_config
 from semrl.data import build_prompt_ids
 from semrl.engine import build_engine, eos_token_ids, fill_entropy
 from semrl.errors import EngineError

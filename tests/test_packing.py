@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from semrl.algos.rose_tree import ChainTree
 from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.packing import pack_trees, packed_response_logprobs
+from semrl.tree import ChainTree
 
 
 def _random_tree(gen: torch.Generator, g: int, vocab: int, max_len: int) -> tuple[list[list[int]], ChainTree]:

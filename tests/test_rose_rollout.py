@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from semrl.algos.branching import branch_scores, normalized_embeddings
+from semrl.algos.rose import RoseConfig
 from semrl.algos.rose_rollout import tree_rollout
-from semrl.config import RoseConfig
 from semrl.models import load_model, load_tokenizer
 from semrl.rollout import RolloutEngine, SamplingParams
 

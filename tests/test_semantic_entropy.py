@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from semrl.algos.registry import AdvantageInputs, get_method, resolve_algorithm
+from semrl.algos.catalog import get_method
+from semrl.algos.registry import AdvantageInputs
 from semrl.algos.seed_grpo import uncertainty_scale
 from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy
-from semrl.config import AlgorithmConfig, Config, SeedConfig
+from semrl.config import load_config
 from semrl.reward.shaping import overlong_penalty
 
 
@@ -41,22 +42,22 @@ def test_uncertainty_scale_functions():
 
 
 def test_seed_grpo_scales_advantages_by_group_semantic_entropy():
-    cfg = Config(algorithm=AlgorithmConfig(method="seed_grpo"), seed_grpo=SeedConfig(alpha=1.0, likelihood="frequency"))
-    spec = resolve_algorithm(cfg.algorithm)
-    assert spec is get_method("seed_grpo") and cfg.algorithm.norm_adv_by_std is False
+    cfg = load_config(None, ["algorithm.method=seed_grpo", "seed_grpo.alpha=1.0", "seed_grpo.likelihood=frequency"])
+    spec = get_method("seed_grpo")
+    assert cfg.algorithm.norm_adv_by_std is False
     # group 0: answers all equal (SE = 0, scale 1); group 1: 4 distinct answers (SE = log 4 = max, scale 0)
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     inputs = AdvantageInputs(
         rewards, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), torch.ones(8, 2),
         answers=["3", "3", "3", "3", "1", "2", "4", None],
     )
-    adv = spec.advantage_fn(inputs, cfg)
+    adv, metrics = spec.advantage_fn(inputs, cfg)
     assert torch.allclose(adv[:4, 0], torch.tensor([0.5, 0.5, -0.5, -0.5]))
     assert torch.allclose(adv[4:], torch.zeros(4, 2))
-    assert inputs.extras["metrics"]["seed/semantic_entropy"] == pytest.approx(math.log(4) / 2)
+    assert metrics["seed/semantic_entropy"] == pytest.approx(math.log(4) / 2)
     # half the answers shared: SE = log 2 (frequency), x = log 2 / log 4 = 0.5 -> scale 0.5
     inputs.answers = ["3", "3", "3", "3", "1", "1", "2", "2"]
-    adv = spec.advantage_fn(inputs, cfg)
+    adv, _ = spec.advantage_fn(inputs, cfg)
     assert torch.allclose(adv[4:, 0], 0.5 * torch.tensor([0.75, -0.25, -0.25, -0.25]))
 
 

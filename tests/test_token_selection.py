@@ -110,7 +110,7 @@ def test_sent_loss_terms_and_gradient():
     # a micro-batch without a high-covariance token has no high tokens (the beta_low ones are not)
     _, low_only = sent_loss(logp.detach(), old, ADV, MASK, torch.where(beta > 0, 0.05, 0.0), "old_abs")
     assert low_only["sent_high_frac"] == 0 and low_only["sent_regularised_frac"] == pytest.approx(2 / 7)
-    # on-policy (old == current): the |.| term is 0 with zero gradient, as algorithms.md section 4 notes
+    # on-policy (old == current): the |.| term is 0 with zero gradient, as docs/algorithms.md "KL-Cov and Clip-Cov" notes
     logp2 = LOGP.clone().requires_grad_(True)
     loss2, _ = sent_loss(logp2, LOGP.clone(), ADV, MASK, beta, "old_abs")
     (loss2 * MASK).sum().backward()

@@ -277,12 +277,12 @@ def test_fr3e_trains_continuations_with_their_prefix_in_the_prompt(digit_model_d
     batch = trainer.rollout()
     assert len(batch.generations) == 32
     for g in range(4):
-        states = batch.extras["groups"]["states"][g]
+        states = list(batch.groups[g].method_data)
         num_states = max(states) + 1  # fewer than 4 when the first-return chain is short
         assert states == [j for j, n in enumerate(state_sizes(8, num_states)) for _ in range(n)]
         rows = range(g * 8, g * 8 + 8)
         base = min(len(batch.prompt_ids[i]) for i in rows)
         for i in rows:
             prefix = len(batch.prompt_ids[i]) - base  # the anchor position of this row's state
-            assert (prefix == 0) == (batch.extras["groups"]["states"][g][i - g * 8] == 0)
+            assert (prefix == 0) == (states[i - g * 8] == 0)
             assert len(batch.generations[i].token_ids) <= 6 - prefix

@@ -1,8 +1,20 @@
 """semrl: reinforcement learning with verifiable rewards, built around semantic-entropy-guided
 exploration (ROSE, SENT) and their baselines."""
 
-from semrl.config import Config, ConfigError, load_config
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
 
 __all__ = ["Config", "ConfigError", "__version__", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: the config imports every method (and torch); the verifier's worker
+    # processes import semrl.reward only and must start fast.
+    if name in ("Config", "ConfigError", "load_config"):
+        import semrl.config
+
+        return getattr(semrl.config, name)
+    raise AttributeError(f"module 'semrl' has no attribute '{name}'")

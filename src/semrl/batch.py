@@ -11,15 +11,32 @@ from semrl.data import Problem
 from semrl.forward import SequenceBatch, make_sequence_batch
 from semrl.reward import RewardResult
 from semrl.rollout import Generation
+from semrl.tree import BranchPoint, ChainTree
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """What a method's rollout records about one prompt group; it follows its group when a batch
+    is built from chosen groups (dynamic sampling).
+
+    Attributes:
+        tree: the prefix tree of the group's G chains (tree rollouts): tree packing and the tree
+            log read it.
+        branch_points: per chain, (H, SD, score) where it branched, or None (the tree log).
+        method_data: the method's own record (FR3E: the state each continuation starts from).
+    """
+
+    tree: ChainTree | None = None
+    branch_points: tuple[BranchPoint | None, ...] | None = None
+    method_data: Any = None
 
 
 @dataclass
 class RolloutBatch:
     """N = num_groups * group_size sequences, grouped by prompt (group g = rows g*G .. g*G+G-1).
 
-    ``extras`` carries method-specific rollout data. Its ``"groups"`` entry maps names to lists
-    with one item per prompt group (e.g. ROSE's trees): these follow their groups when a batch is
-    built from chosen groups. Other keys hold batch-level values (options, ``"metrics"``).
+    ``groups`` holds one :class:`GroupInfo` per prompt group (empty ones for independent sampling);
+    ``metrics`` the rollout's own metrics (e.g. ``rose/branched_chains``), logged with the step.
     """
 
     problems: list[Problem]  # (N,) the problem of each sequence
@@ -28,7 +45,8 @@ class RolloutBatch:
     texts: list[str]  # (N,) decoded responses
     group_size: int
     pad_token_id: int
-    extras: dict[str, Any] = field(default_factory=dict)
+    groups: list[GroupInfo] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
     rewards: torch.Tensor | None = None  # (N,) after the reward stage
     reward_results: list[RewardResult] = field(default_factory=list)  # (N,)
     verify_timeouts: int = 0  # verifier time-outs while scoring this batch
@@ -37,6 +55,10 @@ class RolloutBatch:
         self.sequences: SequenceBatch = make_sequence_batch(
             self.prompt_ids, [g.token_ids.tolist() for g in self.generations], self.pad_token_id
         )
+        if not self.groups:
+            self.groups = [GroupInfo() for _ in range(self.num_groups)]
+        if len(self.groups) != self.num_groups:
+            raise ValueError(f"{len(self.groups)} GroupInfo records for {self.num_groups} prompt groups")
         self.group_ids = torch.arange(self.num_groups).repeat_interleave(self.group_size)  # (N,)
         shape = self.sequences.response_mask.shape
         self.rollout_logprobs = torch.zeros(shape)  # (N, T) behaviour log-probs of the sampled tokens
@@ -59,6 +81,11 @@ class RolloutBatch:
     def num_groups(self) -> int:
         return len(self.generations) // self.group_size
 
+    def trees(self) -> list[ChainTree] | None:
+        """One prefix tree per group, or None when the rollout made no trees."""
+        trees = [g.tree for g in self.groups]
+        return None if any(t is None for t in trees) else trees  # type: ignore[return-value]
+
     def group_rewards(self) -> torch.Tensor:
         """(num_groups, G) rewards."""
         assert self.rewards is not None, "reward stage has not run"
@@ -72,19 +99,14 @@ class RolloutBatch:
 def gather_groups(chosen: list[tuple[RolloutBatch, int]]) -> RolloutBatch:
     """A new batch made of the chosen (batch, group index) pairs, in that order.
 
-    Batch-level extras come from the first batch, except ``"metrics"``, averaged over the distinct
-    batches the groups came from.
+    Rollout metrics are averaged over the distinct batches the groups came from.
     """
     first = chosen[0][0]
     g = first.group_size
     rows = [(b, i) for b, grp in chosen for i in range(grp * g, (grp + 1) * g)]
-    extras = {k: v for k, v in first.extras.items() if k not in ("groups", "metrics")}
-    if "groups" in first.extras:
-        extras["groups"] = {name: [b.extras["groups"][name][grp] for b, grp in chosen] for name in first.extras["groups"]}
     sources = list({id(b): b for b, _ in chosen}.values())
-    metric_dicts = [b.extras["metrics"] for b in sources if "metrics" in b.extras]
-    if metric_dicts:
-        extras["metrics"] = {k: sum(m[k] for m in metric_dicts) / len(metric_dicts) for k in metric_dicts[0]}
+    metric_dicts = [b.metrics for b in sources if b.metrics]
+    metrics = {k: sum(m[k] for m in metric_dicts) / len(metric_dicts) for k in metric_dicts[0]} if metric_dicts else {}
     out = RolloutBatch(
         problems=[b.problems[i] for b, i in rows],
         prompt_ids=[b.prompt_ids[i] for b, i in rows],
@@ -92,7 +114,8 @@ def gather_groups(chosen: list[tuple[RolloutBatch, int]]) -> RolloutBatch:
         texts=[b.texts[i] for b, i in rows],
         group_size=g,
         pad_token_id=first.pad_token_id,
-        extras=extras,
+        groups=[b.groups[grp] for b, grp in chosen],
+        metrics=metrics,
     )
     if all(b.rewards is not None for b, _ in chosen):
         out.rewards = torch.stack([b.rewards[i] for b, i in rows])  # type: ignore[index]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from semrl.errors import ConfigError
 from semrl.faults import kill_point
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -39,6 +40,21 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     generator.set_state(state["generator"])
+
+
+def process_rng_state(state: dict[str, Any], ckpt: Path, rank: int, world: int) -> dict[str, Any]:
+    """This process's RNG state from a trainer state (one per process when several wrote it)."""
+    rng = state["rng"]
+    if isinstance(rng, list):
+        if len(rng) != world:
+            raise ConfigError(
+                f"the checkpoint {ckpt} was written by {len(rng)} processes; resume it with "
+                f"--num-processes {len(rng)} (this run has {world})"
+            )
+        return rng[rank]
+    if world > 1:
+        raise ConfigError(f"the checkpoint {ckpt} was written by 1 process; resume it with 1 process")
+    return rng
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

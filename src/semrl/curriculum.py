@@ -1,17 +1,18 @@
-"""SENT's semantic-entropy curriculum (algorithms.md section 2.1).
+"""SENT's semantic-entropy curriculum (docs/algorithms.md "SENT: curriculum").
 
 ``score_problems`` samples M answers per problem from a model, clusters them by answer equivalence
 (math-verify through the verifier pool; an answer that cannot be extracted is its own cluster) and
 writes one jsonl row per problem with its semantic entropy. The file is resumable: a re-run skips
 the ids already in it, and rows are appended and flushed one problem at a time, so an interrupted
 run loses at most the problems in flight. ``curriculum_stages`` sorts by entropy, easy (low) first,
-and splits into equal stages that the trainer runs in order.
+and splits into equal stages that the trainer runs in order (``StageSchedule``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,27 @@ def curriculum_stages(scored: list[tuple[Problem, float]], num_stages: int) -> l
     ordered = [p for p, _ in sorted(scored, key=lambda x: (x[1], x[0].id))]
     bounds = np.linspace(0, len(ordered), num_stages + 1).round().astype(int)
     return [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+@dataclass(frozen=True)
+class StageSchedule:
+    """Which steps each curriculum stage trains: stage k trains steps [ends[k-1], ends[k])."""
+
+    ends: tuple[int, ...]
+
+    @classmethod
+    def even(cls, num_stages: int, steps: int) -> StageSchedule:
+        """``steps`` split as evenly as possible over ``num_stages`` stages."""
+        return cls(tuple(round((k + 1) * steps / num_stages) for k in range(num_stages)))
+
+    def steps_of(self, stage: int) -> int:
+        return self.ends[stage] - (self.ends[stage - 1] if stage > 0 else 0)
+
+    def advances_at(self, stage: int, step: int) -> bool:
+        """Whether a run in ``stage`` that has done ``step`` steps moves to the next stage."""
+        return stage + 1 < len(self.ends) and step >= self.ends[stage]
+
+
+def stage_reference_dir(run_dir: Path, stage: int) -> Path:
+    """Where the weights a stage starts from are kept as its KL reference (``curriculum_reset_optimizer``)."""
+    return run_dir / "curriculum" / f"stage-{stage}"

@@ -11,12 +11,20 @@ summed, so an update equals the single-process update on the global batch. With
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from accelerate import PartialState
+
+_CLOSE_HOOKS: list[Callable[[], None]] = []
+
+
+def on_close(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the process group closes, before it is destroyed (once per hook)."""
+    if hook not in _CLOSE_HOOKS:
+        _CLOSE_HOOKS.append(hook)
 
 
 class ProcessGroup:
@@ -94,10 +102,9 @@ class ProcessGroup:
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
-            from semrl.vllm_engine import shutdown_engines
-
             dist.barrier()
-            shutdown_engines()  # vLLM's groups live inside ours: they go first
+            for hook in _CLOSE_HOOKS:  # e.g. vLLM's groups live inside ours: they go first
+                hook()
             if dist.is_initialized():
                 dist.destroy_process_group()
 

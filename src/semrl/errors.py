@@ -1,11 +1,27 @@
-"""Errors that stop a run with a message saying what to do (config and data errors live beside
-their parsers: ``semrl.config.ConfigError``, ``semrl.data.DataError``)."""
+"""Errors that stop a run with a message saying what to do (data errors live beside their parser:
+``semrl.data.DataError``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration problem that names the key and says how to fix it."""
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. too many non-finite updates); the message says what to do."""
+
+    @classmethod
+    def bad_updates(cls, count: int, limit: int, step: int, checkpoint: Path, run_dir: Path) -> TrainingError:
+        return cls(
+            f"{count} optimizer updates in a row had a NaN/inf loss or gradient norm and were skipped "
+            f"(trainer.max_bad_updates={limit}), the last at step {step}. The weights are those of the last "
+            f"good update, saved in {checkpoint}. Look for the cause (learning rate, model.dtype=float16 "
+            f"overflow, rewards), then continue with 'semrl train --resume {run_dir}' and any overrides, "
+            "or set trainer.max_bad_updates=0 to keep skipping."
+        )
 
 
 class EngineError(ValueError):

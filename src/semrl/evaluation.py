@@ -7,7 +7,7 @@ A *problem record* (one JSON line of ``problems.jsonl``) holds a problem's n sam
 
 ``cluster`` numbers the sample's answer-equivalence class within the problem (math-verify, as the
 semantic entropy of ``semrl.algos.semantic_entropy``); a sample without an answer is its own class.
-Metric conventions: ``shared/design/ecosystem.md`` section 3.
+Metric definitions: docs/algorithms.md "Evaluation metrics".
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from semrl.data import Problem, build_prompt_ids
 from semrl.engine import Engine
 from semrl.jsonl import read_jsonl
 from semrl.reward import VerifierPool, score_responses
-from semrl.rollout import GenerationRequest, SamplingParams
+from semrl.rollout import GenerationRequest, SamplingParams, sampling_params
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -301,3 +301,23 @@ def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
                 lines += ["| " + " | ".join([key, *row_cells(m, n)]) + " |" for key, m in groups.items()]
                 lines.append("")
     return "\n".join(lines)
+
+
+def evaluate_held_out(
+    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, problems: Sequence[Problem], cfg: Any,
+    procs: Any,
+) -> dict[str, float]:
+    """In-training evaluation: ``logging.eval_samples`` samples per held-out problem at the
+    evaluation temperature, mean@k / pass@k as ``eval/...``. Each process samples every N-th
+    problem; the main process gets the records and returns the metrics (the others: {})."""
+    log = cfg.logging
+    # A separate generator: evaluation must not change the training random stream.
+    gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * procs.rank)
+    records = sample_problems(
+        engine, tokenizer, pool, problems[procs.rank :: procs.world], sampling_params(cfg.rollout, log.eval_temperature),
+        log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen,
+    )
+    records = [r for share in procs.gather(records) for r in share]
+    if not procs.is_main:
+        return {}
+    return {f"eval/{k}": v for k, v in summarize_records(records).items()}

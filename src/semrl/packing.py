@@ -9,7 +9,7 @@ and losses equal those of the padded per-chain layout (``semrl.forward``), while
 goes through the model once. Independent samples are the special case of a tree without branches
 (every chain's parent is -1), which packs a micro-batch without padding waste.
 
-Mask format: ``shared/design/measured.md`` section B (a boolean 4D mask is silently wrong with
+Mask format: docs/algorithms.md "Tree packing" (a boolean 4D mask is silently wrong with
 eager attention; 0 / finfo.min floats are right for eager and sdpa).
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from semrl.algos.rose_tree import ChainTree
 from semrl.forward import token_logprobs
+from semrl.tree import ChainTree
 
 
 @dataclass

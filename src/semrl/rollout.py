@@ -17,6 +17,7 @@ distribution the trainer's forward pass computes with the same temperature.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -52,6 +53,16 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 64
     logprobs_top_k: int = 20
+
+
+def sampling_params(rollout: Any, temperature: float | None = None) -> SamplingParams:
+    """The sampler of the ``rollout`` config section; ``temperature`` replaces its temperature
+    (evaluation's ``logging.eval_temperature``)."""
+    return SamplingParams(
+        temperature=rollout.temperature if temperature is None else temperature,
+        top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
+        logprobs_top_k=rollout.logprobs_top_k,
+    )
 
 
 @dataclass

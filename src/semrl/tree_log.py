@@ -1,8 +1,8 @@
 """Rollout trees written for the report's tree viewer (``trees.jsonl``, one line per prompt group).
 
-Any method whose rollout puts ``ChainTree`` objects in ``extras["groups"]["trees"]`` gets its trees
-saved; ``extras["groups"]["branch_points"]`` (optional) gives, per chain, the (H, SD, score) of the
-position it branched at. A line::
+Any method whose rollout records a ``ChainTree`` for every group (``GroupInfo.tree``) gets its trees
+saved; ``GroupInfo.branch_points`` (optional) gives, per chain, the (H, SD, score) of the position it
+branched at. A line::
 
     {"step", "problem_id", "problem", "gold",
      "chains": [{"chain", "parent", "branch_position", "length", "answer", "reward", "correct",
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from semrl.algos.rose_tree import ChainTree, chain_segments
 from semrl.batch import RolloutBatch
+from semrl.tree import chain_segments
 
 
 def tree_records(
@@ -33,12 +33,11 @@ def tree_records(
     code_compat: bool = False,
 ) -> list[dict[str, Any]]:
     """Records of the first ``max_groups`` groups that have a tree; ``advantages`` is (N, T)."""
-    groups = batch.extras.get("groups", {})
-    trees: list[ChainTree] | None = groups.get("trees")
+    trees = batch.trees()
     if not trees or max_groups <= 0:
         return []
     assert batch.rewards is not None
-    branch_points = groups.get("branch_points") or [[None] * len(t) for t in trees]
+    branch_points = [g.branch_points or (None,) * len(t) for g, t in zip(batch.groups, trees, strict=True)]
     records = []
     for g, (tree, points) in enumerate(zip(trees[:max_groups], branch_points, strict=False)):
         base = g * batch.group_size

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from semrl.errors import EngineError
+from semrl.distributed import on_close
+from semrl.errors import ConfigError, EngineError
 from semrl.rollout import Generation, GenerationRequest, SamplingParams, request_budget
 
 logger = logging.getLogger(__name__)
@@ -82,8 +83,6 @@ _ENGINES: dict[tuple[Any, ...], tuple[VLLMSettings, Any]] = {}
 
 def check_vllm_settings(cfg: Any) -> None:
     """Config-level checks for ``rollout.engine=vllm``; they run when the config is loaded."""
-    from semrl.config import ConfigError
-
     r = cfg.rollout
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set rollout.engine=hf")
@@ -250,6 +249,7 @@ class VLLMEngine:
             _ENGINES.pop(key, None)  # a smaller engine of this shape goes before a larger one starts
             logger.info("starting vLLM on %s (once per process; about 45 s on a 2-core CPU)", model.name_or_path)
             _ENGINES[key] = (settings, _start_llm(vllm, model, settings))
+            on_close(shutdown_engines)
         self.llm = _ENGINES[key][1]
         self.sync_weights()  # a reused engine may hold another model's weights
 

@@ -2,7 +2,7 @@
 
 Every estimator returns a ``(num_sequences, response_tokens)`` tensor so that sequence-level,
 token-level and tree (segment) advantages all plug into the same loss.
-Definitions: ``shared/design/algorithms.md`` sections 3 (Dr.GRPO) and 8 (GRPO).
+Definitions: docs/algorithms.md "Group-relative advantages".
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """ROSE branching scores: generation entropy x semantic divergence of the top-k candidates.
 
 Pure functions over the rollout's top-k log-probs and ids and the model's L2-normalised input
-embedding matrix. Definitions and the paper-vs-code differences: ``shared/design/algorithms.md``
-section 1.2 (ROSE-paper eqs. 1-3; ROSE-code ``branch_metric="cosine-entropy"``).
+embedding matrix. Definitions and the paper-vs-code differences: docs/algorithms.md
+"ROSE: branching metric" (ROSE paper eqs. 1-3; the ROSE code's ``branch_metric="cosine-entropy"``).
 """
 
 from __future__ import annotations

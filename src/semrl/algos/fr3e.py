@@ -1,4 +1,4 @@
-"""FR3E (First Return, Entropy-Eliciting Explore; algorithms.md section 6).
+"""FR3E (First Return, Entropy-Eliciting Explore; arXiv 2507.07017, https://arxiv.org/abs/2507.07017).
 
 Per prompt: one first-return chain; its K highest-entropy positions (paper; ``surprisal``: the K
 lowest sampled-token log-probs, as the code does) are anchors. States S_0 = prompt and
@@ -10,18 +10,50 @@ trained on, and the first-return chain itself is not.
 Advantage: per state, A = r - mean over that state's continuations (no std). With v_j the share of
 state j's continuations whose centred score is positive, delta_0 = 1 - v_0 and
 delta_j = v_j - v_(j-1) (optionally sharpened: sign(d)|d|^1.5 / sum |d|^1.5), and A_j <- A_j / exp(delta_j).
+
+Pieces: this module (options, rollout, advantages, the method); docs/algorithms.md "FR3E".
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
 from semrl.algos.advantages import broadcast_to_tokens
-from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
+from semrl.algos.registry import AdvantageInputs, MethodRollout, MethodSpec, RolloutContext, register_method
+from semrl.batch import GroupInfo
 from semrl.engine import fill_entropy
-from semrl.rollout import Generation, GenerationRequest
+from semrl.errors import ConfigError
+from semrl.options import option
+from semrl.rollout import GenerationRequest
+
+
+@dataclass(frozen=True)
+class FR3EConfig:
+    num_anchors: int = option(3, "FR3E: anchors K on the first-return chain; G is spread over K + 1 states.")
+    anchor_metric: Literal["entropy", "surprisal"] = option(
+        "entropy", "Anchors at the highest token entropy (paper) or lowest sampled log-prob (code)."
+    )
+    sharpen: bool = option(True, "Sharpen the value changes: sign(d)|d|^1.5 / sum |d|^1.5 (code).")
+
+    def __post_init__(self) -> None:
+        if self.num_anchors < 1:
+            raise ConfigError(f"config key 'fr3e.num_anchors' must be >= 1, got {self.num_anchors}")
+
+
+def check_fr3e(cfg: Any) -> None:
+    if cfg.fr3e.num_anchors + 1 > cfg.rollout.group_size:
+        raise ConfigError(
+            f"config key 'fr3e.num_anchors' ({cfg.fr3e.num_anchors}) + 1 states exceed rollout.group_size "
+            f"({cfg.rollout.group_size}); every state needs at least one continuation"
+        )
+    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and cfg.fr3e.anchor_metric == "entropy":
+        raise ConfigError(
+            "with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
+            "(fr3e.anchor_metric=entropy); use fr3e.anchor_metric=surprisal or rollout.engine=hf"
+        )
 
 
 def select_anchors(scores: torch.Tensor, num_anchors: int) -> list[int]:
@@ -64,15 +96,12 @@ def fr3e_modulation(rewards: torch.Tensor, states: torch.Tensor, sharpen: bool =
     return adv / torch.exp(delta[states])
 
 
-def fr3e_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Generation], dict[str, Any]]:
-    cfg, opts = trainer.cfg, trainer.cfg.fr3e
-    params = trainer._sampling_params()
-    group = cfg.rollout.group_size
-    first = trainer.engine.generate(
-        [GenerationRequest(ids) for ids in prompt_ids], params, trainer.generator, return_cache=True
-    )
+def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
+    """A first-return chain per prompt, then G continuations spread over its anchor states."""
+    opts, params, group = ctx.cfg.fr3e, ctx.params, ctx.group_size
+    first = ctx.engine.generate([GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True)
     if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
-        fill_entropy(trainer.engine.model, prompt_ids, first, params.temperature)
+        fill_entropy(ctx.engine.model, prompt_ids, first, params.temperature)
     requests, sequence_prompts, states_per_group = [], [], []
     for ids, chain in zip(prompt_ids, first, strict=True):
         scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs
@@ -89,27 +118,27 @@ def fr3e_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
                 states.append(j)
         states_per_group.append(states)
         chain.cache = None
-    gens = trainer.engine.generate(requests, params, trainer.generator)
+    gens = ctx.engine.generate(requests, params, ctx.generator)
     first_tokens = sum(len(c.token_ids) for c in first)
     metrics = {
         "fr3e/anchors_per_prompt": sum(max(s) for s in states_per_group) / len(states_per_group),
         "fr3e/first_return_tokens": float(first_tokens),
     }
-    return gens, {
-        "sequence_prompt_ids": sequence_prompts,
-        "groups": {"states": states_per_group},
-        "metrics": metrics,
-    }
+    return MethodRollout(
+        gens, groups=[GroupInfo(method_data=tuple(states)) for states in states_per_group],
+        sequence_prompt_ids=sequence_prompts, metrics=metrics,
+    )
 
 
-def fr3e_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
-    states: list[list[int]] = inputs.extras["groups"]["states"]
+def fr3e_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """(N, T) advantages; each group's ``method_data`` holds the state of each continuation."""
     out, start = [], 0
-    for group_states in states:
-        g = len(group_states)
-        out.append(fr3e_modulation(inputs.rewards[start : start + g], torch.tensor(group_states), cfg.fr3e.sharpen))
+    for group in inputs.groups:
+        states = torch.tensor(group.method_data)
+        g = len(states)
+        out.append(fr3e_modulation(inputs.rewards[start : start + g], states, cfg.fr3e.sharpen))
         start += g
-    return broadcast_to_tokens(torch.cat(out), inputs.response_mask)
+    return broadcast_to_tokens(torch.cat(out), inputs.response_mask), {}
 
 
 register_method(
@@ -119,7 +148,9 @@ register_method(
         norm_adv_by_std=False,
         loss_agg_mode="token-mean",
         description="FR3E: continuations from the high-entropy anchors of a first-return chain, "
-        "advantages modulated by exp(state-value change) (FR3E, First Return Entropy-Eliciting Explore).",
+        "advantages modulated by exp(state-value change) (arXiv 2507.07017).",
         rollout_fn=fr3e_rollout,
+        options=FR3EConfig,
+        check=check_fr3e,
     )
 )

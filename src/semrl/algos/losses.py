@@ -1,7 +1,7 @@
 """Policy losses, KL estimators and loss aggregation as pure tensor functions.
 
 All per-token tensors are ``(N, T)`` over response tokens with a 0/1 ``mask`` of the same shape.
-Conventions follow verl ``core_algos`` (see ``shared/design/algorithms.md`` section 0).
+Conventions follow verl ``core_algos``; docs/algorithms.md "Loss aggregation".
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def aggregate_loss(
         seq-mean-token-mean: sum over sequences of the per-sequence token mean / ``num_sequences``.
         seq-mean-token-sum-norm (Dr.GRPO): sum over sequences of the per-sequence token sum,
             / ``max_response_length``, / ``num_sequences``. Unlike verl (issue #3741) this is a
-            mean over sequences, matching the Dr.GRPO reference code (algorithms.md section 3).
+            mean over sequences, matching the Dr.GRPO reference code (docs/algorithms.md "Loss aggregation").
     """
     mask = mask.to(loss.dtype)
     if mode == "token-mean":

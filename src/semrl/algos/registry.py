@@ -1,7 +1,18 @@
-"""Registry of RL methods: a method is an advantage estimator plus loss defaults.
+"""The method registry and the plug-in interface a method implements.
 
-Adding a method = one module that defines its pure functions and calls ``register_method``;
-the trainer looks methods up by name and never needs editing (cf. verl ``register_adv_est``).
+A method is one module (see README, "Adding a method") that defines its pure functions and calls
+:func:`register_method` with a :class:`MethodSpec`:
+
+* ``advantage_fn(inputs, cfg) -> (advantages, metrics)``: (N, T) per-token advantages from the
+  step's rewards, and the method's metrics for the step;
+* optionally ``rollout_fn(ctx, prompt_ids) -> MethodRollout``: its own sampling (trees, anchors);
+  it sees only a :class:`RolloutContext` (engine, sampler, generator, config, its own state);
+* optionally ``options``: a frozen dataclass of option fields, which becomes the config section
+  named after the method (``rose.epsilon``), and ``check(cfg)`` for checks across sections;
+* its loss defaults (aggregation, std normalisation, the per-token policy loss by name).
+
+The trainer looks methods up by name and never needs editing (cf. verl's ``register_adv_est``).
+The built-in methods are imported by ``semrl.algos.catalog``; this module imports none of them.
 """
 
 from __future__ import annotations
@@ -12,46 +23,108 @@ from typing import Any
 
 import torch
 
-from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
+from semrl.batch import GroupInfo
+from semrl.engine import Engine
+from semrl.rollout import Generation, SamplingParams
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What a method's rollout may use.
+
+    Attributes:
+        engine: the sampling engine (``semrl.engine.Engine``), at the current weights.
+        params: the training sampler (temperature, top-p/k, response budget, top-k log-probs).
+        generator: the process's random stream; every random choice of the rollout draws from it.
+        cfg: the whole (frozen) config; a method reads its own section as ``cfg.<method name>``.
+        state: the method's own state, made once per run by ``MethodSpec.new_state`` (or None).
+    """
+
+    engine: Engine
+    params: SamplingParams
+    generator: torch.Generator
+    cfg: Any
+    state: Any = None
+
+    @property
+    def group_size(self) -> int:
+        return int(self.cfg.rollout.group_size)
+
+
+@dataclass
+class MethodRollout:
+    """A method's rollout of P prompts.
+
+    Attributes:
+        generations: (P * G) responses, prompt-major, G = rollout.group_size per prompt.
+        groups: (P) what the method records about each prompt group (tree, branch points, its own
+            data); None: nothing.
+        sequence_prompt_ids: (P * G) the prompt each response continues, when it is not the
+            problem's prompt (FR3E: prompt + the anchor's prefix, which is then not trained on).
+        metrics: the rollout's metrics for the step (averaged over rollout rounds).
+    """
+
+    generations: list[Generation]
+    groups: list[GroupInfo] | None = None
+    sequence_prompt_ids: list[list[int]] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class AdvantageInputs:
-    """What an advantage estimator may read.
+    """What an advantage estimator may read. N sequences, T response positions.
 
     Attributes:
         rewards: (N,) scalar reward per sequence.
-        group_ids: (N,) prompt id of each sequence.
+        group_ids: (N,) prompt group of each sequence (groups are contiguous, G rows each).
         response_mask: (N, T) 1 on response tokens.
-        extras: method-specific data (tree structure, entropies, ...).
+        groups: (N / G) the rollout's record of each group (``MethodRollout.groups``).
         answers: (N,) extracted final answer of each response (None: none found).
+        correct: (N,) whether each answer was verified correct (the reward before shaping).
         logprobs: (N, T) rollout log-probs of the sampled tokens (0 on padding).
     """
 
     rewards: torch.Tensor
     group_ids: torch.Tensor
     response_mask: torch.Tensor
-    extras: dict[str, Any] = field(default_factory=dict)
+    groups: list[GroupInfo] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
     logprobs: torch.Tensor | None = None
 
 
-# (inputs, the whole Config) -> (N, T) advantages
-AdvantageFn = Callable[[AdvantageInputs, Any], torch.Tensor]
-# (trainer, prompt token ids) -> (generations, prompt-major with group_size per prompt; extras).
-# extras["sequence_prompt_ids"] (N,), if given, replaces each sequence's prompt (FR3E: prompt + prefix).
-RolloutFn = Callable[[Any, list[list[int]]], tuple[list[Any], dict[str, Any]]]
+# (inputs, the whole Config) -> ((N, T) advantages, metrics)
+AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, dict[str, float]]]
+# (context, prompt token ids) -> the method's rollout
+RolloutFn = Callable[[RolloutContext, list[list[int]]], MethodRollout]
 
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """A registered method.
+
+    Attributes:
+        name: ``algorithm.method`` value, and the name of the method's config section.
+        advantage_fn: its advantage estimator.
+        description: one line for ``semrl config --methods`` and the docs, with the paper.
+        norm_adv_by_std, loss_agg_mode, policy_loss: defaults of the ``algorithm`` keys left null.
+        rollout_fn: its own sampling; None: G independent samples per prompt.
+        options: frozen dataclass of its option fields (its config section), or None.
+        check: checks of its options against other sections, run when the config is loaded with
+            this method selected; raises ``ConfigError``.
+        new_state: makes the method's state, kept by the trainer and handed to ``rollout_fn``.
+    """
+
     name: str
     advantage_fn: AdvantageFn
+    description: str
     norm_adv_by_std: bool
     loss_agg_mode: str
-    description: str
-    rollout_fn: RolloutFn | None = None  # None: independent sampling of group_size per prompt
-    policy_loss: str = "ppo"  # a name in semrl.algos.policy_losses
+    policy_loss: str = "ppo"
+    rollout_fn: RolloutFn | None = None
+    options: type | None = None
+    check: Callable[[Any], None] | None = None
+    new_state: Callable[[], Any] | None = None
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -69,89 +142,3 @@ def get_method(name: str) -> MethodSpec:
         return METHODS[name]
     except KeyError:
         raise KeyError(f"unknown method '{name}'; available: {', '.join(sorted(METHODS))}") from None
-
-
-def outcome_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
-    """GRPO / Dr.GRPO: one group-relative advantage per sequence, on every response token."""
-    normalize = cfg.algorithm.norm_adv_by_std
-    adv = group_centered_rewards(inputs.rewards, inputs.group_ids, normalize_std=bool(normalize))
-    return broadcast_to_tokens(adv, inputs.response_mask)
-
-
-register_method(
-    MethodSpec(
-        name="grpo",
-        advantage_fn=outcome_advantages,
-        norm_adv_by_std=True,
-        loss_agg_mode="seq-mean-token-mean",
-        description="GRPO: (r - mean) / std per group, per-sequence token mean (Shao et al. 2024).",
-    )
-)
-register_method(
-    MethodSpec(
-        name="dapo",
-        advantage_fn=outcome_advantages,
-        norm_adv_by_std=True,
-        loss_agg_mode="token-mean",
-        description="DAPO loss: GRPO advantages, token-mean (Yu et al. 2025); clip-higher, dynamic "
-        "sampling and overlong shaping are config options (configs/dapo_demo.yaml sets them).",
-    )
-)
-register_method(
-    MethodSpec(
-        name="kl_cov",
-        advantage_fn=outcome_advantages,
-        norm_adv_by_std=True,
-        loss_agg_mode="token-mean",
-        description="KL-Cov: |logp - old| penalty on the top-Cov tokens, no clipping (Cui et al. 2025).",
-        policy_loss="kl_cov",
-    )
-)
-register_method(
-    MethodSpec(
-        name="clip_cov",
-        advantage_fn=outcome_advantages,
-        norm_adv_by_std=True,
-        loss_agg_mode="token-mean",
-        description="Clip-Cov: gradient removed from random high-Cov tokens (Cui et al. 2025).",
-        policy_loss="clip_cov",
-    )
-)
-register_method(
-    MethodSpec(
-        name="entropy_8020",
-        advantage_fn=outcome_advantages,
-        norm_adv_by_std=True,
-        loss_agg_mode="token-mean",
-        description="Policy gradient on the top-20% entropy tokens only (Wang et al. 2025, 'Beyond the 80/20 rule').",
-        policy_loss="high_entropy",
-    )
-)
-register_method(
-    MethodSpec(
-        name="dr_grpo",
-        advantage_fn=outcome_advantages,
-        norm_adv_by_std=False,
-        loss_agg_mode="seq-mean-token-sum-norm",
-        description="Dr.GRPO: r - mean per group, token sums / max length (Liu et al. 2025).",
-    )
-)
-
-
-def resolve_algorithm(algo_cfg: Any) -> MethodSpec:
-    """Fill the method's defaults into ``algo_cfg`` where the user left them null."""
-    spec = get_method(algo_cfg.method)
-    if algo_cfg.norm_adv_by_std is None:
-        algo_cfg.norm_adv_by_std = spec.norm_adv_by_std
-    if algo_cfg.loss_agg_mode is None:
-        algo_cfg.loss_agg_mode = spec.loss_agg_mode
-    if algo_cfg.policy_loss is None:
-        algo_cfg.policy_loss = spec.policy_loss
-    return spec
-
-
-# Built-in methods that live in their own modules register themselves on import.
-import semrl.algos.fr3e  # noqa: E402, F401
-import semrl.algos.rose  # noqa: E402, F401
-import semrl.algos.seed_grpo  # noqa: E402, F401
-import semrl.algos.sent  # noqa: E402, F401

@@ -1,20 +1,87 @@
-"""The ROSE method (arXiv 2601.05053): semantic-entropy tree rollouts, epsilon-exploration,
-segment advantages from the prefix tree with length-aware calibration, Dr.GRPO loss.
+"""ROSE (arXiv 2601.05053, https://arxiv.org/abs/2601.05053): semantic-entropy tree rollouts,
+epsilon-exploration, segment advantages from the prefix tree with length-aware calibration,
+Dr.GRPO loss.
 
-Options: the ``rose`` config section. Sections 1.2-1.6 of ``shared/design/algorithms.md``.
+How it fits together, one step:
+
+1. Rollout (:func:`rose_rollout` -> ``rose_rollout.tree_rollout``): per prompt a root chain, then
+   G - 1 iterations; each is a fresh chain with probability ``epsilon``, otherwise a branch that
+   re-samples the token at the highest-scoring position of the chains so far. The score is
+   ``branching.branch_scores``: generation entropy H over the top-k log-probs x semantic divergence
+   SD of the top-20 candidates' input embeddings (docs/algorithms.md "ROSE: branching metric").
+2. The G chains form a prefix tree (``semrl.tree.ChainTree``), kept per group in ``GroupInfo``;
+   tree packing computes each shared prefix once from it (``semrl.packing``).
+3. Advantages (:func:`rose_advantages` -> ``rose_tree.segment_advantages``): a chain's segments
+   between tree nodes get the change of node value (mean reward under the node), which telescopes
+   to the Dr.GRPO advantage; then eq. 8 discounts verbose correct chains (``alpha``)
+   (docs/algorithms.md "ROSE: nodes and segment advantages", "ROSE: length-aware calibration").
+4. Loss: Dr.GRPO's (``seq-mean-token-sum-norm``, no std), the PPO clip of ``algorithm``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
 from semrl.algos.branching import normalized_embeddings
-from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
+from semrl.algos.registry import AdvantageInputs, MethodRollout, MethodSpec, RolloutContext, register_method
 from semrl.algos.rose_rollout import tree_rollout
-from semrl.algos.rose_tree import ChainTree, segment_advantages
-from semrl.rollout import Generation
+from semrl.algos.rose_tree import segment_advantages
+from semrl.batch import GroupInfo
+from semrl.errors import ConfigError
+from semrl.options import option
+from semrl.tree import ChainTree
+
+
+@dataclass(frozen=True)
+class RoseConfig:
+    epsilon: float = option(0.5, "ROSE: probability of a fresh chain instead of a branch (1 = Dr.GRPO).")
+    alpha: float = option(1.0, "ROSE length-aware calibration exponent (eq. 8); 0 turns it off.")
+    branch_metric: Literal["semantic_entropy", "entropy", "divergence", "random"] = option(
+        "semantic_entropy", "Branch-point score: SD x H (ROSE), H (FR3E-style), SD, or random."
+    )
+    entropy_mode: Literal["topk_logprobs", "full_vocab"] = option(
+        "topk_logprobs", "H over the top-k log-probs (ROSE code) or the full vocabulary (paper)."
+    )
+    entropy_with_sampled: bool = option(
+        False, "With entropy_mode=topk_logprobs: add the sampled token's -p log p when it is outside the top k "
+        "(20 or 21 terms), as the ROSE code does with vLLM's log-prob dictionary (docs/engines.md)."
+    )
+    sd_mode: Literal["rose", "normalized"] = option(
+        "rose", "Semantic divergence: ROSE code formula, or the normalised non-negative variant."
+    )
+    sd_top_k: int = option(20, "Candidates used for semantic divergence (<= rollout.logprobs_top_k).")
+    code_compat: bool = option(
+        False, "Key tree nodes by (prompt, position) like ROSE's code instead of the exact tree."
+    )
+    reuse_kv_cache: bool = option(
+        True, "Continue branches from the parent chain's KV cache (kept until the step's trees are "
+        "done); false re-encodes prompt + prefix, saving memory on long responses."
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ConfigError(f"config key 'rose.epsilon' must be in [0, 1], got {self.epsilon}")
+
+
+def check_rose(cfg: Any) -> None:
+    if cfg.rose.sd_top_k > cfg.rollout.logprobs_top_k:
+        raise ConfigError("config key 'rose.sd_top_k' must be <= rollout.logprobs_top_k")
+    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and cfg.rose.entropy_mode == "full_vocab":
+        raise ConfigError(
+            "with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
+            "(rose.entropy_mode=full_vocab); use rose.entropy_mode=topk_logprobs or rollout.engine=hf"
+        )
+
+
+@dataclass
+class RoseState:
+    """Kept across steps: the L2-normalised input embeddings semantic divergence reads, taken once
+    from the engine at the first rollout, on the CPU beside the top-k log-probs the scores read."""
+
+    unit_embeddings: torch.Tensor | None = None
 
 
 def _depth(tree: ChainTree, chain: int) -> int:
@@ -25,15 +92,13 @@ def _depth(tree: ChainTree, chain: int) -> int:
     return depth
 
 
-def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Generation], dict[str, Any]]:
-    """Tree rollouts for every prompt; returns the leaves prompt-major and the trees."""
-    cfg = trainer.cfg
-    if getattr(trainer, "_rose_embeddings", None) is None:  # once per model, not per call
-        # on the CPU, beside the rollout's top-k log-probs that the scores read
-        trainer._rose_embeddings = normalized_embeddings(trainer.engine.input_embeddings()).cpu()
+def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
+    """Tree rollouts for every prompt: the leaves prompt-major, one tree per prompt group."""
+    state: RoseState = ctx.state
+    if state.unit_embeddings is None:
+        state.unit_embeddings = normalized_embeddings(ctx.engine.input_embeddings()).cpu()
     result = tree_rollout(
-        trainer.engine, prompt_ids, cfg.rollout.group_size, trainer._sampling_params(),
-        trainer._rose_embeddings, cfg.rose, trainer.generator,
+        ctx.engine, prompt_ids, ctx.group_size, ctx.params, state.unit_embeddings, ctx.cfg.rose, ctx.generator
     )
     groups = result.groups
     gens = [g for group in groups for g in group.generations]
@@ -54,31 +119,25 @@ def rose_rollout(trainer: Any, prompt_ids: list[list[int]]) -> tuple[list[Genera
         "rose/generation_rounds": float(result.rounds),
         "rose/score_time_frac": result.score_seconds / max(1e-9, result.score_seconds + result.generate_seconds),
     }
-    extras = {
-        "groups": {
-            "trees": [group.tree for group in groups],
-            "branch_points": [group.branch_points for group in groups],
-        },
-        "metrics": metrics,
-    }
-    return gens, extras
+    infos = [GroupInfo(tree=group.tree, branch_points=tuple(group.branch_points)) for group in groups]
+    return MethodRollout(gens, groups=infos, metrics=metrics)
 
 
-def rose_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
+def rose_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """(N, T) segment advantages, one prefix tree per prompt group (prompt-major order)."""
-    trees: list[ChainTree] = inputs.extras["groups"]["trees"]
     width = inputs.response_mask.shape[1]
     out, start = [], 0
-    for tree in trees:
+    for group in inputs.groups:
+        tree = group.tree
+        assert tree is not None, "ROSE advantages need the rollout's trees"
         g = len(tree)
         out.append(
             segment_advantages(
-                tree, inputs.rewards[start : start + g], width,
-                alpha=cfg.rose.alpha, code_compat=cfg.rose.code_compat,
+                tree, inputs.rewards[start : start + g], width, alpha=cfg.rose.alpha, code_compat=cfg.rose.code_compat
             )
         )
         start += g
-    return torch.cat(out) * inputs.response_mask
+    return torch.cat(out) * inputs.response_mask, {}
 
 
 register_method(
@@ -87,7 +146,10 @@ register_method(
         advantage_fn=rose_advantages,
         norm_adv_by_std=False,
         loss_agg_mode="seq-mean-token-sum-norm",
-        description="ROSE: semantic-entropy tree rollouts, segment advantages, Dr.GRPO loss.",
+        description="ROSE: semantic-entropy tree rollouts, segment advantages, Dr.GRPO loss (arXiv 2601.05053).",
         rollout_fn=rose_rollout,
+        options=RoseConfig,
+        check=check_rose,
+        new_state=RoseState,
     )
 )

@@ -1,4 +1,4 @@
-"""ROSE tree rollout ("iterative" mode, algorithms.md section 1.3).
+"""ROSE tree rollout ("iterative" mode; docs/algorithms.md "ROSE: tree rollout").
 
 Per prompt: a root chain, then G-1 iterations; each starts a fresh chain with probability epsilon,
 otherwise re-samples from the highest-scoring position over all chains created before it (the
@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from semrl.algos.branching import branch_scores
-from semrl.algos.rose_tree import ChainTree
-from semrl.config import RoseConfig
 from semrl.engine import Engine, fill_entropy, generate_dynamic
 from semrl.rollout import Generation, GenerationRequest, SamplingParams
+from semrl.tree import ChainTree
+
+if TYPE_CHECKING:  # the options live with the method; this module does not import it
+    from semrl.algos.rose import RoseConfig
 
 
 @dataclass

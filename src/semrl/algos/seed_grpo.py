@@ -1,15 +1,33 @@
-"""SEED-GRPO (algorithms.md section 5): Dr.GRPO advantages scaled down on prompts whose G answers
-have high semantic entropy. A_i = (r_i - mean r) * f(alpha * SE(q) / log G)."""
+"""SEED-GRPO (arXiv 2505.12346, https://arxiv.org/abs/2505.12346): Dr.GRPO advantages scaled
+down on prompts whose G answers have high semantic entropy: A_i = (r_i - mean r) * f(alpha * SE(q) / log G).
+
+Pieces: this module (options, the advantage, the method); answer clustering and the entropy
+estimators are ``semrl.algos.semantic_entropy`` (shared with SENT's curriculum);
+docs/algorithms.md "SEED-GRPO".
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
 from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
 from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy, max_entropy
+from semrl.options import option
+
+
+@dataclass(frozen=True)
+class SeedConfig:
+    alpha: float = option(1.0, "SEED-GRPO: strength; scale = f(alpha * SE / log G).")
+    scale_fn: Literal["linear", "inverse", "exp"] = option(
+        "linear", "SEED-GRPO f: 1 - x (clamped at 0), 1 / (1 + x), or exp(-x)."
+    )
+    likelihood: Literal["length_normalized", "frequency"] = option(
+        "length_normalized", "Cluster mass: exp(mean token log-prob) per response, or counts."
+    )
 
 
 def uncertainty_scale(x: torch.Tensor, scale_fn: str) -> torch.Tensor:
@@ -39,7 +57,7 @@ def group_semantic_entropy(inputs: AdvantageInputs, estimator: str) -> torch.Ten
     return torch.tensor(out)
 
 
-def seed_grpo_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
+def seed_grpo_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     seed = cfg.seed_grpo
     centred = group_centered_rewards(
         inputs.rewards, inputs.group_ids, normalize_std=bool(cfg.algorithm.norm_adv_by_std)
@@ -47,10 +65,8 @@ def seed_grpo_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
     entropy = group_semantic_entropy(inputs, seed.likelihood)
     group_size = int((inputs.group_ids == inputs.group_ids[0]).sum())
     scale = uncertainty_scale(seed.alpha * entropy / max(max_entropy(group_size), 1e-12), seed.scale_fn)
-    inputs.extras.setdefault("metrics", {}).update(
-        {"seed/semantic_entropy": entropy.mean().item(), "seed/scale": scale.mean().item()}
-    )
-    return broadcast_to_tokens(centred * scale[inputs.group_ids], inputs.response_mask)
+    metrics = {"seed/semantic_entropy": entropy.mean().item(), "seed/scale": scale.mean().item()}
+    return broadcast_to_tokens(centred * scale[inputs.group_ids], inputs.response_mask), metrics
 
 
 register_method(
@@ -59,6 +75,7 @@ register_method(
         advantage_fn=seed_grpo_advantages,
         norm_adv_by_std=False,
         loss_agg_mode="seq-mean-token-sum-norm",
-        description="SEED-GRPO: Dr.GRPO advantages scaled by f(alpha * semantic entropy / log G) (SEED-GRPO).",
+        description="SEED-GRPO: Dr.GRPO advantages scaled by f(alpha * semantic entropy / log G) (arXiv 2505.12346).",
+        options=SeedConfig,
     )
 )

@@ -2,8 +2,9 @@
 80/20 high-entropy token mask.
 
 Every per-token tensor is ``(N, T)`` with a 0/1 ``mask`` of valid response tokens. Selections
-are boolean masks of the same shape (never integer-mask indexing; see algorithms.md section 2.4
-defect 4). Covariances use detached log-probs: they choose tokens, they are not differentiated.
+are boolean masks of the same shape (never integer-mask indexing, which scrambles the SENT code's
+ranking; docs/algorithms.md "SENT"). Covariances use detached log-probs: they choose tokens, they
+are not differentiated.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ KLTarget = Literal["old_abs", "ref_k3"]
 def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
     """Cov_t = (A_t - mean A)(logp_t - mean logp), means over the selected tokens; 0 elsewhere.
 
-    algorithms.md section 4 (micro-batch valid tokens) and 2.3 step 4 (over the low-entropy set).
+    docs/algorithms.md "KL-Cov and Clip-Cov" (micro-batch valid tokens) and "SENT" (over the low-entropy set).
     """
     select = select.bool()
     n = select.sum().clamp(min=1)
@@ -65,7 +66,7 @@ def kl_cov_loss(
     kl_cov_ratio: float,
     ppo_kl_coef: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """KL-Cov (algorithms.md section 4): -A rho on every token, no clipping; the top
+    """KL-Cov (docs/algorithms.md "KL-Cov and Clip-Cov"): -A rho on every token, no clipping; the top
     ``max(1, floor(ratio * N_valid))`` tokens by Cov(logp, A) add ``ppo_kl_coef * |logp - old_logp|``.
 
     Returns per-token loss (N, T) and metrics (``kl_cov_frac``: share of valid tokens penalised).
@@ -91,7 +92,7 @@ def clip_cov_loss(
     cov_ub: float,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clip-Cov (algorithms.md section 4): the PPO loss, then ``max(1, floor(ratio * N_valid))``
+    """Clip-Cov (docs/algorithms.md "KL-Cov and Clip-Cov"): the PPO loss, then ``max(1, floor(ratio * N_valid))``
     tokens drawn at random among the unclipped valid tokens with ``cov_lb < Cov < cov_ub`` lose
     their gradient (loss set to 0)."""
     valid = mask.bool()
@@ -122,7 +123,7 @@ def sent_coefficients(
     beta_low: float,
     beta_low_scope: BetaLowScope = "rest_of_low",
 ) -> torch.Tensor:
-    """SENT's per-token KL coefficient beta_con (N, T), algorithms.md sections 2.2-2.4.
+    """SENT's per-token KL coefficient beta_con (N, T), docs/algorithms.md "SENT".
 
     Low-entropy set T_low: valid tokens with H below the ``entropy_quantile`` rank. Among them the
     ``m = max(1, floor(cov_top_ratio * |T_low|))`` tokens with the largest Cov(logp, A) (covariance

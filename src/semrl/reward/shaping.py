@@ -6,7 +6,7 @@ import torch
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int, penalty_factor: float) -> torch.Tensor:
-    """DAPO's soft overlong punishment (algorithms.md section 8), added to the reward.
+    """DAPO's soft overlong punishment (docs/algorithms.md "DAPO"), added to the reward.
 
     0 up to ``max_length - buffer_length`` tokens, then falling linearly to ``-penalty_factor`` at
     ``max_length``. lengths: (N,) response lengths in tokens. Returns (N,) penalties <= 0.

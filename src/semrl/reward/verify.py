@@ -1,7 +1,7 @@
 """Answer verification with math-verify in killable worker processes.
 
-math-verify can hang far past its own timeout on some inputs (e.g. huge nested exponents, see
-``shared/design/ecosystem.md`` section 2), and its timeouts rely on ``signal.alarm``. So every
+math-verify can hang far past its own timeout on some inputs (e.g. huge nested exponents), and
+its timeouts rely on ``signal.alarm``, which works only in a process's main thread. So every
 comparison that is not settled by a cheap, safe string/number check runs in a worker process
 that is SIGKILLed and replaced when it exceeds ``timeout_s``. A timeout scores 0 and is counted.
 """

@@ -1,0 +1,51 @@
+"""Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
+https://arxiv.org/abs/2505.22617): GRPO advantages and the PPO loss, with the gradient removed from
+``ratio`` of a micro-batch's tokens drawn at random among those with ``lb < Cov(logp, A) < ub``.
+
+Pieces: this module (options, the ``clip_cov`` loss, the method), ``token_selection.clip_cov_loss``
+(the pure function), docs/algorithms.md "KL-Cov and Clip-Cov".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from semrl.algos.grpo import outcome_advantages
+from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
+from semrl.algos.registry import MethodSpec, register_method
+from semrl.algos.token_selection import clip_cov_loss
+from semrl.options import check_fraction, option
+
+
+@dataclass(frozen=True)
+class ClipCovConfig:
+    ratio: float = option(0.0002, "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio).")
+    lb: float = option(1.0, "Clip-Cov: lower covariance bound of candidate tokens (verl: clip_cov_lb).")
+    ub: float = option(5.0, "Clip-Cov: upper covariance bound of candidate tokens (verl: clip_cov_ub).")
+
+    def __post_init__(self) -> None:
+        check_fraction("clip_cov.ratio", self.ratio)
+
+
+def clip_cov(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    a, c = cfg.algorithm, cfg.clip_cov
+    return clip_cov_loss(
+        x.logp, x.old_logp, x.advantages, x.mask, a.clip_ratio_low, a.clip_ratio_high, c.ratio, c.lb, c.ub, x.generator
+    )
+
+
+register_policy_loss(PolicyLoss("clip_cov", clip_cov))
+register_method(
+    MethodSpec(
+        name="clip_cov",
+        advantage_fn=outcome_advantages,
+        norm_adv_by_std=True,
+        loss_agg_mode="token-mean",
+        description="Clip-Cov: gradient removed from random high-Cov tokens (arXiv 2505.22617).",
+        policy_loss="clip_cov",
+        options=ClipCovConfig,
+    )
+)

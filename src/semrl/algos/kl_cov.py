@@ -1,0 +1,51 @@
+"""KL-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
+https://arxiv.org/abs/2505.22617): GRPO advantages; the policy-gradient loss without clipping,
+plus ``ppo_kl_coef * |logp - old logp|`` on the ``ratio`` share of tokens with the highest
+Cov(logp, A), selected per micro-batch as verl does.
+
+Pieces: this module (options, the ``kl_cov`` loss, the method), ``token_selection.kl_cov_loss``
+(the pure function), docs/algorithms.md "KL-Cov and Clip-Cov".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from semrl.algos.grpo import outcome_advantages
+from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
+from semrl.algos.registry import MethodSpec, register_method
+from semrl.algos.token_selection import kl_cov_loss
+from semrl.options import check_fraction, option
+
+
+@dataclass(frozen=True)
+class KLCovConfig:
+    ratio: float = option(
+        0.002, "KL-Cov: fraction of a micro-batch's tokens (top Cov) given the |logp - old| penalty "
+        "(verl: kl_cov_ratio)."
+    )
+    ppo_kl_coef: float = option(1.0, "KL-Cov: coefficient of the |logp - old logp| penalty (verl: ppo_kl_coef).")
+
+    def __post_init__(self) -> None:
+        check_fraction("kl_cov.ratio", self.ratio)
+
+
+def kl_cov(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return kl_cov_loss(x.logp, x.old_logp, x.advantages, x.mask, cfg.kl_cov.ratio, cfg.kl_cov.ppo_kl_coef)
+
+
+register_policy_loss(PolicyLoss("kl_cov", kl_cov))
+register_method(
+    MethodSpec(
+        name="kl_cov",
+        advantage_fn=outcome_advantages,
+        norm_adv_by_std=True,
+        loss_agg_mode="token-mean",
+        description="KL-Cov: |logp - old| penalty on the top-Cov tokens, no clipping (arXiv 2505.22617).",
+        policy_loss="kl_cov",
+        options=KLCovConfig,
+    )
+)

@@ -1,0 +1,52 @@
+"""A step's metrics, as pure functions of its rollout batches (no model needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from semrl.algos.token_selection import token_covariance
+from semrl.batch import RolloutBatch
+
+
+def reward_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
+    """Over every sequence sampled in the step (all rounds of dynamic sampling)."""
+    rewards = torch.cat([b.rewards for b in batches if b.rewards is not None])
+    grouped = torch.cat([b.group_rewards() for b in batches])
+    results = [r for b in batches for r in b.reward_results]
+    g = batches[0].group_size
+    # distinct extracted answers per group (None = no answer found counts as one more)
+    distinct = [len({r.answer for r in results[i : i + g]}) for i in range(0, len(results), g)]
+    return {
+        "reward": rewards.mean().item(),
+        "accuracy": float(np.mean([r.correct for r in results])),
+        "reward/frac_groups_all_equal": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
+        "reward/distinct_answers_per_group": float(np.mean(distinct)),
+        "reward/verify_timeouts": float(sum(b.verify_timeouts for b in batches)),
+    }
+
+
+def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """Sampling-time entropy and response lengths of the trained batch."""
+    lengths = np.array([len(g.token_ids) for g in batch.generations], dtype=float)
+    entropy = torch.cat([g.entropy for g in batch.generations])
+    correct = np.array([r.correct for r in batch.reward_results])
+    return {
+        "entropy": entropy.mean().item() if entropy.numel() else 0.0,
+        "response_length": float(lengths.mean()),
+        "response_length/correct": float(lengths[correct].mean()) if correct.any() else 0.0,
+        "response_length/truncated_frac": float(np.mean([g.truncated for g in batch.generations])),
+    }
+
+
+def entropy_metrics(batch: RolloutBatch, advantages: torch.Tensor, low_entropy_threshold: float) -> dict[str, float]:
+    """Entropy dynamics over the step's response tokens (rollout-time entropy and log-probs):
+    the share of tokens below ``low_entropy_threshold`` nats and the mean Cov(logp, A).
+
+    advantages: (N, T).
+    """
+    mask = batch.sequences.response_mask.bool()
+    low = (batch.rollout_entropy < low_entropy_threshold) & mask
+    cov = token_covariance(batch.rollout_logprobs, advantages, mask)
+    n = max(1, int(mask.sum()))
+    return {"entropy/low_frac": low.sum().item() / n, "entropy/cov_logp_adv": cov.sum().item() / n}

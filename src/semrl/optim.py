@@ -1,0 +1,57 @@
+"""The optimizer: AdamW, its learning-rate schedule, and a step that skips non-finite updates."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from semrl.config import Config
+from semrl.distributed import ProcessGroup
+
+
+def updates_per_step(cfg: Config) -> int:
+    """Optimizer steps per rollout step: PPO epochs x mini-batches."""
+    total = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    mini = cfg.trainer.mini_batch_size or total
+    return cfg.trainer.ppo_epochs * (total // mini)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW and its learning-rate schedule (warm-up, then constant / cosine / linear) over
+    ``steps`` rollout steps."""
+    t = cfg.trainer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)  # type: ignore[arg-type]
+    total_updates = steps * updates_per_step(cfg)
+
+    def factor(update: int) -> float:
+        if t.warmup_steps > 0 and update < t.warmup_steps:
+            return (update + 1) / t.warmup_steps
+        progress = (update - t.warmup_steps) / max(1, total_updates - t.warmup_steps)
+        if t.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        if t.lr_schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def guarded_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, procs: ProcessGroup,
+    max_grad_norm: float, sum_gradients: bool, losses: list[float],
+) -> tuple[float, bool]:
+    """One optimizer update from the accumulated gradients: summed over processes (unless FSDP
+    already reduced them, ``sum_gradients=False``), clipped to ``max_grad_norm``, and applied only
+    when the gradient norm and every process's micro-batch ``losses`` are finite; otherwise the
+    weights stay as they were. The scheduler advances either way. Returns (grad norm, applied)."""
+    if sum_gradients:
+        procs.sum_gradients(model.parameters())
+    grad_norm = procs.scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    finite = bool(torch.isfinite(grad_norm)) and procs.all_true(all(math.isfinite(v) for v in losses))
+    if finite:
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm.item(), finite

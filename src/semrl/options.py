@@ -1,0 +1,115 @@
+"""Typed option sections: the machinery behind every config section, the trainer's and the methods'.
+
+A section is a frozen dataclass whose fields are declared with :func:`option` (a default and a help
+text, written once). :func:`build_section` turns a mapping read from YAML into a section, checking
+each value against its annotation and naming the key and the closest valid one on a mistake. A
+section may check relations between its own fields in ``__post_init__`` (raise ``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import field
+from typing import Any, Literal
+
+from semrl.errors import ConfigError
+
+
+def option(default: Any, help: str, **kw: Any) -> Any:
+    """A section field with its default and its one documentation text (``semrl config`` prints it)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats, lists for tuples."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"config key '{key}': {value!r} is not a valid {type_name(tp)}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            hint = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            extra = f" Did you mean '{hint[0]}'?" if hint else ""
+            raise ConfigError(f"config key '{key}': {value!r} is not one of {list(choices)}.{extra}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"config key '{key}': unsupported type {tp}")  # pragma: no cover
+
+
+def unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
+    hint = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    extra = f" Did you mean '{prefix}{hint[0]}'?" if hint else ""
+    return ConfigError(f"unknown config key '{prefix}{key}'.{extra} Valid keys here: {', '.join(valid)}")
+
+
+def build_section(cls: type, values: Any, prefix: str) -> Any:
+    """The section ``cls`` from a mapping of its keys (missing keys keep their defaults).
+
+    ``prefix`` is the section's dotted name with a trailing dot, used in error messages.
+    """
+    if not isinstance(values, dict):
+        raise ConfigError(f"config key '{prefix.rstrip('.')}' must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            raise unknown_key(key, names, prefix)
+        kwargs[key] = coerce(value, hints[key], f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def section_reference(name: str, cls: type) -> list[str]:
+    """Markdown table rows (key, type, default, meaning) of one section."""
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        tp = type_name(hints[f.name]).replace("|", "or")
+        meaning = f.metadata.get("help", "").replace("|", "/")
+        rows.append(f"| `{name}.{f.name}` | {tp} | `{default!r}` | {meaning} |")
+    return rows
+
+
+def check_fraction(key: str, value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"config key '{key}' must be in (0, 1], got {value}")

@@ -1,0 +1,87 @@
+"""What a run writes as it goes: ``metrics.jsonl`` (and TensorBoard), ``samples.jsonl``, ``trees.jsonl``.
+
+Only the main process writes. On resume the lines of steps after the checkpoint are dropped,
+since those steps run again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from semrl.batch import RolloutBatch
+from semrl.jsonl import read_jsonl
+from semrl.tree_log import tree_records
+
+LOG_FILES = ("metrics.jsonl", "samples.jsonl", "trees.jsonl")
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, is_main: bool, tensorboard: bool) -> None:
+        self.run_dir, self.is_main = run_dir, is_main
+        self.tb: Any = None
+        if tensorboard and is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the lines of steps after ``step`` (they belong to steps that will be re-run)."""
+        for name in LOG_FILES if self.is_main else ():
+            log = self.run_dir / name
+            if log.exists():
+                kept = [row for row in read_jsonl(log) if row.get("step", 0) <= step]
+                log.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+
+    def metrics(self, row: dict[str, float]) -> None:
+        if not self.is_main:
+            return
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for key, value in row.items():
+                if key != "step":
+                    self.tb.add_scalar(key, value, row["step"])
+            self.tb.flush()
+
+    def samples(
+        self,
+        batch: RolloutBatch,
+        advantages: torch.Tensor,
+        step: int,
+        tokenizer: PreTrainedTokenizerBase,
+        num_samples: int,
+        num_trees: int,
+        code_compat: bool,
+    ) -> None:
+        """The first ``num_samples`` completions and ``num_trees`` rollout trees of this process's
+        share of the batch; ``advantages`` is (N, T)."""
+        if not self.is_main:
+            return
+        assert batch.rewards is not None
+        trees = tree_records(batch, advantages, tokenizer, step, num_trees, code_compat)
+        if trees:
+            with (self.run_dir / "trees.jsonl").open("a", encoding="utf-8") as fh:
+                fh.write("".join(json.dumps(t) + "\n" for t in trees))
+        rows = [
+            {
+                "step": step,
+                "problem_id": batch.problems[i].id,
+                "problem": batch.problems[i].problem,
+                "gold": batch.problems[i].answer,
+                "response": batch.texts[i],
+                "answer": batch.reward_results[i].answer,
+                "reward": batch.rewards[i].item(),
+            }
+            for i in range(min(num_samples, len(batch.texts)))
+        ]
+        with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write("".join(json.dumps(row) + "\n" for row in rows))
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

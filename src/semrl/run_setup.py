@@ -1,0 +1,154 @@
+"""Everything a run sets up before its first step, from its config: the run directory, the data,
+the models and the sampling engine, the optimizer. The trainer calls these in order."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from semrl.checkpoint import cleanup_partial, latest_checkpoint
+from semrl.config import Config, ConfigError, save_config
+from semrl.curriculum import curriculum_stages, load_curriculum
+from semrl.data import DataError, Problem, build_prompt_ids, load_dataset
+from semrl.distributed import ProcessGroup, full_state_dict, shard_model
+from semrl.engine import Engine, build_engine
+from semrl.models import load_model, load_tokenizer, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and torch; returns the generator every sampling and shuffling draws from."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | None:
+    """The checkpoint to resume from (``resume``), or None after creating a new run directory that
+    holds the config. Refuses to start a new run over an existing one."""
+    run_dir = Path(cfg.logging.output_dir)
+    ckpt = latest_checkpoint(run_dir)
+    holds_run = ckpt is not None or (run_dir / "metrics.jsonl").exists()
+    procs.barrier()  # every process has looked before the main one writes
+    if resume:
+        if ckpt is None:
+            raise ConfigError(f"--resume: no complete checkpoint in {run_dir / 'checkpoints'}")
+        if procs.is_main:
+            cleanup_partial(run_dir)
+        return ckpt
+    if holds_run:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run; continue it with "
+            f"'semrl train --resume {run_dir}' or set logging.output_dir to a new directory"
+        )
+    if procs.is_main:
+        cleanup_partial(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    return None
+
+
+def check_world_size(cfg: Config, world: int) -> None:
+    """Checks that depend on the number of processes, known only once they are started."""
+    if cfg.rollout.prompts_per_step % world:
+        raise ConfigError(
+            f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be a multiple of the "
+            f"number of processes ({world}): each process takes whole prompt groups"
+        )
+    if cfg.trainer.fsdp and world == 1:
+        raise ConfigError("trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'")
+    if cfg.trainer.fsdp and cfg.trainer.packing == "tree":
+        raise ConfigError("trainer.packing=tree does not work with trainer.fsdp yet; set trainer.packing=none")
+    mini = cfg.trainer.mini_batch_size
+    if mini is not None and mini % world:
+        raise ConfigError(f"trainer.mini_batch_size ({mini}) must be a multiple of the number of processes ({world})")
+
+
+def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
+    """(held-out problems, training stages): one stage, or the curriculum's stages of increasing
+    semantic entropy (SENT). Held-out problems are drawn first so that training can exclude them
+    (1-digit sums have only 100 problems)."""
+    data = cfg.data
+
+    def load(name: str, split: str, exclude: set[str] | None = None) -> list[Problem]:
+        size = data.arithmetic_size if split == "train" else data.eval_size
+        return load_dataset(
+            name, split=split, seed=cfg.trainer.seed, arithmetic_size=size, levels=data.arithmetic_levels,  # type: ignore[arg-type]
+            exclude=exclude, skip_bad_rows=data.skip_bad_rows,
+        )
+
+    held_out_problems = load(data.eval, "eval")[: data.eval_size] if data.eval else []
+    if data.eval and not held_out_problems:
+        raise DataError(f"data.eval '{data.eval}' gave no problems; raise data.eval_size")
+    held_out = {p.problem for p in held_out_problems}
+    if data.curriculum:
+        scored = [(p, h) for p, h in load_curriculum(data.curriculum) if p.problem not in held_out]
+        stages = curriculum_stages(scored, data.curriculum_stages)
+    else:
+        stages = [load(data.train, "train", held_out)]
+    if not all(stages):
+        raise DataError(
+            f"data.train '{data.train}' has no problems left after removing the held-out ones; "
+            "add arithmetic levels or lower data.eval_size"
+        )
+    return held_out_problems, stages
+
+
+def check_prompt_lengths(tokenizer: Any, problems: list[Problem], cfg: Config) -> None:
+    """Fail before training when a prompt is over ``data.max_prompt_length`` (the first 1000 checked)."""
+    limit = cfg.data.max_prompt_length
+    for p in problems[:1000]:
+        n = len(build_prompt_ids(tokenizer, p.problem, cfg.data.system_prompt))
+        if n > limit:
+            raise DataError(
+                f"problem '{p.id}' has a {n}-token prompt, over data.max_prompt_length={limit}; "
+                "raise data.max_prompt_length or drop the problem"
+            )
+
+
+@dataclass
+class Models:
+    """The trained model; the one the engine samples from (the trained one, or with FSDP on hf a
+    full copy synced after each update); the frozen reference (None when nothing reads it)."""
+
+    tokenizer: Any
+    model: torch.nn.Module
+    rollout_model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    engine: Engine
+
+
+def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_reference: bool) -> Models:
+    """Load the models, build the engine, shard under FSDP. With FSDP on vllm the engine takes the
+    model before it is sharded and gathered full tensors after each update: no second copy."""
+    m, r = cfg.model, cfg.rollout
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path, m.dtype, m.attn_implementation)
+    model.to(procs.device)
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    rollout_model = model
+    if cfg.trainer.fsdp and r.engine == "hf":
+        rollout_model = load_model(model_path, m.dtype, m.attn_implementation)
+        rollout_model.requires_grad_(False).eval().to(procs.device)
+    engine = build_engine(
+        r.engine, rollout_model, tokenizer, r.generation_batch_size, cfg.data.max_prompt_length + r.max_new_tokens,
+        r.logprobs_top_k, cfg.trainer.seed + procs.rank, r,
+    )
+    if cfg.trainer.fsdp:
+        shard_model(model)
+        if rollout_model is model:  # vllm: from now on it sees only gathered tensors
+            engine.sync_weights(full_state_dict(model))
+    ref_model = None
+    if needs_reference:
+        ref_model = load_model(resolve_model_path(m.name, m.cache_dir), m.dtype, m.attn_implementation)
+        ref_model.requires_grad_(False).eval().to(procs.device)
+    return Models(tokenizer, model, rollout_model, ref_model, engine)

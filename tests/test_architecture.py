@@ -1,0 +1,116 @@
+"""The layout's promises: no import cycle, plug-ins never see the Trainer, the trainer stays a loop,
+and the design notes the code cites ship in docs/."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGE = ROOT / "src" / "semrl"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for n in ast.walk(node)}
+    return skip
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """semrl modules ``name`` imports anywhere (functions included; type-checking blocks excluded),
+    plus the packages whose ``__init__`` runs on the way."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_nodes(tree)
+    targets: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names}
+    deps = set()
+    for target in targets:
+        parts = target.split(".")
+        deps |= {".".join(parts[:k]) for k in range(2, len(parts) + 1)}  # semrl.a, semrl.a.b, ...
+    return {d for d in deps if d in modules and d != name and not name.startswith(d + ".")}
+
+
+def test_no_import_cycle_among_semrl_modules():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep) :] + [dep])
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
+    package = tmp_path / "semrl"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from semrl.b import g\n")
+    (package / "b.py").write_text("from semrl import a\n")
+    modules = {"semrl": package / "__init__.py", "semrl.a": package / "a.py", "semrl.b": package / "b.py"}
+    assert _imports("semrl.a", modules["semrl.a"], modules) == {"semrl.b"}
+    assert _imports("semrl.b", modules["semrl.b"], modules) == {"semrl.a"}
+
+
+def test_no_module_but_the_cli_reaches_the_trainer():
+    modules = _modules()
+    for name, path in modules.items():
+        if name in ("semrl.trainer", "semrl.cli"):
+            continue
+        assert "semrl.trainer" not in _imports(name, path, modules), f"{name} imports the trainer"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        args = {a.arg for node in ast.walk(tree) if isinstance(node, ast.arguments) for a in node.args + node.kwonlyargs}
+        assert "trainer" not in args, f"{name} has a function that takes the trainer"
+
+
+def test_trainer_is_the_loop():
+    lines = (PACKAGE / "trainer.py").read_text(encoding="utf-8").count("\n")
+    assert lines < 450, f"trainer.py has {lines} lines; move set-up or helpers to their own modules"
+
+
+def test_every_doc_the_code_cites_ships_in_docs():
+    cited = set()
+    for path in [*PACKAGE.rglob("*.py"), ROOT / "README.md", *(ROOT / "configs").glob("*.yaml")]:
+        text = path.read_text(encoding="utf-8")
+        assert "design/" not in text, f"{path} cites a design file outside the repository"
+        assert not re.search(r"(?<!docs/)algorithms\.md", text), f"{path} cites algorithms.md without docs/"
+        for doc, section in re.findall(r'docs/([\w.-]+\.md)(?:,?\s+"([^"]+)")?', text):
+            cited.add((doc, " ".join(section.split())))
+    assert cited
+    for doc, section in cited:
+        page = ROOT / "docs" / doc
+        assert page.is_file(), f"docs/{doc} is cited but missing"
+        if section:
+            headings = [h.strip("# ").strip() for h in page.read_text(encoding="utf-8").splitlines() if h.startswith("#")]
+            assert section in headings, f'docs/{doc} has no section "{section}"'
