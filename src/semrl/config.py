@@ -327,7 +327,9 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def _method_name(values: dict[str, Any]) -> str:
-    name = values.get("algorithm", {}).get("method", AlgorithmConfig.method) if isinstance(values.get("algorithm", {}), dict) else None
+    """The registered method the raw config values select (its defaults fill the null keys)."""
+    algorithm = values.get("algorithm") or {}
+    name = algorithm.get("method", AlgorithmConfig.method) if isinstance(algorithm, dict) else None
     if not isinstance(name, str) or name not in METHODS:
         hint = difflib.get_close_matches(str(name), list(METHODS), n=1)
         extra = f" Did you mean '{hint[0]}'?" if hint else ""
