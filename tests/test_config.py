@@ -103,3 +103,10 @@ def test_readme_config_reference_is_generated_from_the_registry():
 
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     assert config_reference() in readme, "regenerate the README's config reference with 'semrl config'"
+
+
+def test_clip_cov_defaults_to_its_recipes_clip_range():
+    cfg = load_config(None, ["algorithm.method=clip_cov"])
+    assert (cfg.algorithm.clip_ratio_low, cfg.algorithm.clip_ratio_high) == (1.0, 1.0)
+    assert load_config(None, ["algorithm.method=grpo"]).algorithm.clip_ratio_high == 0.2
+    assert load_config(None, ["algorithm.method=clip_cov", "algorithm.clip_ratio_high=0.3"]).algorithm.clip_ratio_high == 0.3

@@ -42,3 +42,54 @@ def test_modulation_by_hand():
 def test_too_many_anchors_for_the_group_is_a_config_error():
     with pytest.raises(ConfigError, match="fr3e.num_anchors"):
         load_config(None, ["algorithm.method=fr3e", "fr3e.num_anchors=8", "rollout.group_size=8"])
+
+
+def _fr3e_code_reference(rewards: list[float], states: list[int], sharpen: bool) -> list[float]:
+    """FR3E's code, restated: drop state groups whose rewards are all equal (its dynamic sampling),
+    centre each kept group by its mean, v_j = share of positive centred scores, delta_0 = 1 - v_0,
+    delta_j = v_j - v_(j-1) over the kept groups in order, optional sharpening, divide by exp(delta)."""
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(states):
+        groups.setdefault(s, []).append(i)
+    out = [0.0] * len(rewards)
+    kept = [s for s in sorted(groups) if len(groups[s]) > 1 and len({rewards[i] for i in groups[s]}) > 1]
+    centred, values = {}, []
+    for s in kept:
+        mean = sum(rewards[i] for i in groups[s]) / len(groups[s])
+        centred[s] = {i: rewards[i] - mean for i in groups[s]}
+        values.append(sum(c > 0 for c in centred[s].values()) / len(groups[s]))
+    deltas = [1 - values[0] if k == 0 else values[k] - values[k - 1] for k in range(len(values))]
+    if sharpen and deltas:
+        powered = [abs(d) ** 1.5 for d in deltas]
+        total = sum(powered)
+        deltas = [math.copysign(p / total, d) if d != 0 else 0.0 for p, d in zip(powered, deltas, strict=True)]
+    for s, d in zip(kept, deltas, strict=True):
+        for i, c in centred[s].items():
+            out[i] = c / math.exp(d)
+    return out
+
+
+def test_states_whose_continuations_all_agree_are_left_out_of_the_values():
+    # the issue's example: states [1,0], [1,1], [1,0], [0,0]; FR3E's code gives the third state +-0.5
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    states = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    adv = fr3e_modulation(rewards, states, sharpen=True)
+    assert adv[4:6].tolist() == pytest.approx([0.5, -0.5])
+    assert adv[2:4].tolist() == [0.0, 0.0] and adv[6:].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("sharpen", [True, False])
+def test_modulation_equals_fr3e_code_on_random_groups(sharpen):
+    gen = torch.Generator().manual_seed(0)
+    for case in range(2000):
+        g = int(torch.randint(2, 13, (1,), generator=gen))
+        num_states = int(torch.randint(1, min(g, 5) + 1, (1,), generator=gen))
+        states = [j for j, n in enumerate(state_sizes(g, num_states)) for _ in range(n)]
+        p = float(torch.rand(1, generator=gen))
+        if case % 3 == 0:  # shaped rewards: 1/0 minus an overlong penalty
+            rewards = ((torch.rand(g, generator=gen) < p).float() - 0.25 * torch.randint(0, 3, (g,), generator=gen)).tolist()
+        else:
+            rewards = (torch.rand(g, generator=gen) < p).float().tolist()
+        got = fr3e_modulation(torch.tensor(rewards), torch.tensor(states), sharpen=sharpen)
+        want = _fr3e_code_reference(rewards, states, sharpen)
+        assert got.tolist() == pytest.approx(want, abs=1e-5), (rewards, states)

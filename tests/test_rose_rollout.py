@@ -91,3 +91,42 @@ def test_kv_reuse_does_not_change_greedy_trees(setup):
         for x, y in zip(a.generations, b.generations, strict=True):
             assert torch.equal(x.token_ids, y.token_ids)
             assert torch.allclose(x.logprobs, y.logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize("reuse_kv_cache", [True, False])
+def test_every_branch_copies_its_parent_up_to_k_and_resamples_from_k(setup, reuse_kv_cache):
+    """For every branched chain of real trees: the request held exactly the parent's first k tokens
+    and the budget L - k; the chain equals its parent before k; the token at k was sampled again
+    (it differs from the parent's in some chains, which a copy of k + 1 tokens never would)."""
+    engine, emb, prompts = setup
+    requests = []
+    original = engine.generate
+
+    def spy(reqs, *args, **kwargs):
+        requests.extend(reqs)
+        return original(reqs, *args, **kwargs)
+
+    engine.generate = spy
+    try:
+        differs, branched = 0, 0
+        for seed in range(4):
+            requests.clear()
+            out = tree_rollout(engine, prompts, 6, PARAMS, emb, RoseConfig(epsilon=0.3, reuse_kv_cache=reuse_kv_cache),
+                               torch.Generator().manual_seed(seed))
+            for p, group in enumerate(out.groups):
+                tree, chains = group.tree, [g.token_ids.tolist() for g in group.generations]
+                for c, (parent, k) in enumerate(zip(tree.parents, tree.branch_positions, strict=True)):
+                    assert len(chains[c]) <= PARAMS.max_new_tokens
+                    if parent < 0:
+                        continue
+                    branched += 1
+                    assert chains[c][:k] == chains[parent][:k]
+                    assert len(chains[c]) > k  # at least the re-sampled token
+                    differs += chains[c][k] != chains[parent][k]
+                    match = [r for r in requests if r.prompt_ids == prompts[p] and r.prefix_ids == chains[parent][:k]
+                             and r.max_new_tokens == PARAMS.max_new_tokens - k]
+                    assert match, f"no request continued chain {parent} from its first {k} tokens with budget L - k"
+                    assert group.generations[c].logprobs.shape == (len(chains[c]),)
+        assert branched > 20 and differs > branched // 4, (branched, differs)
+    finally:
+        engine.generate = original

@@ -144,3 +144,95 @@ def test_invalid_trees_are_rejected():
         ChainTree(parents=(-1, 0), branch_positions=(-1, 9), lengths=(5, 12))
     with pytest.raises(ValueError, match="shape"):
         segment_advantages(TREE_A, torch.ones(3), width=32)
+
+
+def _token_tree(gen: torch.Generator, g: int) -> tuple[ChainTree, list[list[int]]]:
+    """A random ROSE-like tree with the chains' token lists: fresh chains start with a token of their
+    own, a branch at k copies its parent's first k tokens and re-samples token k to a token of its own,
+    so two chains share exactly the tokens the tree says they share."""
+    chains: list[list[int]] = []
+    parents, positions = [], []
+    for c in range(g):
+        length = int(torch.randint(1, 12, (1,), generator=gen))
+        tail = torch.randint(0, 5, (length,), generator=gen).tolist()
+        if c == 0 or float(torch.rand(1, generator=gen)) < 0.3:
+            chains.append([1000 + c] + tail[1:])
+            parents.append(-1)
+            positions.append(-1 if c == 0 else 0)
+        else:
+            p = int(torch.randint(0, c, (1,), generator=gen))
+            k = int(torch.randint(0, len(chains[p]), (1,), generator=gen))  # 0 included: a branch at token 0
+            chains.append(chains[p][:k] + [2000 + c] + tail[: length - 1])
+            parents.append(p)
+            positions.append(k)
+    return ChainTree(tuple(parents), tuple(positions), tuple(len(x) for x in chains)), chains
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _rose_reference(chains: list[list[int]], tree: ChainTree, rewards: list[float], correct: list[bool],
+                    alpha: float, width: int) -> torch.Tensor:
+    """ROSE paper eqs. 4-8 computed from the token lists: a node is where a branch re-sampled, its
+    members the chains sharing the tokens before it; V = mean reward of the members."""
+    g = len(chains)
+    out = torch.zeros(g, width)
+    mean = sum(rewards) / g
+
+    def value(c: int, k: int) -> float:
+        members = [m for m in range(g) if _common(chains[m], chains[c]) >= k]
+        return sum(rewards[m] for m in members) / len(members)
+
+    for c in range(g):
+        points = set()
+        for b in range(g):
+            k = tree.branch_positions[b]
+            if tree.parents[b] >= 0 and 0 < k < len(chains[c]) and _common(chains[b], chains[c]) >= k:
+                points.add(k)
+        cuts = sorted({0, len(chains[c]), *points})
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            end = rewards[c] if b == len(chains[c]) else value(c, b)
+            start = mean if a == 0 else value(c, a)
+            out[c, a:b] = end - start
+    good = [c for c in range(g) if correct[c]]
+    if alpha > 0 and len(good) >= 2:
+        s = min(good, key=lambda c: (len(chains[c]), c))
+        for c in good:
+            if c == s:
+                continue
+            k, length = _common(chains[s], chains[c]), len(chains[c])
+            if length > k:
+                factor = 1 - ((len(chains[s]) - k) / (length - k)) ** alpha
+                if factor > 0:
+                    out[c, k:length] = out[c, k:length] - out[c, k:length].abs() * factor
+    return out
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
+def test_segment_advantages_equal_the_papers_definition_on_random_trees(alpha):
+    gen = torch.Generator().manual_seed(int(alpha * 10))
+    for _ in range(700):
+        g = int(torch.randint(1, 10, (1,), generator=gen))
+        tree, chains = _token_tree(gen, g)
+        correct = (torch.rand(g, generator=gen) < 0.5).tolist()
+        # rewards with DAPO shaping and a negative truncation reward: not 0/1, can be negative
+        rewards = [(1.0 if ok else -0.5 * int(torch.randint(0, 2, (1,), generator=gen))) - 0.1 * int(torch.randint(0, 3, (1,), generator=gen))
+                   for ok in correct]
+        width = max(tree.lengths) + 3  # padding must stay 0
+        got = segment_advantages(tree, torch.tensor(rewards), width, alpha=alpha, correct=torch.tensor(correct))
+        want = _rose_reference(chains, tree, rewards, correct, alpha, width)
+        assert torch.allclose(got, want, atol=1e-5), (tree, rewards, correct)
+
+
+def test_a_wrong_chain_with_a_non_zero_reward_is_not_the_shortest_correct_one():
+    # chain 1 (wrong, shaped reward -0.2) is shortest; the correct chains 0 and 2 keep their advantages
+    tree = ChainTree(parents=(-1, -1, -1), branch_positions=(-1, 0, 0), lengths=(10, 2, 10))
+    rewards = torch.tensor([1.0, -0.2, 1.0])
+    verified = segment_advantages(tree, rewards, 10, alpha=1.0, correct=torch.tensor([True, False, True]))
+    assert torch.allclose(verified, segment_advantages(tree, rewards, 10, alpha=0.0))
+    code_rule = segment_advantages(tree, rewards, 10, alpha=1.0)  # |r| > 0 counts as correct
+    assert not torch.allclose(code_rule, verified)

@@ -152,8 +152,12 @@ class AlgorithmConfig:
     loss_agg_mode: (
         Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
     ) = option(None, "Loss aggregation (null: the method's default); docs/algorithms.md, section Loss aggregation.")
-    clip_ratio_low: float = option(0.2, "PPO clip epsilon below 1 (ratio >= 1 - eps_low).")
-    clip_ratio_high: float = option(0.2, "PPO clip epsilon above 1 (DAPO clip-higher: 0.28).")
+    clip_ratio_low: float | None = option(
+        None, "PPO clip epsilon below 1 (ratio >= 1 - eps_low); null: the method's (0.2; Clip-Cov 1.0, its recipes')."
+    )
+    clip_ratio_high: float | None = option(
+        None, "PPO clip epsilon above 1 (DAPO clip-higher: 0.28); null: the method's (0.2; Clip-Cov 1.0)."
+    )
     clip_ratio_c: float = option(3.0, "Dual-clip constant for negative advantages (verl default 3).")
     kl_coef: float = option(0.0, "KL-to-reference coefficient beta; 0 loads no reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = option("k3", "KL estimator (k3 = verl low_var_kl).")
@@ -351,7 +355,8 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     spec = get_method(_method_name(values))
     algorithm = dict(values.get("algorithm") or {})
     for key, default in (
-        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode), ("policy_loss", spec.policy_loss)
+        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode), ("policy_loss", spec.policy_loss),
+        ("clip_ratio_low", spec.clip_ratio_low), ("clip_ratio_high", spec.clip_ratio_high),
     ):
         if algorithm.get(key) is None:
             algorithm[key] = default

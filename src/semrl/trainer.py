@@ -404,7 +404,7 @@ class Trainer:
                         entropy=None if entropy is None else entropy.detach(),
                         ref_logp=None if ref_logp is None else ref_logp[idx, :r].to(dev),
                         selection={k: v[u_start : u_start + len(idx), :r].to(dev) for k, v in selection.items()},
-                        generator=self.generator,
+                        generator=self.generator, num_tokens=num_tokens, num_micro_batches=n_micro * world,
                     )
                     token_loss, pg_metrics = self.policy_loss.loss_fn(inputs, cfg)
                     if inputs.ref_logp is not None:

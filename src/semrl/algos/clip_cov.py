@@ -1,6 +1,11 @@
 """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
 https://arxiv.org/abs/2505.22617): GRPO advantages and the PPO loss, with the gradient removed from
 ``ratio`` of a micro-batch's tokens drawn at random among those with ``lb < Cov(logp, A) < ub``.
+The PPO clip defaults to 1 / 1 (ratio in [0, 2]), as the reference recipes set it.
+
+Selection is per micro-batch, as verl's: with few tokens per micro-batch the one-token minimum
+drops far more than ``ratio`` of the tokens (one of 100 tokens is 50x the default 0.0002); raise
+``trainer.micro_batch_size`` to get nearer the nominal share. KL-Cov selects the same way.
 
 Pieces: this module (options, the ``clip_cov`` loss, the method), ``token_selection.clip_cov_loss``
 (the pure function), docs/algorithms.md "KL-Cov and Clip-Cov".
@@ -46,6 +51,8 @@ register_method(
         loss_agg_mode="token-mean",
         description="Clip-Cov: gradient removed from random high-Cov tokens (arXiv 2505.22617).",
         policy_loss="clip_cov",
+        clip_ratio_low=1.0,
+        clip_ratio_high=1.0,
         options=ClipCovConfig,
     )
 )

@@ -7,9 +7,11 @@ states (S_0 gets the first extra ones when G is not a multiple of K + 1). Contin
 first-return chain's KV cache; the prefix is part of the prompt, so only continuations are
 trained on, and the first-return chain itself is not.
 
-Advantage: per state, A = r - mean over that state's continuations (no std). With v_j the share of
-state j's continuations whose centred score is positive, delta_0 = 1 - v_0 and
-delta_j = v_j - v_(j-1) (optionally sharpened: sign(d)|d|^1.5 / sum |d|^1.5), and A_j <- A_j / exp(delta_j).
+Advantage: per state, A = r - mean over that state's continuations (no std). States whose
+continuations all got the same reward are left out of the values (FR3E's code drops them). With
+v_j the share of state j's continuations whose centred score is positive, over the remaining states
+in order, delta_0 = 1 - v_0 and delta_j = v_j - v_(j-1) (optionally sharpened:
+sign(d)|d|^1.5 / sum |d|^1.5), and A_j <- A_j / exp(delta_j).
 
 Pieces: this module (options, rollout, advantages, the method); docs/algorithms.md "FR3E".
 """
@@ -76,24 +78,37 @@ def state_sizes(group_size: int, num_states: int) -> list[int]:
 def fr3e_modulation(rewards: torch.Tensor, states: torch.Tensor, sharpen: bool = True) -> torch.Tensor:
     """(G,) FR3E advantages of one prompt's continuations.
 
+    A state whose continuations all got the same reward (all correct, all wrong, or a single
+    continuation) has zero advantages and no value: as FR3E's code, which drops such state groups
+    (its dynamic sampling) before computing the values, the value chain runs over the other
+    states only, in order.
+
     Args:
         rewards: (G,) reward of each continuation.
         states: (G,) state index j of each continuation (0 = from the prompt), states ascending.
     """
-    num_states = int(states.max()) + 1
     adv = torch.zeros_like(rewards, dtype=torch.float32)
-    value = torch.zeros(num_states)
-    for j in range(num_states):
+    kept: list[int] = []
+    values: list[torch.Tensor] = []
+    for j in range(int(states.max()) + 1):
         rows = states == j
-        if rows.any():
-            centred = rewards[rows].float() - rewards[rows].float().mean()
-            adv[rows] = centred
-            value[j] = (centred > 0).float().mean()
+        group = rewards[rows].float()
+        if group.numel() < 2 or bool(group.max() == group.min()):
+            continue
+        centred = group - group.mean()
+        adv[rows] = centred
+        kept.append(j)
+        values.append((centred > 0).float().mean())
+    if not kept:
+        return adv
+    value = torch.stack(values)
     delta = torch.cat([1.0 - value[:1], value[1:] - value[:-1]])
     if sharpen:
         powered = delta.abs() ** 1.5
         delta = torch.sign(delta) * powered / powered.sum().clamp(min=1e-12)
-    return adv / torch.exp(delta[states])
+    for j, d in zip(kept, delta, strict=True):
+        adv[states == j] /= torch.exp(d)
+    return adv
 
 
 def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:

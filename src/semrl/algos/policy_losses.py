@@ -33,6 +33,9 @@ class PolicyLossInputs:
         entropy: current full-vocabulary entropy (detached), or None.
         ref_logp: reference-model log-probs, or None.
         selection: outputs of the loss's ``prepare_fn`` for these rows.
+        generator: the process's random stream (Clip-Cov's random choice).
+        num_tokens: valid tokens of the whole mini-batch over every process (token-mean's denominator).
+        num_micro_batches: micro-batches of the mini-batch over every process.
     """
 
     logp: torch.Tensor
@@ -43,6 +46,8 @@ class PolicyLossInputs:
     ref_logp: torch.Tensor | None = None
     selection: dict[str, torch.Tensor] = field(default_factory=dict)
     generator: torch.Generator | None = None
+    num_tokens: int = 0
+    num_micro_batches: int = 1
 
 
 @dataclass

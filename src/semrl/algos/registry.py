@@ -37,7 +37,8 @@ class RolloutContext:
         params: the training sampler (temperature, top-p/k, response budget, top-k log-probs).
         generator: the process's random stream; every random choice of the rollout draws from it.
         cfg: the whole (frozen) config; a method reads its own section as ``cfg.<method name>``.
-        state: the method's own state, made once per run by ``MethodSpec.new_state`` (or None).
+        state: the method's own state, made once per run by ``MethodSpec.new_state`` (or None); it is
+            not checkpointed, so a method whose results depend on it does not resume exactly.
     """
 
     engine: Engine
@@ -107,7 +108,8 @@ class MethodSpec:
         name: ``algorithm.method`` value, and the name of the method's config section.
         advantage_fn: its advantage estimator.
         description: one line for ``semrl config --methods`` and the docs, with the paper.
-        norm_adv_by_std, loss_agg_mode, policy_loss: defaults of the ``algorithm`` keys left null.
+        norm_adv_by_std, loss_agg_mode, policy_loss, clip_ratio_low, clip_ratio_high: defaults of
+            the ``algorithm`` keys left null.
         rollout_fn: its own sampling; None: G independent samples per prompt.
         options: frozen dataclass of its option fields (its config section), or None.
         check: checks of its options against other sections, run when the config is loaded with
@@ -121,6 +123,8 @@ class MethodSpec:
     norm_adv_by_std: bool
     loss_agg_mode: str
     policy_loss: str = "ppo"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
     rollout_fn: RolloutFn | None = None
     options: type | None = None
     check: Callable[[Any], None] | None = None

@@ -13,7 +13,8 @@ How it fits together, one step:
    tree packing computes each shared prefix once from it (``semrl.packing``).
 3. Advantages (:func:`rose_advantages` -> ``rose_tree.segment_advantages``): a chain's segments
    between tree nodes get the change of node value (mean reward under the node), which telescopes
-   to the Dr.GRPO advantage; then eq. 8 discounts verbose correct chains (``alpha``)
+   to the Dr.GRPO advantage; then eq. 8 discounts verbose correct chains (``alpha``; correct =
+   verified by the reward function, not "non-zero reward" as in the ROSE code)
    (docs/algorithms.md "ROSE: nodes and segment advantages", "ROSE: length-aware calibration").
 4. Loss: Dr.GRPO's (``seq-mean-token-sum-norm``, no std), the PPO clip of ``algorithm``.
 """
@@ -76,14 +77,6 @@ def check_rose(cfg: Any) -> None:
         )
 
 
-@dataclass
-class RoseState:
-    """Kept across steps: the L2-normalised input embeddings semantic divergence reads, taken once
-    from the engine at the first rollout, on the CPU beside the top-k log-probs the scores read."""
-
-    unit_embeddings: torch.Tensor | None = None
-
-
 def _depth(tree: ChainTree, chain: int) -> int:
     depth = 0
     while tree.parents[chain] >= 0:
@@ -94,12 +87,10 @@ def _depth(tree: ChainTree, chain: int) -> int:
 
 def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
     """Tree rollouts for every prompt: the leaves prompt-major, one tree per prompt group."""
-    state: RoseState = ctx.state
-    if state.unit_embeddings is None:
-        state.unit_embeddings = normalized_embeddings(ctx.engine.input_embeddings()).cpu()
-    result = tree_rollout(
-        ctx.engine, prompt_ids, ctx.group_size, ctx.params, state.unit_embeddings, ctx.cfg.rose, ctx.generator
-    )
+    # from the weights the engine samples with now, as the ROSE code reads them from its rollout
+    # model at every step (on the CPU, beside the top-k log-probs the scores read)
+    unit_embeddings = normalized_embeddings(ctx.engine.input_embeddings()).cpu()
+    result = tree_rollout(ctx.engine, prompt_ids, ctx.group_size, ctx.params, unit_embeddings, ctx.cfg.rose, ctx.generator)
     groups = result.groups
     gens = [g for group in groups for g in group.generations]
     branched = sum(sum(group.branched) for group in groups)
@@ -133,7 +124,8 @@ def rose_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, di
         g = len(tree)
         out.append(
             segment_advantages(
-                tree, inputs.rewards[start : start + g], width, alpha=cfg.rose.alpha, code_compat=cfg.rose.code_compat
+                tree, inputs.rewards[start : start + g], width, alpha=cfg.rose.alpha, code_compat=cfg.rose.code_compat,
+                correct=torch.tensor(inputs.correct[start : start + g], dtype=torch.bool),
             )
         )
         start += g
@@ -150,6 +142,5 @@ register_method(
         rollout_fn=rose_rollout,
         options=RoseConfig,
         check=check_rose,
-        new_state=RoseState,
     )
 )

@@ -18,6 +18,7 @@ def segment_advantages(
     *,
     alpha: float = 1.0,
     code_compat: bool = False,
+    correct: torch.Tensor | None = None,
     correct_eps: float = 1e-6,
 ) -> torch.Tensor:
     """ROSE advantages of one group: (G,) rewards -> (G, width) per-token advantages.
@@ -28,6 +29,10 @@ def segment_advantages(
     eq. 8: for every correct chain longer than the shortest correct one o_s, tokens after their
     divergence point k get ``A <- A - |A| * (1 - ((L_s - k) / (L_c - k)) ** alpha)``.
     Padding (t >= L_c) is 0.
+
+    ``correct``: (G,) bool, the verified correctness of each chain, which decides who is "correct"
+    in eq. 8. Without it, a chain counts as correct when ``|r| > correct_eps`` (the ROSE code's
+    rule, which misreads shaped or negative rewards as correct).
     """
     g = len(tree)
     rewards = rewards.float()
@@ -68,10 +73,11 @@ def segment_advantages(
             adv[c, start:end] = end_value - node_value(c, start)
 
     if alpha > 0:
-        correct = [c for c in range(g) if abs(rewards[c].item()) > correct_eps]
-        if len(correct) >= 2:
-            shortest = min(correct, key=lambda c: (lengths[c], c))
-            for c in correct:
+        is_correct = rewards.abs() > correct_eps if correct is None else correct.bool()
+        correct_chains = [c for c in range(g) if bool(is_correct[c])]
+        if len(correct_chains) >= 2:
+            shortest = min(correct_chains, key=lambda c: (lengths[c], c))
+            for c in correct_chains:
                 if c == shortest:
                     continue
                 k = divergence_point(shortest, c)
