@@ -230,6 +230,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_di
         ("kl_cov", []),
         ("clip_cov", []),
         ("entropy_8020", []),
+        ("entropy_8020", ["entropy_8020.code_compat=true"]),
         ("sent", []),
         ("sent", ["sent.selection_scope=micro", "sent.kl_target=ref_k3", "sent.clip_in_sent_loss=true"]),
         ("seed_grpo", []),
