@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from semrl.checkpoint import load_trainer_state
 from semrl.config import ConfigError
 from semrl.trainer import Trainer
 
@@ -71,7 +72,7 @@ def test_two_processes_train_like_one(digit_model_dir, single_process_run, tmp_p
     _assert_same_training(digit_model_dir, one, two)
 
     # the checkpoint holds one random state per process; resuming needs as many processes
-    state = torch.load(two / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=False)
+    state = load_trainer_state(two / "checkpoints" / "step-000003")
     assert isinstance(state["rng"], list) and len(state["rng"]) == 2
     with pytest.raises(ConfigError, match="--num-processes 2"):
         Trainer(_cfg(digit_model_dir, task, two, "trainer.steps=4", f"data.eval={task}", "data.eval_size=5"), resume=True)

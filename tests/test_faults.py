@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from semrl.checkpoint import list_checkpoints
+from semrl.checkpoint import list_checkpoints, load_trainer_state, verify_checkpoint
 from semrl.cli import main
 from semrl.errors import TrainingError
 from semrl.trainer import Trainer
@@ -80,9 +80,10 @@ def _train_cmd(model_dir, task, out, *extra):
 def _assert_checkpoints_complete(run_dir):
     for ckpt in list_checkpoints(run_dir):
         names = {p.name for p in ckpt.iterdir()}
-        assert {"model.safetensors", "config.json", "trainer_state.pt", "tokenizer.json"} <= names, ckpt
+        assert {"model.safetensors", "config.json", "trainer_state.json", "manifest.json", "tokenizer.json"} <= names, ckpt
+        assert not verify_checkpoint(ckpt), ckpt
         _weights(ckpt)
-        torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        load_trainer_state(ckpt)
 
 
 @pytest.fixture(scope="module")

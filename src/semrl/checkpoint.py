@@ -1,14 +1,19 @@
 """Atomic, exact-resume checkpoints in Hugging Face format.
 
 A checkpoint directory ``checkpoints/step-000010`` holds the model (safetensors, loadable with
-``AutoModelForCausalLM.from_pretrained``), the tokenizer, and ``trainer_state.pt`` with the
-optimizer, scheduler, every RNG state, the data sampler position and the step. It is written to
-a temporary sibling directory and renamed into place, so a crash at any moment leaves the last
-complete checkpoint intact.
+``AutoModelForCausalLM.from_pretrained``), the tokenizer, the trainer state (optimizer, scheduler,
+every RNG state, the data sampler position, the step; ``semrl.safe_state``: JSON + safetensors, no
+pickle) and, written last, ``manifest.json``: every file's size and SHA-256, the step and the semrl
+version. It is written to a temporary sibling directory and renamed into place, so a crash at any
+moment leaves the last complete checkpoint intact; ``verify_checkpoint`` finds one damaged later
+(a truncated copy, a full disk, bit rot), and ``--resume`` falls back to the newest valid one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import random
 import re
@@ -22,8 +27,57 @@ import torch
 
 from semrl.errors import ConfigError
 from semrl.faults import kill_point
+from semrl.safe_state import STATE_JSON, load_state, save_state
+
+logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+MANIFEST = "manifest.json"
+LEGACY_STATE = "trainer_state.pt"  # pickled trainer state of checkpoints written before the manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path, step: int) -> None:
+    """``manifest.json``: size and SHA-256 of every file of ``directory``; written last."""
+    from semrl import __version__
+
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    manifest = {"format": 1, "semrl_version": __version__, "step": step, "files": entries}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+
+def verify_checkpoint(ckpt: Path) -> list[str]:
+    """What is wrong with ``ckpt`` (empty: it is complete and every file matches its manifest)."""
+    if (ckpt / LEGACY_STATE).exists() and not (ckpt / MANIFEST).exists():
+        return [
+            f"written by an older semrl ({LEGACY_STATE}, a pickle that can run code when loaded); convert it once "
+            f"with 'semrl checkpoint convert {ckpt.parent.parent}' if you trust where it came from"
+        ]
+    try:
+        manifest = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except FileNotFoundError:
+        return [f"{MANIFEST} is missing (the checkpoint was not completely written or copied)"]
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{MANIFEST} is unreadable ({err})"]
+    problems = []
+    for name, entry in files.items():
+        path = ckpt / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != entry["size"]:
+            problems.append(f"{name} has {path.stat().st_size} bytes, the manifest says {entry['size']}")
+        elif _sha256(path) != entry["sha256"]:
+            problems.append(f"{name} does not match its checksum (the file was changed or damaged)")
+    return problems
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
@@ -78,7 +132,8 @@ def save_checkpoint(
             model_state = {k: v for k, v in model_state.items() if k not in (model._tied_weights_keys or {})}
         model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
         tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, tmp / "trainer_state.pt")
+        save_state(trainer_state, tmp)
+        write_manifest(tmp, step)
         kill_point("checkpoint", step)
         if final.exists():
             shutil.rmtree(final)
@@ -109,9 +164,32 @@ def cleanup_partial(run_dir: Path) -> None:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
+    """The newest checkpoint that verifies; each newer one that does not is named in a warning."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        problems = verify_checkpoint(ckpt)
+        if not problems:
+            return ckpt
+        logger.warning("skipping checkpoint %s: %s", ckpt, "; ".join(problems))
+    return None
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
-    return torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    """The trainer state of a checkpoint, loaded without running any code."""
+    if not (ckpt / STATE_JSON).exists():
+        raise ConfigError(f"checkpoint {ckpt}: " + "; ".join(verify_checkpoint(ckpt) or ["no trainer state"]))
+    return load_state(ckpt)
+
+
+def convert_legacy_checkpoints(run_dir: Path) -> list[Path]:
+    """Rewrite every checkpoint of ``run_dir`` (and its curriculum references) that holds a pickled
+    ``trainer_state.pt`` in the safe format, with a manifest. Unpickling runs code: only for
+    checkpoints you trust. Returns the converted directories."""
+    converted = []
+    for legacy in sorted(run_dir.rglob(LEGACY_STATE)):
+        ckpt = legacy.parent
+        state = torch.load(legacy, weights_only=False)
+        save_state(state, ckpt)
+        legacy.unlink()
+        write_manifest(ckpt, int(state.get("step", 0)) if isinstance(state, dict) else 0)
+        converted.append(ckpt)
+    return converted

@@ -167,6 +167,33 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint(args: argparse.Namespace) -> int:
+    from semrl.checkpoint import convert_legacy_checkpoints, list_checkpoints, verify_checkpoint
+
+    run_dir = Path(args.run_dir)
+    if args.checkpoint_command == "convert":
+        converted = convert_legacy_checkpoints(run_dir)
+        print(f"converted {len(converted)} checkpoint(s)" + "".join(f"\n  {c}" for c in converted))
+        return 0
+    found = list_checkpoints(run_dir) + list_checkpoints_of_stages(run_dir)
+    if not found:
+        raise ConfigError(f"no checkpoints in {run_dir / 'checkpoints'}")
+    bad = 0
+    for ckpt in found:
+        problems = verify_checkpoint(ckpt)
+        bad += bool(problems)
+        print(f"{ckpt}: " + ("OK" if not problems else "DAMAGED\n    " + "\n    ".join(problems)))
+    print(f"{len(found) - bad} of {len(found)} checkpoints valid")
+    return 1 if bad else 0
+
+
+def list_checkpoints_of_stages(run_dir: Path) -> list[Path]:
+    """The curriculum's stage references (KL reference weights of each stage)."""
+    from semrl.checkpoint import list_checkpoints
+
+    return [c for stage in sorted((run_dir / "curriculum").glob("stage-*")) for c in list_checkpoints(stage)]
+
+
 def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by the commands that sample from a model and verify its answers."""
     parser.add_argument("--batch-size", type=int, default=64, help="generation batch size")
@@ -292,6 +319,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plugin_arg(conf)
     conf.add_argument("overrides", nargs="*", help="section.key=value overrides")
     conf.set_defaults(func=_config)
+
+    ck = sub.add_parser(
+        "checkpoint", help="verify or convert a run's checkpoints",
+        description="verify: check every checkpoint of a run (and its curriculum references) against its "
+        "manifest (file sizes and SHA-256); exit 1 if one is damaged. convert: rewrite checkpoints written "
+        "by an older semrl (trainer_state.pt, a pickle) in the safe format; only for checkpoints you trust.",
+    )
+    ck.add_argument("checkpoint_command", choices=["verify", "convert"])
+    ck.add_argument("run_dir", help="run directory (logging.output_dir)")
+    ck.set_defaults(func=_checkpoint)
 
     cur = sub.add_parser(
         "curriculum",

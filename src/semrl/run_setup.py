@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from semrl.checkpoint import cleanup_partial, latest_checkpoint
+from semrl.checkpoint import cleanup_partial, latest_checkpoint, list_checkpoints, verify_checkpoint
 from semrl.config import Config, ConfigError, save_config
 from semrl.curriculum import curriculum_stages, load_curriculum
 from semrl.data import DataError, Problem, build_prompt_ids, load_dataset
@@ -35,12 +35,16 @@ def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | No
     """The checkpoint to resume from (``resume``), or None after creating a new run directory that
     holds the config. Refuses to start a new run over an existing one."""
     run_dir = Path(cfg.logging.output_dir)
-    ckpt = latest_checkpoint(run_dir)
-    holds_run = ckpt is not None or (run_dir / "metrics.jsonl").exists()
+    holds_run = bool(list_checkpoints(run_dir)) or (run_dir / "metrics.jsonl").exists()
     procs.barrier()  # every process has looked before the main one writes
     if resume:
+        ckpt = latest_checkpoint(run_dir)  # the newest valid one; damaged newer ones are named in warnings
         if ckpt is None:
-            raise ConfigError(f"--resume: no complete checkpoint in {run_dir / 'checkpoints'}")
+            found = list_checkpoints(run_dir)
+            reasons = "".join(f"\n  {c.name}: {'; '.join(verify_checkpoint(c))}" for c in found)
+            raise ConfigError(
+                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}" + (f"; found:{reasons}" if found else "")
+            )
         if procs.is_main:
             cleanup_partial(run_dir)
         return ckpt

@@ -1,0 +1,174 @@
+"""Checkpoints that are damaged, old or hostile: manifest verification, fallback on --resume,
+trainer state without pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from semrl.checkpoint import LEGACY_STATE, MANIFEST, rng_state, verify_checkpoint
+from semrl.cli import main
+from semrl.config import load_config
+from semrl.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
+from semrl.trainer import Trainer
+
+from .conftest import DIGIT_SYSTEM_PROMPT
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def test_trainer_state_round_trips_without_pickle(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1.0)
+    state = {
+        "step": 3, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "stage": 1,
+        "rng": [rng_state(torch.Generator().manual_seed(1)), rng_state(torch.Generator().manual_seed(2))],
+        "nested": {"__odd": (1, 2.5, None, "x"), 7: [True]},
+    }
+    save_state(state, tmp_path)
+    assert _equal(state, load_state(tmp_path))
+    with pytest.raises(TypeError, match="cannot be stored without pickle"):
+        save_state({"f": lambda: 0}, tmp_path)
+
+
+def _cfg(model_dir, task, out, *extra):
+    return load_config(None, [
+        f"model.name={model_dir}", f"data.train={task}", "data.eval=null", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+        "rollout.group_size=8", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4", "trainer.micro_batch_size=16",
+        "trainer.lr=2e-3", "trainer.steps=3", "reward.num_workers=1", "logging.save_every=1", "logging.keep_last=3",
+        "logging.progress=false", "logging.tensorboard=false", f"logging.output_dir={out}", *extra,
+    ])
+
+
+@pytest.fixture
+def three_steps(digit_model_dir, seven_task, tmp_path):
+    full = tmp_path / "full"
+    Trainer(_cfg(digit_model_dir, seven_task, full)).train()
+    return full
+
+
+def _weights(run, step):
+    return load_file(run / "checkpoints" / f"step-{step:06d}" / "model.safetensors")
+
+
+def _damage(ckpt, how):
+    model = ckpt / "model.safetensors"
+    if how == "truncate":
+        model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    elif how == "delete":
+        (ckpt / STATE_JSON).unlink()
+    elif how == "bitflip":
+        data = bytearray(model.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        model.write_bytes(bytes(data))
+    elif how == "no-manifest":
+        (ckpt / MANIFEST).unlink()
+
+
+@pytest.mark.parametrize("how", ["truncate", "delete", "bitflip", "no-manifest"])
+def test_resume_skips_a_damaged_newest_checkpoint(three_steps, tmp_path, how, caplog):
+    run = tmp_path / "run"
+    shutil.copytree(three_steps, run)
+    _damage(run / "checkpoints" / "step-000003", how)
+    assert verify_checkpoint(run / "checkpoints" / "step-000003")
+    if how == "bitflip":  # a real `semrl train` process
+        proc = subprocess.run([sys.executable, "-m", "semrl", "train", "--resume", str(run)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "skipping checkpoint" in proc.stderr and "checksum" in proc.stderr
+    else:
+        assert main(["train", "--resume", str(run)]) == 0
+        assert "skipping checkpoint" in caplog.text
+    assert not verify_checkpoint(run / "checkpoints" / "step-000003")  # rewritten from step 2
+    a, b = _weights(three_steps, 3), _weights(run, 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_valid_checkpoint_is_a_clear_error(three_steps, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(three_steps, run)
+    for step in (1, 2, 3):
+        _damage(run / "checkpoints" / f"step-{step:06d}", "truncate")
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "no valid checkpoint" in err and "step-000001: model.safetensors has" in err
+
+
+def test_checkpoint_verify_reports_each_checkpoint(three_steps, tmp_path, capsys):
+    assert main(["checkpoint", "verify", str(three_steps)]) == 0
+    assert "3 of 3 checkpoints valid" in capsys.readouterr().out
+    run = tmp_path / "run"
+    shutil.copytree(three_steps, run)
+    _damage(run / "checkpoints" / "step-000002", "bitflip")
+    assert main(["checkpoint", "verify", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "step-000002: DAMAGED" in out and "2 of 3 checkpoints valid" in out
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_in_a_checkpoint_never_runs(three_steps, tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    shutil.copytree(three_steps, run)
+    ckpt = run / "checkpoints" / "step-000003"
+    # an old-style checkpoint whose trainer_state.pt would run a command when unpickled
+    for name in (STATE_JSON, STATE_TENSORS, MANIFEST):
+        (ckpt / name).unlink()
+    (ckpt / LEGACY_STATE).write_bytes(pickle.dumps({"step": 3, "x": _Payload(marker)}))
+    for older in ("step-000001", "step-000002"):
+        shutil.rmtree(run / "checkpoints" / older)
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "semrl checkpoint convert" in capsys.readouterr().err
+    # beside a valid checkpoint it is never read either
+    good = tmp_path / "good"
+    shutil.copytree(three_steps, good)
+    (good / "checkpoints" / "step-000003" / LEGACY_STATE).write_bytes(pickle.dumps(_Payload(marker)))
+    assert main(["train", "--resume", str(good)]) == 0
+    assert not marker.exists()
+
+
+def test_legacy_checkpoints_convert_once_and_resume_exactly(three_steps, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(three_steps, run)
+    for step in (2, 3):  # step 2 as an old semrl wrote it; step 3 not written yet
+        ckpt = run / "checkpoints" / f"step-{step:06d}"
+        if step == 3:
+            shutil.rmtree(ckpt)
+            continue
+        torch.save(load_state(ckpt), ckpt / LEGACY_STATE)
+        for name in (STATE_JSON, STATE_TENSORS, MANIFEST):
+            (ckpt / name).unlink()
+    assert main(["checkpoint", "convert", str(run)]) == 0
+    assert not verify_checkpoint(run / "checkpoints" / "step-000002")
+    assert main(["train", "--resume", str(run)]) == 0
+    a, b = _weights(three_steps, 3), _weights(run, 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((run / "checkpoints" / "step-000003" / MANIFEST).read_text())["step"] == 3
