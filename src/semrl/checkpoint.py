@@ -11,6 +11,7 @@ moment leaves the last complete checkpoint intact; ``verify_checkpoint`` finds o
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from semrl.errors import ConfigError
+from semrl.errors import ConfigError, TrainingError
 from semrl.faults import kill_point
 from semrl.safe_state import STATE_JSON, load_state, save_state
 
@@ -138,6 +139,20 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except OSError as err:
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno != errno.ENOSPC:
+            raise
+        previous = list_checkpoints(run_dir)
+        needed = max(written, sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0)
+        free = shutil.disk_usage(ckpt_root).free
+        kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        raise TrainingError(
+            f"no space left on the device while writing the checkpoint of step {step} in {ckpt_root}: it needs about "
+            f"{needed / 2**30:.2f} GiB and {free / 2**30:.2f} GiB are free; {kept}. Free some space (or lower "
+            f"logging.keep_last), then continue with 'semrl train --resume {run_dir}'"
+        ) from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,7 +11,8 @@ from typing import Any
 
 from semrl.config import ConfigError, config_reference, load_config
 from semrl.data import DEFAULT_SYSTEM_PROMPT
-from semrl.errors import TrainingError
+from semrl.errors import Preempted, TrainingError
+from semrl.preemption import EXIT_PREEMPTED
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -378,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"semrl: error: {err}", file=sys.stderr)
         return 2
+    except Preempted as err:
+        print(f"semrl: preempted: {err}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except TrainingError as err:
         print(f"semrl: stopped: {err}", file=sys.stderr)
         return 3

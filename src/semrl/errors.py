@@ -27,3 +27,13 @@ class TrainingError(RuntimeError):
 class EngineError(ValueError):
     """The sampling engine cannot start with these settings (vLLM missing, a model it cannot
     load, a KV cache too small); the message names the setting to change."""
+
+
+class Preempted(TrainingError):
+    """The run stopped on a signal after a complete step, with a checkpoint (``semrl.preemption``)."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path, run_dir: Path) -> None:
+        super().__init__(
+            f"{signal_name} received: stopped after step {step} with its checkpoint {checkpoint}; continue with "
+            f"'semrl train --resume {run_dir}'"
+        )

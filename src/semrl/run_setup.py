@@ -19,6 +19,7 @@ from semrl.data import DataError, Problem, build_prompt_ids, load_dataset
 from semrl.distributed import ProcessGroup, full_state_dict, shard_model
 from semrl.engine import Engine, build_engine
 from semrl.models import load_model, load_tokenizer, resolve_model_path
+from semrl.packing import supports_packing
 
 logger = logging.getLogger(__name__)
 
@@ -156,3 +157,16 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
         ref_model = load_model(resolve_model_path(m.name, m.cache_dir), m.dtype, m.attn_implementation)
         ref_model.requires_grad_(False).eval().to(procs.device)
     return Models(tokenizer, model, rollout_model, ref_model, engine)
+
+
+def packing_enabled(cfg: Config, model: torch.nn.Module) -> bool:
+    """``trainer.packing=tree`` where the model takes a 4D attention mask; padded rows otherwise."""
+    if cfg.trainer.packing != "tree":
+        return False
+    if not supports_packing(model):
+        logger.warning(
+            "trainer.packing=tree: model type '%s' is not known to take a 4D attention mask; using padded rows",
+            getattr(getattr(model, "config", None), "model_type", "?"),
+        )
+        return False
+    return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -30,14 +31,14 @@ from semrl.config import Config
 from semrl.curriculum import StageSchedule, stage_reference_dir
 from semrl.data import EpochSampler, build_prompt_ids
 from semrl.distributed import ProcessGroup, full_state_dict
-from semrl.errors import TrainingError
+from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_held_out
 from semrl.faults import kill_point
 from semrl.group_filter import choose_groups, split_groups
 from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
 from semrl.models import load_model, resolve_model_path
 from semrl.optim import guarded_step, make_optimizer
-from semrl.packing import supports_packing
+from semrl.preemption import StopSignal
 from semrl.reward import VerifierPool, score_responses
 from semrl.reward.shaping import overlong_penalty
 from semrl.rollout import GenerationRequest, sampling_params
@@ -72,18 +73,12 @@ class Trainer:
         self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
         self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
         setup.check_prompt_lengths(self.tokenizer, [p for stage in self.stages for p in stage], cfg)
-        self.packing = cfg.trainer.packing == "tree" and supports_packing(self.model)
-        if cfg.trainer.packing == "tree" and not self.packing:
-            logger.warning(
-                "trainer.packing=tree: model type '%s' is not known to take a 4D attention mask; "
-                "using padded rows", getattr(self.model.config, "model_type", "?"),
-            )
+        self.packing = setup.packing_enabled(cfg, self.model)
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.schedule.steps_of(0) if reset else cfg.trainer.steps)
-        self.step = 0
-        self.consecutive_bad_updates = 0
+        self.step, self.consecutive_bad_updates = 0, 0
         self.log = RunLog(self.run_dir, self.procs.is_main, cfg.logging.tensorboard)
         if ckpt is not None:
             self._restore(ckpt)
@@ -183,6 +178,7 @@ class Trainer:
             disable=not (cfg.logging.progress and self.procs.is_main), dynamic_ncols=True,
         )
         last: dict[str, float] = {}
+        stop = StopSignal().install()  # SIGTERM / SIGINT: finish this step, checkpoint, exit
         try:
             while self.step < cfg.trainer.steps:
                 self._advance_stage()
@@ -224,7 +220,7 @@ class Trainer:
                 saved = None
                 if (cfg.logging.save_every and self.step % cfg.logging.save_every == 0) or self.step == cfg.trainer.steps:
                     saved = self.save()
-                self._stop_on_bad_updates(saved)
+                self._stop_if_needed(saved, stop)
                 bar.update(1)
                 bar.set_postfix(
                     reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}",
@@ -232,18 +228,22 @@ class Trainer:
                     s_per_step=f"{last['time/step_s']:.1f}",
                 )
         finally:
+            stop.uninstall()
             bar.close()
             self.pool.close()
             self.log.close()
         self.procs.barrier()
         return last
 
-    def _stop_on_bad_updates(self, saved: Path | None) -> None:
-        """Stop with a checkpoint (``saved``, this step's, or a new one) after too many bad updates."""
+    def _stop_if_needed(self, saved: Path | None, stop: StopSignal) -> None:
+        """Stop with a checkpoint (``saved``, this step's, or a new one) after too many bad updates,
+        or when any process received a stop signal."""
         limit = self.cfg.trainer.max_bad_updates
-        if limit <= 0 or self.consecutive_bad_updates < limit:
-            return
-        raise TrainingError.bad_updates(self.consecutive_bad_updates, limit, self.step, saved or self.save(), self.run_dir)
+        if limit > 0 and self.consecutive_bad_updates >= limit:
+            raise TrainingError.bad_updates(self.consecutive_bad_updates, limit, self.step, saved or self.save(), self.run_dir)
+        if not self.procs.all_true(stop.received is None):
+            name = signal.Signals(stop.received).name if stop.received else "a stop signal (another process)"
+            raise Preempted(name, self.step, saved or self.save(), self.run_dir)
 
     # ------------------------------------------------------------------------------------------
     # Stages
@@ -441,4 +441,5 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """mean@k / pass@k on the held-out problems (``eval/`` metrics on the main process)."""
+        kill_point("evaluate", self.step)
         return evaluate_held_out(self.engine, self.tokenizer, self.pool, self.eval_problems, self.cfg, self.procs)

@@ -1,0 +1,49 @@
+"""Graceful preemption: cluster schedulers send SIGTERM (then SIGKILL after a grace period).
+
+On SIGTERM or SIGINT the run finishes the step it is in (rollout, update, evaluation, logging),
+writes a checkpoint, closes its worker pools and exits with ``EXIT_PREEMPTED``; ``--resume`` then
+continues exactly where it stopped. A second signal exits at once. With several processes they
+agree, at the end of every step, to stop when any of them was signalled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later (with --resume)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignal:
+    """Records SIGTERM / SIGINT between ``install`` and ``uninstall`` (around the training loop)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopSignal:
+        try:
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
+        except ValueError:  # not the main thread: signals stay with their owner
+            self._previous = {}
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:  # a second signal: no more waiting
+            os._exit(128 + signum)
+        self.received = signum
+        logger.warning(
+            "%s received: finishing this step, then writing a checkpoint and exiting (send it again to exit at once)",
+            signal.Signals(signum).name,
+        )

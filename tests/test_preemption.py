@@ -1,0 +1,107 @@
+"""Preemption and a full disk, with real `semrl train` processes: SIGTERM during the rollout, the
+update or the evaluation stops after that step with a checkpoint and exit code 75, and --resume
+ends bit-identical to the run that was never stopped; a second signal exits at once; ENOSPC while
+writing a checkpoint leaves the previous one intact."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from semrl.checkpoint import list_checkpoints, verify_checkpoint
+from semrl.preemption import EXIT_PREEMPTED
+
+from .conftest import DIGIT_SYSTEM_PROMPT
+
+
+def _args(model_dir, task, out):
+    return [
+        f"model.name={model_dir}", f"data.train={task}", f"data.eval={task}", "data.eval_size=4",
+        "logging.eval_samples=2", "logging.eval_every=1", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+        "rollout.group_size=8", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4", "trainer.micro_batch_size=16",
+        "trainer.lr=2e-3", "trainer.steps=3", "reward.num_workers=1", "logging.progress=false",
+        "logging.tensorboard=false", f"logging.output_dir={out}",
+    ]
+
+
+def _train(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "semrl", "train", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(digit_model_dir, tmp_path_factory):
+    from .conftest import write_seven_task
+
+    root = tmp_path_factory.mktemp("preempt")
+    task = write_seven_task(root / "seven.jsonl")
+    out = root / "full"
+    proc = _train(*_args(digit_model_dir, task, out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return task, out
+
+
+def _final(run):
+    return load_file(run / "checkpoints" / "step-000003" / "model.safetensors")
+
+
+@pytest.mark.parametrize("point", ["rollout", "update", "evaluate"])
+def test_sigterm_stops_after_the_step_and_resume_is_exact(uninterrupted, digit_model_dir, tmp_path, point):
+    task, full = uninterrupted
+    run = tmp_path / "run"
+    proc = _train(*_args(digit_model_dir, task, run), env={"SEMRL_FAULT_SIGNAL": f"{point}@2"})
+    assert proc.returncode == EXIT_PREEMPTED, proc.stderr[-2000:]
+    assert "SIGTERM received: stopped after step 2" in proc.stderr and "--resume" in proc.stderr
+    assert [c.name for c in list_checkpoints(run)] == ["step-000002"]
+    assert not verify_checkpoint(run / "checkpoints" / "step-000002")
+    proc = _train("--resume", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = _final(full), _final(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_signal_exits_at_once(uninterrupted, digit_model_dir, tmp_path):
+    task, _ = uninterrupted
+    run = tmp_path / "run"
+    proc = _train(*_args(digit_model_dir, task, run), env={"SEMRL_FAULT_SIGNAL": "rollout@2,update@2"})
+    assert proc.returncode == 128 + 15, proc.stderr[-2000:]
+    assert list_checkpoints(run) == []  # nothing half-written; the step was abandoned
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(uninterrupted, digit_model_dir, tmp_path):
+    task, full = uninterrupted
+    run = tmp_path / "run"
+    proc = _train(*_args(digit_model_dir, task, run), "logging.save_every=1", env={"SEMRL_FAULT_ENOSPC": "2"})
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "no space left on the device while writing the checkpoint of step 2" in proc.stderr
+    assert "GiB are free" in proc.stderr and "step-000001 is intact" in proc.stderr
+    assert [c.name for c in list_checkpoints(run)] == ["step-000001"]
+    assert not verify_checkpoint(run / "checkpoints" / "step-000001")
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+    proc = _train("--resume", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = _final(full), _final(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_processes_agree_to_stop_when_one_is_signalled(uninterrupted, digit_model_dir, tmp_path):
+    """Two processes, only rank 1 gets SIGTERM during step 2's rollout: both stop after step 2 with
+    one checkpoint, and resuming with two processes ends as the two-process run never stopped."""
+    task, _ = uninterrupted
+    env = {"OMP_NUM_THREADS": "1"}
+    full, run = tmp_path / "full", tmp_path / "run"
+    proc = _train("--num-processes", "2", *_args(digit_model_dir, task, full), "rollout.seed_per_sequence=true", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _train("--num-processes", "2", *_args(digit_model_dir, task, run), "rollout.seed_per_sequence=true",
+                  env={**env, "SEMRL_FAULT_SIGNAL": "rollout@2", "SEMRL_FAULT_RANK": "1"})
+    assert proc.returncode != 0 and proc.stderr.count("stopped after step 2") == 2, proc.stderr[-3000:]
+    assert [c.name for c in list_checkpoints(run)] == ["step-000002"]
+    proc = _train("--num-processes", "2", "--resume", str(run), env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = _final(full), _final(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
