@@ -237,11 +237,11 @@ class Trainer:
 
     def _stop_if_needed(self, saved: Path | None, stop: StopSignal) -> None:
         """Stop with a checkpoint (``saved``, this step's, or a new one) after too many bad updates,
-        or when any process received a stop signal."""
+        or before the next step when any process received a stop signal."""
         limit = self.cfg.trainer.max_bad_updates
         if limit > 0 and self.consecutive_bad_updates >= limit:
             raise TrainingError.bad_updates(self.consecutive_bad_updates, limit, self.step, saved or self.save(), self.run_dir)
-        if not self.procs.all_true(stop.received is None):
+        if self.step < self.cfg.trainer.steps and not self.procs.all_true(stop.received is None):
             name = signal.Signals(stop.received).name if stop.received else "a stop signal (another process)"
             raise Preempted(name, self.step, saved or self.save(), self.run_dir)
 
