@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from semrl import __version__
 from semrl.errors import ConfigError, TrainingError
 from semrl.faults import kill_point
 from semrl.safe_state import STATE_JSON, load_state, save_state
@@ -47,8 +48,6 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(directory: Path, step: int) -> None:
     """``manifest.json``: size and SHA-256 of every file of ``directory``; written last."""
-    from semrl import __version__
-
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     entries = {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
     manifest = {"format": 1, "semrl_version": __version__, "step": step, "files": entries}
@@ -178,14 +177,22 @@ def cleanup_partial(run_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that verifies; each newer one that does not is named in a warning."""
+def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
+    """(the newest checkpoint that verifies or None, each newer one that does not with its problems,
+    newest first); each skipped one is named in a warning."""
+    skipped: list[tuple[Path, list[str]]] = []
     for ckpt in reversed(list_checkpoints(run_dir)):
         problems = verify_checkpoint(ckpt)
         if not problems:
-            return ckpt
+            return ckpt, skipped
         logger.warning("skipping checkpoint %s: %s", ckpt, "; ".join(problems))
-    return None
+        skipped.append((ckpt, problems))
+    return None, skipped
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies; each newer one that does not is named in a warning."""
+    return resumable_checkpoint(run_dir)[0]
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:

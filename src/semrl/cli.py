@@ -170,13 +170,14 @@ def _config(args: argparse.Namespace) -> int:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from semrl.checkpoint import convert_legacy_checkpoints, list_checkpoints, verify_checkpoint
+    from semrl.curriculum import stage_reference_dirs
 
     run_dir = Path(args.run_dir)
     if args.checkpoint_command == "convert":
         converted = convert_legacy_checkpoints(run_dir)
         print(f"converted {len(converted)} checkpoint(s)" + "".join(f"\n  {c}" for c in converted))
         return 0
-    found = list_checkpoints(run_dir) + list_checkpoints_of_stages(run_dir)
+    found = list_checkpoints(run_dir) + [c for stage in stage_reference_dirs(run_dir) for c in list_checkpoints(stage)]
     if not found:
         raise ConfigError(f"no checkpoints in {run_dir / 'checkpoints'}")
     bad = 0
@@ -186,13 +187,6 @@ def _checkpoint(args: argparse.Namespace) -> int:
         print(f"{ckpt}: " + ("OK" if not problems else "DAMAGED\n    " + "\n    ".join(problems)))
     print(f"{len(found) - bad} of {len(found)} checkpoints valid")
     return 1 if bad else 0
-
-
-def list_checkpoints_of_stages(run_dir: Path) -> list[Path]:
-    """The curriculum's stage references (KL reference weights of each stage)."""
-    from semrl.checkpoint import list_checkpoints
-
-    return [c for stage in sorted((run_dir / "curriculum").glob("stage-*")) for c in list_checkpoints(stage)]
 
 
 def _add_model_io_args(parser: argparse.ArgumentParser) -> None:

@@ -362,7 +362,7 @@ def config_from_dict(values: dict[str, Any]) -> Config:
             algorithm[key] = default
     values = {**values, "algorithm": algorithm}
     kwargs: dict[str, Any] = {}
-    options = {name: cls() for name, cls in methods.items()}
+    options = dict(_default_method_options())
     for name, section in values.items():
         if name in core:
             kwargs[name] = build_section(core[name], section, f"{name}.")

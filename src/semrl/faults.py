@@ -45,5 +45,7 @@ def kill_point(point: str, step: int) -> None:
         _signalled.add((point, step))
         os.kill(os.getpid(), signal.SIGTERM)
     spec = os.environ.get(ENOSPC_ENV)
-    if spec and point == "checkpoint" and spec.isdigit() and int(spec) == step:
+    if spec and not spec.isdigit():
+        raise ValueError(f"{ENOSPC_ENV}={spec!r}: expected the step whose checkpoint write fails")
+    if spec and point == "checkpoint" and int(spec) == step:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

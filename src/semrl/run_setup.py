@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from semrl.checkpoint import cleanup_partial, latest_checkpoint, list_checkpoints, verify_checkpoint
+from semrl.checkpoint import cleanup_partial, list_checkpoints, resumable_checkpoint
 from semrl.config import Config, ConfigError, save_config
 from semrl.curriculum import curriculum_stages, load_curriculum
 from semrl.data import DataError, Problem, build_prompt_ids, load_dataset
@@ -39,12 +39,11 @@ def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | No
     holds_run = bool(list_checkpoints(run_dir)) or (run_dir / "metrics.jsonl").exists()
     procs.barrier()  # every process has looked before the main one writes
     if resume:
-        ckpt = latest_checkpoint(run_dir)  # the newest valid one; damaged newer ones are named in warnings
+        ckpt, skipped = resumable_checkpoint(run_dir)  # damaged newer ones are named in warnings
         if ckpt is None:
-            found = list_checkpoints(run_dir)
-            reasons = "".join(f"\n  {c.name}: {'; '.join(verify_checkpoint(c))}" for c in found)
+            reasons = "".join(f"\n  {c.name}: {'; '.join(problems)}" for c, problems in reversed(skipped))
             raise ConfigError(
-                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}" + (f"; found:{reasons}" if found else "")
+                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}" + (f"; found:{reasons}" if skipped else "")
             )
         if procs.is_main:
             cleanup_partial(run_dir)
