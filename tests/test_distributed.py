@@ -92,6 +92,24 @@ def test_fsdp_trains_like_one_process_and_resumes_exactly(digit_model_dir, singl
     assert all(torch.equal(w_full[k], w_resumed[k]) for k in w_full)
 
 
+def test_fsdp_mixed_precision_with_a_token_budget(digit_model_dir, single_process_run, tmp_path):
+    """FSDP2's bf16 policy over fp32 shards, micro-batches by tokens (rows of unequal lengths on the
+    two processes, as many micro-batches on each, or a collective would hang): it trains, and the
+    checkpoint holds the fp32 master weights."""
+    task, _, env = single_process_run
+    out = tmp_path / "bf16"
+    run = subprocess.run(
+        [sys.executable, "-m", "semrl", "train", "--num-processes", "2", *_args(digit_model_dir, task, out),
+         "trainer.fsdp=true", "model.dtype=bfloat16", "trainer.micro_batch_tokens=60"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    weights, start = _final_weights(out), load_file(digit_model_dir / "model.safetensors")
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    assert max((weights[k] - start[k]).abs().max().item() for k in weights) > 1e-3
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in _metrics(out)[1:])
+
+
 def test_fsdp_needs_several_processes(digit_model_dir, seven_task, tmp_path):
     with pytest.raises(ConfigError, match="--num-processes"):
         Trainer(_cfg(digit_model_dir, seven_task, tmp_path / "f", "trainer.fsdp=true"))

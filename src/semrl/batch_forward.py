@@ -2,55 +2,115 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from semrl.batch import RolloutBatch
-from semrl.forward import response_logprobs
+from semrl.forward import DEFAULT_LOGITS_CHUNK, response_logprobs
 from semrl.packing import pack_rows, packed_response_logprobs, unpack_order
 
 
 def rows_logprobs(
-    model: Any, batch: RolloutBatch, idx: torch.Tensor, temperature: float, with_entropy: bool, packed: bool
+    model: Any, batch: RolloutBatch, idx: torch.Tensor, temperature: float, with_entropy: bool, packed: bool,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Log-probs (n, r), entropies (n, r) or None, and response mask (n, r) of rows ``idx``.
 
     ``packed``: each prompt group's rows of ``idx`` go through the model as one row, shared prompt
     and tree prefixes computed once (``semrl.packing``); the same values as padded rows.
+    ``chunk_size``: response tokens whose logits exist at once (``semrl.lm_head``).
     """
     if not packed:
         sub = batch.sequences.select(idx)
-        logp, entropy = response_logprobs(model, sub, temperature, with_entropy=with_entropy)
+        logp, entropy = response_logprobs(model, sub, temperature, with_entropy, chunk_size)
         return logp, entropy, sub.response_mask.to(logp.device).float()
     rows = idx.tolist()
     packed_rows, order = pack_rows(
         batch.prompt_ids, [g.token_ids.tolist() for g in batch.generations], rows, batch.group_size,
         batch.trees(), batch.pad_token_id,
     )
-    logp, entropy = packed_response_logprobs(model, packed_rows, temperature, with_entropy=with_entropy)
+    logp, entropy = packed_response_logprobs(model, packed_rows, temperature, with_entropy, chunk_size)
     back = unpack_order(order)
     mask = packed_rows.response_mask[back].to(logp.device).float()
     return logp[back], None if entropy is None else entropy[back], mask
 
 
 def batch_logprobs(
-    model: Any, batch: RolloutBatch, temperature: float, micro_batch_size: int, packed: bool, with_entropy: bool = False
+    model: Any, batch: RolloutBatch, temperature: float, micro_batches: list[torch.Tensor], packed: bool,
+    with_entropy: bool = False, chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log-probs of every response token under ``model`` (old policy or reference), without
-    gradient, ``micro_batch_size`` rows at a time; and (N, T) entropies with ``with_entropy``."""
+    gradient, one micro-batch of rows at a time; and (N, T) entropies with ``with_entropy``."""
     out = torch.zeros(batch.sequences.response_mask.shape)
     entropies = torch.zeros_like(out) if with_entropy else None
-    total = len(batch.generations)
     model.eval()
     with torch.no_grad():
-        for start in range(0, total, micro_batch_size):
-            idx = torch.arange(start, min(start + micro_batch_size, total))
-            logp, entropy, _ = rows_logprobs(model, batch, idx, temperature, with_entropy, packed)
+        for idx in micro_batches:
+            logp, entropy, _ = rows_logprobs(model, batch, idx, temperature, with_entropy, packed, chunk_size)
             out[idx, : logp.shape[1]] = logp.cpu()
             if entropies is not None and entropy is not None:
                 entropies[idx, : entropy.shape[1]] = entropy.float().cpu()
     return out, entropies
+
+
+def micro_batches(
+    batch: RolloutBatch, rows: torch.Tensor, size: int, token_budget: int | None, packed: bool,
+    agree: Callable[[int], int] = lambda count: count,
+) -> list[torch.Tensor]:
+    """Positions into ``rows`` of each micro-batch.
+
+    Without a token budget: ``size`` rows at a time, in order. With one: units (rows, or with
+    ``packed`` a group's consecutive rows) sorted by their tokens fill micro-batches whose tokens as
+    the model sees them (units x the widest unit) stay within ``token_budget``, a longer unit
+    alone. ``agree(count)`` returns the count every process uses (the largest: FSDP's collectives
+    run once per forward on every process); the micro-batches with the most units are split until
+    there are that many.
+    """
+    if token_budget is None:
+        return [torch.arange(start, min(start + size, len(rows))) for start in range(0, len(rows), size)]
+    units: list[list[int]] = []
+    for position, row in enumerate(rows.tolist()):
+        if packed and units and rows[units[-1][0]] // batch.group_size == row // batch.group_size:
+            units[-1].append(position)
+        else:
+            units.append([position])
+    costs = [_unit_tokens(batch, [int(rows[p]) for p in unit], packed) for unit in units]
+    bins: list[list[int]] = []
+    widest = 0
+    for u in sorted(range(len(units)), key=lambda u: costs[u]):
+        if bins and (len(bins[-1]) + 1) * max(widest, costs[u]) > token_budget:
+            bins.append([])
+            widest = 0
+        if not bins:
+            bins.append([])
+        bins[-1].append(u)
+        widest = max(widest, costs[u])
+    wanted = agree(len(bins))
+    if wanted > len(units):
+        raise ValueError(f"{wanted} micro-batches cannot be made from {len(units)} units on this process")
+    while len(bins) < wanted:
+        largest = max(range(len(bins)), key=lambda b: len(bins[b]))
+        half = len(bins[largest]) // 2
+        bins.insert(largest + 1, bins[largest][half:])
+        bins[largest] = bins[largest][:half]
+    return [torch.tensor([p for u in b for p in units[u]]) for b in bins]
+
+
+def _unit_tokens(batch: RolloutBatch, rows: list[int], packed: bool) -> int:
+    """Tokens of one unit as the model sees it: prompt + response of a row, or a group's packed row
+    (its prompt once, each chain's tokens after its branch point)."""
+    lengths = [len(batch.generations[r].token_ids) for r in rows]
+    if not packed:
+        return len(batch.prompt_ids[rows[0]]) + lengths[0]
+    trees = batch.trees()
+    chains = {r % batch.group_size for r in rows}
+    shared = 0
+    if trees is not None:
+        tree = trees[rows[0] // batch.group_size]
+        shared = sum(tree.branch_positions[c] for c in chains if tree.parents[c] in chains)
+    return len(batch.prompt_ids[rows[0]]) + sum(lengths) - shared
 
 
 def shuffled_rows(total: int, group_size: int, whole_groups: bool, generator: torch.Generator) -> torch.Tensor:

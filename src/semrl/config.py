@@ -37,7 +37,18 @@ class ModelConfig:
         "package), a local Hugging Face directory, a .gguf file, or a hub id (online only).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = option(
-        "float32", "Parameter dtype. Use float32 on CPU; bfloat16 on recent GPUs."
+        "float32",
+        "Compute dtype of the training forward/backward, the rollout engine and the reference model "
+        "(TRL's bf16/fp16 flags; verl's fsdp_config.mixed_precision.param_dtype). The trained "
+        "parameters and AdamW state stay float32 unless model.master_weights=false; float16 adds "
+        "dynamic loss scaling. float32 on CPU (bf16 is not faster there); bfloat16 on recent GPUs.",
+    )
+    master_weights: bool = option(
+        True,
+        "Keep the trained parameters, gradients and AdamW state in float32 under a bfloat16/float16 "
+        "model.dtype, gradients reduced in float32 (verl's fp32 actor with reduce_dtype fp32). false: "
+        "parameters and optimizer state in model.dtype, half their memory, but an update smaller "
+        "than the dtype's spacing is lost: at lr 1e-6 most are (docs/training.md \"Precision\").",
     )
     attn_implementation: Literal["sdpa", "eager"] = option("sdpa", "Attention kernel.")
     cache_dir: str | None = option(
@@ -192,6 +203,20 @@ class TrainerConfig:
         None, "Sequences per optimizer step (null: the whole rollout batch, one step)."
     )
     micro_batch_size: int = option(8, "Sequences per forward/backward (gradient accumulation).")
+    micro_batch_tokens: int | None = option(
+        None,
+        "Token budget per forward/backward instead of micro_batch_size: rows sorted by length fill "
+        "micro-batches of at most this many tokens as the model sees them (padding or packed rows "
+        "included), a longer row alone; processes run the same number of micro-batches. verl's "
+        "use_dynamic_bsz with ppo_max_token_len_per_gpu.",
+    )
+    logits_chunk_size: int = option(
+        256,
+        "Response tokens whose full-vocabulary logits exist at once when computing log-probs and "
+        "entropies (training forward, old-policy and reference passes); recomputed in backward. "
+        "Extra memory about 2 x this x vocabulary x 4 bytes (besides the gradients), whatever the "
+        "micro-batch size.",
+    )
     packing: Literal["none", "tree"] = option(
         "none",
         "tree: each micro-batch's rows of one prompt go through the model as one packed row, shared "
@@ -398,6 +423,8 @@ def validate(cfg: Config) -> None:
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
         "rollout.generation_batch_size": cfg.rollout.generation_batch_size,
         "trainer.micro_batch_size": cfg.trainer.micro_batch_size,
+        "trainer.micro_batch_tokens": 1 if cfg.trainer.micro_batch_tokens is None else cfg.trainer.micro_batch_tokens,
+        "trainer.logits_chunk_size": cfg.trainer.logits_chunk_size,
         "trainer.ppo_epochs": cfg.trainer.ppo_epochs,
         "reward.num_workers": cfg.reward.num_workers,
         "logging.eval_samples": cfg.logging.eval_samples,

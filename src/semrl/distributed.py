@@ -113,10 +113,10 @@ class ProcessGroup:
 # FSDP (trainer.fsdp): parameters, gradients and optimizer state sharded over the processes
 
 
-def shard_model(model: torch.nn.Module) -> None:
-    """FSDP2 ``fully_shard`` on every decoder layer, then on the whole model. Gradients are
-    reduce-scattered as plain sums (our losses already carry the global denominators; gloo has
-    no pre-multiplied sum)."""
+def shard_model(model: torch.nn.Module, mp_policy: Any = None) -> None:
+    """FSDP2 ``fully_shard`` on every decoder layer, then on the whole model, with the mixed-precision
+    policy ``mp_policy`` (``semrl.precision``). Gradients are reduce-scattered as plain sums (our
+    losses already carry the global denominators; gloo has no pre-multiplied sum)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
@@ -125,9 +125,10 @@ def shard_model(model: torch.nn.Module) -> None:
             f"trainer.fsdp: model type '{getattr(model.config, 'model_type', '?')}' has no model.layers "
             "to shard; use trainer.fsdp=false"
         )
+    kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from semrl.forward import make_sequence_batch, response_logprobs
+from semrl.precision import autocast_to
 from semrl.rollout import Generation, GenerationRequest, RolloutEngine, SamplingParams
 
 
@@ -28,12 +29,15 @@ class Engine(Protocol):
             not, consumers get full-vocabulary entropies from :func:`fill_entropy`.
         model: the Hugging Face model whose weights the engine samples from (it also computes
             the entropies and holds the input embeddings ROSE reads).
+        compute_dtype: the dtype sampling computes in (``model.dtype``; ``model`` may hold
+            float32 master weights).
     """
 
     name: str
     batch_size: int
     computes_entropy: bool
     model: PreTrainedModel
+    compute_dtype: torch.dtype
 
     def generate(
         self,
@@ -105,20 +109,25 @@ def build_engine(
     logprobs_top_k: int = 20,
     seed: int = 0,
     vllm_options: Any = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> Engine:
     """The engine named ``kind`` sampling from ``model``.
 
     Args:
         max_model_len: longest prompt + response any request will have (vllm sizes its cache by it).
         vllm_options: the ``rollout`` config section (``vllm_*`` keys), or None for the defaults.
+        compute_dtype: the dtype sampling computes in (``model.dtype``): vllm holds its weights in
+            it; hf autocasts to it when ``model`` holds wider (float32 master) weights. None: the
+            model's own dtype.
     """
     eos = eos_token_ids(tokenizer, model)
     if kind == "hf":
-        return RolloutEngine(model, eos, tokenizer.pad_token_id, batch_size)
+        return RolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, compute_dtype)
     if kind == "vllm":
         from semrl.vllm_engine import VLLMEngine, VLLMSettings
 
-        settings = VLLMSettings.from_options(vllm_options, max_model_len, batch_size, logprobs_top_k, seed)
+        dtype = None if compute_dtype is None else str(compute_dtype).removeprefix("torch.")
+        settings = VLLMSettings.from_options(vllm_options, max_model_len, batch_size, logprobs_top_k, seed, dtype)
         return VLLMEngine(model, eos, settings)
     raise ValueError(f"unknown engine '{kind}'; rollout.engine is 'hf' or 'vllm'")
 
@@ -130,10 +139,12 @@ def fill_entropy(
     generations: list[Generation],
     temperature: float,
     micro_batch_size: int = 8,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> None:
     """Fill ``entropy`` of generations that lack it (vllm) with the full-vocabulary entropy of
     the tempered next-token distribution at each response position, from a forward pass of
-    ``model`` (the weights that sampled them). contexts[i]: the tokens before generations[i]."""
+    ``model`` (the weights that sampled them) in ``compute_dtype`` (the engine's).
+    contexts[i]: the tokens before generations[i]."""
     todo = [i for i, g in enumerate(generations) if g.entropy is None]
     was_training = model.training
     model.eval()
@@ -142,7 +153,8 @@ def fill_entropy(
         batch = make_sequence_batch(  # pad id 0: padding is masked out of the forward
             [contexts[i] for i in rows], [generations[i].token_ids.tolist() for i in rows], 0
         )
-        _, entropy = response_logprobs(model, batch, temperature if temperature > 0 else 1.0, with_entropy=True)
+        with autocast_to(compute_dtype, model):
+            _, entropy = response_logprobs(model, batch, temperature if temperature > 0 else 1.0, with_entropy=True)
         assert entropy is not None
         for j, i in enumerate(rows):
             generations[i].entropy = entropy[j, : len(generations[i].token_ids)].float().cpu()

@@ -40,18 +40,23 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[tor
 
 def guarded_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, procs: ProcessGroup,
-    max_grad_norm: float, sum_gradients: bool, losses: list[float],
+    max_grad_norm: float, sum_gradients: bool, losses: list[float], scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[float, bool]:
     """One optimizer update from the accumulated gradients: summed over processes (unless FSDP
-    already reduced them, ``sum_gradients=False``), clipped to ``max_grad_norm``, and applied only
-    when the gradient norm and every process's micro-batch ``losses`` are finite; otherwise the
-    weights stay as they were. The scheduler advances either way. Returns (grad norm, applied)."""
+    already reduced them, ``sum_gradients=False``), unscaled (float16 loss scaling), clipped to
+    ``max_grad_norm``, and applied only when the gradient norm and every process's micro-batch
+    ``losses`` are finite; otherwise the weights stay as they were (and the loss scale backs off).
+    The scheduler advances either way. Returns (grad norm, applied)."""
     if sum_gradients:
         procs.sum_gradients(model.parameters())
+    if scaler is not None and scaler.is_enabled():
+        scaler.unscale_(optimizer)
     grad_norm = procs.scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
     finite = bool(torch.isfinite(grad_norm)) and procs.all_true(all(math.isfinite(v) for v in losses))
     if finite:
         optimizer.step()
+    if scaler is not None and scaler.is_enabled():
+        scaler.update()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm.item(), finite

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from semrl.forward import token_logprobs
+from semrl.forward import DEFAULT_LOGITS_CHUNK, final_hidden_states, head_logprobs
 from semrl.tree import ChainTree
 
 
@@ -115,29 +115,39 @@ def pack_trees(
 
 
 def packed_response_logprobs(
-    model: PreTrainedModel, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = True
+    model: PreTrainedModel,
+    batch: PackedBatch,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, R) log-probs of every chain's response tokens and optionally their entropies (no
     gradient), equal to ``semrl.forward.response_logprobs`` on the padded chains."""
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    hidden = model.model(
+    hidden = final_hidden_states(
+        model,
         input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask(dtype).to(device),
+        attention_mask=batch.attention_mask(compute_dtype(model)).to(device),
         position_ids=batch.position_ids.to(device),
-        use_cache=False,
-    ).last_hidden_state  # (B, S, D)
+    )  # (B, S, D)
     columns = batch.predictor.clamp(min=0).to(device)
     rows = batch.row.to(device)[:, None].expand_as(columns)
-    # the LM head only on the columns that predict a response token
-    logits = model.lm_head(hidden[rows, columns])  # (N, R, V)
-    return token_logprobs(
-        logits, batch.targets.to(device), batch.response_mask.to(device), temperature, with_entropy
+    return head_logprobs(
+        model, hidden[rows, columns], batch.targets.to(device), batch.response_mask.to(device), temperature,
+        with_entropy, chunk_size,
     )
 
 
+def compute_dtype(model: PreTrainedModel) -> torch.dtype:
+    """The dtype the model's attention runs in: the autocast dtype under autocast, else its parameters'."""
+    device_type = next(model.parameters()).device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return next(model.parameters()).dtype
+
+
 def supports_packing(model: PreTrainedModel) -> bool:
-    """Whether the model takes a custom 4D mask through ``model.model`` and has an ``lm_head``
+    """Whether the model takes a custom 4D attention mask in its forward and has an ``lm_head``
     (Llama-family decoders in transformers >= 4.40 do)."""
     return hasattr(model, "model") and hasattr(model, "lm_head") and getattr(
         model.config, "model_type", ""

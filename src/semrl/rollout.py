@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from semrl.precision import autocast_to
+
 
 @dataclass
 class PrefixCache:
@@ -164,9 +166,11 @@ class RolloutEngine:
     computes_entropy = True
 
     def __init__(
-        self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, batch_size: int = 64
+        self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, batch_size: int = 64,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
+        self.compute_dtype = compute_dtype or next(model.parameters()).dtype
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)))
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
@@ -192,9 +196,10 @@ class RolloutEngine:
         return_cache: bool = False,
     ) -> list[Generation]:
         out: list[Generation] = []
-        for start in range(0, len(requests), self.batch_size):
-            chunk = requests[start : start + self.batch_size]
-            out.extend(self._generate_batch(chunk, params, generator, return_cache))
+        with autocast_to(self.compute_dtype, self.model):  # bf16 sampling over fp32 master weights
+            for start in range(0, len(requests), self.batch_size):
+                chunk = requests[start : start + self.batch_size]
+                out.extend(self._generate_batch(chunk, params, generator, return_cache))
         return out
 
     def _generate_batch(

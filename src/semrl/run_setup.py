@@ -20,6 +20,7 @@ from semrl.distributed import ProcessGroup, full_state_dict, shard_model
 from semrl.engine import Engine, build_engine
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import supports_packing
+from semrl.precision import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -134,21 +135,22 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     """Load the models, build the engine, shard under FSDP. With FSDP on vllm the engine takes the
     model before it is sharded and gathered full tensors after each update: no second copy."""
     m, r = cfg.model, cfg.rollout
+    precision = Precision.from_config(cfg)
     tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, m.dtype, m.attn_implementation)
+    model = load_model(model_path, precision.params_name, m.attn_implementation)
     model.to(procs.device)
-    if m.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if m.gradient_checkpointing:  # non-reentrant: works under FSDP and with inputs that need no grad
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     rollout_model = model
     if cfg.trainer.fsdp and r.engine == "hf":
         rollout_model = load_model(model_path, m.dtype, m.attn_implementation)
         rollout_model.requires_grad_(False).eval().to(procs.device)
     engine = build_engine(
         r.engine, rollout_model, tokenizer, r.generation_batch_size, cfg.data.max_prompt_length + r.max_new_tokens,
-        r.logprobs_top_k, cfg.trainer.seed + procs.rank, r,
+        r.logprobs_top_k, cfg.trainer.seed + procs.rank, r, compute_dtype=precision.compute,
     )
     if cfg.trainer.fsdp:
-        shard_model(model)
+        shard_model(model, precision.fsdp_policy())
         if rollout_model is model:  # vllm: from now on it sees only gathered tensors
             engine.sync_weights(full_state_dict(model))
     ref_model = None

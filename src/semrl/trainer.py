@@ -9,9 +9,9 @@ defaults. Set-up lives in ``semrl.run_setup``, metrics in ``semrl.metrics``, run
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +22,11 @@ import semrl.checkpoint as checkpoints
 import semrl.distributed as dist
 import semrl.run_setup as setup
 from semrl.algos.catalog import get_method, get_policy_loss
-from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean
-from semrl.algos.policy_losses import MiniBatchInputs, PolicyLossInputs
+from semrl.algos.losses import masked_mean
+from semrl.algos.policy_losses import MiniBatchInputs, PolicyLossInputs, micro_batch_loss
 from semrl.algos.registry import AdvantageInputs, RolloutContext
 from semrl.batch import RolloutBatch, gather_groups
-from semrl.batch_forward import batch_logprobs, rows_logprobs, shuffled_rows
+from semrl.batch_forward import batch_logprobs, micro_batches, rows_logprobs, shuffled_rows
 from semrl.config import Config
 from semrl.curriculum import StageSchedule, stage_reference_dir
 from semrl.data import EpochSampler, build_prompt_ids
@@ -38,6 +38,7 @@ from semrl.group_filter import choose_groups, split_groups
 from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
 from semrl.models import load_model, resolve_model_path
 from semrl.optim import guarded_step, make_optimizer
+from semrl.precision import Precision
 from semrl.preemption import StopSignal
 from semrl.reward import VerifierPool, score_responses
 from semrl.reward.shaping import overlong_penalty
@@ -74,6 +75,12 @@ class Trainer:
         self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
         setup.check_prompt_lengths(self.tokenizer, [p for stage in self.stages for p in stage], cfg)
         self.packing = setup.packing_enabled(cfg, self.model)
+        self._micro_batches = partial(  # (batch, rows) -> positions into rows of each micro-batch
+            micro_batches, size=cfg.trainer.micro_batch_size, token_budget=cfg.trainer.micro_batch_tokens,
+            packed=self.packing, agree=lambda n: max(self.procs.gather(n)),  # as many on every process
+        )
+        self.precision = Precision.from_config(cfg)
+        self.scaler = self.precision.grad_scaler(self.procs.device)  # float16 compute only
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
@@ -128,6 +135,8 @@ class Trainer:
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(checkpoints.process_rng_state(state, ckpt, self.procs.rank, self.procs.world), self.generator)
         self.step = state["step"]
@@ -136,11 +145,9 @@ class Trainer:
         logger.info("resumed from %s at step %d", ckpt, self.step)
 
     def _full_weights(self) -> dict[str, torch.Tensor] | None:
-        """The trained weights whole (a collective under FSDP on vllm, which keeps no full copy);
-        None where ``rollout_model`` holds them."""
-        if self.cfg.trainer.fsdp and self.rollout_model is self.model:
-            return full_state_dict(self.model)
-        return None
+        """The trained weights whole (a collective under FSDP: the hf engine's full copy may hold
+        them in the lower compute dtype); None where ``rollout_model`` is the trained model."""
+        return full_state_dict(self.model) if self.cfg.trainer.fsdp else None
 
     def save(self) -> Path:
         """Checkpoint written by the main process (every process holds the same weights)."""
@@ -153,6 +160,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "rng": rngs if self.procs.distributed else rngs[0],
             "consecutive_bad_updates": self.consecutive_bad_updates,
+            "grad_scaler": self.scaler.state_dict(),
             "stage": self.stage,
             "config": self.cfg.to_dict(),
         }
@@ -208,9 +216,8 @@ class Trainer:
                     "time/step_s": t3 - t0,
                 }
                 last = self.procs.mean_metrics(last)
-                if cfg.logging.eval_every and self.step % cfg.logging.eval_every == 0 and self.step < cfg.trainer.steps:
-                    last.update(self.evaluate())
-                if self.step == cfg.trainer.steps and self.eval_problems:
+                every = cfg.logging.eval_every
+                if self.eval_problems and (self.step == cfg.trainer.steps or (every and self.step % every == 0)):
                     last.update(self.evaluate())
                 self.log.metrics(last)
                 self.log.samples(
@@ -223,9 +230,8 @@ class Trainer:
                 self._stop_if_needed(saved, stop)
                 bar.update(1)
                 bar.set_postfix(
-                    reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}",
-                    entropy=f"{last['entropy']:.2f}", len=f"{last['response_length']:.0f}",
-                    s_per_step=f"{last['time/step_s']:.1f}",
+                    reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}", entropy=f"{last['entropy']:.2f}",
+                    len=f"{last['response_length']:.0f}", s_per_step=f"{last['time/step_s']:.1f}",
                 )
         finally:
             stop.uninstall()
@@ -345,16 +351,17 @@ class Trainer:
             logprobs=batch.rollout_logprobs,
         )
         return self.method.advantage_fn(inputs, self.cfg)
+
     def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """PPO epochs over mini-batches, gradient accumulation over micro-batches. With several
         processes, each holds its share of every mini-batch, losses use the global token and
         sequence counts, and gradients are summed before the optimizer step."""
-        cfg, algo = self.cfg, self.cfg.algorithm
+        cfg = self.cfg
         seqs = batch.sequences
         total = seqs.input_ids.shape[0]
         world = self.procs.world
         mini = (cfg.trainer.mini_batch_size // world) if cfg.trainer.mini_batch_size else total
-        micro = cfg.trainer.micro_batch_size
+        chunk = cfg.trainer.logits_chunk_size
         temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
         # On-policy with a single update: pi_old = pi_theta, so the ratio is exactly 1 and the
         # extra forward pass for old log-probs is skipped.
@@ -364,13 +371,15 @@ class Trainer:
         # own when a token selection needs them before the update, else from the update's forward.
         fill = not batch.has_rollout_entropy and (not single_update or self.policy_loss.prepare_fn is not None)
         old_logp = None
+        every_row = self._micro_batches(batch, torch.arange(total))
         if not single_update or fill:
-            logp_now, entropy_now = batch_logprobs(self.model, batch, temperature, micro, self.packing, fill)
+            with self.precision.autocast(self.model):
+                logp_now, entropy_now = batch_logprobs(self.model, batch, temperature, every_row, self.packing, fill, chunk)
             old_logp = None if single_update else logp_now
             if entropy_now is not None:
                 batch.set_rollout_entropy(entropy_now)
         update_entropy = None if batch.has_rollout_entropy else torch.zeros(seqs.response_mask.shape)
-        ref_logp = batch_logprobs(self.ref_model, batch, temperature, micro, self.packing)[0] if self.ref_model else None
+        ref_logp = batch_logprobs(self.ref_model, batch, temperature, every_row, self.packing, False, chunk)[0] if self.ref_model else None
 
         self.model.train()
         stats: dict[str, list[float]] = {}
@@ -389,34 +398,27 @@ class Trainer:
                         ),
                         cfg,
                     )
-                n_micro = math.ceil(len(mini_idx) / micro)
-                for u_start in range(0, len(mini_idx), micro):
-                    idx = mini_idx[u_start : u_start + micro]
-                    logp, entropy, mask = rows_logprobs(self.model, batch, idx, temperature, True, self.packing)
+                plan = self._micro_batches(batch, mini_idx)
+                n_micro = len(plan)
+                for positions in plan:
+                    idx = mini_idx[positions]
+                    with self.precision.autocast(self.model):
+                        logp, entropy, mask = rows_logprobs(self.model, batch, idx, temperature, True, self.packing, chunk)
                     r, dev = mask.shape[1], logp.device
                     if update_entropy is not None and entropy is not None:
                         update_entropy[idx, :r] = entropy.detach().float().cpu()
                     inputs = PolicyLossInputs(
-                        logp=logp,
-                        old_logp=logp.detach() if old_logp is None else old_logp[idx, :r].to(dev),
-                        advantages=advantages[idx, :r].to(dev),
-                        mask=mask,
+                        logp=logp, old_logp=logp.detach() if old_logp is None else old_logp[idx, :r].to(dev),
+                        advantages=advantages[idx, :r].to(dev), mask=mask,
                         entropy=None if entropy is None else entropy.detach(),
                         ref_logp=None if ref_logp is None else ref_logp[idx, :r].to(dev),
-                        selection={k: v[u_start : u_start + len(idx), :r].to(dev) for k, v in selection.items()},
+                        selection={k: v[positions, :r].to(dev) for k, v in selection.items()},
                         generator=self.generator, num_tokens=num_tokens, num_micro_batches=n_micro * world,
                     )
-                    token_loss, pg_metrics = self.policy_loss.loss_fn(inputs, cfg)
-                    if inputs.ref_logp is not None:
-                        kl = kl_penalty(logp, inputs.ref_logp, algo.kl_estimator)
-                        if algo.kl_coef > 0:
-                            token_loss = token_loss + algo.kl_coef * kl
-                        stats.setdefault("kl", []).append(masked_mean(kl.detach(), mask).item())
-                    loss = aggregate_loss(
-                        token_loss, mask, algo.loss_agg_mode, num_sequences=len(mini_idx) * world,
-                        num_tokens=num_tokens, max_response_length=cfg.rollout.max_new_tokens,
-                    )
-                    loss.backward()
+                    loss, pg_metrics, kl = micro_batch_loss(self.policy_loss, inputs, cfg, len(mini_idx) * world)
+                    if kl is not None:
+                        stats.setdefault("kl", []).append(kl.item())
+                    self.scaler.scale(loss).backward()  # scaled for float16 compute only
                     kill_point("update", self.step + 1)
                     stats.setdefault("loss", []).append(loss.item())
                     for k, v in pg_metrics.items():
@@ -425,7 +427,7 @@ class Trainer:
                         stats.setdefault("actor/entropy", []).append(masked_mean(entropy, mask).item())
                 grad_norm, applied = guarded_step(  # FSDP reduce-scatters the gradients during backward
                     self.model, self.optimizer, self.scheduler, self.procs, cfg.trainer.max_grad_norm,
-                    not cfg.trainer.fsdp, stats["loss"][-n_micro:],
+                    not cfg.trainer.fsdp, stats["loss"][-n_micro:], self.scaler,
                 )
                 skipped += not applied
                 self.consecutive_bad_updates = 0 if applied else self.consecutive_bad_updates + 1

@@ -56,10 +56,12 @@ class VLLMSettings:
     gpu_memory_utilization: float = 0.3
     block_size: int = 32
     seed: int = 0
+    dtype: str | None = None  # the engine's weights and compute (model.dtype); None: the model's dtype
 
     @classmethod
     def from_options(
-        cls, options: Any, max_model_len: int, max_num_seqs: int, max_logprobs: int, seed: int
+        cls, options: Any, max_model_len: int, max_num_seqs: int, max_logprobs: int, seed: int,
+        dtype: str | None = None,
     ) -> VLLMSettings:
         """From the ``rollout`` config section (``vllm_*`` keys), or defaults when it is None."""
         extra = {}
@@ -72,7 +74,10 @@ class VLLMSettings:
         block = extra.get("block_size", cls.block_size)
         # a length in whole KV blocks
         length = -(-max_model_len // block) * block
-        return cls(length, max_num_seqs, max(1, max_logprobs), seed=seed, **extra)
+        return cls(length, max_num_seqs, max(1, max_logprobs), seed=seed, dtype=dtype, **extra)
+
+    def engine_dtype(self, model: PreTrainedModel) -> str:
+        return self.dtype or str(model.dtype).removeprefix("torch.")
 
 
 # One vLLM engine per process and model shape: a second Trainer (or test, or evaluation) with the
@@ -129,7 +134,7 @@ def check_model_for_vllm(model: PreTrainedModel, settings: VLLMSettings, on_gpu:
             "lower data.max_prompt_length or rollout.max_new_tokens"
         )
     if not on_gpu:
-        per_token = kv_bytes_per_token(config, model.dtype)
+        per_token = kv_bytes_per_token(config, getattr(torch, settings.engine_dtype(model)))
         need = settings.max_model_len * per_token
         have = int(settings.kv_cache_gib * GIB)
         if have < need:
@@ -171,7 +176,7 @@ def _import_vllm() -> Any:
 def _engine_key(model: PreTrainedModel, settings: VLLMSettings) -> tuple[Any, ...]:
     config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
     shape = json.dumps(config, sort_keys=True, default=str)
-    return (shape, str(model.dtype), str(model.device), settings.block_size, settings.kv_cache_gib,
+    return (shape, settings.engine_dtype(model), str(model.device), settings.block_size, settings.kv_cache_gib,
             settings.gpu_memory_utilization, settings.seed)
 
 
@@ -188,7 +193,7 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
     kwargs: dict[str, Any] = {
         "model": model.name_or_path,
         "skip_tokenizer_init": True,  # requests are token ids; nothing is detokenized
-        "dtype": str(model.dtype).removeprefix("torch."),
+        "dtype": settings.engine_dtype(model),
         "seed": settings.seed,
         "enable_prefix_caching": True,
         "block_size": settings.block_size,
@@ -237,6 +242,7 @@ class VLLMEngine:
         self.model = model
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.settings = settings
+        self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         embedding = model.get_input_embeddings().weight
         self._embedding_key = next(name for name, param in model.named_parameters() if param is embedding)

@@ -116,7 +116,7 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     opts, params, group = ctx.cfg.fr3e, ctx.params, ctx.group_size
     first = ctx.engine.generate([GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True)
     if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
-        fill_entropy(ctx.engine.model, prompt_ids, first, params.temperature)
+        fill_entropy(ctx.engine.model, prompt_ids, first, params.temperature, compute_dtype=ctx.engine.compute_dtype)
     requests, sequence_prompts, states_per_group = [], [], []
     for ids, chain in zip(prompt_ids, first, strict=True):
         scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from semrl.algos.losses import ppo_clip_loss
+from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss
 
 
 @dataclass
@@ -95,3 +95,25 @@ def ppo(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Te
 
 
 register_policy_loss(PolicyLoss("ppo", ppo))
+
+
+def micro_batch_loss(
+    loss: PolicyLoss, x: PolicyLossInputs, cfg: Any, num_sequences: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+    """The scalar loss of one micro-batch: ``loss``'s per-token loss, plus ``algorithm.kl_coef`` x
+    the KL to the reference when ``x.ref_logp`` is given, aggregated with the mini-batch's
+    denominators (``num_sequences`` and ``x.num_tokens`` over every process) so that micro-batch
+    gradients add up. Returns (loss, the policy loss's metrics, masked-mean KL or None)."""
+    a = cfg.algorithm
+    token_loss, metrics = loss.loss_fn(x, cfg)
+    kl_mean = None
+    if x.ref_logp is not None:
+        kl = kl_penalty(x.logp, x.ref_logp, a.kl_estimator)
+        if a.kl_coef > 0:
+            token_loss = token_loss + a.kl_coef * kl
+        kl_mean = masked_mean(kl.detach(), x.mask)
+    total = aggregate_loss(
+        token_loss, x.mask, a.loss_agg_mode, num_sequences=num_sequences, num_tokens=x.num_tokens,
+        max_response_length=cfg.rollout.max_new_tokens,
+    )
+    return total, metrics, kl_mean

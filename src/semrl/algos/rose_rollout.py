@@ -130,7 +130,10 @@ def tree_rollout(
         t0 = time.perf_counter()
         p, k = job.prompt, job.position
         if options.entropy_mode == "full_vocab":  # an engine without entropies (vllm): one forward pass
-            fill_entropy(engine.model, [request.prompt_ids + request.prefix_ids], [out], params.temperature)
+            fill_entropy(
+                engine.model, [request.prompt_ids + request.prefix_ids], [out], params.temperature,
+                compute_dtype=engine.compute_dtype,
+            )
         score, entropy, divergence = branch_scores(
             out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
             entropy_mode=options.entropy_mode, full_entropy=out.entropy,
