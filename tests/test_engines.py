@@ -329,6 +329,31 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit3
         torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
 
 
+def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_task, tmp_path):
+    """model.dtype=bfloat16: vLLM holds bf16 weights, cast from the fp32 trained ones at every sync."""
+    vllm_or_skip()
+    from transformers import AutoModelForCausalLM
+
+    from semrl.trainer import Trainer
+
+    trainer = Trainer(_train_cfg(digit32_model_dir, seven_task, tmp_path / "run", "trainer.steps=3", "model.dtype=bfloat16"))
+    assert trainer.engine.compute_dtype == torch.bfloat16
+    assert next(trainer.model.parameters()).dtype == torch.float32
+    trainer.train()
+    tok = trainer.tokenizer
+    prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
+    gens = trainer.engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
+                                   torch.Generator().manual_seed(0))
+    engine_logp = torch.cat([g.logprobs for g in gens])
+    start = AutoModelForCausalLM.from_pretrained(digit32_model_dir, dtype=torch.float32)
+    gaps = {}
+    for name, model in (("trained", trainer.model), ("start", start)):
+        _, logp, _ = _forward(model, prompts, gens, 1.0)
+        gaps[name] = (engine_logp - torch.cat([logp[i, : len(g.token_ids)] for i, g in enumerate(gens)])).abs()
+    assert gaps["trained"].max() < 0.1  # bf16 rounding of the trained weights only
+    assert gaps["trained"].mean() < gaps["start"].mean() / 3, gaps
+
+
 @pytest.mark.parametrize(
     "method,extra",
     [

@@ -107,8 +107,9 @@ def test_token_budget_and_logit_chunks_give_the_same_training(digit_model_dir, s
     )
     for m1, m2 in zip(base_metrics, other_metrics, strict=True):
         assert m1["reward"] == m2["reward"]
-        assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
-        assert m1["actor/grad_norm"] == pytest.approx(m2["actor/grad_norm"], rel=1e-4)
+        # CPU: equal to 1e-6; CUDA kernels picked by shape differ by ~3e-4 relative
+        assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-3, abs=1e-6)
+        assert m1["actor/grad_norm"] == pytest.approx(m2["actor/grad_norm"], rel=1e-3)
     # Adam divides by |grad|: float rounding of near-zero gradients moves a weight by up to ~lr x 1e-2
     assert all(torch.allclose(base[k], other[k], atol=1e-4) for k in base)
 

@@ -89,7 +89,10 @@ def micro_batches(
         widest = max(widest, costs[u])
     wanted = agree(len(bins))
     if wanted > len(units):
-        raise ValueError(f"{wanted} micro-batches cannot be made from {len(units)} units on this process")
+        raise ValueError(
+            f"trainer.micro_batch_tokens={token_budget}: another process needs {wanted} micro-batches, this one "
+            f"has {len(units)} rows or groups to split; raise trainer.micro_batch_tokens"
+        )
     while len(bins) < wanted:
         largest = max(range(len(bins)), key=lambda b: len(bins[b]))
         half = len(bins[largest]) // 2
