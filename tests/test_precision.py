@@ -97,13 +97,14 @@ def _weights_after(model_dir, task, out, *extra):
 
 @pytest.mark.parametrize("packing", ["none", "tree"])
 def test_token_budget_and_logit_chunks_give_the_same_training(digit_model_dir, seven_task, tmp_path, packing):
-    """Micro-batches by a token budget and a 3-token logits chunk change how the work is split,
-    not the update: the same losses, gradient norms and weights as 16-row micro-batches."""
+    """Micro-batches by a token budget, a 3-token logits chunk and gradient checkpointing change how
+    the work is split and what is kept, not the update: the same losses, gradient norms and weights
+    as 16-row micro-batches."""
     common = [f"trainer.packing={packing}", "algorithm.method=grpo"]
     base, base_metrics = _weights_after(digit_model_dir, seven_task, tmp_path / "rows", *common)
     other, other_metrics = _weights_after(
         digit_model_dir, seven_task, tmp_path / "tokens", *common, "trainer.micro_batch_tokens=90",
-        "trainer.logits_chunk_size=3",
+        "trainer.logits_chunk_size=3", "model.gradient_checkpointing=true",
     )
     for m1, m2 in zip(base_metrics, other_metrics, strict=True):
         assert m1["reward"] == m2["reward"]
