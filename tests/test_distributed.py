@@ -92,6 +92,16 @@ def test_fsdp_trains_like_one_process_and_resumes_exactly(digit_model_dir, singl
     assert all(torch.equal(w_full[k], w_resumed[k]) for k in w_full)
 
 
+def test_fsdp_with_tree_packing_trains_like_one_process(digit_model_dir, single_process_run, tmp_path):
+    """Packed rows go through the model's own forward, so FSDP's root hooks gather the parameters:
+    FSDP with trainer.packing=tree equals the single-process padded run."""
+    task, one, env = single_process_run
+    packed = tmp_path / "packed"
+    _train("--num-processes", "2", *_args(digit_model_dir, task, packed), "trainer.fsdp=true", "trainer.packing=tree",
+           env=env)
+    _assert_same_training(digit_model_dir, one, packed)
+
+
 def test_fsdp_mixed_precision_with_a_token_budget(digit_model_dir, single_process_run, tmp_path):
     """FSDP2's bf16 policy over fp32 shards, micro-batches by tokens (rows of unequal lengths on the
     two processes, as many micro-batches on each, or a collective would hang): it trains, and the

@@ -70,8 +70,6 @@ def check_world_size(cfg: Config, world: int) -> None:
         )
     if cfg.trainer.fsdp and world == 1:
         raise ConfigError("trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'")
-    if cfg.trainer.fsdp and cfg.trainer.packing == "tree":
-        raise ConfigError("trainer.packing=tree does not work with trainer.fsdp yet; set trainer.packing=none")
     mini = cfg.trainer.mini_batch_size
     if mini is not None and mini % world:
         raise ConfigError(f"trainer.mini_batch_size ({mini}) must be a multiple of the number of processes ({world})")
