@@ -47,8 +47,9 @@ def test_pack_layout_on_a_hand_built_tree():
         pack_trees([[1, 2]], [[[3, 4, 5], [9, 6], [7]]], [tree], pad_token_id=0)
 
 
+@pytest.mark.parametrize("row_tokens", [None, 1, 10_000])  # default fill, one tree per row, all in one row
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn):
+def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -63,7 +64,12 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn):
     groups.append([[5] * n for n in (1, 7, 3)])
     trees.append(ChainTree((-1, -1, -1), (-1, 0, 0), (1, 7, 3)))
 
-    packed = pack_trees(prompts, groups, trees, pad_token_id=0)
+    packed = pack_trees(prompts, groups, trees, pad_token_id=0, row_tokens=row_tokens)
+    assert packed.input_ids.shape[0] == {None: packed.input_ids.shape[0], 1: len(groups), 10_000: 1}[row_tokens]
+    assert packed.packed_tokens == sum(  # each tree's prompt once, each chain's tokens after its branch point
+        len(p) + sum(len(r) - (t.branch_positions[c] if t.parents[c] >= 0 else 0) for c, r in enumerate(g))
+        for p, g, t in zip(prompts, groups, trees, strict=True)
+    )
     padded = make_sequence_batch([p for p, g in zip(prompts, groups, strict=True) for _ in g],
                                  [r for g in groups for r in g], pad_token_id=0)
     assert packed.packed_tokens < padded.attention_mask.sum()

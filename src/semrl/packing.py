@@ -1,8 +1,8 @@
 """Tree-packed forward: every token of a prompt's prefix tree computed once.
 
-A group of G chains that share prefixes (ROSE trees) is laid out as one packed row
+A group of G chains that share prefixes (ROSE trees) is laid out as one packed segment
 ``[prompt | chain 0 | chain 1's own tokens | ...]``: each chain contributes only the tokens after
-its branch point. A float additive 4D attention mask lets each token see exactly its ancestors
+its branch point; segments of several groups may share a row. A float additive 4D attention mask lets each token see exactly its ancestors
 (the prompt, the shared prefix it continues, and its own chain's earlier tokens), and position
 ids restart so every token keeps the position it has in its own chain. The log-probs, entropies
 and losses equal those of the padded per-chain layout (``semrl.forward``), while a shared prefix
@@ -36,6 +36,7 @@ class PackedBatch:
         predictor: (N, R) column whose logits predict response token t of chain n; -1 on padding.
         targets: (N, R) response token ids (pad on padding).
         response_mask: (N, R) 1 on response tokens.
+        real: (B, S) bool, False on padding.
     """
 
     input_ids: torch.Tensor
@@ -45,6 +46,7 @@ class PackedBatch:
     predictor: torch.Tensor
     targets: torch.Tensor
     response_mask: torch.Tensor
+    real: torch.Tensor
 
     def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """(B, 1, S, S) additive mask: 0 where visible, the dtype's most negative value elsewhere."""
@@ -54,7 +56,7 @@ class PackedBatch:
     @property
     def packed_tokens(self) -> int:
         """Real (non-pad) tokens in the packed rows."""
-        return int(self.visible.diagonal(dim1=1, dim2=2).sum())
+        return int(self.real.sum())
 
 
 def _pack_row(prompt: list[int], responses: list[list[int]], tree: ChainTree) -> tuple[list[int], list[int], list[list[int]], list[list[int]]]:
@@ -80,38 +82,59 @@ def _pack_row(prompt: list[int], responses: list[list[int]], tree: ChainTree) ->
 
 
 def pack_trees(
-    prompts: list[list[int]], responses: list[list[list[int]]], trees: list[ChainTree], pad_token_id: int
+    prompts: list[list[int]],
+    responses: list[list[list[int]]],
+    trees: list[ChainTree],
+    pad_token_id: int,
+    row_tokens: int | None = None,
 ) -> PackedBatch:
-    """Pack one tree per row. ``prompts[b]`` is tree b's prompt, ``responses[b][c]`` chain c's
-    response ids (full, shared prefix included), ``trees[b]`` its parents and branch positions."""
-    rows = [_pack_row(p, r, t) for p, r, t in zip(prompts, responses, trees, strict=True)]
-    width = max(len(ids) for ids, _, _, _ in rows)
+    """Pack trees into rows. ``prompts[b]`` is tree b's prompt, ``responses[b][c]`` chain c's
+    response ids (full, shared prefix included), ``trees[b]`` its parents and branch positions.
+
+    ``row_tokens``: trees share a row, in order, while their tokens fit (a longer tree gets a row of
+    its own); a token never sees another tree's tokens and positions restart in each tree, so values
+    are those of one tree per row. None: as many tokens as the longest tree, so no row grows wider
+    than one tree per row would make it, and shorter trees fill the padding.
+    """
+    packed = [_pack_row(p, r, t) for p, r, t in zip(prompts, responses, trees, strict=True)]
+    budget = row_tokens if row_tokens is not None else max(len(ids) for ids, _, _, _ in packed)
+    row_of, offset_of, row_lengths = [], [], []
+    for ids, _, _, _ in packed:  # first fit, in order
+        if not row_lengths or row_lengths[-1] + len(ids) > budget:
+            row_lengths.append(0)
+        row_of.append(len(row_lengths) - 1)
+        offset_of.append(row_lengths[-1])
+        row_lengths[-1] += len(ids)
+    width = max(row_lengths)
     chains = [(b, c, r) for b, group in enumerate(responses) for c, r in enumerate(group)]
     r_width = max(1, max(len(r) for _, _, r in chains))
-    b_count = len(rows)
-    input_ids = torch.full((b_count, width), pad_token_id, dtype=torch.long)
-    position_ids = torch.zeros((b_count, width), dtype=torch.long)
-    visible = torch.zeros((b_count, width, width), dtype=torch.bool)
-    for b, (ids, positions, ancestors, _) in enumerate(rows):
-        input_ids[b, : len(ids)] = torch.tensor(ids)
-        position_ids[b, : len(ids)] = torch.tensor(positions)
+    input_ids = torch.full((len(row_lengths), width), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((len(row_lengths), width), dtype=torch.long)
+    visible = torch.zeros((len(row_lengths), width, width), dtype=torch.bool)
+    for b, (ids, positions, ancestors, _) in enumerate(packed):
+        row, at = row_of[b], offset_of[b]
+        input_ids[row, at : at + len(ids)] = torch.tensor(ids)
+        position_ids[row, at : at + len(ids)] = torch.tensor(positions)
         for i, seen in enumerate(ancestors):
-            visible[b, i, seen] = True
-        pad = torch.arange(len(ids), width)
-        visible[b, pad, pad] = True  # pads see themselves only: no all-masked row, no NaN
-    row = torch.tensor([b for b, _, _ in chains], dtype=torch.long)
+            visible[row, at + i, [at + j for j in seen]] = True
+    real = torch.arange(width)[None, :] < torch.tensor(row_lengths)[:, None]
+    for row, length in enumerate(row_lengths):
+        pad = torch.arange(length, width)
+        visible[row, pad, pad] = True  # pads see themselves only: no all-masked row, no NaN
+    row = torch.tensor([row_of[b] for b, _, _ in chains], dtype=torch.long)
     predictor = torch.full((len(chains), r_width), -1, dtype=torch.long)
     targets = torch.full((len(chains), r_width), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros((len(chains), r_width), dtype=torch.long)
     for n, (b, c, response) in enumerate(chains):
-        slots = rows[b][3][c]
+        slots = packed[b][3][c]
+        at = offset_of[b]
         last_prompt = len(prompts[b]) - 1
         for t in range(len(response)):
-            predictor[n, t] = last_prompt if t == 0 else slots[t - 1]
+            predictor[n, t] = at + (last_prompt if t == 0 else slots[t - 1])
         if response:
             targets[n, : len(response)] = torch.tensor(response)
             response_mask[n, : len(response)] = 1
-    return PackedBatch(input_ids, position_ids, visible, row, predictor, targets, response_mask)
+    return PackedBatch(input_ids, position_ids, visible, row, predictor, targets, response_mask, real)
 
 
 def packed_response_logprobs(
