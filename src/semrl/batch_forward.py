@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from semrl.batch import RolloutBatch
-from semrl.forward import DEFAULT_LOGITS_CHUNK, response_logprobs
+from semrl.forward import response_logprobs
+from semrl.lm_head import DEFAULT_LOGITS_CHUNK
 from semrl.packing import pack_rows, packed_response_logprobs, unpack_order
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from semrl.lm_head import chunked_logprobs
+from semrl.lm_head import DEFAULT_LOGITS_CHUNK, chunked_logprobs
 
 
 @dataclass
@@ -61,9 +61,6 @@ def make_sequence_batch(
             att[i, p_width : p_width + len(r)] = 1
             resp[i, : len(r)] = 1
     return SequenceBatch(ids, att, resp, p_width)
-
-
-DEFAULT_LOGITS_CHUNK = 256
 
 
 def response_logprobs(

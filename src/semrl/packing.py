@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from semrl.forward import DEFAULT_LOGITS_CHUNK, final_hidden_states, head_logprobs
+from semrl.forward import final_hidden_states, head_logprobs
+from semrl.lm_head import DEFAULT_LOGITS_CHUNK
+from semrl.precision import active_dtype
 from semrl.tree import ChainTree
 
 
@@ -150,7 +152,7 @@ def packed_response_logprobs(
     hidden = final_hidden_states(
         model,
         input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask(compute_dtype(model)).to(device),
+        attention_mask=batch.attention_mask(active_dtype(next(model.parameters()))).to(device),
         position_ids=batch.position_ids.to(device),
     )  # (B, S, D)
     columns = batch.predictor.clamp(min=0).to(device)
@@ -159,14 +161,6 @@ def packed_response_logprobs(
         model, hidden[rows, columns], batch.targets.to(device), batch.response_mask.to(device), temperature,
         with_entropy, chunk_size,
     )
-
-
-def compute_dtype(model: PreTrainedModel) -> torch.dtype:
-    """The dtype the model's attention runs in: the autocast dtype under autocast, else its parameters'."""
-    device_type = next(model.parameters()).device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return next(model.parameters()).dtype
 
 
 def supports_packing(model: PreTrainedModel) -> bool:

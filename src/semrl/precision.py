@@ -19,6 +19,13 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def active_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype an op on ``tensor`` computes in: the autocast dtype where autocast is on for its
+    device, else its own."""
+    device_type = tensor.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else tensor.dtype
+
+
 def autocast_to(dtype: torch.dtype, model: torch.nn.Module) -> AbstractContextManager[Any]:
     """Autocast to ``dtype`` when ``model``'s parameters are of a wider dtype; else nothing."""
     param = next(model.parameters())

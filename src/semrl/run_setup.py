@@ -127,6 +127,7 @@ class Models:
     rollout_model: torch.nn.Module
     ref_model: torch.nn.Module | None
     engine: Engine
+    precision: Precision
 
 
 def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_reference: bool) -> Models:
@@ -155,7 +156,7 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     if needs_reference:
         ref_model = load_model(resolve_model_path(m.name, m.cache_dir), m.dtype, m.attn_implementation)
         ref_model.requires_grad_(False).eval().to(procs.device)
-    return Models(tokenizer, model, rollout_model, ref_model, engine)
+    return Models(tokenizer, model, rollout_model, ref_model, engine, precision)
 
 
 def packing_enabled(cfg: Config, model: torch.nn.Module) -> bool:

@@ -38,7 +38,6 @@ from semrl.group_filter import choose_groups, split_groups
 from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
 from semrl.models import load_model, resolve_model_path
 from semrl.optim import guarded_step, make_optimizer
-from semrl.precision import Precision
 from semrl.preemption import StopSignal
 from semrl.reward import VerifierPool, score_responses
 from semrl.reward.shaping import overlong_penalty
@@ -79,7 +78,7 @@ class Trainer:
             micro_batches, size=cfg.trainer.micro_batch_size, token_budget=cfg.trainer.micro_batch_tokens,
             packed=self.packing, agree=lambda n: max(self.procs.gather(n)),  # as many on every process
         )
-        self.precision = Precision.from_config(cfg)
+        self.precision = models.precision
         self.scaler = self.precision.grad_scaler(self.procs.device)  # float16 compute only
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
         # with a curriculum that restarts each stage, the schedule spans one stage
@@ -371,7 +370,7 @@ class Trainer:
         # own when a token selection needs them before the update, else from the update's forward.
         fill = not batch.has_rollout_entropy and (not single_update or self.policy_loss.prepare_fn is not None)
         old_logp = None
-        every_row = self._micro_batches(batch, torch.arange(total))
+        every_row = self._micro_batches(batch, torch.arange(total)) if not single_update or fill or self.ref_model else []
         if not single_update or fill:
             with self.precision.autocast(self.model):
                 logp_now, entropy_now = batch_logprobs(self.model, batch, temperature, every_row, self.packing, fill, chunk)
