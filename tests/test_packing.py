@@ -36,12 +36,12 @@ def test_pack_layout_on_a_hand_built_tree():
     assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 2]]
     assert packed.packed_tokens == 7
-    seen = packed.visible[0]
+    seen = packed.layout.dense_visible()[0]
     assert seen[5].nonzero().flatten().tolist() == [0, 1, 2, 5]  # token 6 sees prompt, the shared 3, itself
     assert seen[6].nonzero().flatten().tolist() == [0, 1, 6]  # the fresh chain sees only the prompt
     assert packed.predictor.tolist() == [[1, 2, 3], [1, 2, -1], [1, -1, -1]]
     assert packed.targets[1, :2].tolist() == [3, 6] and packed.response_mask[2].tolist() == [1, 0, 0]
-    mask = packed.attention_mask(torch.float32)
+    mask = packed.dense_attention_mask(torch.float32)
     assert mask.shape == (1, 1, 7, 7) and mask[0, 0, 5, 4] == torch.finfo(torch.float32).min and mask[0, 0, 5, 2] == 0
     with pytest.raises(ValueError, match="chain 1 does not start"):
         pack_trees([[1, 2]], [[[3, 4, 5], [9, 6], [7]]], [tree], pad_token_id=0)
@@ -49,7 +49,9 @@ def test_pack_layout_on_a_hand_built_tree():
 
 @pytest.mark.parametrize("row_tokens", [None, 1, 10_000])  # default fill, one tree per row, all in one row
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens):
+@pytest.mark.parametrize("query_block", [7, 256])  # many query blocks per tree, one block per row
+def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, query_block, monkeypatch):
+    monkeypatch.setattr("semrl.tree_attention.CPU_QUERY_BLOCK", query_block)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size

@@ -218,10 +218,12 @@ class TrainerConfig:
         "micro-batch size.",
     )
     packing: Literal["none", "tree"] = option(
-        "none",
-        "tree: each micro-batch's rows of one prompt go through the model as one packed row, shared "
-        "prompt and tree prefixes computed once (4D ancestor mask); micro-batches then take whole "
-        "groups in a shuffled group order. Same log-probs and loss as 'none' (padded rows).",
+        "tree",
+        "tree: the rows of each prompt group go through the model packed, the prompt and every shared "
+        "tree prefix computed once, groups sharing rows (tree attention in memory linear in the tokens: "
+        "docs/algorithms.md \"Tree packing\"); micro-batches then take whole groups in a shuffled group "
+        "order. Same log-probs, loss and gradients as 'none' (padded rows), the fallback for model types "
+        "it does not know.",
     )
     fsdp: bool = option(
         False,

@@ -88,7 +88,7 @@ def response_logprobs(
     )
 
 
-def final_hidden_states(model: PreTrainedModel, **inputs: torch.Tensor) -> torch.Tensor:
+def final_hidden_states(model: PreTrainedModel, **inputs: Any) -> torch.Tensor:
     """(B, S, H) hidden states after the final norm, from the model's own forward with the LM head
     applied to no position. Calling the model itself (not ``model.model``) lets FSDP's root hooks
     gather and free the parameters as in any forward."""

@@ -2,15 +2,12 @@
 
 A group of G chains that share prefixes (ROSE trees) is laid out as one packed segment
 ``[prompt | chain 0 | chain 1's own tokens | ...]``: each chain contributes only the tokens after
-its branch point; segments of several groups may share a row. A float additive 4D attention mask lets each token see exactly its ancestors
-(the prompt, the shared prefix it continues, and its own chain's earlier tokens), and position
-ids restart so every token keeps the position it has in its own chain. The log-probs, entropies
-and losses equal those of the padded per-chain layout (``semrl.forward``), while a shared prefix
-goes through the model once. Independent samples are the special case of a tree without branches
+its branch point; segments of several groups may share a row. Each token sees exactly its ancestors (the prompt,
+the shared prefix it continues, and its own chain's earlier tokens), a rule held in memory linear
+in the tokens and computed by ``semrl.tree_attention``; position ids restart so every token keeps
+the position it has in its own chain. The log-probs, entropies and losses equal those of the
+padded per-chain layout (``semrl.forward``), while a shared prefix goes through the model once. Independent samples are the special case of a tree without branches
 (every chain's parent is -1), which packs a micro-batch without padding waste.
-
-Mask format: docs/algorithms.md "Tree packing" (a boolean 4D mask is silently wrong with
-eager attention; 0 / finfo.min floats are right for eager and sdpa).
 """
 
 from __future__ import annotations
@@ -22,8 +19,8 @@ from transformers import PreTrainedModel
 
 from semrl.forward import final_hidden_states, head_logprobs
 from semrl.lm_head import DEFAULT_LOGITS_CHUNK
-from semrl.precision import active_dtype
 from semrl.tree import ChainTree
+from semrl.tree_attention import NEVER, TreeLayout, mask_placeholder, use_tree_attention
 
 
 @dataclass
@@ -33,7 +30,7 @@ class PackedBatch:
     Attributes:
         input_ids: (B, S) token ids, pad where a row is shorter than S.
         position_ids: (B, S) position of each token in its own chain.
-        visible: (B, S, S) bool, key j visible to query i (ancestors and itself).
+        layout: who sees whom (``semrl.tree_attention.TreeLayout``), in memory linear in S.
         row: (N,) the packed row holding chain n.
         predictor: (N, R) column whose logits predict response token t of chain n; -1 on padding.
         targets: (N, R) response token ids (pad on padding).
@@ -43,17 +40,17 @@ class PackedBatch:
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    visible: torch.Tensor
+    layout: TreeLayout
     row: torch.Tensor
     predictor: torch.Tensor
     targets: torch.Tensor
     response_mask: torch.Tensor
     real: torch.Tensor
 
-    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """(B, 1, S, S) additive mask: 0 where visible, the dtype's most negative value elsewhere."""
-        mask = torch.full(self.visible.shape, torch.finfo(dtype).min, dtype=dtype)
-        return mask.masked_fill(self.visible, 0.0)[:, None]
+    def dense_attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, S, S) additive mask, 0 where visible: the S^2 form, for reference checks only."""
+        mask = torch.full(self.input_ids.shape + self.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype)
+        return mask.masked_fill(self.layout.dense_visible(), 0.0)[:, None]
 
     @property
     def packed_tokens(self) -> int:
@@ -61,26 +58,39 @@ class PackedBatch:
         return int(self.real.sum())
 
 
-def _pack_row(prompt: list[int], responses: list[list[int]], tree: ChainTree) -> tuple[list[int], list[int], list[list[int]], list[list[int]]]:
-    """One tree: (ids, positions, ancestors per column, slot of every response token per chain)."""
-    ids, positions = list(prompt), list(range(len(prompt)))
-    ancestors: list[list[int]] = [list(range(i + 1)) for i in range(len(prompt))]
-    slots: list[list[int]] = []
+@dataclass
+class _PackedTree:
+    ids: list[int]
+    positions: list[int]
+    segments: list[int]  # 0: the prompt, 1 + c: chain c's own tokens
+    cutoff: list[list[int]]  # (1 + G, 1 + G), see semrl.tree_attention
+    slots: list[list[int]]  # column of every response token, per chain
+
+
+def _pack_tree(prompt: list[int], responses: list[list[int]], tree: ChainTree) -> _PackedTree:
+    p = len(prompt)
+    n_segments = 1 + len(responses)
+    packed = _PackedTree(list(prompt), list(range(p)), [0] * p, [[0] * n_segments for _ in range(n_segments)], [])
+    packed.cutoff[0][0] = NEVER
     for c, response in enumerate(responses):
         parent, k = tree.parents[c], tree.branch_positions[c]
-        start = k if parent >= 0 else 0
         if parent >= 0 and response[:k] != responses[parent][:k]:
             raise ValueError(f"chain {c} does not start with the first {k} tokens of its parent {parent}")
-        own = slots[parent][:start] if parent >= 0 else []
+        start = k if parent >= 0 else 0
+        if parent >= 0:  # what the parent sees, up to the branch point
+            seen = [min(cut, p + k) for cut in packed.cutoff[1 + parent]]
+        else:
+            seen = [p] + [0] * len(responses)
+        seen[1 + c] = NEVER
+        packed.cutoff[1 + c] = seen
+        own = packed.slots[parent][:start] if parent >= 0 else []
         for t in range(start, len(response)):
-            column = len(ids)
-            before = ancestors[own[-1]] if own else ancestors[len(prompt) - 1]
-            ids.append(response[t])
-            positions.append(len(prompt) + t)
-            ancestors.append([*before, column])
-            own.append(column)
-        slots.append(own)
-    return ids, positions, ancestors, slots
+            own.append(len(packed.ids))
+            packed.ids.append(response[t])
+            packed.positions.append(p + t)
+            packed.segments.append(1 + c)
+        packed.slots.append(own)
+    return packed
 
 
 def pack_trees(
@@ -98,45 +108,50 @@ def pack_trees(
     are those of one tree per row. None: as many tokens as the longest tree, so no row grows wider
     than one tree per row would make it, and shorter trees fill the padding.
     """
-    packed = [_pack_row(p, r, t) for p, r, t in zip(prompts, responses, trees, strict=True)]
-    budget = row_tokens if row_tokens is not None else max(len(ids) for ids, _, _, _ in packed)
+    packed = [_pack_tree(p, r, t) for p, r, t in zip(prompts, responses, trees, strict=True)]
+    budget = row_tokens if row_tokens is not None else max(len(t.ids) for t in packed)
     row_of, offset_of, row_lengths = [], [], []
-    for ids, _, _, _ in packed:  # first fit, in order
-        if not row_lengths or row_lengths[-1] + len(ids) > budget:
+    for tree in packed:  # first fit, in order
+        if not row_lengths or row_lengths[-1] + len(tree.ids) > budget:
             row_lengths.append(0)
         row_of.append(len(row_lengths) - 1)
         offset_of.append(row_lengths[-1])
-        row_lengths[-1] += len(ids)
-    width = max(row_lengths)
-    chains = [(b, c, r) for b, group in enumerate(responses) for c, r in enumerate(group)]
-    r_width = max(1, max(len(r) for _, _, r in chains))
-    input_ids = torch.full((len(row_lengths), width), pad_token_id, dtype=torch.long)
-    position_ids = torch.zeros((len(row_lengths), width), dtype=torch.long)
-    visible = torch.zeros((len(row_lengths), width, width), dtype=torch.bool)
-    for b, (ids, positions, ancestors, _) in enumerate(packed):
-        row, at = row_of[b], offset_of[b]
-        input_ids[row, at : at + len(ids)] = torch.tensor(ids)
-        position_ids[row, at : at + len(ids)] = torch.tensor(positions)
-        for i, seen in enumerate(ancestors):
-            visible[row, at + i, [at + j for j in seen]] = True
+        row_lengths[-1] += len(tree.ids)
+    width, n_rows = max(row_lengths), len(row_lengths)
+    # segments: each tree's, then one per row for its padding (pads see earlier pads: no empty row)
+    first_segment = torch.tensor([0] + [len(t.cutoff) for t in packed]).cumsum(0).tolist()
+    n_segments = first_segment[-1] + n_rows
+    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((n_rows, width), dtype=torch.long)
+    segment = (first_segment[-1] + torch.arange(n_rows))[:, None].repeat(1, width)
+    cutoff = torch.zeros((n_segments, n_segments), dtype=torch.long)
+    cutoff[first_segment[-1] :, first_segment[-1] :].fill_diagonal_(NEVER)
+    for b, tree in enumerate(packed):
+        row, at, first = row_of[b], offset_of[b], first_segment[b]
+        columns = slice(at, at + len(tree.ids))
+        input_ids[row, columns] = torch.tensor(tree.ids)
+        position_ids[row, columns] = torch.tensor(tree.positions)
+        segment[row, columns] = first + torch.tensor(tree.segments)
+        cutoff[first : first + len(tree.cutoff), first : first + len(tree.cutoff)] = torch.tensor(tree.cutoff)
     real = torch.arange(width)[None, :] < torch.tensor(row_lengths)[:, None]
     for row, length in enumerate(row_lengths):
-        pad = torch.arange(length, width)
-        visible[row, pad, pad] = True  # pads see themselves only: no all-masked row, no NaN
+        position_ids[row, length:] = torch.arange(width - length)
+    chains = [(b, c, r) for b, group in enumerate(responses) for c, r in enumerate(group)]
+    r_width = max(1, max(len(r) for _, _, r in chains))
     row = torch.tensor([row_of[b] for b, _, _ in chains], dtype=torch.long)
     predictor = torch.full((len(chains), r_width), -1, dtype=torch.long)
     targets = torch.full((len(chains), r_width), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros((len(chains), r_width), dtype=torch.long)
     for n, (b, c, response) in enumerate(chains):
-        slots = packed[b][3][c]
-        at = offset_of[b]
-        last_prompt = len(prompts[b]) - 1
-        for t in range(len(response)):
-            predictor[n, t] = at + (last_prompt if t == 0 else slots[t - 1])
-        if response:
-            targets[n, : len(response)] = torch.tensor(response)
-            response_mask[n, : len(response)] = 1
-    return PackedBatch(input_ids, position_ids, visible, row, predictor, targets, response_mask, real)
+        if not response:
+            continue
+        # the last prompt column predicts token 0, the column of token t - 1 predicts token t
+        columns = [len(prompts[b]) - 1, *packed[b].slots[c][: len(response) - 1]]
+        predictor[n, : len(response)] = offset_of[b] + torch.tensor(columns)
+        targets[n, : len(response)] = torch.tensor(response)
+        response_mask[n, : len(response)] = 1
+    layout = TreeLayout(position_ids, segment, cutoff)
+    return PackedBatch(input_ids, position_ids, layout, row, predictor, targets, response_mask, real)
 
 
 def packed_response_logprobs(
@@ -149,26 +164,43 @@ def packed_response_logprobs(
     """(N, R) log-probs of every chain's response tokens and optionally their entropies (no
     gradient), equal to ``semrl.forward.response_logprobs`` on the padded chains."""
     device = next(model.parameters()).device
+    use_tree_attention(model)
     hidden = final_hidden_states(
         model,
         input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask(active_dtype(next(model.parameters()))).to(device),
+        attention_mask=mask_placeholder(batch.input_ids.shape[0], device),
         position_ids=batch.position_ids.to(device),
+        tree=batch.layout.to(device),
     )  # (B, S, D)
-    columns = batch.predictor.clamp(min=0).to(device)
-    rows = batch.row.to(device)[:, None].expand_as(columns)
-    return head_logprobs(
-        model, hidden[rows, columns], batch.targets.to(device), batch.response_mask.to(device), temperature,
-        with_entropy, chunk_size,
+    # chains share the tokens of a common prefix: each (row, column, target) goes through the head once
+    keep = batch.response_mask.bool()
+    predictions = torch.stack([batch.row[:, None].expand_as(keep)[keep], batch.predictor[keep], batch.targets[keep]], 1)
+    unique, inverse = torch.unique(predictions, dim=0, return_inverse=True)
+    unique, inverse, keep = unique.to(device), inverse.to(device), keep.to(device)
+    logp_unique, entropy_unique = head_logprobs(
+        model, hidden[unique[:, 0], unique[:, 1]][None], unique[None, :, 2], torch.ones_like(unique[None, :, 2]),
+        temperature, with_entropy, chunk_size,
     )
+    logp = torch.zeros(keep.shape, dtype=torch.float32, device=device)
+    logp[keep] = logp_unique[0, inverse]
+    entropy = None
+    if entropy_unique is not None:
+        entropy = torch.zeros(keep.shape, dtype=torch.float32, device=device)
+        entropy[keep] = entropy_unique[0, inverse]
+    return logp, entropy
 
 
 def supports_packing(model: PreTrainedModel) -> bool:
-    """Whether the model takes a custom 4D attention mask in its forward and has an ``lm_head``
-    (Llama-family decoders in transformers >= 4.40 do)."""
-    return hasattr(model, "model") and hasattr(model, "lm_head") and getattr(
-        model.config, "model_type", ""
-    ) in {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "olmo2"}
+    """Whether tree attention is exact for the model: a decoder whose attention goes through
+    transformers' attention interface with position ids, and uses neither a sliding window nor
+    soft-capped scores (which ``semrl.tree_attention`` does not apply)."""
+    config = model.config
+    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    return (
+        hasattr(model, "model") and hasattr(model, "lm_head")
+        and getattr(config, "model_type", "") in {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "olmo2"}
+        and not sliding and getattr(config, "attn_logit_softcapping", None) is None
+    )
 
 
 def pack_rows(

@@ -160,12 +160,13 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
 
 
 def packing_enabled(cfg: Config, model: torch.nn.Module) -> bool:
-    """``trainer.packing=tree`` where the model takes a 4D attention mask; padded rows otherwise."""
+    """``trainer.packing=tree`` where tree attention is exact for the model; padded rows otherwise."""
     if cfg.trainer.packing != "tree":
         return False
     if not supports_packing(model):
         logger.warning(
-            "trainer.packing=tree: model type '%s' is not known to take a 4D attention mask; using padded rows",
+            "trainer.packing=tree: tree attention is not known to be exact for model type '%s' (a sliding "
+            "window or soft-capped attention, or an untested architecture); using padded rows",
             getattr(getattr(model, "config", None), "model_type", "?"),
         )
         return False
