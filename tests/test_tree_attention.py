@@ -20,9 +20,12 @@ def _random_batch(seed: int, groups: int, g: int, max_len: int, prompt_len: int,
         responses, tree = _random_tree(gen, g, 50, max_len)
         chains.append(responses)
         trees.append(tree)
-    prompts.append([1, 2])  # a single chain ending at once, and a chain that branches at token 0
+    prompts.append([1, 2])  # a chain ending at once, and a chain that branches at token 0
     chains.append([[3], [3, 4, 5]])
     trees.append(ChainTree((-1, 0), (-1, 0), (1, 3)))
+    prompts.append([6, 7, 8])  # a group of one chain
+    chains.append([[9, 10, 11, 12]])
+    trees.append(ChainTree((-1,), (-1,), (4,)))
     return pack_trees(prompts, chains, trees, pad_token_id=0, row_tokens=row_tokens), prompts, chains, trees
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "ConfigError", "__version__", "load_config"]
+__all__ = ["Config", "ConfigError", "__version__", "load_config", "train"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> Any:
         import semrl.config
 
         return getattr(semrl.config, name)
+    if name == "train":
+        from semrl.api import train
+
+        return train
     raise AttributeError(f"module 'semrl' has no attribute '{name}'")

@@ -50,6 +50,7 @@ class RolloutBatch:
     rewards: torch.Tensor | None = None  # (N,) after the reward stage
     reward_results: list[RewardResult] = field(default_factory=list)  # (N,)
     verify_timeouts: int = 0  # verifier time-outs while scoring this batch
+    reward_function_sums: dict[str, float] = field(default_factory=dict)  # rewards/<function>/{sum,errors,timeouts}
 
     def __post_init__(self) -> None:
         self.sequences: SequenceBatch = make_sequence_batch(

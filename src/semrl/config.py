@@ -133,6 +133,17 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
+    functions: list[str] = option(
+        ["math"],
+        "Reward functions, summed with reward.weights: built-in 'math' (math-verify of the extracted "
+        "answer), 'boxed_match' (the official ROSE code's strict \\boxed{} string match), "
+        "'final_number' (last number equals the answer), or your own as 'package.module:function' or "
+        "'path/to/file.py:function' taking TRL's (prompts, completions, completion_ids, **columns) or "
+        "verl's compute_score(data_source, solution_str, ground_truth, extra_info). The list replaces "
+        "the default: name 'math' too to keep it. Each runs in the killable reward workers "
+        "(docs/training.md \"Reward functions\").",
+    )
+    weights: list[float] | None = option(None, "One weight per reward function (null: all 1.0).")
     final_number_fallback: bool = option(
         True, "If no \\boxed{} answer is found, use the last number of the response."
     )
@@ -462,6 +473,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config key 'data.arithmetic_levels' must list levels between 1 and 5")
     if cfg.reward.timeout_s <= 0:
         raise ConfigError("config key 'reward.timeout_s' must be > 0")
+    if not cfg.reward.functions:
+        raise ConfigError("config key 'reward.functions' is empty; name at least one, e.g. [math]")
+    if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
+        raise ConfigError(
+            f"config key 'reward.weights' has {len(cfg.reward.weights)} weights for "
+            f"{len(cfg.reward.functions)} reward.functions; give one per function or null"
+        )
     if cfg.rollout.engine == "vllm":
         from semrl.vllm_engine import check_vllm_settings  # imports nothing heavy until vLLM starts
 

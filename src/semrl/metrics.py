@@ -23,7 +23,19 @@ def reward_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
         "reward/frac_groups_all_equal": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
         "reward/distinct_answers_per_group": float(np.mean(distinct)),
         "reward/verify_timeouts": float(sum(b.verify_timeouts for b in batches)),
+        **function_metrics(batches),
     }
+
+
+def function_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
+    """Each reward function's mean score, errors and time-outs over the step's sequences."""
+    n = max(1, sum(len(b.texts) for b in batches))
+    sums: dict[str, float] = {}
+    for b in batches:
+        for key, value in b.reward_function_sums.items():
+            sums[key] = sums.get(key, 0.0) + value
+    return {key.removesuffix("/sum") + ("/mean" if key.endswith("/sum") else ""): value / n if key.endswith("/sum") else value
+            for key, value in sums.items()}
 
 
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:

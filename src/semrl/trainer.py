@@ -13,6 +13,7 @@ import signal
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from semrl.batch import RolloutBatch, gather_groups
 from semrl.batch_forward import batch_logprobs, micro_batches, rows_logprobs, shuffled_rows
 from semrl.config import Config
 from semrl.curriculum import StageSchedule, stage_reference_dir
-from semrl.data import EpochSampler, build_prompt_ids
+from semrl.data import EpochSampler, build_prompt_ids, problem_columns
 from semrl.distributed import ProcessGroup, full_state_dict
 from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_held_out
@@ -39,7 +40,7 @@ from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
 from semrl.models import load_model, resolve_model_path
 from semrl.optim import guarded_step, make_optimizer
 from semrl.preemption import StopSignal
-from semrl.reward import VerifierPool, score_responses
+from semrl.reward import VerifierPool, reward_functions
 from semrl.reward.shaping import overlong_penalty
 from semrl.rollout import GenerationRequest, sampling_params
 from semrl.run_log import RunLog
@@ -48,10 +49,12 @@ logger = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, cfg: Config, resume: bool = False) -> None:
+    def __init__(self, cfg: Config, resume: bool = False, reward_callables: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.method = get_method(cfg.algorithm.method)
         self.policy_loss = get_policy_loss(cfg.algorithm.policy_loss)  # type: ignore[arg-type]
+        # reward_callables: functions of reward.functions run in this process (semrl.train's own)
+        self.rewards = reward_functions(cfg.reward.functions, cfg.reward.weights, reward_callables)
         self.method_state = self.method.new_state() if self.method.new_state else None
         self.run_dir = Path(cfg.logging.output_dir)
         self.procs = ProcessGroup()
@@ -59,10 +62,9 @@ class Trainer:
         ckpt = setup.prepare_run_dir(cfg, resume, self.procs)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
-        # one random stream per process; the data order (EpochSampler) is shared by all
+        # one random stream per process (the data order is shared by all)
         self.generator = setup.seed_everything(cfg.trainer.seed + self.procs.rank)
-        # data first: a bad file fails before any model is loaded
-        self.eval_problems, self.stages = setup.load_problem_sets(cfg)
+        self.eval_problems, self.stages = setup.load_problem_sets(cfg)  # data first: fails before a model loads
         self.schedule = StageSchedule.even(len(self.stages), cfg.trainer.steps)
         self._enter_stage(0)
 
@@ -80,7 +82,7 @@ class Trainer:
         )
         self.precision = models.precision
         self.scaler = self.precision.grad_scaler(self.procs.device)  # float16 compute only
-        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
+        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s, self.rewards.pool_functions)
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.schedule.steps_of(0) if reset else cfg.trainer.steps)
@@ -329,8 +331,9 @@ class Trainer:
     def reward(self, batch: RolloutBatch) -> None:
         """Score every response; fills ``batch.rewards`` and ``batch.reward_results``."""
         rc, timeouts_before = self.cfg.reward, self.pool.num_timeouts
-        batch.reward_results = score_responses(
-            self.pool, batch.texts, [p.answer for p in batch.problems], final_number_fallback=rc.final_number_fallback,
+        batch.reward_results, batch.reward_function_sums = self.rewards.score(
+            self.pool, [p.problem for p in batch.problems], batch.texts, [g.token_ids.tolist() for g in batch.generations],
+            [problem_columns(p) for p in batch.problems], final_number_fallback=rc.final_number_fallback,
             truncated=[g.truncated for g in batch.generations], truncated_reward=rc.truncated_reward,
         )
         batch.rewards = torch.tensor([r.reward for r in batch.reward_results])

@@ -6,6 +6,7 @@ from semrl.data.loader import (
     DataError,
     Problem,
     load_problems,
+    problem_columns,
     resolve_dataset,
 )
 from semrl.data.prompts import build_prompt_ids
@@ -23,6 +24,7 @@ __all__ = [
     "Problem",
     "build_prompt_ids",
     "load_problems",
+    "problem_columns",
     "make_arithmetic_problems",
     "resolve_dataset",
 ]

@@ -29,6 +29,12 @@ class Problem:
     subject: str | None = None
 
 
+def problem_columns(problem: Problem) -> dict[str, Any]:
+    """The dataset columns of a problem as reward functions receive them (``answer``, ``id``, ...)."""
+    return {"id": problem.id, "answer": problem.answer, "solution": problem.solution, "level": problem.level,
+            "subject": problem.subject}
+
+
 def _row_to_problem(row: Any, where: str) -> Problem:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")

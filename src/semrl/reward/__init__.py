@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from semrl.reward.extract import extract_answer, extract_boxed, extract_last_number
-from semrl.reward.verify import Verdict, VerifierPool
+from semrl.reward.functions import CORRECTNESS_CHECKS, call_one, check_signature, load_function
+from semrl.reward.verify import CallResult, Verdict, VerifierPool
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
+    "RewardFunctions",
     "RewardResult",
     "Verdict",
     "VerifierPool",
     "extract_answer",
     "extract_boxed",
     "extract_last_number",
+    "reward_functions",
     "score_responses",
 ]
 
@@ -45,3 +54,100 @@ def score_responses(
             reward = truncated_reward
         results.append(RewardResult(reward, answer, verdict.correct, verdict.timed_out))
     return results
+
+
+@dataclass
+class RewardFunctions:
+    """The functions of ``reward.functions`` with their weights (``semrl.reward.functions``)."""
+
+    names: tuple[str, ...] = ("math",)
+    weights: tuple[float, ...] = (1.0,)
+    in_process: dict[str, Callable[..., Any]] = field(default_factory=dict)  # callables not importable by workers
+    _logged: set[str] = field(default_factory=set)
+
+    @property
+    def pool_functions(self) -> tuple[str, ...]:
+        """Names the reward pool's workers import."""
+        return tuple(n for n in self.names if n != "math" and n not in self.in_process)
+
+    def metric_name(self, name: str) -> str:
+        return name.rsplit(":", 1)[-1] if ":" in name else name
+
+    def score(
+        self,
+        pool: VerifierPool,
+        prompts: list[str],
+        responses: list[str],
+        completion_ids: list[list[int]],
+        columns: list[dict[str, Any]],
+        *,
+        final_number_fallback: bool,
+        truncated: list[bool] | None = None,
+        truncated_reward: float | None = None,
+    ) -> tuple[list[RewardResult], dict[str, float]]:
+        """Weighted reward of every response, and per function the sum of its scores, its errors
+        (raised, died or timed out) and time-outs, as ``rewards/<function>/{sum,errors,timeouts}``.
+        ``columns[i]`` holds the dataset's columns of response i's problem, ``answer`` among them."""
+        answers = [extract_answer(text, final_number_fallback) for text in responses]
+        total = [0.0] * len(responses)
+        correct: list[bool] | None = None
+        timed_out = [False] * len(responses)
+        metrics: dict[str, float] = {}
+        for name, weight in zip(self.names, self.weights, strict=True):
+            if name == "math":
+                verdicts = pool.verify_many([(c["answer"], a) for c, a in zip(columns, answers, strict=True)])
+                scores: list[float | None] = [float(v.correct) for v in verdicts]
+                errors = [None] * len(verdicts)
+                outs = [v.timed_out for v in verdicts]
+            else:
+                calls = [(p, r, ids, c) for p, r, ids, c in zip(prompts, responses, completion_ids, columns, strict=True)]
+                if name in self.in_process:
+                    results = [_call_here(self.in_process[name], call) for call in calls]
+                else:
+                    results = pool.call_many(self.pool_functions.index(name), calls)
+                scores = [r.score for r in results]
+                errors = [r.error for r in results]
+                outs = [r.timed_out for r in results]
+            first_error = next((e for e in errors if e and e != "timeout"), None)
+            if first_error and name not in self._logged:
+                self._logged.add(name)
+                logger.warning("reward function '%s' raised (scored 0); first traceback:\n%s", name, first_error)
+            key = self.metric_name(name)
+            metrics[f"rewards/{key}/sum"] = sum(s or 0.0 for s in scores)
+            metrics[f"rewards/{key}/errors"] = float(sum(e is not None for e in errors))
+            metrics[f"rewards/{key}/timeouts"] = float(sum(outs))
+            for i, s in enumerate(scores):
+                total[i] += weight * (s or 0.0)
+                timed_out[i] = timed_out[i] or outs[i]
+            if correct is None and name in CORRECTNESS_CHECKS:
+                correct = [s == 1.0 for s in scores]
+        if correct is None:
+            correct = [r > 0 for r in total]
+        results = []
+        for i, answer in enumerate(answers):
+            reward = total[i]
+            if truncated is not None and truncated[i] and truncated_reward is not None:
+                reward = truncated_reward
+            results.append(RewardResult(reward, answer, correct[i], timed_out[i]))
+        return results, metrics
+
+
+def _call_here(function: Callable[..., Any], call: tuple[str, str, list[int], dict[str, Any]]) -> CallResult:
+    """A call in the training process (a function the workers cannot import): no hard time limit."""
+    try:
+        return CallResult(call_one(function, *call))
+    except Exception:
+        return CallResult(None, traceback.format_exc()[-4000:])
+
+
+def reward_functions(
+    names: list[str], weights: list[float] | None = None, in_process: dict[str, Callable[..., Any]] | None = None
+) -> RewardFunctions:
+    """Check and bundle ``reward.functions``: every function is imported and its signature checked
+    here, so a bad one fails before training starts. ``in_process`` maps names to callables that
+    run in this process (defined where the workers cannot import them, e.g. a notebook)."""
+    in_process = dict(in_process or {})
+    for name in names:
+        if name != "math":
+            check_signature(name, in_process[name] if name in in_process else load_function(name))
+    return RewardFunctions(tuple(names), tuple(weights or [1.0] * len(names)), in_process)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
+_NUM = re.compile(r"^-?\d+(?:\.\d+)?(?:/\d+)?$")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
 
@@ -64,3 +66,24 @@ def extract_answer(text: str, final_number_fallback: bool) -> str | None:
     if answer is None and final_number_fallback:
         answer = extract_last_number(text)
     return answer
+
+
+def normalize_answer(text: str) -> str:
+    """Light, safe normalisation for the fast path (no parsing)."""
+    s = text.strip().strip("$").strip()
+    for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "\\displaystyle"):
+        s = s.replace(token, "")
+    s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\s+", "", s).rstrip(".")
+    return s
+
+
+def as_number(s: str) -> Fraction | None:
+    s = s.replace(",", "")
+    if not _NUM.match(s):
+        return None
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from semrl.reward.extract import extract_boxed, extract_last_number
+from semrl.reward.extract import as_number, extract_boxed, extract_last_number, normalize_answer
 
 BUILTIN = ("math", "boxed_match", "final_number")
 CORRECTNESS_CHECKS = BUILTIN  # the first of these in the list decides ``correct``
@@ -51,14 +51,11 @@ def boxed_match(prompts: list[str], completions: list[str], answer: list[str], *
 
 
 def final_number(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
-    """1 if the last number in the completion equals the answer as a number, else 0."""
+    """1 if the last number in the completion equals the answer as a number (fractions exact), else 0."""
     out = []
     for completion, gold in zip(completions, answer, strict=True):
-        number = extract_last_number(completion)
-        try:
-            out.append(float(number is not None and float(number.replace(",", "")) == float(str(gold).replace(",", ""))))
-        except ValueError:
-            out.append(0.0)
+        number, expected = extract_last_number(completion), as_number(normalize_answer(str(gold)))
+        out.append(float(number is not None and expected is not None and as_number(number) == expected))
     return out
 
 

@@ -9,17 +9,17 @@ that is SIGKILLed and replaced when it exceeds ``timeout_s``. A timeout scores 0
 from __future__ import annotations
 
 import multiprocessing as mp
-import re
 import time
 from dataclasses import dataclass
-from fractions import Fraction
 from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from semrl.reward.extract import as_number, normalize_answer
 
 READY = "ready"
 STARTUP_TIMEOUT_S = 120.0  # a worker that cannot import math-verify in this long is broken
 MAX_ANSWER_CHARS = 2000  # longer "answers" are hostile or degenerate: scored 0 without parsing
 
-_NUM = re.compile(r"^-?\d+(?:\.\d+)?(?:/\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -29,33 +29,12 @@ class Verdict:
     error: str | None = None
 
 
-def normalize_answer(text: str) -> str:
-    """Light, safe normalisation for the fast path (no parsing)."""
-    s = text.strip().strip("$").strip()
-    for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "\\displaystyle"):
-        s = s.replace(token, "")
-    s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\s+", "", s).rstrip(".")
-    return s
-
-
-def _as_number(s: str) -> Fraction | None:
-    s = s.replace(",", "")
-    if not _NUM.match(s):
-        return None
-    try:
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
 def fast_verdict(gold: str, answer: str) -> bool | None:
     """Decide cheaply when possible: equal normal forms, or two plain numbers. None = undecided."""
     g, a = normalize_answer(gold), normalize_answer(answer)
     if g == a:
         return True
-    gn, an = _as_number(g), _as_number(a)
+    gn, an = as_number(g), as_number(a)
     if gn is not None and an is not None:
         return gn == an
     return None
@@ -73,13 +52,17 @@ def _math_verify(gold: str, answer: str) -> bool:
     return bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
-def _worker_main(conn: Connection) -> None:
+def _worker_main(conn: Connection, functions: tuple[str, ...]) -> None:
     import logging
+    import traceback
 
     import math_verify  # noqa: F401  (import before the first job, not inside its time budget)
 
+    from semrl.reward.functions import call_one, load_function
+
     # math-verify warns on every call that its own timeouts are off: the pool enforces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    loaded = [load_function(name) for name in functions]
     conn.send(READY)  # jobs are timed from here: a fresh worker's imports cost no job its budget
     while True:
         try:
@@ -88,17 +71,24 @@ def _worker_main(conn: Connection) -> None:
             return
         if job is None:
             return
-        key, gold, answer = job
+        key, kind, payload = job
         try:
-            conn.send((key, _math_verify(gold, answer), None))
-        except Exception as err:  # a parse failure is a wrong answer, not a crash
-            conn.send((key, False, f"{type(err).__name__}: {err}"[:200]))
+            if kind == "verify":
+                conn.send((key, _math_verify(*payload), None))
+            else:
+                index, *args = payload
+                conn.send((key, call_one(loaded[index], *args), None))
+        except Exception as err:  # a parse failure is a wrong answer, a raising function scores 0
+            if kind == "verify":
+                conn.send((key, False, f"{type(err).__name__}: {err}"[:200]))
+            else:
+                conn.send((key, None, traceback.format_exc()[-4000:]))
 
 
 class _Worker:
-    def __init__(self, ctx: mp.context.BaseContext) -> None:
+    def __init__(self, ctx: mp.context.BaseContext, functions: tuple[str, ...]) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, functions), daemon=True)
         self.proc.start()
         child.close()
         self.ready = False
@@ -112,10 +102,22 @@ class _Worker:
         self.conn.close()
 
 
-class VerifierPool:
-    """Scores (gold, answer) pairs; each math-verify call gets ``timeout_s`` of wall clock."""
+@dataclass(frozen=True)
+class CallResult:
+    """One reward function's score of one completion (None: it returned None, raised or timed out)."""
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0) -> None:
+    score: float | None
+    error: str | None = None
+    timed_out: bool = False
+
+
+class VerifierPool:
+    """Scores (gold, answer) pairs and runs reward functions (``semrl.reward.functions``) on
+    completions; each math-verify comparison and each function call gets ``timeout_s`` of wall clock.
+    ``functions`` are the names of the functions ``call_many`` may call (imported by every worker)."""
+
+    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, functions: tuple[str, ...] = ()) -> None:
+        self.functions = tuple(functions)
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self._ctx = mp.get_context("spawn")
@@ -126,7 +128,7 @@ class VerifierPool:
     def _ensure_workers(self) -> None:
         self._workers = [w for w in self._workers if w.proc.is_alive()]
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._ctx))
+            self._workers.append(_Worker(self._ctx, self.functions))
 
     def close(self) -> None:
         for w in self._workers:
@@ -163,25 +165,36 @@ class VerifierPool:
                 else:
                     pending.setdefault((gold, answer), []).append(i)
         if pending:
-            for key, verdict in self._run_pool(list(pending)).items():
-                if not verdict.timed_out:
+            keys = list(pending)
+            for key, (correct, error, timed_out) in zip(keys, self._run_pool([("verify", k) for k in keys]), strict=True):
+                verdict = Verdict(bool(correct), timed_out, "timeout" if timed_out else error)
+                if not timed_out:
                     self._cache[key] = verdict
                 for i in pending[key]:
                     results[i] = verdict
         return [r if r is not None else Verdict(False) for r in results]
 
-    def _run_pool(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Verdict]:
-        """Verdicts for ``keys``; a job's ``timeout_s`` starts when it reaches a ready worker."""
+    def call_many(self, function: int, calls: list[tuple[str, str, list[int], dict[str, Any]]]) -> list[CallResult]:
+        """Score completions with ``functions[function]``: one (prompt, completion, completion ids,
+        dataset columns) per call."""
+        results = []
+        for score, error, timed_out in self._run_pool([("call", (function, *call)) for call in calls]):
+            results.append(CallResult(None if error or timed_out else score, "timeout" if timed_out else error, timed_out))
+        return results
+
+    def _run_pool(self, jobs: list[tuple[str, Any]]) -> list[tuple[Any, str | None, bool]]:
+        """(result, error, timed out) of each (kind, payload) job; a job's ``timeout_s`` starts when it
+        reaches a ready worker."""
         self._ensure_workers()
-        out: dict[tuple[str, str], Verdict] = {}
-        queue = list(range(len(keys)))
+        out: dict[int, tuple[Any, str | None, bool]] = {}
+        queue = list(range(len(jobs)))
         queue.reverse()
         while queue or any(w.job is not None for w in self._workers):
             for w in self._workers:
                 if w.ready and w.job is None and queue:
                     w.job = queue.pop()
                     w.deadline = time.monotonic() + self.timeout_s
-                    w.conn.send((w.job, *keys[w.job]))
+                    w.conn.send((w.job, *jobs[w.job]))
             by_conn = {w.conn: w for w in self._workers if w.job is not None or not w.ready}
             deadlines = [w.deadline if w.ready else w.started + STARTUP_TIMEOUT_S for w in by_conn.values()]
             for conn in wait(list(by_conn), timeout=max(0.0, min(deadlines) - time.monotonic())):
@@ -191,34 +204,35 @@ class VerifierPool:
                 except (EOFError, OSError):  # the worker died (e.g. out of memory): score 0
                     if not w.ready:
                         raise RuntimeError(
-                            "a math-verify worker exited while starting; check that "
-                            "'python -c \"import math_verify\"' works in this environment"
+                            "a reward worker exited while starting; check that "
+                            "'python -c \"import math_verify\"' works in this environment and that the "
+                            "reward functions import"
                         ) from None
                     if w.job is not None:
-                        out[keys[w.job]] = Verdict(False, error="verifier process died")
+                        out[w.job] = (None, "reward worker process died", False)
                     self._replace(w)
                     continue
                 if message == READY:
                     w.ready = True
                     continue
-                idx, correct, error = message
-                out[keys[idx]] = Verdict(bool(correct), error=error)
+                idx, result, error = message
+                out[idx] = (result, error, False)
                 w.job = None
             now = time.monotonic()
             for w in list(self._workers):
                 if w.job is not None and now >= w.deadline:
-                    out[keys[w.job]] = Verdict(False, timed_out=True, error="timeout")
+                    out[w.job] = (None, None, True)
                     self.num_timeouts += 1
                     self._replace(w)
                 elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
                     w.kill()
                     raise RuntimeError(
-                        f"a math-verify worker did not start within {STARTUP_TIMEOUT_S:.0f} s; "
+                        f"a reward worker did not start within {STARTUP_TIMEOUT_S:.0f} s; "
                         "check that 'python -c \"import math_verify\"' works in this environment"
                     )
-        return out
+        return [out[i] for i in range(len(jobs))]
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
         idx = self._workers.index(worker)
-        self._workers[idx] = _Worker(self._ctx)
+        self._workers[idx] = _Worker(self._ctx, self.functions)

@@ -1,0 +1,66 @@
+"""``semrl.train``: the training run of ``semrl train`` as a Python call, for notebooks and scripts."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from semrl.config import Config, load_config, validate
+
+RewardFunction = str | Callable[..., Any]
+
+
+def _reward_name(function: RewardFunction, in_process: dict[str, Callable[..., Any]]) -> str:
+    """The ``reward.functions`` name of a function; callables the reward workers cannot import
+    (defined in a notebook or script, or nested) run in this process, under ``__main__:name``."""
+    if isinstance(function, str):
+        return function
+    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:
+        try:
+            if getattr(importlib.import_module(module), qualname, None) is function:
+                return f"{module}:{qualname}"
+        except ImportError:
+            pass
+    name = f"__main__:{getattr(function, '__name__', 'reward')}"
+    in_process[name] = function
+    return name
+
+
+def train(
+    config: str | Path | Config | None = None,
+    overrides: Sequence[str] = (),
+    reward_functions: Sequence[RewardFunction | tuple[RewardFunction, float]] | None = None,
+    resume: bool = False,
+) -> dict[str, float]:
+    """Train as ``semrl train --config CONFIG OVERRIDES...`` does, in this process; returns the last
+    step's metrics (held-out ``eval/...`` included).
+
+    ``reward_functions`` replaces ``reward.functions``: names as in the config, or callables, each
+    optionally as ``(function, weight)``. A callable importable from its module runs in the killable
+    reward workers like a named one; one defined in a notebook or a script's ``__main__`` runs in
+    the training process, without the hard ``reward.timeout_s`` limit (put it in a module to get it).
+    """
+    from semrl.trainer import Trainer
+
+    if isinstance(config, Config):
+        if overrides:
+            raise ValueError("semrl.train: overrides apply to a config file; with a Config object, use dataclasses.replace")
+        cfg = config
+    else:
+        cfg = load_config(config, list(overrides))
+    in_process: dict[str, Callable[..., Any]] = {}
+    if reward_functions is not None:
+        pairs = [item if isinstance(item, tuple) else (item, 1.0) for item in reward_functions]
+        names = [_reward_name(function, in_process) for function, _ in pairs]
+        reward = dataclasses.replace(cfg.reward, functions=names, weights=[float(w) for _, w in pairs])
+        cfg = dataclasses.replace(cfg, reward=reward)
+        validate(cfg)
+    trainer = Trainer(cfg, resume=resume, reward_callables=in_process)
+    try:
+        return trainer.train()
+    finally:
+        trainer.procs.close()
