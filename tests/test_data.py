@@ -57,7 +57,7 @@ def test_missing_or_empty_file(tmp_path):
     with pytest.raises(DataError, match="no valid problems"):
         load_problems(empty)
     with pytest.raises(DataError, match="neither a packaged benchmark"):
-        resolve_dataset("mathh500")
+        load_problems(resolve_dataset("mathh500"))  # not a hub id either: no network call
 
 
 def test_parquet(tmp_path):

@@ -32,6 +32,7 @@ def _args(model_dir, task, out):
 def _train(*args, env=None):
     run = subprocess.run([sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("run finished:") == 1 and "held-out (5 problems)" in run.stdout  # one table, main only
 
 
 def _final_weights(run_dir, step=3):

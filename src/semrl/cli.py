@@ -35,6 +35,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from semrl.run_summary import summary_of_run
     from semrl.trainer import Trainer
 
     if args.num_processes != 1:
@@ -45,12 +46,11 @@ def _train(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=bool(args.resume))
-    final = trainer.train()
+    trainer.train()
     trainer.procs.close()
     if not trainer.procs.is_main:
         return 0
-    summary = {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward", "accuracy"))}
-    print(f"done: {cfg.logging.output_dir}  {json.dumps(summary)}")
+    print("\n" + summary_of_run(cfg.logging.output_dir))
     return 0
 
 

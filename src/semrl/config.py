@@ -66,12 +66,23 @@ class DataConfig:
     train: str = option(
         "arithmetic",
         "Training problems: 'arithmetic' (procedural task), a packaged benchmark name "
-        "(e.g. 'gsm8k_train', 'math_train'), or a .jsonl / .parquet path.",
+        "(e.g. 'gsm8k_train', 'math_train'), a .jsonl / .parquet / .json / .csv / .arrow file, a "
+        "dataset directory (save_to_disk or data files), or a hub id (read with the datasets library; "
+        "columns mapped with data.problem_key / answer_key / id_key).",
     )
     eval: str | None = option(
         "arithmetic", "Held-out problems for evaluation during training (same forms as train)."
     )
     eval_size: int = option(32, "Number of held-out problems used by in-training evaluation.")
+    problem_key: str = option("problem", "Column holding the problem text (e.g. 'question' for GSM8K).")
+    answer_key: str = option("answer", "Column holding the gold answer.")
+    id_key: str = option("id", "Column holding a unique id; rows read through the datasets library without it are numbered.")
+    train_split: str = option("train", "Split of data.train when it is a dataset with splits (a directory or hub id).")
+    eval_split: str = option("test", "Split of data.eval when it is a dataset with splits.")
+    prompt_template: str | None = option(
+        None, "Plain-text prompt with a {problem} field, tokenized as is instead of the chat template "
+        "(base models; ROSE trains Qwen3-Base this way). data.system_prompt is then not used.",
+    )
     arithmetic_levels: list[int] = option(
         [1], "Difficulty levels of the arithmetic task (1: 1-digit sums ... 5: multi-step)."
     )
@@ -473,6 +484,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config key 'data.arithmetic_levels' must list levels between 1 and 5")
     if cfg.reward.timeout_s <= 0:
         raise ConfigError("config key 'reward.timeout_s' must be > 0")
+    template = cfg.data.prompt_template
+    if template is not None:
+        try:
+            filled = template.format(problem="\0")
+        except (KeyError, IndexError, ValueError) as err:
+            raise ConfigError(
+                f"config key 'data.prompt_template' must be a format string whose only field is {{problem}} "
+                f"(write literal braces as {{{{ }}}}): {err!r}"
+            ) from err
+        if "\0" not in filled:
+            raise ConfigError("config key 'data.prompt_template' has no {problem} field")
     if not cfg.reward.functions:
         raise ConfigError("config key 'reward.functions' is empty; name at least one, e.g. [math]")
     if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from semrl.algos.semantic_entropy import cluster_answers
@@ -126,10 +127,11 @@ def sample_problems(
     final_number_fallback: bool,
     generator: torch.Generator | None = None,
     progress: Callable[[int], Any] | None = None,
+    prompt_template: str | None = None,
 ) -> list[dict[str, Any]]:
     """Sample ``num_samples`` responses per problem, score them and cluster their answers.
     Returns one problem record per problem (module docstring); ``progress`` gets sample counts."""
-    prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt) for p in problems]
+    prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template) for p in problems]
     requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(num_samples)]
     gens = []
     step = engine.batch_size
@@ -313,10 +315,14 @@ def evaluate_held_out(
     log = cfg.logging
     # A separate generator: evaluation must not change the training random stream.
     gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * procs.rank)
-    records = sample_problems(
-        engine, tokenizer, pool, problems[procs.rank :: procs.world], sampling_params(cfg.rollout, log.eval_temperature),
-        log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen,
-    )
+    share = problems[procs.rank :: procs.world]
+    with tqdm(total=len(share) * log.eval_samples, desc="eval", unit="sample", leave=False,
+              disable=not (log.progress and procs.is_main)) as bar:
+        records = sample_problems(
+            engine, tokenizer, pool, share, sampling_params(cfg.rollout, log.eval_temperature),
+            log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen, bar.update,
+            prompt_template=cfg.data.prompt_template,
+        )
     records = [r for share in procs.gather(records) for r in share]
     if not procs.is_main:
         return {}

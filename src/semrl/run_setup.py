@@ -15,7 +15,7 @@ import torch
 from semrl.checkpoint import cleanup_partial, list_checkpoints, resumable_checkpoint
 from semrl.config import Config, ConfigError, save_config
 from semrl.curriculum import curriculum_stages, load_curriculum
-from semrl.data import DataError, Problem, build_prompt_ids, load_dataset
+from semrl.data import Columns, DataError, Problem, build_prompt_ids, load_dataset
 from semrl.distributed import ProcessGroup, full_state_dict, shard_model
 from semrl.engine import Engine, build_engine
 from semrl.models import load_model, load_tokenizer, resolve_model_path
@@ -85,7 +85,8 @@ def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
         size = data.arithmetic_size if split == "train" else data.eval_size
         return load_dataset(
             name, split=split, seed=cfg.trainer.seed, arithmetic_size=size, levels=data.arithmetic_levels,  # type: ignore[arg-type]
-            exclude=exclude, skip_bad_rows=data.skip_bad_rows,
+            exclude=exclude, skip_bad_rows=data.skip_bad_rows, columns=Columns(data.problem_key, data.answer_key, data.id_key),
+            dataset_split=data.train_split if split == "train" else data.eval_split,
         )
 
     held_out_problems = load(data.eval, "eval")[: data.eval_size] if data.eval else []
@@ -109,7 +110,7 @@ def check_prompt_lengths(tokenizer: Any, problems: list[Problem], cfg: Config) -
     """Fail before training when a prompt is over ``data.max_prompt_length`` (the first 1000 checked)."""
     limit = cfg.data.max_prompt_length
     for p in problems[:1000]:
-        n = len(build_prompt_ids(tokenizer, p.problem, cfg.data.system_prompt))
+        n = len(build_prompt_ids(tokenizer, p.problem, cfg.data.system_prompt, cfg.data.prompt_template))
         if n > limit:
             raise DataError(
                 f"problem '{p.id}' has a {n}-token prompt, over data.max_prompt_length={limit}; "

@@ -296,7 +296,7 @@ class Trainer:
         global_batch = self.sampler.next_indices(cfg.rollout.prompts_per_step)  # the same on every process
         share = self.procs.share(len(global_batch))  # positions in the global batch
         problems = [self.train_problems[global_batch[k]] for k in share]
-        prompt_ids = [build_prompt_ids(self.tokenizer, p.problem, cfg.data.system_prompt) for p in problems]
+        prompt_ids = [build_prompt_ids(self.tokenizer, p.problem, cfg.data.system_prompt, cfg.data.prompt_template) for p in problems]
         params = sampling_params(cfg.rollout)
         if self.method.rollout_fn is not None:
             context = RolloutContext(self.engine, params, self.generator, cfg, self.method_state)

@@ -3,6 +3,7 @@
 from semrl.data.arithmetic import make_arithmetic_problems
 from semrl.data.loader import (
     BENCHMARKS,
+    Columns,
     DataError,
     Problem,
     load_problems,
@@ -19,6 +20,7 @@ __all__ = [
     "EVAL_SEED_OFFSET",
     "load_dataset",
     "BENCHMARKS",
+    "Columns",
     "DataError",
     "EpochSampler",
     "Problem",

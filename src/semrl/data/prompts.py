@@ -1,4 +1,4 @@
-"""Prompting through the model's chat template."""
+"""Prompting through the model's chat template, or a plain-text template for base models."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ from transformers import PreTrainedTokenizerBase
 
 
 def build_prompt_ids(
-    tokenizer: PreTrainedTokenizerBase, problem: str, system_prompt: str | None
+    tokenizer: PreTrainedTokenizerBase, problem: str, system_prompt: str | None, template: str | None = None
 ) -> list[int]:
-    """Token ids of ``[system], user: problem`` with the assistant turn opened."""
+    """Token ids of ``[system], user: problem`` with the assistant turn opened; with ``template``
+    (data.prompt_template, for base models) the plain text ``template.format(problem=problem)``."""
+    if template is not None:
+        return tokenizer(template.format(problem=problem))["input_ids"]
     messages = []
     if system_prompt is not None:
         messages.append({"role": "system", "content": system_prompt})
