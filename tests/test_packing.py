@@ -95,7 +95,7 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, 
     torch.testing.assert_close(g_pack, g_pad, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["rose", "grpo"])
+@pytest.mark.parametrize("method", ["rose", "grpo", "dr_grpo"])
 def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, method):
     import json
 
