@@ -104,7 +104,7 @@ class TreeLayout:
         tensors = [self.position_ids, self.segment, self.cutoff, *(b.keys for b in plan)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def block_mask(self, num_heads: int | None = None) -> Any:
+    def block_mask(self) -> Any:
         """FlexAttention ``BlockMask`` of the layout (built once per device)."""
         from torch.nn.attention.flex_attention import BlockMask
 
