@@ -30,12 +30,13 @@ def reward_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
 def function_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
     """Each reward function's mean score, errors and time-outs over the step's sequences."""
     n = max(1, sum(len(b.texts) for b in batches))
-    sums: dict[str, float] = {}
+    out: dict[str, float] = {}
     for b in batches:
         for key, value in b.reward_function_sums.items():
-            sums[key] = sums.get(key, 0.0) + value
-    return {key.removesuffix("/sum") + ("/mean" if key.endswith("/sum") else ""): value / n if key.endswith("/sum") else value
-            for key, value in sums.items()}
+            if key.endswith("/sum"):  # rewards/<function>/sum -> rewards/<function>/mean
+                key, value = key.removesuffix("/sum") + "/mean", value / n
+            out[key] = out.get(key, 0.0) + value
+    return out
 
 
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:

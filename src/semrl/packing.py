@@ -2,12 +2,13 @@
 
 A group of G chains that share prefixes (ROSE trees) is laid out as one packed segment
 ``[prompt | chain 0 | chain 1's own tokens | ...]``: each chain contributes only the tokens after
-its branch point; segments of several groups may share a row. Each token sees exactly its ancestors (the prompt,
-the shared prefix it continues, and its own chain's earlier tokens), a rule held in memory linear
-in the tokens and computed by ``semrl.tree_attention``; position ids restart so every token keeps
-the position it has in its own chain. The log-probs, entropies and losses equal those of the
-padded per-chain layout (``semrl.forward``), while a shared prefix goes through the model once. Independent samples are the special case of a tree without branches
-(every chain's parent is -1), which packs a micro-batch without padding waste.
+its branch point; segments of several groups may share a row. Each token sees exactly its
+ancestors (the prompt, the shared prefix it continues, and its own chain's earlier tokens), a rule
+held in memory linear in the tokens and computed by ``semrl.tree_attention``; position ids restart
+so every token keeps the position it has in its own chain. The log-probs, entropies and losses
+equal those of the padded per-chain layout (``semrl.forward``), while a shared prefix goes through
+the model once. Independent samples are the special case of a tree without branches (every
+chain's parent is -1), which packs a micro-batch without padding waste.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ class PackedBatch:
 
     Attributes:
         input_ids: (B, S) token ids, pad where a row is shorter than S.
-        position_ids: (B, S) position of each token in its own chain.
         layout: who sees whom (``semrl.tree_attention.TreeLayout``), in memory linear in S.
         row: (N,) the packed row holding chain n.
         predictor: (N, R) column whose logits predict response token t of chain n; -1 on padding.
@@ -39,7 +39,6 @@ class PackedBatch:
     """
 
     input_ids: torch.Tensor
-    position_ids: torch.Tensor
     layout: TreeLayout
     row: torch.Tensor
     predictor: torch.Tensor
@@ -51,6 +50,11 @@ class PackedBatch:
         """(B, 1, S, S) additive mask, 0 where visible: the S^2 form, for reference checks only."""
         mask = torch.full(self.input_ids.shape + self.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype)
         return mask.masked_fill(self.layout.dense_visible(), 0.0)[:, None]
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """(B, S) position of each token in its own chain."""
+        return self.layout.position_ids
 
     @property
     def packed_tokens(self) -> int:
@@ -150,8 +154,7 @@ def pack_trees(
         predictor[n, : len(response)] = offset_of[b] + torch.tensor(columns)
         targets[n, : len(response)] = torch.tensor(response)
         response_mask[n, : len(response)] = 1
-    layout = TreeLayout(position_ids, segment, cutoff)
-    return PackedBatch(input_ids, position_ids, layout, row, predictor, targets, response_mask, real)
+    return PackedBatch(input_ids, TreeLayout(position_ids, segment, cutoff), row, predictor, targets, response_mask, real)
 
 
 def packed_response_logprobs(

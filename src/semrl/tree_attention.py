@@ -64,8 +64,8 @@ class TreeLayout:
     position_ids: torch.Tensor
     segment: torch.Tensor
     cutoff: torch.Tensor
-    _plans: dict[tuple[int, str], list[QueryBlock]] = field(default_factory=dict, repr=False)
-    _block_masks: dict[str, Any] = field(default_factory=dict, repr=False)
+    _plans: dict[int, list[QueryBlock]] = field(default_factory=dict, repr=False)  # by block size
+    _block_mask: Any = field(default=None, repr=False)
 
     def visible(self, row: int, queries: slice = slice(None), keys: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """(Q, K) bool: key visible to query, for the chosen columns of one row."""
@@ -85,8 +85,7 @@ class TreeLayout:
     def query_blocks(self, block: int) -> list[QueryBlock]:
         """Queries in blocks of ``block`` columns, each with the keys it needs (computed once per
         layout and block size, then shared by every layer)."""
-        key = (block, str(self.position_ids.device))
-        if key not in self._plans:
+        if block not in self._plans:
             plan = []
             for row in range(self.position_ids.shape[0]):
                 for start in range(0, self.position_ids.shape[1], block):
@@ -94,8 +93,8 @@ class TreeLayout:
                     # a tree's tokens come after their ancestors, so no query sees a later column
                     seen = self.visible(row, slice(start, end), slice(0, end)).any(0)
                     plan.append(QueryBlock(row, start, end, seen.nonzero().flatten()))
-            self._plans[key] = plan
-        return self._plans[key]
+            self._plans[block] = plan
+        return self._plans[block]
 
     def structure_bytes(self, block: int | None = None) -> int:
         """Bytes the description and the key plan hold (what the tree costs beyond the model's own
@@ -105,11 +104,10 @@ class TreeLayout:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def block_mask(self) -> Any:
-        """FlexAttention ``BlockMask`` of the layout (built once per device)."""
+        """FlexAttention ``BlockMask`` of the layout (built once)."""
         from torch.nn.attention.flex_attention import BlockMask
 
-        device = str(self.position_ids.device)
-        if device not in self._block_masks:
+        if self._block_mask is None:
             rows, width = self.position_ids.shape
             n_blocks = -(-width // FLEX_BLOCK)
             partial = torch.zeros(rows, n_blocks, n_blocks, dtype=torch.bool, device=self.position_ids.device)
@@ -133,11 +131,11 @@ class TreeLayout:
             def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
                 return (pos[b, k] <= pos[b, q]) & (pos[b, k] < cutoff[seg[b, q], seg[b, k]])
 
-            self._block_masks[device] = BlockMask.from_kv_blocks(
+            self._block_mask = BlockMask.from_kv_blocks(
                 *kv_blocks(partial), *kv_blocks(full), BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
                 seq_lengths=(width, width),
             )
-        return self._block_masks[device]
+        return self._block_mask
 
 
 def _block_attention(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from semrl.reward.extract import extract_answer, extract_boxed, extract_last_number
-from semrl.reward.functions import CORRECTNESS_CHECKS, call_one, check_signature, load_function
+from semrl.reward.functions import CORRECTNESS_CHECKS, Scorer, check_signature, load_function, scorer
 from semrl.reward.verify import CallResult, Verdict, VerifierPool
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,8 @@ class RewardFunctions:
             else:
                 calls = [(p, r, ids, c) for p, r, ids, c in zip(prompts, responses, completion_ids, columns, strict=True)]
                 if name in self.in_process:
-                    results = [_call_here(self.in_process[name], call) for call in calls]
+                    score_here = scorer(self.in_process[name])
+                    results = [_call_here(score_here, call) for call in calls]
                 else:
                     results = pool.call_many(self.pool_functions.index(name), calls)
                 scores = [r.score for r in results]
@@ -132,10 +133,10 @@ class RewardFunctions:
         return results, metrics
 
 
-def _call_here(function: Callable[..., Any], call: tuple[str, str, list[int], dict[str, Any]]) -> CallResult:
+def _call_here(score: Scorer, call: tuple[str, str, list[int], dict[str, Any]]) -> CallResult:
     """A call in the training process (a function the workers cannot import): no hard time limit."""
     try:
-        return CallResult(call_one(function, *call))
+        return CallResult(score(*call))
     except Exception:
         return CallResult(None, traceback.format_exc()[-4000:])
 

@@ -109,11 +109,10 @@ def check_signature(name: str, function: Callable[..., Any]) -> None:
     params = inspect.signature(function).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if is_verl_style(function):
-        needed = {"data_source", "solution_str", "ground_truth", "extra_info"}
+        ok = {"data_source", "solution_str", "ground_truth", "extra_info"} <= set(params)
     else:
-        needed = {"prompts", "completions"}
-    missing = sorted(k for k in needed if k not in params)
-    if missing and not (takes_all and not is_verl_style(function) and "completions" in params):
+        ok = "completions" in params and ("prompts" in params or takes_all)
+    if not ok:
         raise RewardFunctionError(
             f"reward function '{name}' has parameters ({', '.join(params)}); expected TRL's "
             "(prompts, completions, completion_ids, **kwargs) or verl's "
@@ -121,21 +120,31 @@ def check_signature(name: str, function: Callable[..., Any]) -> None:
         )
 
 
-def call_one(function: Callable[..., Any], prompt: str, completion: str, completion_ids: list[int],
-             columns: dict[str, Any]) -> float | None:
-    """Score one completion with a TRL-style or verl-style function."""
+Scorer = Callable[[str, str, list[int], dict[str, Any]], float | None]
+
+
+def scorer(function: Callable[..., Any]) -> Scorer:
+    """``function`` as a scorer of one (prompt, completion, completion ids, dataset columns); its
+    style, TRL or verl, is read once here."""
     if is_verl_style(function):
-        extra = {k: v for k, v in columns.items() if k not in ("answer", "data_source")}
-        score = function(data_source=columns.get("data_source", "semrl"), solution_str=completion,
-                         ground_truth=columns.get("answer"), extra_info=extra)
-        if isinstance(score, dict):
-            score = score["score"]
-    else:
+
+        def score_verl(prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]) -> float | None:
+            extra = {k: v for k, v in columns.items() if k not in ("answer", "data_source")}
+            score = function(data_source=columns.get("data_source", "semrl"), solution_str=completion,
+                             ground_truth=columns.get("answer"), extra_info=extra)
+            return _as_score(score["score"] if isinstance(score, dict) else score)
+
+        return score_verl
+
+    def score_trl(prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]) -> float | None:
         scores = function(prompts=[prompt], completions=[completion], completion_ids=[completion_ids],
                           **{k: [v] for k, v in columns.items()})
         if not isinstance(scores, list | tuple) or len(scores) != 1:
             raise TypeError(f"expected a list of 1 score for 1 completion, got {scores!r:.200}")
-        score = scores[0]
-    if score is None:
-        return None
-    return float(score)
+        return _as_score(scores[0])
+
+    return score_trl
+
+
+def _as_score(score: Any) -> float | None:
+    return None if score is None else float(score)

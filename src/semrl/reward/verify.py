@@ -21,7 +21,6 @@ STARTUP_TIMEOUT_S = 120.0  # a worker that cannot import math-verify in this lon
 MAX_ANSWER_CHARS = 2000  # longer "answers" are hostile or degenerate: scored 0 without parsing
 
 
-
 @dataclass(frozen=True)
 class Verdict:
     correct: bool
@@ -58,11 +57,11 @@ def _worker_main(conn: Connection, functions: tuple[str, ...]) -> None:
 
     import math_verify  # noqa: F401  (import before the first job, not inside its time budget)
 
-    from semrl.reward.functions import call_one, load_function
+    from semrl.reward.functions import load_function, scorer
 
     # math-verify warns on every call that its own timeouts are off: the pool enforces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    loaded = [load_function(name) for name in functions]
+    scorers = [scorer(load_function(name)) for name in functions]
     conn.send(READY)  # jobs are timed from here: a fresh worker's imports cost no job its budget
     while True:
         try:
@@ -77,7 +76,7 @@ def _worker_main(conn: Connection, functions: tuple[str, ...]) -> None:
                 conn.send((key, _math_verify(*payload), None))
             else:
                 index, *args = payload
-                conn.send((key, call_one(loaded[index], *args), None))
+                conn.send((key, scorers[index](*args), None))
         except Exception as err:  # a parse failure is a wrong answer, a raising function scores 0
             if kind == "verify":
                 conn.send((key, False, f"{type(err).__name__}: {err}"[:200]))
