@@ -58,7 +58,7 @@ def _cfg(model_dir, task, out, *extra):
         f"model.name={model_dir}", f"data.train={task}", "data.eval=null", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
         "rollout.group_size=8", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4", "trainer.micro_batch_size=16",
         "trainer.lr=2e-3", "trainer.steps=3", "reward.num_workers=1", "logging.save_every=1", "logging.keep_last=3",
-        "logging.progress=false", "logging.tensorboard=false", f"logging.output_dir={out}", *extra,
+        "logging.progress=false", "logging.report_to=[]", f"logging.output_dir={out}", *extra,
     ])
 
 

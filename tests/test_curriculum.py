@@ -120,7 +120,7 @@ def test_resume_inside_the_second_stage_is_exact(digit_model_dir, tmp_path):
             f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.prompts_per_step=4",
             "rollout.max_new_tokens=4", "trainer.steps=4", "trainer.micro_batch_size=16", "trainer.lr=1e-2",
             "algorithm.method=sent", "algorithm.kl_coef=0.01", "reward.num_workers=1", "logging.save_every=1",
-            f"logging.output_dir={out}", "logging.progress=false", "logging.tensorboard=false",
+            f"logging.output_dir={out}", "logging.progress=false", "logging.report_to=[]",
         ])
 
     whole = tmp_path / "whole"

@@ -96,7 +96,7 @@ def test_training_on_mapped_parquet_with_a_template(tiny_model_dir, tmp_path):
         f"model.name={tiny_model_dir}", f"data.train={path}", "data.eval=null", "data.problem_key=question",
         "data.answer_key=final", 'data.prompt_template="Q: {problem}\\nA:"', "rollout.group_size=2",
         "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "trainer.steps=1", "logging.progress=false",
-        "logging.tensorboard=false", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1",
+        "logging.report_to=[]", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1",
     ])
     trainer = Trainer(cfg)
     assert trainer.train_problems[3].problem == "What is 3 + 3?" and trainer.train_problems[3].id == "row-4"

@@ -25,7 +25,7 @@ def _args(model_dir, task, out):
         "data.system_prompt=Answer with one digit.", "rollout.group_size=8", "rollout.prompts_per_step=4",
         "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.lr=2e-3", "reward.num_workers=1",
         "trainer.steps=3", "rollout.seed_per_sequence=true", "logging.progress=false",
-        "logging.tensorboard=false", f"logging.output_dir={out}", "trainer.packing=none",  # padded: the reference
+        "logging.report_to=[]", f"logging.output_dir={out}", "trainer.packing=none",  # padded: the reference
     ]
 
 

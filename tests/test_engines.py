@@ -329,6 +329,26 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit3
         torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
 
 
+def test_lora_on_vllm_samples_the_merged_weights(digit32_model_dir, seven_task, tmp_path):
+    """model.lora_r: vLLM holds W + (alpha / r) B A, pushed after every update (the base would differ)."""
+    vllm_or_skip()
+    from semrl.trainer import Trainer
+
+    cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / "run", "trainer.steps=3", "model.lora_r=8", "trainer.lr=1e-2")
+    trainer = Trainer(cfg)
+    trainer.train()
+    assert all(p.abs().max() > 0 for n, p in trainer.model.named_parameters() if ".lora_B." in n)
+    tok = trainer.tokenizer
+    prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
+    gens = trainer.engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
+                                   torch.Generator().manual_seed(0))
+    _, logp, _ = _forward(trainer.model, prompts, gens, 1.0)
+    _, base_logp, _ = _forward(load_model(str(digit32_model_dir)), prompts, gens, 1.0)
+    for i, g in enumerate(gens):
+        torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
+    assert (logp - base_logp).abs().max() > 1e-2
+
+
 def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_task, tmp_path):
     """model.dtype=bfloat16: vLLM holds bf16 weights, cast from the fp32 trained ones at every sync."""
     vllm_or_skip()

@@ -73,7 +73,7 @@ def _train_cmd(model_dir, task, out, *extra):
         "data.system_prompt=Answer with one digit.", "rollout.group_size=8", "rollout.prompts_per_step=4",
         "rollout.max_new_tokens=4", "trainer.micro_batch_size=16", "trainer.lr=2e-3", "reward.num_workers=1",
         "trainer.steps=4", "logging.save_every=1", "logging.keep_last=2", "logging.progress=false",
-        "logging.tensorboard=false", f"logging.output_dir={out}", *extra,
+        "logging.report_to=[]", f"logging.output_dir={out}", *extra,
     ]
 
 

@@ -112,7 +112,7 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
             "rollout.group_size=6", "rollout.prompts_per_step=2", "rollout.max_new_tokens=10",
             "trainer.micro_batch_size=5", "trainer.steps=1", "trainer.lr=1e-2", "algorithm.kl_coef=0.01",
             f"trainer.packing={packing}", f"logging.output_dir={tmp_path / packing}", "logging.progress=false",
-            "logging.tensorboard=false",
+            "logging.report_to=[]",
         ])
         trainer = Trainer(cfg)
         assert trainer.packing == (packing == "tree")

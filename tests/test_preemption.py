@@ -25,7 +25,7 @@ def _args(model_dir, task, out):
         "logging.eval_samples=2", "logging.eval_every=1", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
         "rollout.group_size=8", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4", "trainer.micro_batch_size=16",
         "trainer.lr=2e-3", "trainer.steps=3", "reward.num_workers=1", "logging.progress=false",
-        "logging.tensorboard=false", f"logging.output_dir={out}",
+        "logging.report_to=[]", f"logging.output_dir={out}",
     ]
 
 

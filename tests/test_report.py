@@ -33,7 +33,7 @@ def rose_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "rollout.group_size=6", "rollout.prompts_per_step=2", "rollout.max_new_tokens=16",
         "trainer.micro_batch_size=12", "trainer.steps=3", "algorithm.method=rose", "rose.epsilon=0.3",
         "rose.alpha=0", "logging.trees_per_step=2", f"logging.output_dir={run}", "logging.progress=false",
-        "logging.tensorboard=false", "logging.save_every=0",
+        "logging.report_to=[]", "logging.save_every=0",
     ])
     Trainer(cfg).train()
     return run
@@ -148,7 +148,7 @@ def test_evaluation_during_training_reaches_the_report(digit_model_dir, seven_ta
         f"model.name={digit_model_dir}", f"data.train={seven_task}", f"data.eval={held_out}",
         "data.system_prompt=Answer with one digit.", "rollout.group_size=4", "rollout.prompts_per_step=2",
         "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.steps=3", "logging.eval_every=2",
-        "logging.eval_samples=4", f"logging.output_dir={run}", "logging.progress=false", "logging.tensorboard=false",
+        "logging.eval_samples=4", f"logging.output_dir={run}", "logging.progress=false", "logging.report_to=[]",
     ])
     Trainer(cfg).train()
     rows = read_jsonl(run / "metrics.jsonl")

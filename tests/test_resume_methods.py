@@ -49,7 +49,7 @@ def test_resume_is_exact_for_every_method(method, digit_model_dir, seven_task, t
         f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=8", "rollout.prompts_per_step=4",
         "rollout.max_new_tokens=4", "trainer.micro_batch_size=16", "trainer.lr=2e-3", "trainer.steps=4",
         "reward.num_workers=1", "logging.save_every=1", "logging.keep_last=4", "logging.progress=false",
-        "logging.tensorboard=false", f"logging.output_dir={full}", *extra,
+        "logging.report_to=[]", f"logging.output_dir={full}", *extra,
     ])
     Trainer(cfg).train()
     part = tmp_path / "part"  # the same run, stopped after its step-2 checkpoint

@@ -163,7 +163,7 @@ def test_training_reward_is_the_custom_function(tiny_model_dir, tmp_path, user_m
     cfg = load_config(None, [
         f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null", "rollout.group_size=4",
         "rollout.prompts_per_step=2", "rollout.max_new_tokens=8", "trainer.steps=1", "logging.progress=false",
-        "logging.tensorboard=false", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1",
+        "logging.report_to=[]", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1",
         f"reward.functions=[{user_module / 'loose.py'}:length_reward]", "reward.weights=[3]",
     ])
     metrics = Trainer(cfg).train()
@@ -188,7 +188,7 @@ def test_python_api_with_file_and_in_process_functions(tiny_model_dir, tmp_path)
     metrics = semrl.train(
         overrides=[f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null", "rollout.group_size=4",
                    "rollout.prompts_per_step=2", "rollout.max_new_tokens=8", "trainer.steps=1", "logging.progress=false",
-                   "logging.tensorboard=false", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1"],
+                   "logging.report_to=[]", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1"],
         reward_functions=["math", (f"{EXAMPLES / 'rewards.py'}:boxed_format", 0.5), (short_answers, 2.0)],
     )
     assert calls == [1] * 8  # one call per completion

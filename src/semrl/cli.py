@@ -1,4 +1,5 @@
-"""Command-line interface: ``semrl train``, ``eval``, ``report``, ``compare``, ``config``, ``curriculum``."""
+"""Command-line interface: ``semrl train``, ``eval``, ``report``, ``compare``, ``config``, ``checkpoint``,
+``export``, ``curriculum``."""
 
 from __future__ import annotations
 
@@ -189,6 +190,17 @@ def _checkpoint(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from semrl.export import export_model
+
+    run_dir = Path(args.run_dir)
+    output = export_model(
+        run_dir, Path(args.output) if args.output else None, Path(args.checkpoint) if args.checkpoint else None
+    )
+    print(f"wrote {output} (load it with AutoModelForCausalLM.from_pretrained)")
+    return 0
+
+
 def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by the commands that sample from a model and verify its answers."""
     parser.add_argument("--batch-size", type=int, default=64, help="generation batch size")
@@ -324,6 +336,17 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("checkpoint_command", choices=["verify", "convert"])
     ck.add_argument("run_dir", help="run directory (logging.output_dir)")
     ck.set_defaults(func=_checkpoint)
+
+    ex = sub.add_parser(
+        "export", help="write a run's trained model as one Hugging Face model directory",
+        description="The newest valid checkpoint (or --checkpoint) as a directory that "
+        "AutoModelForCausalLM.from_pretrained loads: LoRA adapters merged into the run's base model, "
+        "no trainer state.",
+    )
+    ex.add_argument("run_dir", help="run directory (logging.output_dir)")
+    ex.add_argument("--checkpoint", help="checkpoint directory (default: the newest valid one of RUN_DIR)")
+    ex.add_argument("--output", help="a new directory (default RUN_DIR/export)")
+    ex.set_defaults(func=_export)
 
     cur = sub.add_parser(
         "curriculum",

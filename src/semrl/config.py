@@ -24,7 +24,9 @@ import yaml
 from semrl.algos.catalog import METHODS, POLICY_LOSSES, get_method
 from semrl.data import DEFAULT_SYSTEM_PROMPT
 from semrl.errors import ConfigError
+from semrl.lora import check_lora_options
 from semrl.options import build_section, check_fraction, option, section_reference, unknown_key
+from semrl.trackers import check_trackers
 
 __all__ = ["Config", "ConfigError", "config_reference", "load_config", "save_config"]
 
@@ -58,6 +60,24 @@ class ModelConfig:
     )
     gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward pass: less memory, ~30% more time."
+    )
+    lora_r: int = option(
+        0,
+        "LoRA rank (verl's lora_rank, TRL's lora_r); 0: every weight is trained. > 0: PEFT low-rank "
+        "adapters on the frozen base: the KL reference is the base (adapters off, no second copy), "
+        "the rollout engine samples the merged weights, checkpoints hold the adapters, and "
+        "'semrl export' writes the merged model (docs/training.md \"LoRA\").",
+    )
+    lora_alpha: float = option(32.0, "LoRA scaling numerator: the update is (lora_alpha / lora_r) B A.")
+    lora_dropout: float = option(
+        0.0,
+        "Dropout on the adapters' input in training forwards. 0 keeps the updated policy the one that "
+        "sampled (an on-policy ratio of exactly 1).",
+    )
+    lora_target_modules: list[str] = option(
+        ["all-linear"],
+        "Modules given adapters: names or name suffixes (q_proj, v_proj, ...) or 'all-linear' (every "
+        "linear layer of the decoder). Not the embeddings or the LM head.",
     )
 
 
@@ -275,7 +295,15 @@ class LoggingConfig:
     trees_per_step: int = option(
         2, "Rollout trees (ROSE) written to trees.jsonl per step for the report's tree viewer; 0: none."
     )
-    tensorboard: bool = option(True, "Write TensorBoard event files.")
+    report_to: list[str] = option(
+        ["tensorboard"],
+        "Experiment trackers receiving every step's metrics, the resolved config and sample completions: "
+        "tensorboard (RUN_DIR/tensorboard), wandb, trackio, mlflow (each an extra: pip install "
+        "'semrl[wandb]'); [] for none. Where they write is their own setting: WANDB_MODE=offline, "
+        "TRACKIO_DIR, MLFLOW_TRACKING_URI. Replaces logging.tensorboard.",
+    )
+    project: str = option("semrl", "W&B / Trackio project and MLflow experiment of the run.")
+    run_name: str | None = option(None, "The run's name in the trackers (null: the run directory's name).")
     log_ref_kl: bool = option(
         False, "Load the reference model to log the KL to it even when algorithm.kl_coef = 0."
     )
@@ -401,6 +429,12 @@ def config_from_dict(values: dict[str, Any]) -> Config:
         section, key = old.split(".")
         if isinstance(values.get(section), dict) and key in values[section]:
             raise ConfigError(f"config key '{old}' moved to '{new}' (the method's own section); rename it")
+    logging_section = values.get("logging")
+    if isinstance(logging_section, dict) and "tensorboard" in logging_section:  # before logging.report_to
+        logging_section = dict(logging_section)
+        if not logging_section.pop("tensorboard") and "report_to" not in logging_section:
+            logging_section["report_to"] = []
+        values = {**values, "logging": logging_section}
     spec = get_method(_method_name(values))
     algorithm = dict(values.get("algorithm") or {})
     for key, default in (
@@ -502,6 +536,8 @@ def validate(cfg: Config) -> None:
             f"config key 'reward.weights' has {len(cfg.reward.weights)} weights for "
             f"{len(cfg.reward.functions)} reward.functions; give one per function or null"
         )
+    check_lora_options(cfg)
+    check_trackers(cfg.logging.report_to)
     if cfg.rollout.engine == "vllm":
         from semrl.vllm_engine import check_vllm_settings  # imports nothing heavy until vLLM starts
 

@@ -113,6 +113,11 @@ def resolve_model_path(name: str, cache_dir: str | None = None) -> str:
             raise ModelNotFoundError(f"GGUF file '{name}' does not exist")
         return str(convert_gguf(path, cache_dir))
     if path.is_dir():
+        if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"'{name}' holds LoRA adapters, not a whole model; write the merged model with "
+                f"'semrl export RUN_DIR --checkpoint {name}' and pass the exported directory"
+            )
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
                 f"'{name}' is a directory but has no config.json; point model.name at a Hugging "

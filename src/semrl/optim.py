@@ -22,7 +22,8 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[tor
     """AdamW and its learning-rate schedule (warm-up, then constant / cosine / linear) over
     ``steps`` rollout steps."""
     t = cfg.trainer
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)  # type: ignore[arg-type]
+    trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trained, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)  # type: ignore[arg-type]
     total_updates = steps * updates_per_step(cfg)
 
     def factor(update: int) -> float:

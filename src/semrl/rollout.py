@@ -19,10 +19,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from semrl.precision import autocast_to
+
+
+def sequence_seed(seed: int, step: int, round_index: int, prompt: int, sample: int) -> int:
+    """The seed of one sampled sequence under ``rollout.seed_per_sequence``: sample ``sample`` of
+    prompt ``prompt`` (its index in the step's global batch) in rollout round ``round_index``."""
+    key = [seed, step, round_index, prompt, sample]
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
 
 
 @dataclass

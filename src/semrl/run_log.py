@@ -1,4 +1,5 @@
-"""What a run writes as it goes: ``metrics.jsonl`` (and TensorBoard), ``samples.jsonl``, ``trees.jsonl``.
+"""What a run writes as it goes: ``metrics.jsonl``, ``samples.jsonl``, ``trees.jsonl``, and the
+same metrics and samples to the trackers of ``logging.report_to`` (``semrl.trackers``).
 
 Only the main process writes. On resume the lines of steps after the checkpoint are dropped,
 since those steps run again.
@@ -7,27 +8,25 @@ since those steps run again.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from semrl.batch import RolloutBatch
 from semrl.jsonl import read_jsonl
+from semrl.trackers import Tracker
 from semrl.tree_log import tree_records
 
 LOG_FILES = ("metrics.jsonl", "samples.jsonl", "trees.jsonl")
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, is_main: bool, tensorboard: bool) -> None:
+    def __init__(self, run_dir: Path, is_main: bool, trackers: Callable[[], list[Tracker]] = list) -> None:
+        """``trackers``: opens the trackers (called on the main process only)."""
         self.run_dir, self.is_main = run_dir, is_main
-        self.tb: Any = None
-        if tensorboard and is_main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self.trackers = trackers() if is_main else []
 
     def truncate_after(self, step: int) -> None:
         """Drop the lines of steps after ``step`` (they belong to steps that will be re-run)."""
@@ -42,11 +41,8 @@ class RunLog:
             return
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            for key, value in row.items():
-                if key != "step":
-                    self.tb.add_scalar(key, value, row["step"])
-            self.tb.flush()
+        for tracker in self.trackers:
+            tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, int(row["step"]))
 
     def samples(
         self,
@@ -81,7 +77,10 @@ class RunLog:
         ]
         with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(row) + "\n" for row in rows))
+        for tracker in self.trackers if rows else ():
+            tracker.log_samples(rows, step)
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []

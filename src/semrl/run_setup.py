@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,11 @@ from semrl.curriculum import curriculum_stages, load_curriculum
 from semrl.data import Columns, DataError, Problem, build_prompt_ids, load_dataset
 from semrl.distributed import ProcessGroup, full_state_dict, shard_model
 from semrl.engine import Engine, build_engine
+from semrl.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import supports_packing
 from semrl.precision import Precision
+from semrl.trackers import Tracker, open_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +125,9 @@ def check_prompt_lengths(tokenizer: Any, problems: list[Problem], cfg: Config) -
 @dataclass
 class Models:
     """The trained model; the one the engine samples from (the trained one, or with FSDP on hf a
-    full copy synced after each update); the frozen reference (None when nothing reads it)."""
+    full copy synced after each update); the frozen reference (None when nothing reads it; under
+    LoRA the trained model itself, read inside ``reference_weights()``, which switches the adapters
+    off)."""
 
     tokenizer: Any
     model: torch.nn.Module
@@ -129,6 +135,7 @@ class Models:
     ref_model: torch.nn.Module | None
     engine: Engine
     precision: Precision
+    reference_weights: Callable[[], AbstractContextManager[Any]] = nullcontext
 
 
 def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_reference: bool) -> Models:
@@ -137,7 +144,10 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     m, r = cfg.model, cfg.rollout
     precision = Precision.from_config(cfg)
     tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, precision.params_name, m.attn_implementation)
+    lora = m.lora_r > 0  # the base from model.name; trained adapters from a checkpoint being resumed
+    model = load_model(resolve_model_path(m.name, m.cache_dir) if lora else model_path, precision.params_name, m.attn_implementation)
+    if lora:
+        add_adapters(model, m, model_path if is_adapter_checkpoint(model_path) else None)
     model.to(procs.device)
     if m.gradient_checkpointing:  # non-reentrant: works under FSDP and with inputs that need no grad
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -154,6 +164,15 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
         if rollout_model is model:  # vllm: from now on it sees only gathered tensors
             engine.sync_weights(full_state_dict(model))
     ref_model = None
+    if needs_reference and lora:
+        ref_model = model
+
+        @contextmanager
+        def base_weights() -> Iterator[None]:  # in the compute dtype, as a separate reference would be
+            with adapters_disabled(model), precision.autocast(model):
+                yield
+
+        return Models(tokenizer, model, rollout_model, ref_model, engine, precision, base_weights)
     if needs_reference:
         ref_model = load_model(resolve_model_path(m.name, m.cache_dir), m.dtype, m.attn_implementation)
         ref_model.requires_grad_(False).eval().to(procs.device)
@@ -172,3 +191,9 @@ def packing_enabled(cfg: Config, model: torch.nn.Module) -> bool:
         )
         return False
     return True
+
+
+def start_trackers(cfg: Config) -> list[Tracker]:
+    """The trackers of ``logging.report_to`` for this run (its resolved config included)."""
+    lg = cfg.logging
+    return open_trackers(lg.report_to, Path(lg.output_dir), cfg.to_dict(), lg.project, lg.run_name)

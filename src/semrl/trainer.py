@@ -42,7 +42,7 @@ from semrl.optim import guarded_step, make_optimizer
 from semrl.preemption import StopSignal
 from semrl.reward import VerifierPool, reward_functions
 from semrl.reward.shaping import overlong_penalty
-from semrl.rollout import GenerationRequest, sampling_params
+from semrl.rollout import GenerationRequest, sampling_params, sequence_seed
 from semrl.run_log import RunLog
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class Trainer:
         # one random stream per process (the data order is shared by all)
         self.generator = setup.seed_everything(cfg.trainer.seed + self.procs.rank)
         self.eval_problems, self.stages = setup.load_problem_sets(cfg)  # data first: fails before a model loads
+        self.log = RunLog(self.run_dir, self.procs.is_main, partial(setup.start_trackers, cfg))  # before the models too
         self.schedule = StageSchedule.even(len(self.stages), cfg.trainer.steps)
         self._enter_stage(0)
 
@@ -73,7 +74,7 @@ class Trainer:
         needs_reference = cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(cfg)
         models = setup.load_models(cfg, model_path, self.procs, needs_reference)
         self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
-        self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
+        self.rollout_model, self.ref_model, self.reference_weights = models.rollout_model, models.ref_model, models.reference_weights
         setup.check_prompt_lengths(self.tokenizer, [p for stage in self.stages for p in stage], cfg)
         self.packing = setup.packing_enabled(cfg, self.model)
         self._micro_batches = partial(  # (batch, rows) -> positions into rows of each micro-batch
@@ -87,7 +88,6 @@ class Trainer:
         reset = cfg.data.curriculum_reset_optimizer
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg, self.schedule.steps_of(0) if reset else cfg.trainer.steps)
         self.step, self.consecutive_bad_updates = 0, 0
-        self.log = RunLog(self.run_dir, self.procs.is_main, cfg.logging.tensorboard)
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -303,8 +303,9 @@ class Trainer:
             out = self.method.rollout_fn(context, prompt_ids)
             gens, groups, metrics, sequence_prompts = out.generations, out.groups, out.metrics, out.sequence_prompt_ids
         else:
+            seeded = cfg.rollout.seed_per_sequence  # k: the prompt's index in the global batch
             requests = [
-                GenerationRequest(ids, seed=self._sequence_seed(round_index, k, j))
+                GenerationRequest(ids, seed=sequence_seed(cfg.trainer.seed, self.step, round_index, k, j) if seeded else None)
                 for k, ids in zip(share, prompt_ids, strict=True) for j in range(group)
             ]
             gens, groups, metrics, sequence_prompts = self.engine.generate(requests, params, self.generator), None, {}, None
@@ -319,14 +320,6 @@ class Trainer:
             groups=groups or [],
             metrics=metrics,
         )
-
-    def _sequence_seed(self, round_index: int, prompt: int, sample: int) -> int | None:
-        """Seed of sample ``sample`` of prompt ``prompt`` (index in the global batch) of this step's
-        rollout round ``round_index``, with ``rollout.seed_per_sequence``; else None."""
-        if not self.cfg.rollout.seed_per_sequence:
-            return None
-        key = [self.cfg.trainer.seed, self.step, round_index, prompt, sample]
-        return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
 
     def reward(self, batch: RolloutBatch) -> None:
         """Score every response; fills ``batch.rewards`` and ``batch.reward_results``."""
@@ -381,7 +374,8 @@ class Trainer:
             if entropy_now is not None:
                 batch.set_rollout_entropy(entropy_now)
         update_entropy = None if batch.has_rollout_entropy else torch.zeros(seqs.response_mask.shape)
-        ref_logp = batch_logprobs(self.ref_model, batch, temperature, every_row, self.packing, False, chunk)[0] if self.ref_model else None
+        with self.reference_weights():  # under LoRA: the trained model with its adapters off
+            ref_logp = batch_logprobs(self.ref_model, batch, temperature, every_row, self.packing, False, chunk)[0] if self.ref_model else None
 
         self.model.train()
         stats: dict[str, list[float]] = {}

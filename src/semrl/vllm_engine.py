@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 
 from semrl.distributed import on_close
 from semrl.errors import ConfigError, EngineError
+from semrl.lora import sampling_state_dict
 from semrl.rollout import Generation, GenerationRequest, SamplingParams, request_budget
 
 logger = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ class VLLMEngine:
         self.sync_weights()  # a reused engine may hold another model's weights
 
     def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
-        tensors = state if state is not None else self.model.state_dict()
+        tensors = state if state is not None else sampling_state_dict(self.model)  # LoRA: merged
         if state is not None:  # the model itself may be sharded: keep the full embeddings for ROSE
             self._embeddings = state[self._embedding_key]
         weights = [(name, t.detach()) for name, t in tensors.items()]

@@ -1,0 +1,130 @@
+"""LoRA: trained low-rank adapters on a frozen base model (docs/training.md "LoRA").
+
+The adapters live inside the Hugging Face model (PEFT through transformers' ``add_adapter``), so
+the trained model stays a ``PreTrainedModel`` and every forward (padded, tree-packed, sampling)
+runs unchanged. What LoRA changes elsewhere:
+
+* the optimizer sees only the adapters (the base has ``requires_grad=False``);
+* the KL reference is the same model with its adapters switched off (:func:`adapters_disabled`):
+  no second copy of the weights;
+* an engine with its own copy of the weights (vllm) receives the merged weights
+  ``W + (alpha / r) B A`` under the base model's names (:func:`sampling_state_dict`);
+* checkpoints hold the adapters (``adapter_model.safetensors``), and a run resumes by loading the
+  base again and the adapters from the checkpoint; ``semrl export`` writes the merged model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from semrl.errors import ConfigError
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_NAME = "default"
+
+
+def check_lora_options(cfg: Any) -> None:
+    """Config-time checks of ``model.lora_*`` against the rest of the config."""
+    m = cfg.model
+    if m.lora_r < 0:
+        raise ConfigError(f"config key 'model.lora_r' must be >= 0 (0: no LoRA), got {m.lora_r}")
+    if m.lora_r == 0:
+        return
+    if m.lora_alpha <= 0 or not 0 <= m.lora_dropout < 1:
+        raise ConfigError("config keys 'model.lora_alpha' must be > 0 and 'model.lora_dropout' in [0, 1)")
+    if not m.lora_target_modules:
+        raise ConfigError("config key 'model.lora_target_modules' is empty; use [all-linear] or name modules")
+    if cfg.trainer.fsdp:
+        raise ConfigError(
+            "model.lora_r with trainer.fsdp is not supported: train LoRA on several processes without "
+            "trainer.fsdp (every process holds the frozen base; the adapters' gradients are summed)"
+        )
+    if cfg.data.curriculum and cfg.data.curriculum_reset_optimizer:
+        raise ConfigError(
+            "model.lora_r with data.curriculum_reset_optimizer is not supported (a stage's reference would be "
+            "the previous stage's merged weights); set data.curriculum_reset_optimizer=false"
+        )
+
+
+def has_adapters(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, "_hf_peft_config_loaded", False))
+
+
+def is_adapter_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def _peft_config(model_cfg: Any) -> Any:
+    from peft import LoraConfig
+
+    targets = list(model_cfg.lora_target_modules)
+    return LoraConfig(
+        r=model_cfg.lora_r,
+        lora_alpha=model_cfg.lora_alpha,
+        lora_dropout=model_cfg.lora_dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        bias="none",
+    )
+
+
+def add_adapters(model: torch.nn.Module, model_cfg: Any, checkpoint: str | None = None) -> None:
+    """Give ``model`` the adapters of ``model.lora_*``: fresh ones (B = 0, so the model starts as
+    the base), or the trained ones of ``checkpoint``. Only the adapters are trainable."""
+    embeddings = {model.get_input_embeddings(), model.get_output_embeddings()}  # type: ignore[operator]
+    if checkpoint is not None:
+        model.load_adapter(checkpoint, adapter_name=ADAPTER_NAME, is_trainable=True)  # type: ignore[operator]
+    else:
+        try:
+            model.add_adapter(_peft_config(model_cfg), adapter_name=ADAPTER_NAME)  # type: ignore[operator]
+        except ValueError as err:  # PEFT: a target module that the model does not have
+            raise ConfigError(f"config key 'model.lora_target_modules': {err}") from err
+    wrapped = [name for name, module in model.named_modules() if getattr(module, "base_layer", None) in embeddings]
+    if wrapped:
+        raise ConfigError(
+            f"config key 'model.lora_target_modules' puts adapters on {wrapped}: the embeddings and the LM head "
+            "cannot take them (log-probs are computed from the head's weight); name decoder modules only"
+        )
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """The base model: the adapters switched off for the duration (the KL reference under LoRA)."""
+    if not has_adapters(model):
+        yield
+        return
+    model.disable_adapters()  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.enable_adapters()  # type: ignore[operator]
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` with every adapter merged, ``W + (alpha / r) B A``, under the base
+    model's own names (no ``base_layer`` / ``lora_`` entries); the model is left unchanged."""
+    from peft.tuners.lora import LoraLayer
+
+    merged: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            base = module.get_base_layer()
+            merged[f"{name}.weight"] = base.weight + module.get_delta_weight(ADAPTER_NAME).to(base.weight.dtype)
+    for key, tensor in model.state_dict().items():
+        if ".lora_" not in key:
+            merged.setdefault(key.replace(".base_layer.", "."), tensor)
+    return merged
+
+
+def sampling_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What an engine holding its own copy of the weights loads: merged under LoRA, else the state dict."""
+    return merged_state_dict(model) if has_adapters(model) else model.state_dict()

@@ -1,0 +1,190 @@
+"""Experiment trackers (``logging.report_to``): TensorBoard, Weights & Biases, Trackio, MLflow.
+
+Each receives what ``metrics.jsonl`` and ``samples.jsonl`` receive: every step's metrics (the
+``eval/*`` ones at evaluation steps), the resolved config once, and each step's sample
+completions. Only the main process opens them. A resumed run continues the same tracker run: its
+W&B / MLflow ids are kept in ``RUN_DIR/trackers.json``. W&B, Trackio and MLflow are optional extras
+(``pip install 'semrl[wandb]'`` ...), checked when the config loads; where they write is theirs to
+decide (``WANDB_MODE=offline``, ``TRACKIO_DIR``, ``MLFLOW_TRACKING_URI``), as in TRL and verl.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any, Protocol
+
+from semrl.errors import ConfigError
+
+# name -> (module imported, pip extra)
+TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+            "trackio": ("trackio", "trackio"), "mlflow": ("mlflow", "mlflow")}
+IDS_FILE = "trackers.json"
+SAMPLE_COLUMNS = ("step", "problem_id", "problem", "gold", "response", "answer", "reward")
+
+
+def check_trackers(names: list[str]) -> None:
+    """Fail at config load on an unknown tracker or one whose package is missing."""
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(
+                f"config key 'logging.report_to': unknown tracker '{name}'; choose from {', '.join(TRACKERS)}"
+            )
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"config key 'logging.report_to' names {name}, which is not installed: "
+                f"pip install 'semrl[{extra}]' (or remove it from logging.report_to)"
+            )
+
+
+class Tracker(Protocol):
+    def log_metrics(self, row: dict[str, float], step: int) -> None: ...
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _samples_markdown(rows: list[dict[str, Any]]) -> str:
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(SAMPLE_COLUMNS[1:]) + " |", "|" + "---|" * (len(SAMPLE_COLUMNS) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(cell(r.get(c)) for c in SAMPLE_COLUMNS[1:]) + " |" for r in rows])
+
+
+class TensorBoardTracker:
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
+
+    def log_metrics(self, row: dict[str, float], step: int) -> None:
+        for key, value in row.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        self.writer.add_text("samples", _samples_markdown(rows), step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    def __init__(self, run_dir: Path, config: dict[str, Any], project: str, name: str, run_id: str | None) -> None:
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=project, name=name, id=run_id, resume="allow", dir=str(run_dir), config=config,
+        )
+        self.id = self.run.id
+
+    def log_metrics(self, row: dict[str, float], step: int) -> None:
+        self.run.log(row, step=step)
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
+        self.run.log({"samples": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TrackioTracker:
+    def __init__(self, config: dict[str, Any], project: str, name: str) -> None:
+        import trackio
+
+        self.trackio = trackio
+        self.run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
+
+    def log_metrics(self, row: dict[str, float], step: int) -> None:
+        self.run.log(row, step=step)
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        table = self.trackio.Table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
+        self.run.log({"samples": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def mlflow_key(key: str) -> str:
+    """MLflow allows letters, digits, ``_ - . / :`` and spaces in names: ``eval/mean@8`` -> ``eval/mean_at_8``."""
+    return re.sub(r"[^/\w.\- :]", "_", key.replace("@", "_at_"))
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = json.dumps(value)[:6000]  # MLflow's limit on a parameter's value
+    return flat
+
+
+class MlflowTracker:
+    def __init__(self, config: dict[str, Any], project: str, name: str, run_id: str | None) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        if run_id is None:
+            mlflow.set_experiment(project)
+        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else name)
+        self.id = self.run.info.run_id
+        if run_id is None:  # parameters are immutable in MLflow: logged once, by the first run
+            mlflow.log_params(_flatten(config))
+
+    def log_metrics(self, row: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics({mlflow_key(k): v for k, v in row.items()}, step=step)
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        self.mlflow.log_text("".join(json.dumps(r) + "\n" for r in rows), f"samples/step-{step:06d}.jsonl")
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def open_trackers(
+    names: list[str], run_dir: Path, config: dict[str, Any], project: str, run_name: str | None
+) -> list[Tracker]:
+    """Start the trackers of ``logging.report_to``; a run that was started before continues its
+    tracker runs (ids read from ``RUN_DIR/trackers.json``, written here)."""
+    ids_path = run_dir / IDS_FILE
+    ids = json.loads(ids_path.read_text(encoding="utf-8")) if ids_path.exists() else {}
+    name = run_name or run_dir.resolve().name
+    trackers: list[Tracker] = []
+    try:
+        _open_each(names, run_dir, config, project, name, ids, trackers)
+    except BaseException:  # a tracker that cannot start (a login, a server): close the ones started
+        for started in trackers:
+            started.close()
+        raise
+    if ids:
+        ids_path.write_text(json.dumps(ids), encoding="utf-8")
+    return trackers
+
+
+def _open_each(
+    names: list[str], run_dir: Path, config: dict[str, Any], project: str, name: str, ids: dict[str, str],
+    trackers: list[Tracker],
+) -> None:
+    for tracker_name in names:
+        if tracker_name == "tensorboard":
+            trackers.append(TensorBoardTracker(run_dir, config))
+        elif tracker_name == "wandb":
+            wandb_run = WandbTracker(run_dir, config, project, name, ids.get("wandb"))
+            ids["wandb"] = wandb_run.id
+            trackers.append(wandb_run)
+        elif tracker_name == "trackio":
+            trackers.append(TrackioTracker(config, project, name))
+        elif tracker_name == "mlflow":
+            mlflow_run = MlflowTracker(config, project, name, ids.get("mlflow"))
+            ids["mlflow"] = mlflow_run.id
+            trackers.append(mlflow_run)
