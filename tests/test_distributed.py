@@ -141,3 +141,19 @@ def test_a_bad_config_fails_before_any_process_starts(capsys):
 
     assert main(["train", "--num-processes", "2", "trainer.stpes=3"]) == 2
     assert "trainer.steps" in capsys.readouterr().err
+
+
+def test_lora_on_two_processes_trains_like_one(digit_model_dir, single_process_run, tmp_path):
+    """model.lora_r without FSDP: every process holds the frozen base, adapter gradients are summed."""
+    task, _, env = single_process_run
+    lora = ["model.lora_r=8", "algorithm.kl_coef=0.01"]  # the KL's reference: the base, adapters off
+    one, two = tmp_path / "one", tmp_path / "two"
+    _train(*_args(digit_model_dir, task, one), *lora, env=env)
+    _train("--num-processes", "2", *_args(digit_model_dir, task, two), *lora, env=env)
+    m1, m2 = _metrics(one)[1:], _metrics(two)[1:]
+    assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
+    for a, b in zip(m1, m2, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["kl"] == pytest.approx(b["kl"], abs=1e-7)
+    a1, a2 = (load_file(run / "checkpoints" / "step-000003" / "adapter_model.safetensors") for run in (one, two))
+    assert a1.keys() == a2.keys() and max(v.abs().max().item() for k, v in a1.items() if "lora_B" in k) > 1e-3
+    assert all(torch.allclose(a1[k], a2[k], atol=1e-5) for k in a1)

@@ -72,15 +72,18 @@ def _peft_config(model_cfg: Any) -> Any:
     )
 
 
-def add_adapters(model: torch.nn.Module, model_cfg: Any, checkpoint: str | None = None) -> None:
-    """Give ``model`` the adapters of ``model.lora_*``: fresh ones (B = 0, so the model starts as
-    the base), or the trained ones of ``checkpoint``. Only the adapters are trainable."""
+def add_adapters(model: torch.nn.Module, model_cfg: Any, checkpoint: str | None = None, seed: int = 0) -> None:
+    """Give ``model`` the adapters of ``model.lora_*``: fresh ones (A drawn from ``seed``, the same on
+    every process; B = 0, so the model starts as the base), or the trained ones of ``checkpoint``.
+    Only the adapters are trainable."""
     embeddings = {model.get_input_embeddings(), model.get_output_embeddings()}  # type: ignore[operator]
     if checkpoint is not None:
         model.load_adapter(checkpoint, adapter_name=ADAPTER_NAME, is_trainable=True)  # type: ignore[operator]
     else:
         try:
-            model.add_adapter(_peft_config(model_cfg), adapter_name=ADAPTER_NAME)  # type: ignore[operator]
+            with torch.random.fork_rng(devices=[]):  # not from a process's own stream (seeded with its rank)
+                torch.manual_seed(seed)
+                model.add_adapter(_peft_config(model_cfg), adapter_name=ADAPTER_NAME)  # type: ignore[operator]
         except ValueError as err:  # PEFT: a target module that the model does not have
             raise ConfigError(f"config key 'model.lora_target_modules': {err}") from err
     wrapped = [name for name, module in model.named_modules() if getattr(module, "base_layer", None) in embeddings]

@@ -147,7 +147,7 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     lora = m.lora_r > 0  # the base from model.name; trained adapters from a checkpoint being resumed
     model = load_model(resolve_model_path(m.name, m.cache_dir) if lora else model_path, precision.params_name, m.attn_implementation)
     if lora:
-        add_adapters(model, m, model_path if is_adapter_checkpoint(model_path) else None)
+        add_adapters(model, m, model_path if is_adapter_checkpoint(model_path) else None, cfg.trainer.seed)
     model.to(procs.device)
     if m.gradient_checkpointing:  # non-reentrant: works under FSDP and with inputs that need no grad
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
