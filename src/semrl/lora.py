@@ -94,10 +94,6 @@ def add_adapters(model: torch.nn.Module, model_cfg: Any, checkpoint: str | None 
         )
 
 
-def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 @contextmanager
 def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
     """The base model: the adapters switched off for the duration (the KL reference under LoRA)."""
