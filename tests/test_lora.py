@@ -85,7 +85,7 @@ def test_the_reference_is_the_base_with_adapters_off(lora_run, digit_model_dir):
     ("rank", "alpha", "targets"),
     [(1, 1.0, ["all-linear"]), (4, 16.0, ["q_proj", "v_proj"]), (8, 3.0, ["down_proj", "o_proj"]), (2, 64.0, ["all-linear"])],
 )
-def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, rank, alpha, targets):
+def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, tmp_path, rank, alpha, targets):
     from peft import PeftModel
 
     model = load_model(str(digit_model_dir))
@@ -99,7 +99,7 @@ def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, 
     before = {k: v.clone() for k, v in model.state_dict().items()}
     merged = merged_state_dict(model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # left unchanged
-    reference = PeftModel.from_pretrained(load_model(str(digit_model_dir)), _save_adapters(model)).merge_and_unload()
+    reference = PeftModel.from_pretrained(load_model(str(digit_model_dir)), _save_adapters(model, tmp_path / "adapters")).merge_and_unload()
     expected = reference.state_dict()
     assert merged.keys() == expected.keys()
     for key in expected:
@@ -112,12 +112,9 @@ def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, 
         torch.testing.assert_close(_logprobs(model, batch), _logprobs(load_model(str(digit_model_dir)), batch))
 
 
-def _save_adapters(model):
-    import tempfile
-
-    path = tempfile.mkdtemp()
+def _save_adapters(model, path):
     model.save_pretrained(path)
-    return path
+    return str(path)
 
 
 def test_lora_resume_is_exact(digit_model_dir, seven_task, tmp_path):
