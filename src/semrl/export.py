@@ -38,12 +38,15 @@ def load_trained_model(ckpt: Path) -> PreTrainedModel:
 def export_model(run_dir: Path, output: Path | None = None, checkpoint: Path | None = None) -> Path:
     """Write the model of ``checkpoint`` (default: the newest valid one of ``run_dir``) and its
     tokenizer to ``output`` (default ``run_dir/export``), which must not hold anything yet."""
-    ckpt = checkpoint or latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ConfigError(f"no valid checkpoint in {run_dir / 'checkpoints'}; train first or pass --checkpoint")
-    problems = verify_checkpoint(ckpt)
-    if problems:
-        raise ConfigError(f"checkpoint {ckpt} is damaged: {'; '.join(problems)}")
+    if checkpoint is None:
+        ckpt = latest_checkpoint(run_dir)  # verified against its manifest
+        if ckpt is None:
+            raise ConfigError(f"no valid checkpoint in {run_dir / 'checkpoints'}; train first or pass --checkpoint")
+    else:
+        ckpt = checkpoint
+        problems = verify_checkpoint(ckpt)
+        if problems:
+            raise ConfigError(f"checkpoint {ckpt} is damaged: {'; '.join(problems)}")
     output = output or run_dir / "export"
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"{output} already exists and is not empty; pass --output with a new directory or remove it")

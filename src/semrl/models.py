@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from semrl.lora import is_adapter_checkpoint
 from semrl.precision import DTYPES
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def resolve_model_path(name: str, cache_dir: str | None = None) -> str:
             raise ModelNotFoundError(f"GGUF file '{name}' does not exist")
         return str(convert_gguf(path, cache_dir))
     if path.is_dir():
-        if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        if is_adapter_checkpoint(path) and not (path / "config.json").is_file():
             raise ModelNotFoundError(
                 f"'{name}' holds LoRA adapters, not a whole model; write the merged model with "
                 f"'semrl export RUN_DIR --checkpoint {name}' and pass the exported directory"

@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -163,20 +164,20 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
         shard_model(model, precision.fsdp_policy())
         if rollout_model is model:  # vllm: from now on it sees only gathered tensors
             engine.sync_weights(full_state_dict(model))
-    ref_model = None
+    ref_model, reference_weights = None, nullcontext
     if needs_reference and lora:
-        ref_model = model
-
-        @contextmanager
-        def base_weights() -> Iterator[None]:  # in the compute dtype, as a separate reference would be
-            with adapters_disabled(model), precision.autocast(model):
-                yield
-
-        return Models(tokenizer, model, rollout_model, ref_model, engine, precision, base_weights)
-    if needs_reference:
+        ref_model, reference_weights = model, partial(_base_weights, model, precision)
+    elif needs_reference:
         ref_model = load_model(resolve_model_path(m.name, m.cache_dir), m.dtype, m.attn_implementation)
         ref_model.requires_grad_(False).eval().to(procs.device)
-    return Models(tokenizer, model, rollout_model, ref_model, engine, precision)
+    return Models(tokenizer, model, rollout_model, ref_model, engine, precision, reference_weights)
+
+
+@contextmanager
+def _base_weights(model: torch.nn.Module, precision: Precision) -> Iterator[None]:
+    """The LoRA reference: ``model`` with its adapters off, in the compute dtype as a separate reference would be."""
+    with adapters_disabled(model), precision.autocast(model):
+        yield
 
 
 def packing_enabled(cfg: Config, model: torch.nn.Module) -> bool:

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from semrl.errors import ConfigError
 
-# name -> (module imported, pip extra)
-TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
-            "trackio": ("trackio", "trackio"), "mlflow": ("mlflow", "mlflow")}
+# name (also the module imported) -> what pip installs it (tensorboard is a core dependency)
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "'semrl[wandb]'", "trackio": "'semrl[trackio]'",
+            "mlflow": "'semrl[mlflow]'"}
 IDS_FILE = "trackers.json"
 SAMPLE_COLUMNS = ("step", "problem_id", "problem", "gold", "response", "answer", "reward")
 
@@ -32,11 +32,10 @@ def check_trackers(names: list[str]) -> None:
             raise ConfigError(
                 f"config key 'logging.report_to': unknown tracker '{name}'; choose from {', '.join(TRACKERS)}"
             )
-        module, extra = TRACKERS[name]
-        if importlib.util.find_spec(module) is None:
+        if importlib.util.find_spec(name) is None:
             raise ConfigError(
                 f"config key 'logging.report_to' names {name}, which is not installed: "
-                f"pip install 'semrl[{extra}]' (or remove it from logging.report_to)"
+                f"pip install {TRACKERS[name]} (or remove it from logging.report_to)"
             )
 
 
@@ -75,39 +74,18 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-class WandbTracker:
-    def __init__(self, run_dir: Path, config: dict[str, Any], project: str, name: str, run_id: str | None) -> None:
-        import wandb
+class RunTracker:
+    """A tracker with W&B's API: W&B itself and Trackio, which follows it (a run that logs a dict
+    at a step, a ``Table`` of rows, ``finish``)."""
 
-        self.wandb = wandb
-        self.run = wandb.init(
-            project=project, name=name, id=run_id, resume="allow", dir=str(run_dir), config=config,
-        )
-        self.id = self.run.id
+    def __init__(self, run: Any, table: Any) -> None:
+        self.run, self.table = run, table
 
     def log_metrics(self, row: dict[str, float], step: int) -> None:
         self.run.log(row, step=step)
 
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
-        table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
-        self.run.log({"samples": table}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class TrackioTracker:
-    def __init__(self, config: dict[str, Any], project: str, name: str) -> None:
-        import trackio
-
-        self.trackio = trackio
-        self.run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
-
-    def log_metrics(self, row: dict[str, float], step: int) -> None:
-        self.run.log(row, step=step)
-
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
-        table = self.trackio.Table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
+        table = self.table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
@@ -179,11 +157,16 @@ def _open_each(
         if tracker_name == "tensorboard":
             trackers.append(TensorBoardTracker(run_dir, config))
         elif tracker_name == "wandb":
-            wandb_run = WandbTracker(run_dir, config, project, name, ids.get("wandb"))
-            ids["wandb"] = wandb_run.id
-            trackers.append(wandb_run)
+            import wandb
+
+            run = wandb.init(project=project, name=name, id=ids.get("wandb"), resume="allow", dir=str(run_dir), config=config)
+            ids["wandb"] = run.id
+            trackers.append(RunTracker(run, wandb.Table))
         elif tracker_name == "trackio":
-            trackers.append(TrackioTracker(config, project, name))
+            import trackio
+
+            run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
+            trackers.append(RunTracker(run, trackio.Table))
         elif tracker_name == "mlflow":
             mlflow_run = MlflowTracker(config, project, name, ids.get("mlflow"))
             ids["mlflow"] = mlflow_run.id

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from semrl.reward.verify import normalize_answer
+from semrl.reward.extract import normalize_answer
 
 Estimator = Literal["length_normalized", "frequency"]
 
