@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from semrl.config import ConfigError, load_config
 from semrl.data import (
     BENCHMARKS,
     DataError,
@@ -115,3 +116,17 @@ def test_held_out_arithmetic_is_disjoint_from_training_even_for_tiny_levels():
     held_out, (train,) = load_problem_sets(cfg)
     assert len(held_out) == 32 and len(train) == 100 - 32  # only 100 distinct 1-digit sums
     assert not {p.problem for p in held_out} & {p.problem for p in train}
+
+
+def test_transfer_split_draws_other_levels_without_training_or_held_out_texts():
+    from semrl.run_setup import load_problem_sets, load_transfer_problems
+
+    cfg = load_config(None, ["data.arithmetic_levels=[1, 4]", "data.eval_size=24", "data.transfer=arithmetic",
+                             "data.transfer_levels=[1, 3]"])
+    held_out, (train,) = load_problem_sets(cfg)
+    transfer = load_transfer_problems(cfg, [held_out, train])
+    assert len(transfer) == 24 and {p.level for p in transfer} <= {1, 3}
+    assert not {p.problem for p in transfer} & ({p.problem for p in held_out} | {p.problem for p in train})
+    assert load_transfer_problems(load_config(None, []), [held_out, train]) == []
+    with pytest.raises(ConfigError, match="data.transfer_levels"):
+        load_config(None, ["data.transfer=arithmetic", "data.transfer_levels=[]"])

@@ -195,3 +195,59 @@ def test_python_api_with_file_and_in_process_functions(tiny_model_dir, tmp_path)
     assert metrics["reward"] == pytest.approx(
         metrics["rewards/math/mean"] + 0.5 * metrics["rewards/boxed_format/mean"]
         + 2.0 * metrics["rewards/short_answers/mean"], abs=1e-9)
+
+
+def test_functions_with_one_name_from_two_files_get_distinct_metric_keys(user_module):
+    other = user_module / "other"
+    other.mkdir()
+    (other / "loose.py").write_text(USER_MODULE.replace("len(ids) / 10", "len(ids) / 5"))
+    (user_module / "second.py").write_text(USER_MODULE.replace("len(ids) / 10", "1.0 + 0 * len(ids)"))
+    names = [f"{user_module / 'loose.py'}:length_reward", f"{user_module / 'second.py'}:length_reward",
+             "myrewards.scores:length_reward", f"{other / 'loose.py'}:length_reward", "math", "math"]
+    functions = reward_functions(names, None)
+    assert functions.metric_keys == (
+        "loose.length_reward#1", "second.length_reward", "scores.length_reward", "loose.length_reward#2", "math#1",
+        "math#2",
+    )
+    assert reward_functions(["myrewards.scores:length_reward", "math"], None).metric_keys == ("length_reward", "math")
+    cases = _random_cases(12, 1)
+    with VerifierPool(2, 10.0, functions.pool_functions) as pool:
+        _, sums = _score(functions, None, cases, pool)
+    ids = cases[2]
+    assert sums["rewards/loose.length_reward#1/sum"] == pytest.approx(sum(len(i) / 10 for i in ids))
+    assert sums["rewards/loose.length_reward#2/sum"] == pytest.approx(sum(len(i) / 5 for i in ids))
+    assert sums["rewards/second.length_reward/sum"] == pytest.approx(12.0)
+    assert len([k for k in sums if k.endswith("/sum")]) == 6
+
+
+SCRIPT = """
+import semrl
+
+semrl.train(None, ["model.name={model}", "data.train={task}", "data.eval=null", "rollout.group_size=2",
+                   "rollout.prompts_per_step=2", "rollout.max_new_tokens=2", "trainer.steps=1",
+                   "reward.num_workers=1", "logging.output_dir={out}", "logging.progress=false",
+                   "logging.report_to=[]", "reward.functions=[{rewards}:length_reward]"])
+print("TRAINED")
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_a_main_guard_is_told_to_add_one(tiny_model_dir, seven_task, tmp_path, guarded):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "rewards.py").write_text(USER_MODULE)  # a function of its own: scored in the reward workers
+    body = SCRIPT.format(model=tiny_model_dir, task=seven_task, out=tmp_path / "run", rewards=tmp_path / "rewards.py")
+    if guarded:
+        body = "if __name__ == '__main__':\n" + textwrap.indent(body, "    ")
+    script = tmp_path / "train_me.py"
+    script.write_text(body)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    if guarded:
+        assert out.returncode == 0 and "TRAINED" in out.stdout, out.stderr[-2000:]
+    else:
+        assert out.returncode != 0
+        assert "has no 'if __name__ == \"__main__\":' guard" in out.stderr and str(script) in out.stderr
+        assert "check that 'python -c" not in out.stderr

@@ -87,7 +87,16 @@ def test_kv_reuse_does_not_change_greedy_trees(setup):
     ref = tree_rollout(engine, prompts, 4, greedy, emb, RoseConfig(epsilon=0.0, reuse_kv_cache=False))
     out = tree_rollout(engine, prompts, 4, greedy, emb, RoseConfig(epsilon=0.0, reuse_kv_cache=True))
     for a, b in zip(ref.groups, out.groups, strict=True):
-        assert a.tree == b.tree
+        # A greedy branch often repeats its parent, so two chains can share the prefix a branch
+        # starts from; their branch scores then tie up to rounding, which the cache reuse changes.
+        # The trees must agree up to that choice: the same branch positions, and parents with the
+        # same prefix (so the branch's request, and everything sampled after it, is the same).
+        assert a.tree.branch_positions == b.tree.branch_positions
+        for c, k in enumerate(a.tree.branch_positions):
+            pa, pb = a.tree.parents[c], b.tree.parents[c]
+            assert (pa < 0) == (pb < 0)
+            if pa >= 0:
+                assert torch.equal(a.generations[pa].token_ids[:k], b.generations[pb].token_ids[:k])
         for x, y in zip(a.generations, b.generations, strict=True):
             assert torch.equal(x.token_ids, y.token_ids)
             assert torch.allclose(x.logprobs, y.logprobs, atol=1e-4)

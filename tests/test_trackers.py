@@ -137,6 +137,29 @@ def test_a_resumed_run_continues_its_tracker_runs(digit_model_dir, seven_task, o
     assert len(glob.glob(str(out / "wandb" / "offline-run-*"))) == 2  # one offline segment per process run
 
 
+def test_steps_run_again_after_a_resume_reach_mlflow_and_trackio_once(digit_model_dir, seven_task, offline):
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+    from trackio import SQLiteStorage
+
+    out = offline / "run"
+    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=3", "logging.save_every=1", "logging.keep_last=5",
+               "logging.report_to=[mlflow,trackio]", "logging.project=once", "logging.run_name=once")
+    Trainer(cfg).train()
+    # the newest checkpoint is gone (as when it is damaged): the resume starts from step 2 and runs step 3 again
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    assert main(["train", "--resume", str(out), "logging.progress=false"]) == 0
+    rewards = {m["step"]: m["reward"] for m in _metrics(out)}
+    assert sorted(rewards) == [1, 2, 3]
+    client = MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("once").experiment_id])
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward")] == sorted(rewards.items())
+    logs = SQLiteStorage.get_logs("once", "once")
+    assert sorted((row["step"], row["reward"]) for row in logs if "reward" in row) == sorted(rewards.items())
+    assert sorted(row["step"] for row in logs if "samples" in row) == [1, 2, 3]
+
+
 def test_tracker_names_are_checked_when_the_config_loads(monkeypatch):
     with pytest.raises(ConfigError, match="unknown tracker 'tensorbord'"):
         load_config(None, ["logging.report_to=[tensorbord]"])

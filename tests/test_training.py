@@ -290,3 +290,63 @@ def test_fr3e_trains_continuations_with_their_prefix_in_the_prompt(digit_model_d
             prefix = len(batch.prompt_ids[i]) - base  # the anchor position of this row's state
             assert (prefix == 0) == (states[i - g * 8] == 0)
             assert len(batch.generations[i].token_ids) <= 6 - prefix
+
+
+def test_held_out_and_transfer_evaluations_keep_their_problem_records(digit_model_dir, seven_task, tmp_path):
+    from semrl.evaluation import records_path, summarize_records
+
+    transfer = tmp_path / "transfer.jsonl"
+    transfer.write_text("".join(
+        json.dumps({"id": f"t{i}", "problem": f"Choose a digit ({i}).", "answer": "3"}) + "\n" for i in range(5)
+    ))
+    out = tmp_path / "run"
+    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=1", f"data.eval={seven_task}", "data.eval_size=6",
+               f"data.transfer={transfer}", "logging.eval_samples=3")
+    Trainer(cfg).train()
+    rows = _metrics(out)
+    for step in (0, 1):
+        for split, size in (("eval", 6), ("transfer", 5)):
+            records = [json.loads(line) for line in records_path(out, split, step).read_text().splitlines()]
+            assert len(records) == size and all(len(r["samples"]) == 3 for r in records)
+            row = next(r for r in rows if r["step"] == step and f"{split}/problems" in r)
+            assert {f"{split}/{k}": v for k, v in summarize_records(records).items()} == {
+                k: v for k, v in row.items() if k.startswith(f"{split}/")
+            }
+
+
+def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_dir, seven_task, tmp_path, monkeypatch):
+    import semrl.curriculum
+    import semrl.evaluation
+
+    template = "Question: {problem}\nAnswer:"
+    out = tmp_path / "run"
+    Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=1", f"data.prompt_template={json.dumps(template)}")).train()
+    seen: list[tuple[str | None, str | None]] = []
+    for module in (semrl.evaluation, semrl.curriculum):
+        real = module.build_prompt_ids
+
+        def spy(tokenizer, problem, system=None, prompt_template=None, _real=real):  # noqa: ANN001
+            seen.append((system, prompt_template))
+            return _real(tokenizer, problem, system, prompt_template)
+
+        monkeypatch.setattr(module, "build_prompt_ids", spy)
+    # evaluating a checkpoint: the run's template, without a flag
+    ckpt = out / "checkpoints" / "step-000001"
+    args = ["eval", "--model", str(ckpt), "--n", "2", "--max-new-tokens", "2", "--batch-size", "4", "--quiet",
+            "--data", str(seven_task), "--limit", "2", "--output", str(tmp_path / "ev")]
+    assert main(args) == 0
+    assert seen and all(t == template for _, t in seen)
+    settings = json.loads((tmp_path / "ev" / seven_task.stem / "settings.json").read_text())
+    assert settings["prompt_template"] == template
+    # an explicit flag; the base model has no run config
+    seen.clear()
+    other = "Q: {problem} A:"
+    assert main(["curriculum", "score", "--model", str(digit_model_dir), "--data", str(seven_task), "--limit", "2",
+                 "--n", "2", "--max-new-tokens", "2", "--batch-size", "4", "--quiet", "--prompt-template", other,
+                 "--output", str(tmp_path / "c.jsonl")]) == 0
+    assert seen and all(t == other for _, t in seen)
+    seen.clear()
+    assert main(["eval", "--model", str(digit_model_dir), "--n", "2", "--max-new-tokens", "2", "--batch-size", "4",
+                 "--quiet", "--data", str(seven_task), "--limit", "2", "--output", str(tmp_path / "ev2")]) == 0
+    assert seen and all(t is None and s is not None for s, t in seen)  # the chat template and semrl's system prompt
+    assert main([*args[:-1], str(tmp_path / "ev3"), "--prompt-template", "no field"]) == 2

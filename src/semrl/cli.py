@@ -1,5 +1,5 @@
-"""Command-line interface: ``semrl train``, ``eval``, ``report``, ``compare``, ``config``, ``checkpoint``,
-``export``, ``curriculum``."""
+"""Command-line interface: ``semrl train``, ``sweep``, ``eval``, ``report``, ``compare``, ``config``,
+``checkpoint``, ``export``, ``curriculum``."""
 
 from __future__ import annotations
 
@@ -84,13 +84,14 @@ def _curriculum_score(args: argparse.Namespace) -> int:
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
-    system = None if args.no_system_prompt else args.system_prompt
-    prompts = [build_prompt_ids(tokenizer, p.problem, system) for p in problems]
+    system, template = _prompt_settings(args)
+    prompts = [build_prompt_ids(tokenizer, p.problem, system, template) for p in problems]
     engine = _make_engine(args, model, tokenizer, prompts, args.max_new_tokens)
     with VerifierPool(2, args.timeout) as pool, tqdm(total=len(problems), desc="score", disable=args.quiet) as bar:
         written = score_problems(
             engine, tokenizer, pool, problems, Path(args.output), params, args.n, system,
             not args.no_number_fallback, args.estimator, torch.Generator().manual_seed(args.seed), bar.update,
+            prompt_template=template,
         )
     print(f"{args.output}: {written} problems scored, {len(problems) - written} already there")
     return 0
@@ -114,8 +115,8 @@ def _eval(args: argparse.Namespace) -> int:
     problems = {name: _problems(source, args, "eval", seed=0) for name, source in datasets.items()}
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
-    system = None if args.no_system_prompt else args.system_prompt
-    prompts = [build_prompt_ids(tokenizer, p.problem, system) for ps in problems.values() for p in ps]
+    system, template = _prompt_settings(args)
+    prompts = [build_prompt_ids(tokenizer, p.problem, system, template) for ps in problems.values() for p in ps]
     engine = _make_engine(args, model, tokenizer, prompts, max_new_tokens)
     out = Path(args.output or Path("runs") / "eval" / Path(str(path)).name)
     summaries = {}
@@ -123,7 +124,7 @@ def _eval(args: argparse.Namespace) -> int:
         for name, source in datasets.items():
             settings = EvalSettings(
                 model=str(path), dataset=source, num_samples=n, temperature=temperature, top_p=top_p,
-                max_new_tokens=max_new_tokens, seed=args.seed, system_prompt=system,
+                max_new_tokens=max_new_tokens, seed=args.seed, system_prompt=system, prompt_template=template,
                 final_number_fallback=not args.no_number_fallback,
                 problems_per_chunk=max(1, args.batch_size // n), batch_size=args.batch_size,
             )
@@ -151,8 +152,35 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from semrl.report import compare_runs
+    from semrl.report.seeds import compare_seeds
 
-    print(compare_runs(args.run_dirs, args.metric, args.output))
+    sweep_dir = len(args.run_dirs) == 1 and not (Path(args.run_dirs[0]) / "metrics.jsonl").exists()
+    if args.group_by or sweep_dir:
+        print(compare_seeds(args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.resamples))
+    elif args.baseline:
+        raise ConfigError("--baseline compares variants across seeds: give a sweep directory or --group-by KEY")
+    else:
+        print(compare_runs(args.run_dirs, args.metric, args.output))
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from semrl import sweep as sweeps
+
+    sweep = sweeps.load_sweep(args.sweep_file)
+    if args.dry_run:
+        print(sweeps.dry_run(sweep))
+        return 0
+    if args.launcher == "local":
+        return sweeps.run_local(sweep)
+    options = {"partition": args.partition, "gpus_per_node": args.gpus_per_node, "cpus_per_task": args.cpus_per_task,
+               "timeout_min": args.timeout_min, "array_parallelism": args.array_parallelism, "account": args.account}
+    folder = sweep.output_dir / ".submitit"
+    cluster = "slurm" if args.launcher == "slurm" else "local"
+    executor = sweeps.slurm_executor(sweep, folder, options, cluster=cluster)
+    jobs = sweeps.submit(sweep, executor, wait=args.wait or cluster == "local")
+    print(f"{len(jobs)} job(s) submitted; logs in {folder}. Run the same command again to see what is done "
+          "and submit what is left.")
     return 0
 
 
@@ -205,8 +233,16 @@ def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by the commands that sample from a model and verify its answers."""
     parser.add_argument("--batch-size", type=int, default=64, help="generation batch size")
     parser.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
-    parser.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="system message of the chat template")
+    parser.add_argument(
+        "--system-prompt", help="system message of the chat template (default: the training run's when --model is "
+        "one of its checkpoints, else semrl's default)",
+    )
     parser.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
+    parser.add_argument(
+        "--prompt-template", metavar="TEXT",
+        help="plain-text prompt with a {problem} field instead of the chat template, as data.prompt_template "
+        "(default: the training run's when --model is one of its checkpoints)",
+    )
     parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
     parser.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf",
@@ -221,6 +257,22 @@ def _add_plugin_arg(parser: argparse.ArgumentParser) -> None:
         help="a module of your own that registers methods or losses: a .py file or an importable name "
         "(repeatable; README, 'Adding a method')",
     )
+
+
+def _prompt_settings(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(system prompt, prompt template) as training used them: explicit flags first, then the
+    config of the run whose checkpoint ``--model`` names, then the defaults."""
+    run_config = Path(args.model).parent.parent / "config.yaml"
+    data: dict[str, Any] = {}
+    if run_config.is_file() and Path(args.model).parent.name == "checkpoints":
+        import yaml
+
+        data = (yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}).get("data") or {}
+    system = args.system_prompt if args.system_prompt is not None else data.get("system_prompt", DEFAULT_SYSTEM_PROMPT)
+    template = args.prompt_template if args.prompt_template is not None else data.get("prompt_template")
+    if template is not None and (not isinstance(template, str) or "{problem}" not in template):
+        raise ConfigError(f"--prompt-template must contain a {{problem}} field, got {template!r}")
+    return (None if args.no_system_prompt else system), template
 
 
 def _make_engine(
@@ -308,14 +360,43 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_report)
 
     cmp = sub.add_parser(
-        "compare", help="compare runs side by side",
-        description="Final metrics of several runs side by side and per-step tables (Markdown), and with "
-        "--output one PNG per metric with all runs overlaid.",
+        "compare", help="compare runs side by side, or variants across seeds",
+        description="Run directories: final metrics side by side and per-step tables (Markdown), and with "
+        "--output one PNG per metric with all runs overlaid. A sweep directory (OUT/VARIANT/seed-S) or "
+        "--group-by KEY: each variant's seeds aggregated (mean +- s.e. per step and at the end, pass@k for "
+        "k = 1..n beside the base model's, paired differences against --baseline with a 95%% bootstrap "
+        "interval); with --output also results.md, aggregate.json, PNG figures and index.html (docs/sweeps.md).",
     )
-    cmp.add_argument("run_dirs", nargs="+", help="run directories")
+    cmp.add_argument("run_dirs", nargs="+", help="run directories, or one sweep directory")
     cmp.add_argument("--metric", nargs="+", help="metrics (default: reward, accuracy, entropy, ..., eval)")
-    cmp.add_argument("--output", help="directory for the PNG plots")
+    cmp.add_argument("--output", help="directory for the tables and PNG plots")
+    cmp.add_argument("--group-by", metavar="KEY", help="config key whose value names a run's variant, e.g. algorithm.method")
+    cmp.add_argument("--baseline", metavar="VARIANT", help="variant the others are compared with (paired by seed and problem)")
+    cmp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     cmp.set_defaults(func=_compare)
+
+    sw = sub.add_parser(
+        "sweep", help="run a grid of variants x seeds (a multi-seed study)",
+        description="A base config, named variants (sets of overrides) and seeds from one YAML file "
+        "(docs/sweeps.md); each run goes to OUTPUT_DIR/VARIANT/seed-S. Finished runs are skipped and "
+        "interrupted ones resumed, so running the same command again continues a study. Compare the "
+        "variants across seeds with 'semrl compare OUTPUT_DIR'.",
+    )
+    sw.add_argument("sweep_file", help="sweep YAML file")
+    sw.add_argument("--dry-run", action="store_true", help="list the runs, their state and commands; run nothing")
+    sw.add_argument(
+        "--launcher", choices=["local", "slurm", "submitit-local"], default="local",
+        help="local: one run after another here (default); slurm: one job per run through submitit "
+        "(pip install 'semrl[slurm]'); submitit-local: submitit's local executor, to try the job path here",
+    )
+    sw.add_argument("--partition", help="slurm partition")
+    sw.add_argument("--account", help="slurm account")
+    sw.add_argument("--gpus-per-node", type=int, help="GPUs per job")
+    sw.add_argument("--cpus-per-task", type=int, help="CPUs per job")
+    sw.add_argument("--timeout-min", type=int, help="time limit per job in minutes (default 240)")
+    sw.add_argument("--array-parallelism", type=int, help="jobs of the array running at once")
+    sw.add_argument("--wait", action="store_true", help="slurm: wait for every job to end")
+    sw.set_defaults(func=_sweep)
 
     conf = sub.add_parser(
         "config", help="print the config reference or check a config file",

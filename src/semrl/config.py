@@ -94,6 +94,16 @@ class DataConfig:
         "arithmetic", "Held-out problems for evaluation during training (same forms as train)."
     )
     eval_size: int = option(32, "Number of held-out problems used by in-training evaluation.")
+    transfer: str | None = option(
+        None,
+        "A transfer split: problems of a kind or level never trained on, evaluated beside data.eval "
+        "with the same settings (metrics transfer/...): 'arithmetic' (levels data.transfer_levels), a "
+        "benchmark name or a file. null: none.",
+    )
+    transfer_levels: list[int] = option(
+        [5], "Arithmetic levels of the transfer split (data.transfer=arithmetic); keep them out of "
+        "data.arithmetic_levels.",
+    )
     problem_key: str = option("problem", "Column holding the problem text (e.g. 'question' for GSM8K).")
     answer_key: str = option("answer", "Column holding the gold answer.")
     id_key: str = option("id", "Column holding a unique id; rows read through the datasets library without it are numbered.")
@@ -290,6 +300,13 @@ class LoggingConfig:
     eval_samples: int = option(8, "Samples per held-out problem for mean@k / pass@k.")
     eval_temperature: float | None = option(
         None, "Evaluation temperature (null: the training temperature)."
+    )
+    eval_cache: str | None = option(
+        None,
+        "Directory where the step-0 evaluation (the model before any update) is stored and reused by "
+        "runs that would sample it identically: same model, dtype, engine, problems, sampling "
+        "settings, samples and seed. 'semrl sweep' sets it, so that a study evaluates its base model "
+        "once per seed instead of once per run. null: no reuse.",
     )
     samples_per_step: int = option(4, "Completions written to samples.jsonl per step.")
     trees_per_step: int = option(
@@ -516,6 +533,10 @@ def validate(cfg: Config) -> None:
         )
     if not cfg.data.arithmetic_levels or any(lv not in range(1, 6) for lv in cfg.data.arithmetic_levels):
         raise ConfigError("config key 'data.arithmetic_levels' must list levels between 1 and 5")
+    if cfg.data.transfer == "arithmetic" and (
+        not cfg.data.transfer_levels or any(lv not in range(1, 6) for lv in cfg.data.transfer_levels)
+    ):
+        raise ConfigError("config key 'data.transfer_levels' must list levels between 1 and 5")
     if cfg.reward.timeout_s <= 0:
         raise ConfigError("config key 'reward.timeout_s' must be > 0")
     template = cfg.data.prompt_template

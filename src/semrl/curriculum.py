@@ -59,8 +59,10 @@ def score_problems(
     estimator: Estimator = "length_normalized",
     generator: torch.Generator | None = None,
     progress: Callable[[int], Any] | None = None,
+    prompt_template: str | None = None,
 ) -> int:
-    """Append a semantic-entropy row for every problem not yet in ``output``; returns rows written."""
+    """Append a semantic-entropy row for every problem not yet in ``output``; returns rows written.
+    Prompts are built as in training (``data.system_prompt``, or ``data.prompt_template``)."""
     done = _done_ids(output)
     todo = [p for p in problems if p.id not in done]
     if progress is not None and len(problems) > len(todo):
@@ -72,7 +74,7 @@ def score_problems(
         for start in range(0, len(todo), per_batch):
             chunk = todo[start : start + per_batch]
             requests = [
-                GenerationRequest(build_prompt_ids(tokenizer, p.problem, system_prompt))
+                GenerationRequest(build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template))
                 for p in chunk for _ in range(num_samples)
             ]
             gens = engine.generate(requests, params, generator)

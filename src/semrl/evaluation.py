@@ -12,6 +12,7 @@ Metric definitions: docs/algorithms.md "Evaluation metrics".
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -182,6 +183,7 @@ class EvalSettings:
     final_number_fallback: bool
     problems_per_chunk: int
     batch_size: int
+    prompt_template: str | None = None
 
 
 # Named sampling settings of the papers (ecosystem.md section 3).
@@ -219,7 +221,7 @@ def evaluate_dataset(
     settings_file = out_dir / "settings.json"
     wanted = asdict(settings)
     if settings_file.exists():
-        found = json.loads(settings_file.read_text())
+        found = {"prompt_template": None, **json.loads(settings_file.read_text())}  # older files lack it
         if found != wanted:
             diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
             raise ValueError(
@@ -246,7 +248,7 @@ def evaluate_dataset(
         generator = torch.Generator().manual_seed(settings.seed + chunk)
         records = sample_problems(
             engine, tokenizer, pool, todo, params, settings.num_samples, settings.system_prompt,
-            settings.final_number_fallback, generator,
+            settings.final_number_fallback, generator, prompt_template=settings.prompt_template,
         )
         new = [r for r in records if r["id"] not in done]
         with records_file.open("a", encoding="utf-8") as fh:
@@ -305,25 +307,98 @@ def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+EVAL_SPLITS = ("eval", "transfer")  # metric prefixes: held-out problems, problems of a kind never trained on
+
+
+def evaluation_key(cfg: Any, problems: Sequence[Problem], split: str, world: int) -> dict[str, Any]:
+    """Everything that decides the samples of an in-training evaluation of the model named by
+    ``model.name`` (before any update): runs with equal keys sample the same responses, so the
+    base model's evaluation is computed once and reused (``logging.eval_cache``)."""
+    rollout, log = cfg.rollout, cfg.logging
+    return {
+        "split": split, "model": cfg.model.name, "dtype": cfg.model.dtype, "lora_r": cfg.model.lora_r,
+        "engine": rollout.engine, "generation_batch_size": rollout.generation_batch_size,
+        "vllm_block_size": rollout.vllm_block_size, "temperature": log.eval_temperature,
+        "rollout_temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k,
+        "max_new_tokens": rollout.max_new_tokens, "samples": log.eval_samples, "seed": cfg.trainer.seed,
+        "world": world, "system_prompt": cfg.data.system_prompt, "prompt_template": cfg.data.prompt_template,
+        "final_number_fallback": cfg.reward.final_number_fallback,
+        "problems": hashlib.sha256(
+            json.dumps([[p.id, p.problem, p.answer] for p in problems]).encode()
+        ).hexdigest(),
+    }
+
+
+def _cache_file(cache_dir: str | Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(cache_dir) / f"{key['split']}-{digest}.jsonl"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def records_path(run_dir: str | Path, split: str, step: int) -> Path:
+    """Where a run keeps the problem records of its evaluation of ``split`` at ``step``."""
+    return Path(run_dir) / "eval" / f"{split}-step-{step:06d}.jsonl"
+
+
 def evaluate_held_out(
     engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, problems: Sequence[Problem], cfg: Any,
-    procs: Any,
+    procs: Any, *, split: str = "eval", step: int = 0, run_dir: str | Path | None = None,
 ) -> dict[str, float]:
-    """In-training evaluation: ``logging.eval_samples`` samples per held-out problem at the
-    evaluation temperature, mean@k / pass@k as ``eval/...``. Each process samples every N-th
-    problem; the main process gets the records and returns the metrics (the others: {})."""
+    """In-training evaluation: ``logging.eval_samples`` samples per problem at the evaluation
+    temperature, metrics as ``{split}/...`` (``summarize_records``). Each process samples every N-th
+    problem; the main process gets the records, writes them to ``records_path(run_dir, split, step)``
+    and returns the metrics (the others: {}). At step 0 with ``logging.eval_cache`` set, records of an
+    identical earlier evaluation (``evaluation_key``) are reused instead of sampled."""
     log = cfg.logging
+    cached = None
+    if step == 0 and log.eval_cache:
+        key = evaluation_key(cfg, problems, split, procs.world)
+        cached = _cache_file(log.eval_cache, key)
+        if procs.all_true(cached.exists()):
+            records = read_jsonl(cached) if procs.is_main else []
+            return _finish_evaluation(records, split, step, run_dir, procs)
     # A separate generator: evaluation must not change the training random stream.
-    gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * procs.rank)
+    offset = EVAL_SPLITS.index(split) * 104_729 if split in EVAL_SPLITS else 0
+    gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * procs.rank + offset)
     share = problems[procs.rank :: procs.world]
-    with tqdm(total=len(share) * log.eval_samples, desc="eval", unit="sample", leave=False,
+    with tqdm(total=len(share) * log.eval_samples, desc=split, unit="sample", leave=False,
               disable=not (log.progress and procs.is_main)) as bar:
         records = sample_problems(
             engine, tokenizer, pool, share, sampling_params(cfg.rollout, log.eval_temperature),
             log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen, bar.update,
             prompt_template=cfg.data.prompt_template,
         )
-    records = [r for share in procs.gather(records) for r in share]
+    shares = procs.gather(records)
+    # back in the problems' order (process r sampled problems r, r + world, ...)
+    records = [shares[i % procs.world][i // procs.world] for i in range(len(problems))] if procs.is_main else []
+    if cached is not None and procs.is_main:
+        _write_atomic(cached, "".join(json.dumps(r) + "\n" for r in records))
+        _write_atomic(cached.with_suffix(".key.json"), json.dumps(key, indent=2))
+    return _finish_evaluation(records, split, step, run_dir, procs)
+
+
+def evaluate_splits(
+    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, splits: dict[str, Sequence[Problem]],
+    cfg: Any, procs: Any, step: int, run_dir: str | Path,
+) -> dict[str, float]:
+    """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged."""
+    out: dict[str, float] = {}
+    for split, problems in splits.items():
+        out.update(evaluate_held_out(engine, tokenizer, pool, problems, cfg, procs, split=split, step=step, run_dir=run_dir))
+    return out
+
+
+def _finish_evaluation(
+    records: list[dict[str, Any]], split: str, step: int, run_dir: str | Path | None, procs: Any
+) -> dict[str, float]:
     if not procs.is_main:
         return {}
-    return {f"eval/{k}": v for k, v in summarize_records(records).items()}
+    if run_dir is not None:
+        _write_atomic(records_path(run_dir, split, step), "".join(json.dumps(r) + "\n" for r in records))
+    return {f"{split}/{k}": v for k, v in summarize_records(records).items()}

@@ -8,6 +8,7 @@ since those steps run again.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,17 @@ from semrl.jsonl import read_jsonl
 from semrl.trackers import Tracker
 from semrl.tree_log import tree_records
 
+logger = logging.getLogger(__name__)
+
 LOG_FILES = ("metrics.jsonl", "samples.jsonl", "trees.jsonl")
+
+
+def _stored_through(tracker: Tracker) -> int:
+    try:
+        return tracker.stored_through()
+    except Exception as err:  # a store that cannot be read: send every step again rather than lose any
+        logger.warning("could not read which steps %s already stores (%r); sending them again", type(tracker).__name__, err)
+        return -1
 
 
 class RunLog:
@@ -27,9 +38,14 @@ class RunLog:
         """``trackers``: opens the trackers (called on the main process only)."""
         self.run_dir, self.is_main = run_dir, is_main
         self.trackers = trackers() if is_main else []
+        # On resume, per tracker: the last step it already stores. Steps after the checkpoint run
+        # again (identically: resume is exact); trackers that keep every point (MLflow, Trackio) would
+        # hold them twice, so those they have are not sent again.
+        self.stored_through = [-1] * len(self.trackers)
 
     def truncate_after(self, step: int) -> None:
         """Drop the lines of steps after ``step`` (they belong to steps that will be re-run)."""
+        self.stored_through = [_stored_through(tracker) for tracker in self.trackers]
         for name in LOG_FILES if self.is_main else ():
             log = self.run_dir / name
             if log.exists():
@@ -41,7 +57,9 @@ class RunLog:
             return
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
-        for tracker in self.trackers:
+        for tracker, stored in zip(self.trackers, self.stored_through, strict=True):
+            if row["step"] <= stored:
+                continue
             tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, int(row["step"]))
 
     def samples(
@@ -77,7 +95,9 @@ class RunLog:
         ]
         with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(row) + "\n" for row in rows))
-        for tracker in self.trackers if rows else ():
+        for tracker, stored in zip(self.trackers, self.stored_through, strict=True):
+            if not rows or step <= stored:
+                continue
             tracker.log_samples(rows, step)
 
     def close(self) -> None:

@@ -111,6 +111,23 @@ def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
     return held_out_problems, stages
 
 
+def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Problem]:
+    """The transfer split (``data.transfer``, ``data.eval_size`` problems) without any problem text of
+    ``exclude`` (the training stages and held-out problems); [] when there is none."""
+    data = cfg.data
+    if not data.transfer:
+        return []
+    seen = {p.problem for problems in exclude for p in problems}
+    problems = load_dataset(
+        data.transfer, split="eval", seed=cfg.trainer.seed, arithmetic_size=data.eval_size,
+        levels=data.transfer_levels, exclude=seen, skip_bad_rows=data.skip_bad_rows,
+        columns=Columns(data.problem_key, data.answer_key, data.id_key), dataset_split=data.eval_split,
+    )[: data.eval_size]
+    if not problems:
+        raise DataError(f"data.transfer '{data.transfer}' gave no problems outside the training and held-out ones")
+    return problems
+
+
 def check_prompt_lengths(tokenizer: Any, problems: list[Problem], cfg: Config) -> None:
     """Fail before training when a prompt is over ``data.max_prompt_length`` (the first 1000 checked)."""
     limit = cfg.data.max_prompt_length

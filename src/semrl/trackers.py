@@ -42,6 +42,12 @@ def check_trackers(names: list[str]) -> None:
 class Tracker(Protocol):
     def log_metrics(self, row: dict[str, float], step: int) -> None: ...
 
+    def stored_through(self) -> int:
+        """The last step this tracker's run already stores (-1: none, or it handles steps logged
+        again itself). A resumed run re-runs the steps after its checkpoint; they are not sent
+        again to a tracker that already stores them, which would keep both."""
+        ...
+
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None: ...
 
     def close(self) -> None: ...
@@ -70,6 +76,9 @@ class TensorBoardTracker:
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         self.writer.add_text("samples", _samples_markdown(rows), step)
 
+    def stored_through(self) -> int:
+        return -1  # TensorBoard drops the points of a restarted step range by itself ("purging")
+
     def close(self) -> None:
         self.writer.close()
 
@@ -78,8 +87,13 @@ class RunTracker:
     """A tracker with W&B's API: W&B itself and Trackio, which follows it (a run that logs a dict
     at a step, a ``Table`` of rows, ``finish``)."""
 
-    def __init__(self, run: Any, table: Any) -> None:
-        self.run, self.table = run, table
+    def __init__(self, run: Any, table: Any, stored_steps: Any = None) -> None:
+        """``stored_steps``: returns the steps the run already stores (Trackio); None for W&B,
+        which refuses a step lower than one it has seen."""
+        self.run, self.table, self.stored_steps = run, table, stored_steps
+
+    def stored_through(self) -> int:
+        return max(self.stored_steps(), default=-1) if self.stored_steps is not None else -1
 
     def log_metrics(self, row: dict[str, float], step: int) -> None:
         self.run.log(row, step=step)
@@ -121,6 +135,11 @@ class MlflowTracker:
 
     def log_metrics(self, row: dict[str, float], step: int) -> None:
         self.mlflow.log_metrics({mlflow_key(k): v for k, v in row.items()}, step=step)
+
+    def stored_through(self) -> int:
+        from mlflow.tracking import MlflowClient
+
+        return max((m.step for m in MlflowClient().get_metric_history(self.id, "reward")), default=-1)
 
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         self.mlflow.log_text("".join(json.dumps(r) + "\n" for r in rows), f"samples/step-{step:06d}.jsonl")
@@ -166,7 +185,11 @@ def _open_each(
             import trackio
 
             run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
-            trackers.append(RunTracker(run, trackio.Table))
+
+            def stored_steps(project: str = project, name: str = name) -> list[int]:
+                return [int(row["step"]) for row in trackio.SQLiteStorage.get_logs(project, name) if "step" in row]
+
+            trackers.append(RunTracker(run, trackio.Table, stored_steps))
         elif tracker_name == "mlflow":
             mlflow_run = MlflowTracker(config, project, name, ids.get("mlflow"))
             ids["mlflow"] = mlflow_run.id

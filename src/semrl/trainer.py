@@ -33,7 +33,7 @@ from semrl.curriculum import StageSchedule, stage_reference_dir
 from semrl.data import EpochSampler, build_prompt_ids, problem_columns
 from semrl.distributed import ProcessGroup, full_state_dict
 from semrl.errors import Preempted, TrainingError
-from semrl.evaluation import evaluate_held_out
+from semrl.evaluation import evaluate_splits
 from semrl.faults import kill_point
 from semrl.group_filter import choose_groups, split_groups
 from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
@@ -65,6 +65,8 @@ class Trainer:
         # one random stream per process (the data order is shared by all)
         self.generator = setup.seed_everything(cfg.trainer.seed + self.procs.rank)
         self.eval_problems, self.stages = setup.load_problem_sets(cfg)  # data first: fails before a model loads
+        transfer = setup.load_transfer_problems(cfg, [self.eval_problems, *self.stages])
+        self.eval_sets = {name: ps for name, ps in (("eval", self.eval_problems), ("transfer", transfer)) if ps}
         self.log = RunLog(self.run_dir, self.procs.is_main, partial(setup.start_trackers, cfg))  # before the models too
         self.schedule = StageSchedule.even(len(self.stages), cfg.trainer.steps)
         self._enter_stage(0)
@@ -75,7 +77,7 @@ class Trainer:
         models = setup.load_models(cfg, model_path, self.procs, needs_reference)
         self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
         self.rollout_model, self.ref_model, self.reference_weights = models.rollout_model, models.ref_model, models.reference_weights
-        setup.check_prompt_lengths(self.tokenizer, [p for stage in self.stages for p in stage], cfg)
+        setup.check_prompt_lengths(self.tokenizer, [p for ps in [*self.stages, transfer] for p in ps], cfg)
         self.packing = setup.packing_enabled(cfg, self.model)
         self._micro_batches = partial(  # (batch, rows) -> positions into rows of each micro-batch
             micro_batches, size=cfg.trainer.micro_batch_size, token_budget=cfg.trainer.micro_batch_tokens,
@@ -180,7 +182,7 @@ class Trainer:
 
     def train(self) -> dict[str, float]:
         cfg = self.cfg
-        if self.step == 0 and self.eval_problems:
+        if self.step == 0 and self.eval_sets:
             self.log.metrics({"step": 0, **self.evaluate()})
         bar = tqdm(
             total=cfg.trainer.steps, initial=self.step, desc="train",
@@ -218,7 +220,7 @@ class Trainer:
                 }
                 last = self.procs.mean_metrics(last)
                 every = cfg.logging.eval_every
-                if self.eval_problems and (self.step == cfg.trainer.steps or (every and self.step % every == 0)):
+                if self.eval_sets and (self.step == cfg.trainer.steps or (every and self.step % every == 0)):
                     last.update(self.evaluate())
                 self.log.metrics(last)
                 self.log.samples(
@@ -438,6 +440,7 @@ class Trainer:
         return out
 
     def evaluate(self) -> dict[str, float]:
-        """mean@k / pass@k on the held-out problems (``eval/`` metrics on the main process)."""
+        """mean@k / pass@k on the held-out problems and the transfer split (``eval/`` and
+        ``transfer/`` metrics on the main process; problem records in ``RUN_DIR/eval``)."""
         kill_point("evaluate", self.step)
-        return evaluate_held_out(self.engine, self.tokenizer, self.pool, self.eval_problems, self.cfg, self.procs)
+        return evaluate_splits(self.engine, self.tokenizer, self.pool, self.eval_sets, self.cfg, self.procs, self.step, self.run_dir)

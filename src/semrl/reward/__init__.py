@@ -6,6 +6,7 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from semrl.reward.extract import extract_answer, extract_boxed, extract_last_number
@@ -70,8 +71,19 @@ class RewardFunctions:
         """Names the reward pool's workers import."""
         return tuple(n for n in self.names if n != "math" and n not in self.in_process)
 
-    def metric_name(self, name: str) -> str:
-        return name.rsplit(":", 1)[-1] if ":" in name else name
+    @property
+    def metric_keys(self) -> tuple[str, ...]:
+        """One distinct metric key per function (``rewards/<key>/...``): its function name; where two
+        share one (``a.py:score``, ``b.py:score``), qualified by their file or module (``a.score``),
+        then numbered if still equal (``score#2``: the same name listed twice)."""
+        short = [name.rsplit(":", 1)[-1] for name in self.names]
+        keys = []
+        for name, key in zip(self.names, short, strict=True):
+            if short.count(key) > 1 and ":" in name:
+                where = name.rsplit(":", 1)[0]
+                key = f"{Path(where).stem if where.endswith('.py') else where.rsplit('.', 1)[-1]}.{key}"
+            keys.append(key)
+        return tuple(k if keys.count(k) == 1 else f"{k}#{keys[: i + 1].count(k)}" for i, k in enumerate(keys))
 
     def score(
         self,
@@ -93,7 +105,7 @@ class RewardFunctions:
         correct: list[bool] | None = None
         timed_out = [False] * len(responses)
         metrics: dict[str, float] = {}
-        for name, weight in zip(self.names, self.weights, strict=True):
+        for name, weight, key in zip(self.names, self.weights, self.metric_keys, strict=True):
             if name == "math":
                 verdicts = pool.verify_many([(c["answer"], a) for c, a in zip(columns, answers, strict=True)])
                 scores: list[float | None] = [float(v.correct) for v in verdicts]
@@ -113,7 +125,6 @@ class RewardFunctions:
             if first_error and name not in self._logged:
                 self._logged.add(name)
                 logger.warning("reward function '%s' raised (scored 0); first traceback:\n%s", name, first_error)
-            key = self.metric_name(name)
             metrics[f"rewards/{key}/sum"] = sum(s or 0.0 for s in scores)
             metrics[f"rewards/{key}/errors"] = float(sum(e is not None for e in errors))
             metrics[f"rewards/{key}/timeouts"] = float(sum(outs))

@@ -8,10 +8,13 @@ that is SIGKILLed and replaced when it exceeds ``timeout_s``. A timeout scores 0
 
 from __future__ import annotations
 
+import ast
 import multiprocessing as mp
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 from semrl.reward.extract import as_number, normalize_answer
@@ -110,6 +113,28 @@ class CallResult:
     timed_out: bool = False
 
 
+def unguarded_main_script() -> Path | None:
+    """The script run as ``__main__`` when it has no top-level ``if __name__ == "__main__":`` guard
+    (spawned workers re-import it and run its top-level code again); None otherwise, or for an
+    interactive session or a module run with ``-m``."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or getattr(main, "__spec__", None) is not None or not Path(path).is_file():
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [node.test.left, *node.test.comparators]
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in names) and any(
+                isinstance(n, ast.Constant) and n.value == "__main__" for n in names
+            ):
+                return None
+    return Path(path)
+
+
 class VerifierPool:
     """Scores (gold, answer) pairs and runs reward functions (``semrl.reward.functions``) on
     completions; each math-verify comparison and each function call gets ``timeout_s`` of wall clock.
@@ -202,6 +227,15 @@ class VerifierPool:
                     message = conn.recv()  # type: ignore[union-attr]
                 except (EOFError, OSError):  # the worker died (e.g. out of memory): score 0
                     if not w.ready:
+                        script = unguarded_main_script()
+                        if script is not None:
+                            raise RuntimeError(
+                                f"a reward worker exited while starting because {script} has no "
+                                "'if __name__ == \"__main__\":' guard: reward workers are started with "
+                                "'spawn', which imports the script again in each worker, so its top-level "
+                                "code runs again there. Put the code that starts training (semrl.train, "
+                                "Trainer, VerifierPool) under 'if __name__ == \"__main__\":'"
+                            ) from None
                         raise RuntimeError(
                             "a reward worker exited while starting; check that "
                             "'python -c \"import math_verify\"' works in this environment and that the "

@@ -1,0 +1,245 @@
+"""semrl sweep: grid expansion, bad grids, dry run, skip / resume with tiny-model runs, submitit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from semrl.cli import main
+from semrl.sweep import DONE_FILE, SweepError, load_sweep, run_local, run_state
+
+from .conftest import DIGIT_SYSTEM_PROMPT
+
+
+def _write(path: Path, body: dict) -> Path:
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def _tiny_sweep(tmp_path: Path, model_dir: Path, task: Path, variants: dict, seeds: list, **extra) -> Path:
+    base = _write(
+        tmp_path / "base.yaml",
+        {
+            "model": {"name": str(model_dir)},
+            "data": {
+                "train": str(task),
+                "eval": str(task),
+                "eval_size": 4,
+                "system_prompt": DIGIT_SYSTEM_PROMPT,
+            },
+            "rollout": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 3},
+            "trainer": {"steps": 2, "lr": 2e-3, "micro_batch_size": 8},
+            "reward": {"num_workers": 1},
+            "logging": {"progress": False, "eval_samples": 4, "report_to": [], "save_every": 1},
+        },
+    )
+    return _write(
+        tmp_path / "sweep.yaml",
+        {
+            "base": base.name,
+            "output_dir": str(tmp_path / "out"),
+            "seeds": seeds,
+            "variants": variants,
+            **extra,
+        },
+    )
+
+
+def test_grid_expands_variants_times_seeds_seed_by_seed(tmp_path):
+    base = _write(tmp_path / "base.yaml", {"trainer": {"steps": 3}})
+    sweep = load_sweep(
+        _write(
+            tmp_path / "s.yaml",
+            {
+                "base": "base.yaml",
+                "output_dir": "study",
+                "seeds": [3, 1],
+                "overrides": {"trainer": {"lr": 1e-5}, "rollout.top_k": 5},
+                "variants": {
+                    "a": {"algorithm.method": "grpo"},
+                    "b": {"algorithm": {"method": "rose"}, "rollout.top_k": 7},
+                },
+            },
+        )
+    )
+    assert sweep.base == base.resolve()
+    assert [r.name for r in sweep.runs] == ["a/seed-3", "b/seed-3", "a/seed-1", "b/seed-1"]
+    assert sweep.runs[1].run_dir == Path("study/b/seed-3")
+    from semrl.config import load_config
+
+    cfg = load_config(sweep.base, list(sweep.runs[1].overrides))
+    assert (cfg.algorithm.method, cfg.trainer.seed, cfg.trainer.steps) == ("rose", 3, 3)
+    assert (cfg.trainer.lr, cfg.rollout.top_k) == (1e-5, 7)  # the variant's value wins over the common one
+    assert cfg.logging.output_dir == "study/b/seed-3" and cfg.logging.eval_cache == "study/.eval-cache"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"variants": {"a": {"trainer.stpes": 3}}}, "trainer.stpes"),
+        ({"variants": {"a": {"algorithm.method": "nope"}}}, "variant 'a'"),
+        ({"seeds": [0, "1"]}, "seeds"),
+        ({"seeds": [0, 1.5]}, "seeds"),
+        ({"seeds": [True]}, "seeds"),
+        ({"seeds": []}, "seeds"),
+        ({"seeds": [2, 2]}, "twice"),
+        ({"variants": {}}, "variants"),
+        ({"variants": {"a/b": {}}}, "variant name"),
+        ({"variants": {"a": {"trainer.seed": 4}}}, "set by the sweep"),
+        ({"variants": {"a": {}}, "sweeps": 1}, "unknown key 'sweeps'"),
+        ({"base": "missing.yaml"}, "does not exist"),
+        ({"slurm": {"partion": "gpu"}}, "slurm"),
+        ({"output_dir": None}, "output_dir"),
+    ],
+)
+def test_bad_grids_fail_naming_the_key(tmp_path, body, message):
+    sweep = {"output_dir": "out", "seeds": [0], "variants": {"a": {"algorithm.method": "grpo"}}, **body}
+    with pytest.raises(SweepError, match=message.replace("(", r"\(")):
+        load_sweep(_write(tmp_path / "s.yaml", sweep))
+
+
+def test_a_variant_named_twice_fails(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "output_dir: out\nvariants:\n  a: {algorithm.method: grpo}\n  a: {algorithm.method: rose}\n"
+    )
+    with pytest.raises(SweepError, match="'a' is given twice"):
+        load_sweep(path)
+
+
+def test_cli_reports_a_bad_grid_before_running(tmp_path, capsys):
+    path = _write(
+        tmp_path / "s.yaml", {"output_dir": str(tmp_path / "out"), "variants": {"a": {"trainer.lrr": 1}}}
+    )
+    assert main(["sweep", str(path)]) == 2
+    assert "trainer.lrr" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_lists_runs_and_commands(tmp_path, capsys):
+    path = _write(
+        tmp_path / "s.yaml",
+        {
+            "output_dir": str(tmp_path / "out"),
+            "seeds": [0, 1],
+            "variants": {"g": {"algorithm.method": "grpo"}},
+        },
+    )
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs (1 variants x 2 seeds)" in out
+    assert "g/seed-1  [new]" in out and 'algorithm.method="grpo"' in out and "trainer.seed=1" in out
+    assert not (tmp_path / "out").exists()
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(
+    digit_model_dir, seven_task, tmp_path, monkeypatch
+):
+    path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0, 1])
+    sweep = load_sweep(path)
+    first, second = sweep.runs
+    # the second run is killed in its second step, after the checkpoint of step 1
+    messages: list[str] = []
+    monkeypatch.setenv("SEMRL_FAULT_KILL", "rollout@2")
+    assert run_local(sweep, messages.append) != 0
+    assert run_state(first) == "resume" and run_state(second) == "new"  # the sweep stopped at the kill
+    monkeypatch.delenv("SEMRL_FAULT_KILL")
+    assert run_local(sweep, messages.append) == 0
+    assert run_state(first) == run_state(second) == "done"
+    resumed = _steps(first.run_dir)
+    assert [r["step"] for r in resumed] == [0, 1, 2]
+    assert "| dr/seed-0 | done |" in messages[-1] and "2 done" in messages[-1]
+
+    # the resumed run equals an uninterrupted one
+    (tmp_path / "again").mkdir()
+    straight = _tiny_sweep(
+        tmp_path / "again", digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0]
+    )
+    assert run_local(load_sweep(straight), messages.append) == 0
+    uninterrupted = _steps(tmp_path / "again" / "out" / "dr" / "seed-0")
+    for key in ("reward", "loss", "actor/grad_norm", "eval/mean@4"):
+        assert [r.get(key) for r in resumed] == [r.get(key) for r in uninterrupted], key
+
+    # a finished sweep runs nothing again
+    done_times = [(r.run_dir / DONE_FILE).stat().st_mtime_ns for r in sweep.runs]
+    assert run_local(sweep, messages.append) == 0
+    assert [(r.run_dir / DONE_FILE).stat().st_mtime_ns for r in sweep.runs] == done_times
+    # the second seed reused nothing from the first, but the base evaluation was shared per seed
+    cache = sorted(p.name for p in (tmp_path / "out" / ".eval-cache").glob("*.jsonl"))
+    assert len(cache) == 2
+
+
+def test_base_evaluation_is_computed_once_per_seed(digit_model_dir, seven_task, tmp_path):
+    path = _tiny_sweep(
+        tmp_path,
+        digit_model_dir,
+        seven_task,
+        {"dr": {"algorithm.method": "dr_grpo"}, "g": {"algorithm.method": "grpo", "trainer.lr": 1e-3}},
+        [0],
+        keep_checkpoints=False,
+    )
+    cache = tmp_path / "out" / ".eval-cache"
+    sweep = load_sweep(path)
+    assert run_local(dataclasses.replace(sweep, runs=sweep.runs[:1]), print) == 0
+    (cached,) = cache.glob("eval-*.jsonl")
+    # tamper with the cached records: the second variant must read them instead of sampling
+    records = [json.loads(line) for line in cached.read_text().splitlines()]
+    for r in records:
+        for s in r["samples"]:
+            s["correct"] = True
+    cached.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert run_local(sweep, print) == 0
+    dr, g = (_steps(tmp_path / "out" / v / "seed-0")[0] for v in ("dr", "g"))
+    assert dr["eval/mean@4"] < 1.0 and g["eval/mean@4"] == 1.0
+    assert not (tmp_path / "out" / "g" / "seed-0" / "checkpoints").exists()  # keep_checkpoints: false
+
+
+def test_a_changed_sweep_refuses_to_mix_runs(digit_model_dir, seven_task, tmp_path):
+    path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0])
+    assert run_local(load_sweep(path), print) == 0
+    body = yaml.safe_load(path.read_text())
+    body["variants"]["dr"]["trainer.lr"] = 0.5
+    _write(path, body)
+    with pytest.raises(SweepError, match="trainer.lr"):
+        run_local(load_sweep(path), print)
+
+
+def test_submitit_local_executor_runs_two_tiny_runs(digit_model_dir, seven_task, tmp_path):
+    pytest.importorskip("submitit")
+    path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0, 1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "semrl",
+            "sweep",
+            str(path),
+            "--launcher",
+            "submitit-local",
+            "--timeout-min",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for run in load_sweep(path).runs:
+        assert run_state(run) == "done"
+        assert [r["step"] for r in _steps(run.run_dir)] == [0, 1, 2]
+    assert "2 job(s) submitted" in out.stdout
+    assert list((tmp_path / "out" / ".submitit").glob("*_result.pkl"))
