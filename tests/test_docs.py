@@ -109,3 +109,39 @@ def test_the_cheap_commands_run(capsys, monkeypatch):
         assert main(shlex.split(command)[1:]) == 0, command
     out = capsys.readouterr().out
     assert "OK (method dr_grpo)" in out and "| `rose` |" in out and "12 runs (4 variants x 3 seeds)" in out
+
+
+def _shown(prefix: str) -> list[str]:
+    """The commands the pages show that start with ``prefix`` (at least one)."""
+    found = sorted({c for _, c in COMMANDS if c.startswith(prefix)})
+    assert found, prefix
+    return found
+
+
+def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The getting-started path as the pages show it (train, resume, eval, report, export, compare,
+    ROSE, a reward function of one's own), each command with a tiny model and a tiny budget added."""
+    for name in ("configs", "examples"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    tiny = [f"model.name={tiny_model_dir}", "rollout.group_size=2", "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=4", "trainer.steps=1", "trainer.micro_batch_size=4", "data.eval_size=2",
+            "logging.eval_samples=2", "reward.num_workers=1", "logging.progress=false", "logging.report_to=[]"]
+
+    def run(command: str, *extra: str) -> None:
+        assert main([*shlex.split(command)[1:], *extra]) == 0, command
+
+    run("semrl train --config configs/demo.yaml", *tiny)
+    run(_shown("semrl train --resume runs/demo")[0], "trainer.steps=2", "logging.progress=false")
+    run("semrl train --config configs/rose_demo.yaml", *tiny)
+    for command in _shown("semrl train --config configs/demo.yaml \"reward.functions"):
+        run(command, *tiny, "logging.output_dir=runs/own_reward")
+    eval_command = _shown("semrl eval --data arithmetic")[0]
+    run(eval_command, "--model", str(tiny_model_dir), "--n", "2", "--limit", "2", "--max-new-tokens", "4", "--quiet")
+    run("semrl eval --model runs/demo/checkpoints/step-000002 --data arithmetic --n 2 --limit 2 --max-new-tokens 4 --quiet")
+    for command in (*_shown("semrl report"), *_shown("semrl export")):
+        run(command)
+    run("semrl compare runs/demo runs/rose_demo --output runs/cmp_plots")
+    assert (tmp_path / "runs" / "rose_demo" / "report" / "index.html").is_file()
+    assert (tmp_path / "runs" / "demo" / "export" / "config.json").is_file()
+    assert (tmp_path / "runs" / "eval" / "base" / "results.md").is_file()
