@@ -143,11 +143,15 @@ def test_after_a_weight_push_the_engine_samples_the_new_weights_and_no_stale_pre
     tok, model = setup
     trained = copy.deepcopy(model)
     engine = _engine(kind, trained, tok)
-    prompts = _prompts(tok, 3)
+    # prompts longer than one 32-token KV block, so that vLLM caches them
+    prompts = [tok(f"Question {i}: " + "go on and on " * 10)["input_ids"] for i in range(3)]
+    assert all(len(p) > 40 for p in prompts)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     before = engine.generate([GenerationRequest(p) for p in prompts], greedy)
-    # the same prefixes again, now cached by vLLM
+    # the same prefixes again, now served from vLLM's prefix cache
     engine.generate([GenerationRequest(p, b.token_ids[:6].tolist(), max_new_tokens=6) for p, b in zip(prompts, before, strict=True)], greedy)
+    if kind == "vllm":
+        assert engine.cached_prompt_tokens >= 3 * 32
     with torch.no_grad():  # an "update" that changes the greedy tokens
         gen = torch.Generator().manual_seed(0)
         for p in trained.parameters():
@@ -157,6 +161,8 @@ def test_after_a_weight_push_the_engine_samples_the_new_weights_and_no_stale_pre
     conts = engine.generate(
         [GenerationRequest(p, b.token_ids[:6].tolist(), max_new_tokens=6) for p, b in zip(prompts, before, strict=True)], greedy
     )
+    if kind == "vllm":
+        assert engine.cached_prompt_tokens == 0  # nothing cached under the old weights served them
     ctx = [p + b.token_ids[:6].tolist() for p, b in zip(prompts, before, strict=True)]
     _, logp, _ = _forward(trained, ctx, conts, 1.0)
     _, old_logp, _ = _forward(model, ctx, conts, 1.0)
@@ -168,6 +174,26 @@ def test_after_a_weight_push_the_engine_samples_the_new_weights_and_no_stale_pre
         [GenerationRequest(c) for c in ctx], SamplingParams(temperature=0.0, max_new_tokens=6)
     )
     assert all(torch.equal(x.token_ids, y.token_ids) for x, y in zip(conts, reference, strict=True))
+
+
+def test_a_refused_prefix_cache_reset_is_retried_then_stops_the_run(setup, monkeypatch):
+    from semrl.errors import TrainingError
+
+    tok, model = setup
+    engine = _engine("vllm", copy.deepcopy(model), tok)
+    answers: list[bool] = []
+    real = engine.llm.reset_prefix_cache
+
+    def refuse_first(*args, **kwargs):  # vLLM refuses while a request holds blocks (returns False)
+        answers.append(real(*args, **kwargs) and len(answers) > 0)
+        return answers[-1]
+
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", refuse_first)
+    engine.sync_weights()
+    assert answers == [False, True]  # refused once, then reset once the engine was idle
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda *a, **k: False)
+    with pytest.raises(TrainingError, match="refused to reset its prefix cache"):
+        engine.sync_weights()
 
 
 @pytest.mark.parametrize("kind", ENGINES)

@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedModel
 
 from semrl.distributed import on_close
-from semrl.errors import ConfigError, EngineError
+from semrl.errors import ConfigError, EngineError, TrainingError
 from semrl.lora import sampling_state_dict
 from semrl.rollout import Generation, GenerationRequest, SamplingParams, request_budget
 
@@ -243,6 +243,7 @@ class VLLMEngine:
         self.model = model
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.settings = settings
+        self.cached_prompt_tokens = 0
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         embedding = model.get_input_embeddings().weight
@@ -266,8 +267,24 @@ class VLLMEngine:
             self._embeddings = state[self._embedding_key]
         weights = [(name, t.detach()) for name, t in tensors.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-        # a prefix cached under the old weights must never serve a new request
-        self.llm.reset_prefix_cache()
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
+        """A prefix cached under the old weights must never serve a new request. vLLM's reset returns
+        False (with only a warning) while a request still holds blocks: then the finished requests
+        are let go by stepping the idle engine and the reset is tried once more; a second refusal
+        stops the run rather than sample from KV computed with the old weights."""
+        if self.llm.reset_prefix_cache():
+            return
+        core = self.llm.llm_engine
+        while core.has_unfinished_requests():
+            core.step()
+        if not self.llm.reset_prefix_cache():
+            raise TrainingError(
+                "vLLM refused to reset its prefix cache after a weight update (blocks are still held), so "
+                "cached prefixes would serve KV computed with the old weights; stopping. Run with "
+                "rollout.engine=hf, or report this with the vLLM version"
+            )
 
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the weights the engine samples from."""
@@ -310,6 +327,8 @@ class VLLMEngine:
             return []
         prepared = [self._prepare(r, params, generator) for r in requests]
         outputs = self.llm.generate([p for p, _ in prepared], [s for _, s in prepared], use_tqdm=False)
+        # prompt tokens vLLM served from its prefix cache in this call (tree branches share prefixes)
+        self.cached_prompt_tokens = sum(out.num_cached_tokens or 0 for out in outputs)
         return [self._to_generation(out.outputs[0], params.logprobs_top_k) for out in outputs]
 
     def _prepare(
