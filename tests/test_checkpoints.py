@@ -9,6 +9,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +171,23 @@ def test_legacy_checkpoints_convert_once_and_resume_exactly(three_steps, tmp_pat
     a, b = _weights(three_steps, 3), _weights(run, 3)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((run / "checkpoints" / "step-000003" / MANIFEST).read_text())["step"] == 3
+
+
+def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_dir, tmp_path):
+    """vLLM loads every *.safetensors of a directory: the optimizer state of a checkpoint must not be
+    among them (it failed with "no module or parameter named 't0'")."""
+    import torch
+
+    from semrl.safe_state import STATE_TENSORS, save_state
+    from semrl.vllm_engine import weights_view
+
+    ckpt = tmp_path / "step-000001"
+    shutil.copytree(tiny_model_dir, ckpt)
+    save_state({"optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}}}, ckpt)
+    assert (ckpt / STATE_TENSORS).is_file()
+    view = Path(weights_view(ckpt))
+    assert view != ckpt
+    names = sorted(p.name for p in view.iterdir())
+    assert STATE_TENSORS not in names and "model.safetensors" in names and "config.json" in names
+    assert all((view / n).resolve() == (ckpt / n).resolve() for n in names)
+    assert weights_view(tiny_model_dir) == str(tiny_model_dir)  # a plain model directory is used as it is

@@ -20,13 +20,17 @@ What vLLM returns, and how it maps onto ``Generation``:
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import itertools
 import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -189,10 +193,28 @@ def _fits(started: VLLMSettings, wanted: VLLMSettings) -> bool:
     )
 
 
+def weights_view(path: str | Path) -> str:
+    """A directory vLLM can load: ``path`` itself, or, for a training checkpoint, a directory of
+    links to its model files. vLLM loads every ``*.safetensors`` of a directory, and a checkpoint
+    also holds the optimizer state in ``trainer_state.safetensors`` ("no module or parameter
+    named 't0'")."""
+    from semrl.safe_state import STATE_TENSORS
+
+    source = Path(path)
+    if not (source / STATE_TENSORS).is_file():
+        return str(path)
+    view = Path(tempfile.mkdtemp(prefix="semrl-vllm-weights-"))
+    atexit.register(shutil.rmtree, view, True)
+    for item in source.iterdir():
+        if item.name != STATE_TENSORS and not item.name.startswith(".") and item.is_file():
+            (view / item.name).symlink_to(item.resolve())
+    return str(view)
+
+
 def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any:
     on_gpu = model.device.type == "cuda"
     kwargs: dict[str, Any] = {
-        "model": model.name_or_path,
+        "model": weights_view(model.name_or_path),
         "skip_tokenizer_init": True,  # requests are token ids; nothing is detokenized
         "dtype": settings.engine_dtype(model),
         "seed": settings.seed,
