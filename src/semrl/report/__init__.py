@@ -75,8 +75,8 @@ def _curated_eval_metrics(names: list[str]) -> list[str]:
     return keep
 
 
-def _plot_pngs(curves: dict[str, dict[str, list[tuple[int, float]]]], out_dir: Path) -> list[Path]:
-    """One PNG per metric (runs overlaid); [] with a warning when matplotlib is missing."""
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or None with a warning when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -84,6 +84,14 @@ def _plot_pngs(curves: dict[str, dict[str, list[tuple[int, float]]]], out_dir: P
         import matplotlib.pyplot as plt
     except ImportError:
         logger.warning("matplotlib is not installed: no PNG figures (pip install 'semrl[plot]')")
+        return None
+    return plt
+
+
+def _plot_pngs(curves: dict[str, dict[str, list[tuple[int, float]]]], out_dir: Path) -> list[Path]:
+    """One PNG per metric (runs overlaid); [] with a warning when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

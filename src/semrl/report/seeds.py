@@ -262,6 +262,22 @@ def _fmt(mean: float, se: float, n: int, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {se:.{digits}f} ({n})"
 
 
+def _base_rows(groups: dict[str, list[Run]], split: str) -> dict[int, dict[str, float]]:
+    """seed -> the step-0 evaluation row of ``split``: the base model, the same for every variant."""
+    base: dict[int, dict[str, float]] = {}
+    for runs in groups.values():
+        for r in runs:
+            first = next((row for row in r.rows if row.get("step") == 0 and f"{split}/problems" in row), None)
+            if first is not None:
+                base.setdefault(r.seed, first)
+    return base
+
+
+def _finished(runs: Sequence[Run], split: str) -> list[Run]:
+    """The runs with an evaluation of ``split`` after training (their final one is read)."""
+    return [r for r in runs if r.eval_steps(split) and r.eval_steps(split)[-1] > 0]
+
+
 def final_table(groups: dict[str, list[Run]], split: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows: the base model (step 0, over every seed that evaluated it) and each variant's
     final evaluation, mean ± s.e. (n seeds)."""
@@ -279,12 +295,7 @@ def final_table(groups: dict[str, list[Run]], split: str) -> tuple[list[str], li
         "truncated_frac",
     ]
     header = ["variant", *metrics]
-    base: dict[int, dict[str, float]] = {}
-    for runs in groups.values():
-        for r in runs:
-            first = next((row for row in r.rows if row.get("step") == 0 and f"{split}/problems" in row), None)
-            if first is not None:
-                base.setdefault(r.seed, first)
+    base = _base_rows(groups, split)
     rows = []
     if base:
         rows.append(
@@ -297,7 +308,7 @@ def final_table(groups: dict[str, list[Run]], split: str) -> tuple[list[str], li
             ]
         )
     for variant, runs in groups.items():
-        finals = [r for r in runs if r.eval_steps(split) and r.eval_steps(split)[-1] > 0]
+        finals = _finished(runs, split)
         cells = [
             _fmt(*mean_se([v for r in finals if (v := r.final(f"{split}/{m}")) is not None])) for m in metrics
         ]
@@ -312,18 +323,13 @@ def pass_at_k_curves(
     final evaluation."""
     n = _num_samples(groups, split)
     curves: dict[str, list[tuple[int, float, float, int]]] = {}
-    base: dict[int, dict[str, float]] = {}
-    for runs in groups.values():
-        for r in runs:
-            first = next((row for row in r.rows if row.get("step") == 0 and f"{split}/problems" in row), None)
-            if first is not None:
-                base.setdefault(r.seed, first)
+    base = _base_rows(groups, split)
     if base:
         curves["base model"] = [
             (k, *mean_se([b[f"{split}/pass@{k}"] for b in base.values()])) for k in range(1, n + 1)
         ]
     for variant, runs in groups.items():
-        finals = [r for r in runs if r.eval_steps(split) and r.eval_steps(split)[-1] > 0]
+        finals = _finished(runs, split)
         if finals:
             curves[variant] = [
                 (k, *mean_se([r.final(f"{split}/pass@{k}") for r in finals])) for k in range(1, n + 1)
@@ -346,13 +352,10 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _plots(groups: dict[str, list[Run]], out: Path, metrics: Sequence[str]) -> list[Path]:
-    try:
-        import matplotlib
+    from semrl.report import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib is not installed: no PNG figures (pip install 'semrl[plot]')")
+    plt = pyplot()
+    if plt is None:
         return []
     out.mkdir(parents=True, exist_ok=True)
     written = []
