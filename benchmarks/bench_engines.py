@@ -27,11 +27,10 @@ from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.config import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engine import build_engine
+from semrl.engines import GenerationRequest, SamplingParams, build_engine
 from semrl.evaluation import sample_problems
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.reward import VerifierPool
-from semrl.rollout import GenerationRequest, SamplingParams
 
 ENGINES = ("hf", "vllm")
 
@@ -75,7 +74,7 @@ def rose_vs_independent(
                 tokens[0] += sum(len(g.token_ids) for g in gens)
                 result, s = _timed(
                     lambda e=engine, sd=seed, ps=prompts: tree_rollout(
-                        e, ps, r.group_size, params, emb, replace(cfg.rose, epsilon=0.5), torch.Generator().manual_seed(sd)
+                        e, ps, r.group_size, params, emb, replace(cfg.section("rose"), epsilon=0.5), torch.Generator().manual_seed(sd)
                     )
                 )
                 tree += s

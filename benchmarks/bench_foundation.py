@@ -17,8 +17,8 @@ import torch
 
 from semrl.config import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
+from semrl.engines import GenerationRequest, HFEngine, SamplingParams
 from semrl.models import load_model, load_tokenizer, resolve_model_path
-from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from semrl.trainer import Trainer
 
 
@@ -29,7 +29,7 @@ def peak_rss_gib() -> float:
 def sampling_throughput(batches: list[int], max_new_tokens: int) -> list[tuple[int, int, float]]:
     path = resolve_model_path("smollm2-135m")
     tok, model = load_tokenizer(path), load_model(path)
-    engine = RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=max(batches))
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=max(batches))
     problems = make_arithmetic_problems(max(batches), [1], seed=0)
     system = "Please reason step by step, and put your final answer within \\boxed{}."
     prompts = [build_prompt_ids(tok, p.problem, system) for p in problems]

@@ -24,10 +24,10 @@ from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.config import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
+from semrl.engines import HFEngine, SamplingParams
 from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import pack_trees, packed_response_logprobs
-from semrl.rollout import RolloutEngine, SamplingParams
 from semrl.tree import ChainTree
 
 
@@ -51,12 +51,12 @@ def main() -> None:
     r = cfg.rollout
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
-    engine = RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, r.generation_batch_size)
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, r.generation_batch_size)
     params = SamplingParams(r.temperature, r.top_p, r.top_k, args.max_new_tokens or r.max_new_tokens)
     problems = make_arithmetic_problems(args.prompts, cfg.data.arithmetic_levels, seed=123)
     prompts = [build_prompt_ids(tok, p.problem, cfg.data.system_prompt) for p in problems]
     emb = normalized_embeddings(model.get_input_embeddings().weight)
-    result = tree_rollout(engine, prompts, r.group_size, params, emb, cfg.rose, torch.Generator().manual_seed(args.seed))
+    result = tree_rollout(engine, prompts, r.group_size, params, emb, cfg.section("rose"), torch.Generator().manual_seed(args.seed))
     model.train()
     print("| group | chains | padded tokens | unique tokens | unique share | padded s | packed s | ratio | goal |")
     print("|---|---|---|---|---|---|---|---|---|")

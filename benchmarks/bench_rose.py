@@ -20,8 +20,8 @@ from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.config import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
+from semrl.engines import GenerationRequest, HFEngine, SamplingParams
 from semrl.models import load_model, load_tokenizer, resolve_model_path
-from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     r = cfg.rollout
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
-    engine = RolloutEngine(
+    engine = HFEngine(
         model, [tok.eos_token_id], tok.pad_token_id, args.generation_batch_size or r.generation_batch_size
     )
     params = SamplingParams(
@@ -52,8 +52,8 @@ def main() -> None:
 
     variants = {
         "independent": None,
-        "tree, KV reuse": replace(cfg.rose, epsilon=args.epsilon, reuse_kv_cache=True),
-        "tree, re-encode prefix": replace(cfg.rose, epsilon=args.epsilon, reuse_kv_cache=False),
+        "tree, KV reuse": replace(cfg.section("rose"), epsilon=args.epsilon, reuse_kv_cache=True),
+        "tree, re-encode prefix": replace(cfg.section("rose"), epsilon=args.epsilon, reuse_kv_cache=False),
     }
     totals = {name: {"s": 0.0, "tokens": 0, "rounds": 0, "score_s": 0.0} for name in variants}
     for seed in args.seeds:

@@ -20,13 +20,14 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from semrl.algos.policy_losses import PolicyLossInputs, get_policy_loss, micro_batch_loss
+from semrl.algos.registry import method_config
 from semrl.batch import RolloutBatch
 from semrl.batch_forward import micro_batches, rows_logprobs
 from semrl.config import load_config
 from semrl.data import Problem
+from semrl.engines import Generation
 from semrl.optim import guarded_step
 from semrl.precision import Precision
-from semrl.rollout import Generation
 
 # Qwen2.5-1.5B's shape (its config.json on the hub)
 QWEN25_15B = dict(
@@ -71,13 +72,15 @@ def train_step(model, batch, advantages, precision, cfg, lr, budget):  # noqa: A
     for positions in plan:
         idx = rows[positions]
         with precision.autocast(model):
-            logp, entropy, m = rows_logprobs(model, batch, idx, 1.0, True, False, cfg.trainer.logits_chunk_size)
+            logp, entropy, m = rows_logprobs(
+                model, batch, idx, 1.0, with_entropy=True, packed=False, chunk_size=cfg.trainer.logits_chunk_size
+            )
         r = m.shape[1]
         x = PolicyLossInputs(
             logp=logp, old_logp=logp.detach(), advantages=advantages[idx, :r].cuda(), mask=m, entropy=entropy,
             ref_logp=None, num_tokens=num_tokens, num_micro_batches=len(plan),
         )
-        loss, _, _ = micro_batch_loss(loss_fn, x, cfg, len(rows))
+        loss, _, _ = micro_batch_loss(loss_fn, x, method_config(cfg, None), len(rows))
         scaler.scale(loss).backward()
     guarded_step(model, optimizer, scheduler, _Procs(), 1.0, False, [0.0], scaler)
     return len(plan)

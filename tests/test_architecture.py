@@ -114,3 +114,48 @@ def test_every_doc_the_code_cites_ships_in_docs():
         if section:
             headings = [h.strip("# ").strip() for h in page.read_text(encoding="utf-8").splitlines() if h.startswith("#")]
             assert section in headings, f'docs/{doc} has no section "{section}"'
+
+
+def test_the_trainer_names_no_method_and_methods_see_only_their_config():
+    import inspect
+    import typing
+
+    from semrl.algos.catalog import METHODS, POLICY_LOSSES
+
+    names = set(METHODS) | {"dapo", "grpo", "rose", "sent", "fr3e"}
+    tree = ast.parse((PACKAGE / "trainer.py").read_text(encoding="utf-8"))
+    words = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+    } | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not names & words, f"trainer.py names {sorted(names & words)}"
+    for spec in METHODS.values():
+        functions = [spec.advantage_fn] + ([spec.rollout_fn] if spec.rollout_fn else [])
+        for fn in [spec.advantage_fn]:
+            hints = typing.get_type_hints(fn)
+            second = list(inspect.signature(fn).parameters)[1]
+            assert "MethodConfig" in str(hints[second]), f"{spec.name}: {fn.__name__} takes {hints[second]}"
+        for fn in functions:
+            source = inspect.getsource(fn)
+            assert "cfg." not in source, f"{spec.name}: {fn.__name__} reads the whole config"
+    for loss in POLICY_LOSSES.values():
+        second = list(inspect.signature(loss.loss_fn).parameters)[1]
+        assert "MethodConfig" in str(typing.get_type_hints(loss.loss_fn)[second]), loss.name
+
+
+def test_the_entropy_forward_rule_is_written_once():
+    hits = [p.name for p in (PACKAGE / "algos").glob("*.py") if "forward pass for entropies" in p.read_text()]
+    assert hits == [], f"the FSDP + vllm entropy rule is written in {hits}; MethodSpec.needs_entropy says it"
+    assert (PACKAGE / "config.py").read_text().count("forward pass for entropies") == 1
+
+
+def test_package_lines_keep_to_the_configured_length():
+    import tomllib
+
+    limit = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["line-length"]
+    long = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in PACKAGE.rglob("*.py")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if len(re.sub(r"\s*# (type: ignore|noqa)\S*$", "", line)) > limit  # ruff lets a pragma overflow
+    ]
+    assert not long, f"lines over {limit} columns: {long[:10]}"

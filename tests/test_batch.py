@@ -4,8 +4,8 @@ import torch
 
 from semrl.batch import GroupInfo, RolloutBatch, gather_groups
 from semrl.data import Problem
+from semrl.engines import Generation
 from semrl.reward import RewardResult
-from semrl.rollout import Generation
 
 
 def _batch(tag: str, rewards: list[float], group_size: int = 2) -> RolloutBatch:

@@ -16,7 +16,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from semrl.checkpoint import LEGACY_STATE, MANIFEST, rng_state, verify_checkpoint
+from semrl.checkpoint import (
+    LEGACY_STATE,
+    MANIFEST,
+    STATE_DIR,
+    load_trainer_state,
+    rng_state,
+    trainer_state_dir,
+    verify_checkpoint,
+    write_manifest,
+)
 from semrl.cli import main
 from semrl.config import load_config
 from semrl.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
@@ -79,7 +88,7 @@ def _damage(ckpt, how):
     if how == "truncate":
         model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
     elif how == "delete":
-        (ckpt / STATE_JSON).unlink()
+        (trainer_state_dir(ckpt) / STATE_JSON).unlink()
     elif how == "bitflip":
         data = bytearray(model.read_bytes())
         data[len(data) // 2] ^= 0x10
@@ -139,8 +148,8 @@ def test_a_pickle_in_a_checkpoint_never_runs(three_steps, tmp_path, capsys):
     shutil.copytree(three_steps, run)
     ckpt = run / "checkpoints" / "step-000003"
     # an old-style checkpoint whose trainer_state.pt would run a command when unpickled
-    for name in (STATE_JSON, STATE_TENSORS, MANIFEST):
-        (ckpt / name).unlink()
+    shutil.rmtree(ckpt / STATE_DIR)
+    (ckpt / MANIFEST).unlink()
     (ckpt / LEGACY_STATE).write_bytes(pickle.dumps({"step": 3, "x": _Payload(marker)}))
     for older in ("step-000001", "step-000002"):
         shutil.rmtree(run / "checkpoints" / older)
@@ -162,9 +171,9 @@ def test_legacy_checkpoints_convert_once_and_resume_exactly(three_steps, tmp_pat
         if step == 3:
             shutil.rmtree(ckpt)
             continue
-        torch.save(load_state(ckpt), ckpt / LEGACY_STATE)
-        for name in (STATE_JSON, STATE_TENSORS, MANIFEST):
-            (ckpt / name).unlink()
+        torch.save(load_trainer_state(ckpt), ckpt / LEGACY_STATE)
+        shutil.rmtree(ckpt / STATE_DIR)
+        (ckpt / MANIFEST).unlink()
     assert main(["checkpoint", "convert", str(run)]) == 0
     assert not verify_checkpoint(run / "checkpoints" / "step-000002")
     assert main(["train", "--resume", str(run)]) == 0
@@ -178,8 +187,8 @@ def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_d
     among them (it failed with "no module or parameter named 't0'")."""
     import torch
 
+    from semrl.engines.vllm import weights_view
     from semrl.safe_state import STATE_TENSORS, save_state
-    from semrl.vllm_engine import weights_view
 
     ckpt = tmp_path / "step-000001"
     shutil.copytree(tiny_model_dir, ckpt)
@@ -191,3 +200,38 @@ def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_d
     assert STATE_TENSORS not in names and "model.safetensors" in names and "config.json" in names
     assert all((view / n).resolve() == (ckpt / n).resolve() for n in names)
     assert weights_view(tiny_model_dir) == str(tiny_model_dir)  # a plain model directory is used as it is
+
+
+def test_a_checkpoint_holds_only_weights_beside_its_config(three_steps, tmp_path):
+    """Inference engines (vLLM, SGLang, ``vllm serve``) load every *.safetensors beside config.json:
+    the optimizer state lives in trainer_state/, so the directory loads as it is."""
+    from semrl.engines.vllm import weights_view
+
+    ckpt = three_steps / "checkpoints" / "step-000003"
+    assert sorted(p.name for p in ckpt.glob("*.safetensors")) == ["model.safetensors"]
+    assert (ckpt / STATE_DIR / STATE_JSON).is_file() and (ckpt / STATE_DIR / STATE_TENSORS).is_file()
+    assert weights_view(ckpt) == str(ckpt)
+    assert not verify_checkpoint(ckpt) and "trainer_state/trainer_state.safetensors" in (ckpt / MANIFEST).read_text()
+
+
+def test_a_checkpoint_of_the_older_flat_layout_resumes_and_converts(three_steps, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(three_steps, run)
+    shutil.rmtree(run / "checkpoints" / "step-000003")
+    ckpt = run / "checkpoints" / "step-000002"
+    for name in (STATE_JSON, STATE_TENSORS):  # as semrl wrote it before trainer_state/
+        (ckpt / STATE_DIR / name).rename(ckpt / name)
+    (ckpt / STATE_DIR).rmdir()
+    write_manifest(ckpt, 2)
+    assert not verify_checkpoint(ckpt) and load_trainer_state(ckpt)["step"] == 2
+    flat = tmp_path / "flat"
+    shutil.copytree(run, flat)
+    assert main(["train", "--resume", str(flat)]) == 0  # resumes as it is, exactly
+    a, b = _weights(three_steps, 3), _weights(flat, 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert main(["checkpoint", "convert", str(run)]) == 0
+    assert (ckpt / STATE_DIR / STATE_JSON).is_file() and not (ckpt / STATE_JSON).exists()
+    assert not verify_checkpoint(ckpt) and load_trainer_state(ckpt)["step"] == 2
+    assert main(["train", "--resume", str(run)]) == 0
+    b = _weights(run, 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -87,14 +87,17 @@ def test_a_loaded_config_is_final():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.trainer.lr = 1.0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.rose.epsilon = 0.1  # type: ignore[misc]
+        cfg.section("rose").epsilon = 0.1  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.methods["rose"] = None  # type: ignore[index]
 
 
 def test_method_sections_belong_to_their_methods():
     cfg = load_config(None, ["algorithm.method=kl_cov", "kl_cov.ratio=0.01", "clip_cov.ub=4"])
-    assert cfg.kl_cov.ratio == 0.01 and cfg.clip_cov.ub == 4.0 and cfg.methods["kl_cov"] is cfg.kl_cov
+    assert cfg.section("kl_cov").ratio == 0.01 and cfg.section("clip_cov").ub == 4.0
+    assert cfg.methods["kl_cov"] is cfg.section("kl_cov")
+    with pytest.raises(KeyError, match="no method section 'nope'"):
+        cfg.section("nope")
     assert {"rose", "sent", "fr3e", "seed_grpo", "kl_cov", "clip_cov", "entropy_8020"} <= set(cfg.to_dict())
     with pytest.raises(ConfigError, match="'algorithm.kl_cov_ratio' moved to 'kl_cov.ratio'"):
         load_config(None, ["algorithm.kl_cov_ratio=0.01"])

@@ -9,9 +9,9 @@ from semrl.cli import main
 from semrl.config import load_config
 from semrl.curriculum import curriculum_stages, load_curriculum, score_problems
 from semrl.data import DataError, Problem, load_problems
+from semrl.engines import HFEngine, SamplingParams
 from semrl.models import load_model, load_tokenizer
 from semrl.reward import VerifierPool
-from semrl.rollout import RolloutEngine, SamplingParams
 from semrl.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT
@@ -37,13 +37,13 @@ def test_load_curriculum_names_bad_rows(tmp_path):
     with pytest.raises(DataError, match="semrl curriculum score --output"):
         load_curriculum(tmp_path / "missing.jsonl")
     bad = _write(tmp_path / "b.jsonl", [{"id": "a", "problem": "1+1", "answer": "2"}])
-    with pytest.raises(DataError, match=r"b.jsonl:1: field 'semantic_entropy'.*semrl curriculum score"):
+    with pytest.raises(DataError, match=r"b.jsonl: problem 'a': field 'semantic_entropy'.*semrl curriculum score"):
         load_curriculum(bad)
 
 
 def test_score_problems_is_resumable(digit_model_dir, tmp_path):
     tok = load_tokenizer(str(digit_model_dir))
-    engine = RolloutEngine(load_model(str(digit_model_dir)), [tok.eos_token_id], tok.pad_token_id, 16)
+    engine = HFEngine(load_model(str(digit_model_dir)), [tok.eos_token_id], tok.pad_token_id, 16)
     problems = [Problem(f"d{i}", f"Pick a number ({i}).", "7") for i in range(5)]
     out = tmp_path / "scores.jsonl"
     params = SamplingParams(max_new_tokens=4)
@@ -80,16 +80,16 @@ def test_two_stage_curriculum_trains_and_switches(digit_model_dir, tmp_path):
         "algorithm.kl_coef=0.001", "reward.num_workers=1", f"logging.output_dir={out}", "logging.progress=false",
     ])
     trainer = Trainer(cfg)
-    assert [len(s) for s in trainer.stages] == [20, 20]
-    assert max(float(r["semantic_entropy"]) for r in rows if r["id"] in {p.id for p in trainer.stages[0]}) <= 2
-    stage_one_optimizer = trainer.optimizer
+    assert [len(s) for s in trainer.curriculum.stages] == [20, 20]
+    assert max(float(r["semantic_entropy"]) for r in rows if r["id"] in {p.id for p in trainer.curriculum.stages[0]}) <= 2
+    stage_one_optimizer = trainer.run.optim.optimizer
     trainer.train()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["curriculum/stage"] for m in metrics] == [1, 1, 2, 2]
-    assert trainer.optimizer is not stage_one_optimizer  # stage 2 started with a fresh optimizer
+    assert trainer.run.optim.optimizer is not stage_one_optimizer  # stage 2 started with a fresh optimizer
     assert (out / "curriculum" / "stage-1").is_dir()  # the stage-2 reference (stage 1's final weights)
     # stage-2 problems only in the last two steps' samples
-    stage2 = {p.id for p in trainer.stages[1]}
+    stage2 = {p.id for p in trainer.curriculum.stages[1]}
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert all((s["problem_id"] in stage2) == (s["step"] > 2) for s in samples)
 
@@ -130,7 +130,7 @@ def test_resume_inside_the_second_stage_is_exact(digit_model_dir, tmp_path):
     shutil.rmtree(latest_checkpoint(crashed))  # as if killed during step 4, in stage 2
     assert latest_checkpoint(crashed).name.endswith("3")
     resumed = Trainer(cfg(crashed), resume=True)
-    assert resumed.stage == 1 and resumed.step == 3
+    assert resumed.curriculum.stage == 1 and resumed.step == 3
     resumed.train()
     a = load_model(str(latest_checkpoint(whole)))
     b = load_model(str(latest_checkpoint(crashed)))

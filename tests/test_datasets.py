@@ -99,5 +99,5 @@ def test_training_on_mapped_parquet_with_a_template(tiny_model_dir, tmp_path):
         "logging.report_to=[]", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1",
     ])
     trainer = Trainer(cfg)
-    assert trainer.train_problems[3].problem == "What is 3 + 3?" and trainer.train_problems[3].id == "row-4"
+    assert trainer.curriculum.problems[3].problem == "What is 3 + 3?" and trainer.curriculum.problems[3].id == "row-4"
     assert "reward" in trainer.train()

@@ -80,7 +80,8 @@ def _train_cmd(model_dir, task, out, *extra):
 def _assert_checkpoints_complete(run_dir):
     for ckpt in list_checkpoints(run_dir):
         names = {p.name for p in ckpt.iterdir()}
-        assert {"model.safetensors", "config.json", "trainer_state.json", "manifest.json", "tokenizer.json"} <= names, ckpt
+        assert {"model.safetensors", "config.json", "trainer_state", "manifest.json", "tokenizer.json"} <= names, ckpt
+        assert {"trainer_state.json", "trainer_state.safetensors"} <= {p.name for p in (ckpt / "trainer_state").iterdir()}
         assert not verify_checkpoint(ckpt), ckpt
         _weights(ckpt)
         load_trainer_state(ckpt)

@@ -65,7 +65,7 @@ def test_lora_learns_and_only_the_adapters_change(lora_run, digit_model_dir):
     ckpt = out / "checkpoints" / "step-000020"
     assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
     # the optimizer holds state for the adapters only
-    assert len(trainer.optimizer.state) == len(adapters)
+    assert len(trainer.run.optim.optimizer.state) == len(adapters)
 
 
 def test_the_reference_is_the_base_with_adapters_off(lora_run, digit_model_dir):

@@ -22,7 +22,7 @@ TOY_MODULE = textwrap.dedent(
     from semrl.batch import GroupInfo
     from semrl.errors import ConfigError
     from semrl.options import option
-    from semrl.rollout import GenerationRequest
+    from semrl.engines import GenerationRequest
 
 
     @dataclass(frozen=True)
@@ -35,6 +35,7 @@ TOY_MODULE = textwrap.dedent(
 
 
     def check_toy(cfg):
+        assert cfg.section("toy").scale > 0
         if cfg.rollout.group_size < 2:
             raise ConfigError("toy needs rollout.group_size >= 2")
 
@@ -52,10 +53,11 @@ TOY_MODULE = textwrap.dedent(
         return MethodRollout(gens, groups=groups, metrics={"toy/rollout_calls": float(ctx.state.rollouts)})
 
 
-    def toy_advantages(inputs, cfg):
+    def toy_advantages(inputs, config):
         assert [g.method_data for g in inputs.groups] == list(range(len(inputs.groups)))
-        adv, _ = outcome_advantages(inputs, cfg)
-        return adv * cfg.toy.scale, {"toy/scale": cfg.toy.scale}
+        assert isinstance(config.options, ToyConfig) and not hasattr(config, "trainer")
+        adv, _ = outcome_advantages(inputs, config)
+        return adv * config.options.scale, {"toy/scale": config.options.scale}
 
 
     register_method(MethodSpec(
@@ -84,7 +86,7 @@ def test_a_plugin_method_is_configured_listed_and_checked(toy_plugin, capsys):
     from semrl.config import ConfigError, config_reference, load_config
 
     cfg = load_config(None, ["algorithm.method=toy", "toy.scale=0.5"])
-    assert cfg.toy.scale == 0.5 and cfg.algorithm.loss_agg_mode == "token-mean"
+    assert cfg.section("toy").scale == 0.5 and cfg.algorithm.loss_agg_mode == "token-mean"
     assert "`toy.scale`" in config_reference()
     with pytest.raises(ConfigError, match="Did you mean 'toy.scale'"):
         load_config(None, ["algorithm.method=toy", "toy.scal=2"])

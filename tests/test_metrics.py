@@ -10,10 +10,10 @@ import torch
 from semrl.batch import RolloutBatch
 from semrl.curriculum import StageSchedule
 from semrl.data import Problem
-from semrl.group_filter import choose_groups, informative_groups, split_groups
+from semrl.engines import Generation
+from semrl.group_filter import choose_groups, split_groups
 from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
 from semrl.reward import RewardResult
-from semrl.rollout import Generation
 
 
 def _random_batch(gen: torch.Generator, groups: int, group_size: int) -> RolloutBatch:
@@ -90,10 +90,10 @@ def test_group_filter_keeps_groups_whose_rewards_differ(seed):
     gen = torch.Generator().manual_seed(seed)
     batch = _random_batch(gen, groups=5, group_size=3)
     batch.rewards[:3] = 1.0  # group 0: all equal
-    keep = informative_groups(batch, "reward")
+    keep = batch.informative_groups("reward")
     for g in range(5):
         assert bool(keep[g]) == (len(set(batch.rewards[3 * g : 3 * g + 3].tolist())) > 1)
-    by_accuracy = informative_groups(batch, "accuracy")
+    by_accuracy = batch.informative_groups("accuracy")
     for g in range(5):
         assert bool(by_accuracy[g]) == (len({r.correct for r in batch.reward_results[3 * g : 3 * g + 3]}) > 1)
     kept, dropped = split_groups(batch, "reward")

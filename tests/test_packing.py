@@ -119,7 +119,7 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
         metrics = trainer.train()
         # after one AdamW step, exp_avg = (1 - beta1) * the accumulated gradient: compare gradients,
         # not weights (Adam turns float noise on near-zero gradients into lr-sized steps)
-        grads = [trainer.optimizer.state[p]["exp_avg"] / 0.1 for p in trainer.model.parameters()]
+        grads = [trainer.run.optim.optimizer.state[p]["exp_avg"] / 0.1 for p in trainer.model.parameters()]
         models[packing] = (grads, metrics)
     (g_pad, m_pad), (g_pack, m_pack) = models["none"], models["tree"]
     assert m_pack["loss"] == pytest.approx(m_pad["loss"], rel=1e-4, abs=1e-6)

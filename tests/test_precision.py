@@ -13,9 +13,9 @@ from semrl.batch_forward import micro_batches
 from semrl.checkpoint import load_trainer_state
 from semrl.cli import main
 from semrl.data import Problem
+from semrl.engines import Generation
 from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.precision import Precision
-from semrl.rollout import Generation
 from semrl.trainer import Trainer
 
 from .test_training import _cfg, _metrics

@@ -12,7 +12,7 @@ import torch
 
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
 from semrl.algos.losses import aggregate_loss, kl_penalty, ppo_clip_loss
-from semrl.algos.registry import AdvantageInputs
+from semrl.algos.registry import AdvantageInputs, method_config
 from semrl.algos.seed_grpo import seed_grpo_advantages
 from semrl.algos.token_selection import (
     clip_cov_loss,
@@ -265,7 +265,8 @@ def test_seed_grpo_equals_the_definition(likelihood, scale_fn):
         mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
         logprobs = -torch.rand(n, t, generator=gen) * 2 - 30 * (1 - mask)  # junk on padding
         ids = torch.arange(groups).repeat_interleave(g)
-        got, metrics = seed_grpo_advantages(AdvantageInputs(rewards, ids, mask, answers=answers, logprobs=logprobs), cfg)
+        inputs = AdvantageInputs(rewards, ids, mask, answers=answers, logprobs=logprobs)
+        got, metrics = seed_grpo_advantages(inputs, method_config(cfg, "seed_grpo"))
         for k in range(groups):
             rows = range(k * g, (k + 1) * g)
             clusters: dict[str, list[int]] = {}
@@ -302,7 +303,7 @@ def test_8020_code_compat_averages_over_each_micro_batchs_selected_tokens():
         total, want = 0.0, 0.0
         for logp, old, adv, mask, entropy in micro:
             x = PolicyLossInputs(logp, old, adv, mask, entropy=entropy, num_tokens=num_tokens, num_micro_batches=len(micro))
-            loss, _ = high_entropy(x, cfg)
+            loss, _ = high_entropy(x, method_config(cfg, "entropy_8020"))
             total += aggregate_loss(loss, mask, "token-mean", num_tokens=num_tokens).item()
             ppo, _ = ppo_clip_loss(logp, old, adv, mask, 0.2, 0.2, 3.0)
             h, p = _valid(entropy, mask), _valid(ppo, mask)

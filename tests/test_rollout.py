@@ -3,16 +3,17 @@
 import pytest
 import torch
 
+from semrl.engines import GenerationRequest, HFEngine, SamplingParams
+from semrl.engines.hf import filter_logits
 from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.models import load_model, load_tokenizer
-from semrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, filter_logits
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
-    return tok, model, RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=4)
+    return tok, model, HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=4)
 
 
 def _prompts(tok, n):
@@ -128,9 +129,9 @@ def test_finished_rows_leave_the_batch_without_changing_results(tiny):
     tok, model, _ = tiny
     prompts = _prompts(tok, 5)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
-    alone = [RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, 1).generate([GenerationRequest(p)], greedy)[0] for p in prompts]
+    alone = [HFEngine(model, [tok.eos_token_id], tok.pad_token_id, 1).generate([GenerationRequest(p)], greedy)[0] for p in prompts]
     budgets = [3, 12, 5, 12, 1]  # rows leave at different steps
-    together = RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, 8).generate(
+    together = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, 8).generate(
         [GenerationRequest(p, max_new_tokens=b) for p, b in zip(prompts, budgets, strict=True)], greedy
     )
     for a, t, b in zip(alone, together, budgets, strict=True):

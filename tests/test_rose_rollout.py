@@ -6,15 +6,15 @@ import torch
 from semrl.algos.branching import branch_scores, normalized_embeddings
 from semrl.algos.rose import RoseConfig
 from semrl.algos.rose_rollout import tree_rollout
+from semrl.engines import HFEngine, SamplingParams
 from semrl.models import load_model, load_tokenizer
-from semrl.rollout import RolloutEngine, SamplingParams
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
-    engine = RolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=16)
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=16)
     emb = normalized_embeddings(model.get_input_embeddings().weight)
     prompts = [tok(f"Question {i}: go on")["input_ids"] for i in range(3)]
     return engine, emb, prompts

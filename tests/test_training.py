@@ -73,7 +73,7 @@ def test_multiple_epochs_minibatches_and_kl_run(digit_model_dir, seven_task, tmp
     assert trainer.ref_model is not None
     last = trainer.train()
     assert "kl" in last and last["kl"] >= 0 and last["actor/clip_frac"] >= 0
-    assert trainer.optimizer.state_dict()["state"]  # 2 epochs x 2 mini-batches = 4 updates / step
+    assert trainer.run.optim.optimizer.state_dict()["state"]  # 2 epochs x 2 mini-batches = 4 updates / step
 
 
 def test_no_reference_model_without_kl(digit_model_dir, seven_task, tmp_path):
@@ -315,14 +315,13 @@ def test_held_out_and_transfer_evaluations_keep_their_problem_records(digit_mode
 
 
 def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_dir, seven_task, tmp_path, monkeypatch):
-    import semrl.curriculum
     import semrl.evaluation
 
     template = "Question: {problem}\nAnswer:"
     out = tmp_path / "run"
     Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=1", f"data.prompt_template={json.dumps(template)}")).train()
     seen: list[tuple[str | None, str | None]] = []
-    for module in (semrl.evaluation, semrl.curriculum):
+    for module in (semrl.evaluation,):  # curriculum scoring samples through evaluation's sample_and_verify
         real = module.build_prompt_ids
 
         def spy(tokenizer, problem, system=None, prompt_template=None, _real=real):  # noqa: ANN001

@@ -48,7 +48,9 @@ def train(
 
     if isinstance(config, Config):
         if overrides:
-            raise ValueError("semrl.train: overrides apply to a config file; with a Config object, use dataclasses.replace")
+            raise ValueError(
+                "semrl.train: overrides apply to a config file; with a Config object, use dataclasses.replace"
+            )
         cfg = config
     else:
         cfg = load_config(config, list(overrides))

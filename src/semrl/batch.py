@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from semrl.data import Problem
+from semrl.engines import Generation
 from semrl.forward import SequenceBatch, make_sequence_batch
 from semrl.reward import RewardResult
-from semrl.rollout import Generation
 from semrl.tree import BranchPoint, ChainTree
 
 
@@ -23,11 +23,14 @@ class GroupInfo:
         tree: the prefix tree of the group's G chains (tree rollouts): tree packing and the tree
             log read it.
         branch_points: per chain, (H, SD, score) where it branched, or None (the tree log).
+        nodes_by_position: the tree's nodes are keyed by (prompt, position) as in ROSE's code
+            (``rose.code_compat``), not by the exact tree: the tree log's segments follow them.
         method_data: the method's own record (FR3E: the state each continuation starts from).
     """
 
     tree: ChainTree | None = None
     branch_points: tuple[BranchPoint | None, ...] | None = None
+    nodes_by_position: bool = False
     method_data: Any = None
 
 
@@ -50,7 +53,8 @@ class RolloutBatch:
     rewards: torch.Tensor | None = None  # (N,) after the reward stage
     reward_results: list[RewardResult] = field(default_factory=list)  # (N,)
     verify_timeouts: int = 0  # verifier time-outs while scoring this batch
-    reward_function_sums: dict[str, float] = field(default_factory=dict)  # rewards/<function>/{sum,errors,timeouts}
+    # rewards/<function>/{sum,errors,timeouts}
+    reward_function_sums: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sequences: SequenceBatch = make_sequence_batch(
@@ -96,6 +100,12 @@ class RolloutBatch:
         """(num_groups, G) correctness as 0/1 (the reward without shaping or truncation overrides)."""
         return torch.tensor([float(r.correct) for r in self.reward_results]).view(-1, self.group_size)
 
+    def informative_groups(self, metric: Literal["reward", "accuracy"] = "reward") -> torch.Tensor:
+        """(num_groups,) True where the group's rewards (or correctness) are not all equal: the
+        groups with a learning signal under group-relative advantages (DAPO's dynamic sampling)."""
+        grouped = self.group_rewards() if metric == "reward" else self.group_correct()
+        return grouped.max(1).values > grouped.min(1).values
+
 
 def gather_groups(chosen: list[tuple[RolloutBatch, int]]) -> RolloutBatch:
     """A new batch made of the chosen (batch, group index) pairs, in that order.
@@ -107,7 +117,9 @@ def gather_groups(chosen: list[tuple[RolloutBatch, int]]) -> RolloutBatch:
     rows = [(b, i) for b, grp in chosen for i in range(grp * g, (grp + 1) * g)]
     sources = list({id(b): b for b, _ in chosen}.values())
     metric_dicts = [b.metrics for b in sources if b.metrics]
-    metrics = {k: sum(m[k] for m in metric_dicts) / len(metric_dicts) for k in metric_dicts[0]} if metric_dicts else {}
+    metrics = {}
+    if metric_dicts:
+        metrics = {k: sum(m[k] for m in metric_dicts) / len(metric_dicts) for k in metric_dicts[0]}
     out = RolloutBatch(
         problems=[b.problems[i] for b, i in rows],
         prompt_ids=[b.prompt_ids[i] for b, i in rows],

@@ -1,20 +1,26 @@
-"""Log-probs and entropies of a rollout batch's responses under a model, padded or tree-packed."""
+"""Log-probs and entropies of a rollout batch's responses under a model, padded or tree-packed; and
+the entropies an engine that does not compute them (vllm) leaves to the trainer's forward."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from semrl.batch import RolloutBatch
-from semrl.forward import response_logprobs
+from semrl.engines.base import Generation
+from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.lm_head import DEFAULT_LOGITS_CHUNK
 from semrl.packing import pack_rows, packed_response_logprobs, unpack_order
+from semrl.precision import autocast_to
 
 
 def rows_logprobs(
-    model: Any, batch: RolloutBatch, idx: torch.Tensor, temperature: float, with_entropy: bool, packed: bool,
+    model: Any, batch: RolloutBatch, idx: torch.Tensor, temperature: float, *, with_entropy: bool,
+    packed: bool,
     chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Log-probs (n, r), entropies (n, r) or None, and response mask (n, r) of rows ``idx``.
@@ -39,7 +45,7 @@ def rows_logprobs(
 
 
 def batch_logprobs(
-    model: Any, batch: RolloutBatch, temperature: float, micro_batches: list[torch.Tensor], packed: bool,
+    model: Any, batch: RolloutBatch, temperature: float, micro_batches: list[torch.Tensor], *, packed: bool,
     with_entropy: bool = False, chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log-probs of every response token under ``model`` (old policy or reference), without
@@ -49,11 +55,70 @@ def batch_logprobs(
     model.eval()
     with torch.no_grad():
         for idx in micro_batches:
-            logp, entropy, _ = rows_logprobs(model, batch, idx, temperature, with_entropy, packed, chunk_size)
+            logp, entropy, _ = rows_logprobs(
+                model, batch, idx, temperature, with_entropy=with_entropy, packed=packed,
+                chunk_size=chunk_size
+            )
             out[idx, : logp.shape[1]] = logp.cpu()
             if entropies is not None and entropy is not None:
                 entropies[idx, : entropy.shape[1]] = entropy.float().cpu()
     return out, entropies
+
+
+@dataclass
+class PolicyPasses:
+    """The no-gradient forwards a step needs before its update; each (N, T) or None.
+
+    Attributes:
+        old_logp: the behaviour policy's log-probs (the weights that sampled), when the update takes
+            more than one optimizer step; None: on-policy, the ratio is exactly 1.
+        ref_logp: the reference model's log-probs, when a KL term or ``log_ref_kl`` needs them.
+        rollout_entropy: full-vocabulary entropies at the sampling weights, when the engine gave none
+            (vllm) and the old-policy pass runs anyway or a token selection needs them before the
+            update; otherwise the update's first forward measures them.
+    """
+
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    rollout_entropy: torch.Tensor | None = None
+
+
+def policy_passes(
+    model: Any,
+    ref_model: Any | None,
+    batch: RolloutBatch,
+    rows: Callable[[], list[torch.Tensor]],
+    *,
+    temperature: float,
+    packed: bool,
+    chunk_size: int,
+    on_policy: bool,
+    entropy_before_update: bool,
+    autocast: Callable[[], AbstractContextManager[Any]],
+    reference_weights: Callable[[], AbstractContextManager[Any]],
+) -> PolicyPasses:
+    """Run the passes the step needs: old-policy log-probs unless ``on_policy`` (one optimizer step,
+    pi_old = pi_theta), the reference's when there is a ``ref_model``, and rollout entropies when the
+    batch lacks them and ``entropy_before_update`` (a token selection reads them) or an old-policy
+    pass runs anyway. ``rows()`` gives the micro-batches (called only when a pass runs); ``autocast``
+    enters the trained model's compute dtype; ``reference_weights`` makes ``ref_model`` the
+    reference (under LoRA, the trained model with its adapters off)."""
+    fill = not batch.has_rollout_entropy and (not on_policy or entropy_before_update)
+    passes = PolicyPasses()
+    every_row = rows() if not on_policy or fill or ref_model is not None else []
+    if not on_policy or fill:
+        with autocast():
+            logp, entropy = batch_logprobs(
+                model, batch, temperature, every_row, packed=packed, with_entropy=fill, chunk_size=chunk_size
+            )
+        passes.old_logp = None if on_policy else logp
+        passes.rollout_entropy = entropy
+    if ref_model is not None:
+        with reference_weights():
+            passes.ref_logp = batch_logprobs(
+                ref_model, batch, temperature, every_row, packed=packed, chunk_size=chunk_size
+            )[0]
+    return passes
 
 
 def micro_batches(
@@ -91,7 +156,8 @@ def micro_batches(
     wanted = agree(len(bins))
     if wanted > len(units):
         raise ValueError(
-            f"trainer.micro_batch_tokens={token_budget}: another process needs {wanted} micro-batches, this one "
+            f"trainer.micro_batch_tokens={token_budget}: another "
+            f"process needs {wanted} micro-batches, this one "
             f"has {len(units)} rows or groups to split; raise trainer.micro_batch_tokens"
         )
     while len(bins) < wanted:
@@ -117,10 +183,44 @@ def _unit_tokens(batch: RolloutBatch, rows: list[int], packed: bool) -> int:
     return len(batch.prompt_ids[rows[0]]) + sum(lengths) - shared
 
 
-def shuffled_rows(total: int, group_size: int, whole_groups: bool, generator: torch.Generator) -> torch.Tensor:
+def shuffled_rows(
+    total: int, group_size: int, whole_groups: bool, generator: torch.Generator
+) -> torch.Tensor:
     """(total,) a random order of the batch's rows for one PPO epoch; with ``whole_groups`` (tree
     packing) the groups are shuffled and each keeps its rows together, so micro-batches share prefixes."""
     if not whole_groups:
         return torch.randperm(total, generator=generator)
     groups = torch.randperm(total // group_size, generator=generator)
     return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+
+
+@torch.no_grad()
+def fill_entropy(
+    model: Any,
+    contexts: list[list[int]],
+    generations: list[Generation],
+    temperature: float,
+    micro_batch_size: int = 8,
+    compute_dtype: torch.dtype = torch.float32,
+) -> None:
+    """Fill ``entropy`` of generations that lack it (vllm) with the full-vocabulary entropy of
+    the tempered next-token distribution at each response position, from a forward pass of
+    ``model`` (the weights that sampled them) in ``compute_dtype`` (the engine's).
+    contexts[i]: the tokens before generations[i]."""
+    todo = [i for i, g in enumerate(generations) if g.entropy is None]
+    was_training = model.training
+    model.eval()
+    for start in range(0, len(todo), micro_batch_size):
+        rows = todo[start : start + micro_batch_size]
+        batch = make_sequence_batch(  # pad id 0: padding is masked out of the forward
+            [contexts[i] for i in rows], [generations[i].token_ids.tolist() for i in rows], 0
+        )
+        with autocast_to(compute_dtype, model):
+            _, entropy = response_logprobs(
+                model, batch, temperature if temperature > 0 else 1.0, with_entropy=True
+            )
+        assert entropy is not None
+        for j, i in enumerate(rows):
+            generations[i].entropy = entropy[j, : len(generations[i].token_ids)].float().cpu()
+    if was_training:
+        model.train()

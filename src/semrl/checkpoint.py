@@ -1,11 +1,13 @@
 """Atomic, exact-resume checkpoints in Hugging Face format.
 
 A checkpoint directory ``checkpoints/step-000010`` holds the model (safetensors, loadable with
-``AutoModelForCausalLM.from_pretrained``), the tokenizer, the trainer state (optimizer, scheduler,
-every RNG state, the data sampler position, the step; ``semrl.safe_state``: JSON + safetensors, no
-pickle) and, written last, ``manifest.json``: every file's size and SHA-256, the step and the semrl
-version. It is written to a temporary sibling directory and renamed into place, so a crash at any
-moment leaves the last complete checkpoint intact; ``verify_checkpoint`` finds one damaged later
+``AutoModelForCausalLM.from_pretrained``, ``vllm serve`` or SGLang as it is), the tokenizer, in the
+subfolder ``trainer_state/`` the trainer state (optimizer, scheduler, every RNG state, the data
+sampler position, the step; ``semrl.safe_state``: JSON + safetensors, no pickle; kept out of the
+weight files' way, since inference engines load every ``*.safetensors`` beside the config) and,
+written last, ``manifest.json``: every file's size and SHA-256, the step and the semrl version.
+It is written to a temporary sibling directory and renamed into place, so a crash at any moment
+leaves the last complete checkpoint intact; ``verify_checkpoint`` finds one damaged later
 (a truncated copy, a full disk, bit rot), and ``--resume`` falls back to the newest valid one.
 """
 
@@ -19,23 +21,31 @@ import os
 import random
 import re
 import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from semrl import __version__
+from semrl.atomic import atomic_directory
+from semrl.distributed import full_optimizer_state, full_state_dict, load_optimizer_state
 from semrl.errors import ConfigError, TrainingError
 from semrl.faults import kill_point
-from semrl.safe_state import STATE_JSON, load_state, save_state
+from semrl.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
+
+if TYPE_CHECKING:
+    from semrl.config import Config
+    from semrl.curriculum import Curriculum
+    from semrl.optim import Optimization
 
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 MANIFEST = "manifest.json"
 LEGACY_STATE = "trainer_state.pt"  # pickled trainer state of checkpoints written before the manifest
+STATE_DIR = "trainer_state"  # the trainer state's subfolder; older checkpoints keep it at the top level
 
 
 def _sha256(path: Path) -> str:
@@ -58,7 +68,8 @@ def verify_checkpoint(ckpt: Path) -> list[str]:
     """What is wrong with ``ckpt`` (empty: it is complete and every file matches its manifest)."""
     if (ckpt / LEGACY_STATE).exists() and not (ckpt / MANIFEST).exists():
         return [
-            f"written by an older semrl ({LEGACY_STATE}, a pickle that can run code when loaded); convert it once "
+            f"written by an older semrl ({LEGACY_STATE}, a pickle "
+            "that can run code when loaded); convert it once "
             f"with 'semrl checkpoint convert {ckpt.parent.parent}' if you trust where it came from"
         ]
     try:
@@ -122,39 +133,41 @@ def save_checkpoint(
 ) -> Path:
     """Write ``model`` (or ``model_state``, its full weights, for a sharded model) and the trainer state."""
     final = checkpoint_dir(run_dir, step)
-    ckpt_root = final.parent
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:06d}-", dir=ckpt_root))
-    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
+    written = 0
     try:
-        if model_state is not None and getattr(model.config, "tie_word_embeddings", False):
-            # a gathered state names tied weights twice; the checkpoint stores them once, as HF does
-            model_state = {k: v for k, v in model_state.items() if k not in (model._tied_weights_keys or {})}
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
-        tokenizer.save_pretrained(tmp)
-        save_state(trainer_state, tmp)
-        write_manifest(tmp, step)
-        kill_point("checkpoint", step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with atomic_directory(final, prefix=f".tmp-step-{step:06d}-") as tmp:
+            try:
+                if model_state is not None and getattr(model.config, "tie_word_embeddings", False):
+                    # a gathered state names tied weights twice; the checkpoint stores them once, as HF does
+                    tied = model._tied_weights_keys or {}
+                    model_state = {k: v for k, v in model_state.items() if k not in tied}
+                model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
+                tokenizer.save_pretrained(tmp)
+                (tmp / STATE_DIR).mkdir()
+                save_state(trainer_state, tmp / STATE_DIR)
+                write_manifest(tmp, step)
+                kill_point("checkpoint", step)
+            except OSError:
+                written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+                raise
     except OSError as err:
-        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
-        shutil.rmtree(tmp, ignore_errors=True)
         if err.errno != errno.ENOSPC:
             raise
         previous = list_checkpoints(run_dir)
-        needed = max(written, sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0)
-        free = shutil.disk_usage(ckpt_root).free
-        kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        needed = max(
+            written, sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0
+        )
+        free = shutil.disk_usage(final.parent).free
+        kept = "no earlier checkpoint exists"
+        if previous:
+            kept = f"the previous checkpoint {previous[-1]} is intact"
         raise TrainingError(
-            f"no space left on the device while writing the checkpoint of step {step} in {ckpt_root}: it needs about "
-            f"{needed / 2**30:.2f} GiB and {free / 2**30:.2f} GiB are free; {kept}. Free some space (or lower "
+            "no space left on the device while writing the "
+            f"checkpoint of step {step} in {final.parent}: it needs "
+            f"about {needed / 2**30:.2f} GiB and {free / 2**30:.2f} "
+            f"GiB are free; {kept}. Free some space (or lower "
             f"logging.keep_last), then continue with 'semrl train --resume {run_dir}'"
         ) from err
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     for old in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -195,23 +208,114 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return resumable_checkpoint(run_dir)[0]
 
 
+def trainer_state_dir(ckpt: Path) -> Path:
+    """Where a checkpoint keeps its trainer state: ``trainer_state/``, or the checkpoint itself in
+    checkpoints written before that subfolder (they resume as they are; ``semrl checkpoint convert``
+    moves it)."""
+    return ckpt / STATE_DIR if (ckpt / STATE_DIR / STATE_JSON).exists() else ckpt
+
+
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
     """The trainer state of a checkpoint, loaded without running any code."""
-    if not (ckpt / STATE_JSON).exists():
+    if not (trainer_state_dir(ckpt) / STATE_JSON).exists():
         raise ConfigError(f"checkpoint {ckpt}: " + "; ".join(verify_checkpoint(ckpt) or ["no trainer state"]))
-    return load_state(ckpt)
+    return load_state(trainer_state_dir(ckpt))
 
 
 def convert_legacy_checkpoints(run_dir: Path) -> list[Path]:
-    """Rewrite every checkpoint of ``run_dir`` (and its curriculum references) that holds a pickled
-    ``trainer_state.pt`` in the safe format, with a manifest. Unpickling runs code: only for
-    checkpoints you trust. Returns the converted directories."""
+    """Bring every checkpoint of ``run_dir`` (and its curriculum references) to the current layout:
+    a pickled ``trainer_state.pt`` rewritten in the safe format (unpickling runs code: only for
+    checkpoints you trust), a top-level trainer state moved into ``trainer_state/``; the manifest
+    rewritten after either. Returns the converted directories."""
     converted = []
     for legacy in sorted(run_dir.rglob(LEGACY_STATE)):
         ckpt = legacy.parent
         state = torch.load(legacy, weights_only=False)
-        save_state(state, ckpt)
+        (ckpt / STATE_DIR).mkdir(exist_ok=True)
+        save_state(state, ckpt / STATE_DIR)
         legacy.unlink()
         write_manifest(ckpt, int(state.get("step", 0)) if isinstance(state, dict) else 0)
         converted.append(ckpt)
+    for top_level in sorted(run_dir.rglob(STATE_JSON)):
+        ckpt = top_level.parent
+        if ckpt.name == STATE_DIR or not (ckpt / MANIFEST).exists() or verify_checkpoint(ckpt):
+            continue  # already converted, or not a complete checkpoint: left as it is
+        (ckpt / STATE_DIR).mkdir(exist_ok=True)
+        for name in (STATE_JSON, STATE_TENSORS):
+            if (ckpt / name).exists():
+                os.replace(ckpt / name, ckpt / STATE_DIR / name)
+        step = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8")).get("step", 0)
+        write_manifest(ckpt, int(step))
+        converted.append(ckpt)
     return converted
+
+
+@dataclass
+class RunState:
+    """What a checkpoint saves besides the weights, live; restoring it continues the run exactly.
+
+    Attributes:
+        step: rollout steps done.
+        curriculum: the curriculum stage and the data order within it.
+        optim: optimizer, schedule, loss scaler and the count of consecutive skipped updates.
+        generator: this process's random stream (saved with the global torch, numpy, python RNGs).
+    """
+
+    step: int
+    curriculum: Curriculum
+    optim: Optimization
+    generator: torch.Generator
+
+
+def full_weights(model: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
+    """The trained weights whole, a collective under FSDP; None when ``model`` is not sharded (its
+    own weights, or the hf engine's full copy of them, are whole already)."""
+    return full_state_dict(model) if fsdp else None
+
+
+def save_run(
+    run_dir: Path, run: RunState, model: Any, rollout_model: Any, tokenizer: Any, cfg: Config, procs: Any
+) -> Path:
+    """Checkpoint of the run at ``run.step``, written by the main process (a collective: every
+    process calls it). ``model`` is the trained model, ``rollout_model`` its full weights' holder."""
+    rngs = procs.gather(rng_state(run.generator))
+    fsdp, optim = cfg.trainer.fsdp, run.optim
+    state = {
+        "step": run.step,
+        "optimizer": full_optimizer_state(model, optim.optimizer) if fsdp else optim.optimizer.state_dict(),
+        "scheduler": optim.scheduler.state_dict(),
+        "sampler": run.curriculum.sampler.state_dict(),
+        "rng": rngs if procs.distributed else rngs[0],
+        "consecutive_bad_updates": optim.consecutive_bad_updates,
+        "grad_scaler": optim.scaler.state_dict(),
+        "stage": run.curriculum.stage,
+        "config": cfg.to_dict(),
+    }
+    path = checkpoint_dir(run_dir, run.step)
+    weights = full_weights(model, fsdp)
+    if procs.is_main:
+        path = save_checkpoint(
+            run_dir, run.step, rollout_model, tokenizer, state, cfg.logging.keep_last, model_state=weights
+        )
+    procs.barrier()
+    return path
+
+
+def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, procs: Any) -> None:
+    """Load the checkpoint's trainer state into ``run``: the curriculum stage and data order (with
+    ``data.curriculum_reset_optimizer`` a later stage's fresh optimizer first), optimizer, schedule,
+    loss scaler, RNG states, step and skipped-update count."""
+    state = load_trainer_state(ckpt)
+    run.curriculum.load_state_dict(state)
+    if run.curriculum.stage > 0 and cfg.data.curriculum_reset_optimizer:
+        run.optim.restart(run.curriculum.schedule.steps_of(run.curriculum.stage))
+    if cfg.trainer.fsdp:
+        load_optimizer_state(model, run.optim.optimizer, state["optimizer"])
+    else:
+        run.optim.optimizer.load_state_dict(state["optimizer"])
+    run.optim.scheduler.load_state_dict(state["scheduler"])
+    if state.get("grad_scaler"):
+        run.optim.scaler.load_state_dict(state["grad_scaler"])
+    set_rng_state(process_rng_state(state, ckpt, procs.rank, procs.world), run.generator)
+    run.step = state["step"]
+    run.optim.consecutive_bad_updates = state.get("consecutive_bad_updates", 0)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from semrl.config import ConfigError, config_reference, load_config
+from semrl.config import Config, ConfigError, config_reference, load_config
 from semrl.data import DEFAULT_SYSTEM_PROMPT
 from semrl.errors import Preempted, TrainingError
 from semrl.preemption import EXIT_PREEMPTED
@@ -43,7 +43,9 @@ def _train(args: argparse.Namespace) -> int:
         return _launch(args)
     if args.resume:
         run_dir = Path(args.resume)
-        cfg = load_config(args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"])
+        cfg = load_config(
+            args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"]
+        )
     else:
         cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=bool(args.resume))
@@ -60,7 +62,10 @@ def _problems(name: str, args: argparse.Namespace, split: str, seed: int) -> lis
     with ``trainer.seed=seed``), cut to ``--limit``."""
     from semrl.data import load_dataset
 
-    problems = load_dataset(name, split=split, seed=seed, arithmetic_size=args.limit or 64, levels=args.levels)  # type: ignore[arg-type]
+    # type: ignore[arg-type]
+    problems = load_dataset(
+        name, split=split, seed=seed, arithmetic_size=args.limit or 64, levels=args.levels
+    )
     return problems[: args.limit] if args.limit else problems
 
 
@@ -70,24 +75,28 @@ def _curriculum_score(args: argparse.Namespace) -> int:
 
     from semrl.curriculum import score_problems
     from semrl.data import build_prompt_ids
+    from semrl.engines import SamplingParams
     from semrl.models import load_model, load_tokenizer, resolve_model_path
     from semrl.reward import VerifierPool
-    from semrl.rollout import SamplingParams
 
     if args.engine == "vllm" and args.top_p < 1.0 and args.estimator == "length_normalized":
         raise ConfigError(
-            "--engine vllm with --top-p < 1: vLLM's log-probs are those of the filtered distribution, which the "
-            "length_normalized estimator must not read (docs/engines.md); use --top-p 1, --estimator frequency "
-            "or --engine hf"
+            "--engine vllm with --top-p < 1: vLLM's log-probs "
+            "are those of the filtered distribution, which the "
+            "length_normalized estimator must not read "
+            "(docs/engines.md); use --top-p 1, --estimator frequency or --engine hf"
         )
-    problems = _problems(args.data, args, "train", seed=args.seed)  # the training problems of a run with trainer.seed
+    # the training problems of a run with trainer.seed
+    problems = _problems(args.data, args, "train", seed=args.seed)
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
-    params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
+    params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens, logprobs_top_k=0)
     system, template = _prompt_settings(args)
     prompts = [build_prompt_ids(tokenizer, p.problem, system, template) for p in problems]
     engine = _make_engine(args, model, tokenizer, prompts, args.max_new_tokens)
-    with VerifierPool(2, args.timeout) as pool, tqdm(total=len(problems), desc="score", disable=args.quiet) as bar:
+    with VerifierPool(2, args.timeout) as pool, tqdm(
+        total=len(problems), desc="score", disable=args.quiet
+    ) as bar:
         written = score_problems(
             engine, tokenizer, pool, problems, Path(args.output), params, args.n, system,
             not args.no_number_fallback, args.estimator, torch.Generator().manual_seed(args.seed), bar.update,
@@ -116,7 +125,9 @@ def _eval(args: argparse.Namespace) -> int:
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
     system, template = _prompt_settings(args)
-    prompts = [build_prompt_ids(tokenizer, p.problem, system, template) for ps in problems.values() for p in ps]
+    prompts = [
+        build_prompt_ids(tokenizer, p.problem, system, template) for ps in problems.values() for p in ps
+    ]
     engine = _make_engine(args, model, tokenizer, prompts, max_new_tokens)
     out = Path(args.output or Path("runs") / "eval" / Path(str(path)).name)
     summaries = {}
@@ -128,7 +139,9 @@ def _eval(args: argparse.Namespace) -> int:
                 final_number_fallback=not args.no_number_fallback,
                 problems_per_chunk=max(1, args.batch_size // n), batch_size=args.batch_size,
             )
-            with tqdm(total=len(problems[name]), desc=f"eval {name}", unit="problem", disable=args.quiet) as bar:
+            with tqdm(
+                total=len(problems[name]), desc=f"eval {name}", unit="problem", disable=args.quiet
+            ) as bar:
                 summaries[name], reused = evaluate_dataset(
                     engine, tokenizer, pool, problems[name], settings, out / name, bar.update
                 )
@@ -156,9 +169,15 @@ def _compare(args: argparse.Namespace) -> int:
 
     sweep_dir = len(args.run_dirs) == 1 and not (Path(args.run_dirs[0]) / "metrics.jsonl").exists()
     if args.group_by or sweep_dir:
-        print(compare_seeds(args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.resamples))
+        print(
+            compare_seeds(
+                args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.resamples
+            )
+        )
     elif args.baseline:
-        raise ConfigError("--baseline compares variants across seeds: give a sweep directory or --group-by KEY")
+        raise ConfigError(
+            "--baseline compares variants across seeds: give a sweep directory or --group-by KEY"
+        )
     else:
         print(compare_runs(args.run_dirs, args.metric, args.output))
     return 0
@@ -173,8 +192,10 @@ def _sweep(args: argparse.Namespace) -> int:
         return 0
     if args.launcher == "local":
         return sweeps.run_local(sweep)
-    options = {"partition": args.partition, "gpus_per_node": args.gpus_per_node, "cpus_per_task": args.cpus_per_task,
-               "timeout_min": args.timeout_min, "array_parallelism": args.array_parallelism, "account": args.account}
+    options = {
+        "partition": args.partition, "gpus_per_node": args.gpus_per_node, "cpus_per_task": args.cpus_per_task,
+        "timeout_min": args.timeout_min, "array_parallelism": args.array_parallelism, "account": args.account,
+    }
     folder = sweep.output_dir / ".submitit"
     cluster = "slurm" if args.launcher == "slurm" else "local"
     executor = sweeps.slurm_executor(sweep, folder, options, cluster=cluster)
@@ -206,7 +227,8 @@ def _checkpoint(args: argparse.Namespace) -> int:
         converted = convert_legacy_checkpoints(run_dir)
         print(f"converted {len(converted)} checkpoint(s)" + "".join(f"\n  {c}" for c in converted))
         return 0
-    found = list_checkpoints(run_dir) + [c for stage in stage_reference_dirs(run_dir) for c in list_checkpoints(stage)]
+    references = [c for stage in stage_reference_dirs(run_dir) for c in list_checkpoints(stage)]
+    found = list_checkpoints(run_dir) + references
     if not found:
         raise ConfigError(f"no checkpoints in {run_dir / 'checkpoints'}")
     bad = 0
@@ -223,18 +245,30 @@ def _export(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     output = export_model(
-        run_dir, Path(args.output) if args.output else None, Path(args.checkpoint) if args.checkpoint else None
+        run_dir, Path(args.output) if args.output else None,
+        Path(args.checkpoint) if args.checkpoint else None
     )
     print(f"wrote {output} (load it with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
+# Defaults the config defines too are taken from it, so that a command and a run agree
+DEFAULTS = Config()
+
+
 def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by the commands that sample from a model and verify its answers."""
-    parser.add_argument("--batch-size", type=int, default=64, help="generation batch size")
-    parser.add_argument("--timeout", type=float, default=5.0, help="verification timeout per answer (s)")
     parser.add_argument(
-        "--system-prompt", help="system message of the chat template (default: the training run's when --model is "
+        "--batch-size", type=int, default=DEFAULTS.rollout.generation_batch_size,
+        help="generation batch size (default %(default)s, as rollout.generation_batch_size)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULTS.reward.timeout_s,
+        help="verification timeout per answer in seconds (default %(default)s, as reward.timeout_s)",
+    )
+    parser.add_argument(
+        "--system-prompt",
+        help="system message of the chat template (default: the training run's when --model is "
         "one of its checkpoints, else semrl's default)",
     )
     parser.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
@@ -246,9 +280,13 @@ def _add_model_io_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
     parser.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf",
-        help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm]'); docs/engines.md",
+        help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm]'); "
+        "docs/engines.md",
     )
-    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm on CPU: KV-cache size in GiB")
+    parser.add_argument(
+        "--kv-cache-gib", type=float, default=DEFAULTS.rollout.vllm_kv_cache_gib,
+        help="vllm on CPU: KV-cache size in GiB (default %(default)s, as rollout.vllm_kv_cache_gib)",
+    )
 
 
 def _add_plugin_arg(parser: argparse.ArgumentParser) -> None:
@@ -268,7 +306,9 @@ def _prompt_settings(args: argparse.Namespace) -> tuple[str | None, str | None]:
         import yaml
 
         data = (yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}).get("data") or {}
-    system = args.system_prompt if args.system_prompt is not None else data.get("system_prompt", DEFAULT_SYSTEM_PROMPT)
+    system = args.system_prompt if args.system_prompt is not None else data.get(
+        "system_prompt", DEFAULT_SYSTEM_PROMPT
+    )
     template = args.prompt_template if args.prompt_template is not None else data.get("prompt_template")
     if template is not None and (not isinstance(template, str) or "{problem}" not in template):
         raise ConfigError(f"--prompt-template must contain a {{problem}} field, got {template!r}")
@@ -281,12 +321,15 @@ def _make_engine(
     """The engine of ``--engine`` for these prompts (vllm sizes its cache by the longest)."""
     from types import SimpleNamespace
 
-    from semrl.engine import build_engine
+    from semrl.engines import build_engine
 
-    options = SimpleNamespace(vllm_kv_cache_gib=args.kv_cache_gib, vllm_gpu_memory_utilization=0.3, vllm_block_size=32)
+    options = SimpleNamespace(
+        vllm_kv_cache_gib=args.kv_cache_gib, vllm_gpu_memory_utilization=0.3, vllm_block_size=32
+    )
     longest = max((len(p) for p in prompts), default=0)
     return build_engine(
-        args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed, vllm_options=options,
+        args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed,
+        vllm_options=options,
     )
 
 
@@ -323,7 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
         "for every k <= n, response length (all, correct), distinct answers, accuracy by level and "
         "subject, verification time-outs. Writes JSON and a Markdown table; resumable.",
     )
-    ev.add_argument("--model", default="smollm2-135m", help="alias, model/checkpoint dir, .gguf or hub id")
+    ev.add_argument(
+        "--model", default=DEFAULTS.model.name,
+        help="alias, model/checkpoint dir, .gguf or hub id (default %(default)s)"
+    )
     ev.add_argument(
         "--data", nargs="+", default=["arithmetic"],
         help="benchmark names (math500 aime24 aime25 amc23 gsm8k_test minerva_math olympiadbench ...), "
@@ -336,11 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--levels", type=int, nargs="+", default=[1], help="arithmetic levels")
     ev.add_argument("--limit", type=int, default=0, help="evaluate only the first N problems of each dataset")
-    ev.add_argument("--n", type=int, default=0, help="samples per problem, pass@k for every k <= n (default 8)")
+    ev.add_argument(
+        "--n", type=int, default=0, help="samples per problem, pass@k for every k <= n (default 8)"
+    )
     ev.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (default 0.6)")
     ev.add_argument("--top-p", type=float, help="nucleus sampling threshold (default 0.95)")
     ev.add_argument("--max-new-tokens", type=int, default=0, help="response budget (default 256)")
-    ev.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ev.add_argument(
+        "--seed", type=int, default=DEFAULTS.trainer.seed, help="sampling seed (default %(default)s)"
+    )
     _add_model_io_args(ev)
     ev.add_argument(
         "--output",
@@ -365,13 +415,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--output one PNG per metric with all runs overlaid. A sweep directory (OUT/VARIANT/seed-S) or "
         "--group-by KEY: each variant's seeds aggregated (mean +- s.e. per step and at the end, pass@k for "
         "k = 1..n beside the base model's, paired differences against --baseline with a 95%% bootstrap "
-        "interval); with --output also results.md, aggregate.json, PNG figures and index.html (docs/sweeps.md).",
+        "interval); with --output also results.md, aggregate.json, PNG figures and index.html "
+        "(docs/sweeps.md).",
     )
     cmp.add_argument("run_dirs", nargs="+", help="run directories, or one sweep directory")
     cmp.add_argument("--metric", nargs="+", help="metrics (default: reward, accuracy, entropy, ..., eval)")
     cmp.add_argument("--output", help="directory for the tables and PNG plots")
-    cmp.add_argument("--group-by", metavar="KEY", help="config key whose value names a run's variant, e.g. algorithm.method")
-    cmp.add_argument("--baseline", metavar="VARIANT", help="variant the others are compared with (paired by seed and problem)")
+    cmp.add_argument(
+        "--group-by", metavar="KEY",
+        help="config key whose value names a run's variant, e.g. algorithm.method"
+    )
+    cmp.add_argument(
+        "--baseline", metavar="VARIANT",
+        help="variant the others are compared with (paired by seed and problem)"
+    )
     cmp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     cmp.set_defaults(func=_compare)
 
@@ -383,7 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
         "variants across seeds with 'semrl compare OUTPUT_DIR'.",
     )
     sw.add_argument("sweep_file", help="sweep YAML file")
-    sw.add_argument("--dry-run", action="store_true", help="list the runs, their state and commands; run nothing")
+    sw.add_argument(
+        "--dry-run", action="store_true", help="list the runs, their state and commands; run nothing"
+    )
     sw.add_argument(
         "--launcher", choices=["local", "slurm", "submitit-local"], default="local",
         help="local: one run after another here (default); slurm: one job per run through submitit "
@@ -441,19 +500,34 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sample N answers per problem, cluster them by math equivalence, and append one "
         "row per problem with its semantic entropy to --output. A re-run skips problems already there.",
     )
-    score.add_argument("--model", default="smollm2-135m", help="alias, model/checkpoint dir, .gguf or hub id")
+    score.add_argument(
+        "--model", default=DEFAULTS.model.name,
+        help="alias, model/checkpoint dir, .gguf or hub id (default %(default)s)"
+    )
     score.add_argument("--data", default="arithmetic", help="benchmark name or .jsonl/.parquet path")
     score.add_argument("--levels", type=int, nargs="+", default=[1], help="arithmetic levels")
     score.add_argument("--limit", type=int, default=0, help="score only the first N problems")
     score.add_argument("--n", type=int, default=8, help="answers sampled per problem (M)")
-    score.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    score.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
-    score.add_argument("--max-new-tokens", type=int, default=64, help="response budget")
+    score.add_argument(  # the training sampler's defaults: the entropy of the policy that will train
+        "--temperature", type=float, default=DEFAULTS.rollout.temperature,
+        help="sampling temperature (default %(default)s, as rollout.temperature)",
+    )
+    score.add_argument(
+        "--top-p", type=float, default=DEFAULTS.rollout.top_p,
+        help="nucleus sampling threshold (default %(default)s)"
+    )
+    score.add_argument(
+        "--max-new-tokens", type=int, default=DEFAULTS.rollout.max_new_tokens,
+        help="response budget (default %(default)s, as rollout.max_new_tokens)",
+    )
     score.add_argument(
         "--estimator", choices=["length_normalized", "frequency"], default="length_normalized",
         help="cluster mass: exp(mean token log-prob) per answer, or answer counts",
     )
-    score.add_argument("--seed", type=int, default=0, help="sampling seed; arithmetic problems use it too")
+    score.add_argument(
+        "--seed", type=int, default=DEFAULTS.trainer.seed,
+        help="sampling seed; arithmetic problems use it too"
+    )
     _add_model_io_args(score)
     score.add_argument("--output", required=True, help="jsonl file to append to (data.curriculum)")
     score.add_argument("--quiet", action="store_true", help="no progress bar")

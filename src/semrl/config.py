@@ -106,8 +106,12 @@ class DataConfig:
     )
     problem_key: str = option("problem", "Column holding the problem text (e.g. 'question' for GSM8K).")
     answer_key: str = option("answer", "Column holding the gold answer.")
-    id_key: str = option("id", "Column holding a unique id; rows read through the datasets library without it are numbered.")
-    train_split: str = option("train", "Split of data.train when it is a dataset with splits (a directory or hub id).")
+    id_key: str = option(
+        "id", "Column holding a unique id; rows read through the datasets library without it are numbered."
+    )
+    train_split: str = option(
+        "train", "Split of data.train when it is a dataset with splits (a directory or hub id)."
+    )
     eval_split: str = option("test", "Split of data.eval when it is a dataset with splits.")
     prompt_template: str | None = option(
         None, "Plain-text prompt with a {problem} field, tokenized as is instead of the chat template "
@@ -154,14 +158,17 @@ class RolloutConfig:
         "See docs/engines.md.",
     )
     vllm_kv_cache_gib: float = option(
-        1.0, "vllm engine on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; vLLM's own default takes ~9 GiB)."
+        1.0,
+        "vllm engine on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; vLLM's own default takes ~9 GiB)."
     )
     vllm_gpu_memory_utilization: float = option(
         0.3, "vllm engine on GPU: fraction of GPU memory vLLM may take for weights and KV cache "
         "(colocated with training, as TRL's vllm_gpu_memory_utilization)."
     )
     vllm_block_size: int = option(
-        32, "vllm engine: KV block size in tokens; prefix caching reuses whole blocks (the CPU backend needs a multiple of 32)."
+        32,
+        "vllm engine: KV block size in tokens; prefix caching reuses whole blocks (the CPU backend needs a "
+        "multiple of 32)."
     )
     seed_per_sequence: bool = option(
         False,
@@ -207,16 +214,22 @@ class AlgorithmConfig:
         "lists them. A method's own options are in the section named after it."
     )
     policy_loss: str | None = option(
-        None, "Per-token policy loss from the registry of losses (null: the method's); the table of methods lists them."
+        None,
+        "Per-token policy loss from the registry of losses "
+        "(null: the method's); the table of methods lists them."
     )
     norm_adv_by_std: bool | None = option(
         None, "Divide group-centred rewards by the group std (null: the method's default)."
     )
     loss_agg_mode: (
         Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
-    ) = option(None, "Loss aggregation (null: the method's default); docs/algorithms.md, section Loss aggregation.")
+    ) = option(
+        None, "Loss aggregation (null: the method's default); docs/algorithms.md, section Loss aggregation."
+    )
     clip_ratio_low: float | None = option(
-        None, "PPO clip epsilon below 1 (ratio >= 1 - eps_low); null: the method's (0.2; Clip-Cov 1.0, its recipes')."
+        None,
+        "PPO clip epsilon below 1 (ratio >= 1 - eps_low); "
+        "null: the method's (0.2; Clip-Cov 1.0, its recipes')."
     )
     clip_ratio_high: float | None = option(
         None, "PPO clip epsilon above 1 (DAPO clip-higher: 0.28); null: the method's (0.2; Clip-Cov 1.0)."
@@ -236,6 +249,15 @@ class AlgorithmConfig:
     max_sampling_rounds: int = option(
         8, "Rollout batches per step at most with dynamic sampling (verl: max_num_gen_batches); a "
         "batch still short is filled with dropped, zero-advantage groups."
+    )
+    rollout_is: Literal["none", "token", "sequence"] = option(
+        "none", "Correct the engine/trainer mismatch: weight each token's policy loss by pi_old / pi_engine "
+        "of its token (token) or of its whole response (sequence), truncated at rollout_is_cap (verl: "
+        "rollout_is; TRL: vllm_importance_sampling_correction). docs/algorithms.md, Rollout correction."
+    )
+    rollout_is_cap: float = option(2.0, "Upper cap C of the rollout-correction weights (> 0).")
+    rollout_is_mode: Literal["truncate", "mask"] = option(
+        "truncate", "Above the cap: use C (truncated IS) or drop the token / sequence from the loss (mask)."
     )
 
 
@@ -352,8 +374,8 @@ def _default_method_options() -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class Config:
-    """The whole run configuration. ``cfg.rose`` (any registered method's name) is that method's
-    section, the same object as ``cfg.methods["rose"]``."""
+    """The whole run configuration. ``cfg.section("rose")`` (any registered method's name) is that
+    method's section, the same object as ``cfg.methods["rose"]``."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -364,15 +386,19 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     methods: Mapping[str, Any] = field(default_factory=_default_method_options)
 
-    def __getattr__(self, name: str) -> Any:
-        methods = self.__dict__.get("methods", {})
-        if name in methods:
-            return methods[name]
-        raise AttributeError(f"Config has no section '{name}'")
+    def section(self, name: str) -> Any:
+        """The options section of the registered method ``name`` (``RoseConfig`` for ``rose``)."""
+        try:
+            return self.methods[name]
+        except KeyError:
+            raise KeyError(
+                f"no method section '{name}'; sections: {', '.join(sorted(self.methods))}"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain values, method sections at the top level as in the YAML file."""
-        out = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "methods"}
+        core = [f.name for f in dataclasses.fields(self) if f.name != "methods"]
+        out = {name: dataclasses.asdict(getattr(self, name)) for name in core}
         out.update({name: dataclasses.asdict(section) for name, section in self.methods.items()})
         return out
 
@@ -432,7 +458,8 @@ def _method_name(values: dict[str, Any]) -> str:
         hint = difflib.get_close_matches(str(name), list(METHODS), n=1)
         extra = f" Did you mean '{hint[0]}'?" if hint else ""
         raise ConfigError(
-            f"config key 'algorithm.method': unknown method '{name}'.{extra} Available: {', '.join(sorted(METHODS))}"
+            f"config key 'algorithm.method': unknown method '{name}'.{extra} Available: "
+            f"{', '.join(sorted(METHODS))}"
         )
     return name
 
@@ -455,7 +482,8 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     spec = get_method(_method_name(values))
     algorithm = dict(values.get("algorithm") or {})
     for key, default in (
-        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode), ("policy_loss", spec.policy_loss),
+        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode),
+        ("policy_loss", spec.policy_loss),
         ("clip_ratio_low", spec.clip_ratio_low), ("clip_ratio_high", spec.clip_ratio_high),
     ):
         if algorithm.get(key) is None:
@@ -498,7 +526,7 @@ def validate(cfg: Config) -> None:
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
         "rollout.generation_batch_size": cfg.rollout.generation_batch_size,
         "trainer.micro_batch_size": cfg.trainer.micro_batch_size,
-        "trainer.micro_batch_tokens": 1 if cfg.trainer.micro_batch_tokens is None else cfg.trainer.micro_batch_tokens,
+        "trainer.micro_batch_tokens": 1 if (tokens := cfg.trainer.micro_batch_tokens) is None else tokens,
         "trainer.logits_chunk_size": cfg.trainer.logits_chunk_size,
         "trainer.ppo_epochs": cfg.trainer.ppo_epochs,
         "reward.num_workers": cfg.reward.num_workers,
@@ -522,6 +550,10 @@ def validate(cfg: Config) -> None:
     if cfg.trainer.steps < 0:
         raise ConfigError(f"config key 'trainer.steps' must be >= 0, got {cfg.trainer.steps}")
     check_fraction("rollout.top_p", cfg.rollout.top_p)
+    if cfg.algorithm.rollout_is_cap <= 0:
+        raise ConfigError(
+            f"config key 'algorithm.rollout_is_cap' must be > 0, got {cfg.algorithm.rollout_is_cap}"
+        )
     if cfg.rollout.temperature < 0:
         raise ConfigError("config key 'rollout.temperature' must be >= 0 (0 = greedy)")
     total = cfg.rollout.group_size * cfg.rollout.prompts_per_step
@@ -560,12 +592,20 @@ def validate(cfg: Config) -> None:
     check_lora_options(cfg)
     check_trackers(cfg.logging.report_to)
     if cfg.rollout.engine == "vllm":
-        from semrl.vllm_engine import check_vllm_settings  # imports nothing heavy until vLLM starts
+        from semrl.engines.vllm import check_vllm_settings  # imports nothing heavy until vLLM starts
 
         check_vllm_settings(cfg)
     spec = get_method(cfg.algorithm.method)
     if spec.check is not None:
         spec.check(cfg)
+    entropy_setting = None
+    if spec.needs_entropy and spec.section:
+        entropy_setting = spec.needs_entropy(cfg.section(spec.name))
+    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and entropy_setting:
+        raise ConfigError(  # the forward would need the full weights, which FSDP keeps only sharded
+            f"with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
+            f"({entropy_setting}); change that option or use rollout.engine=hf"
+        )
 
 
 def methods_table() -> str:

@@ -5,7 +5,7 @@
 writes one jsonl row per problem with its semantic entropy. The file is resumable: a re-run skips
 the ids already in it, and rows are appended and flushed one problem at a time, so an interrupted
 run loses at most the problems in flight. ``curriculum_stages`` sorts by entropy, easy (low) first,
-and splits into equal stages that the trainer runs in order (``StageSchedule``).
+and splits into equal stages that the trainer runs in order (:class:`Curriculum`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from semrl.algos.semantic_entropy import Estimator, cluster_answers, cluster_entropy
-from semrl.data import DataError, Problem, build_prompt_ids, load_problems
-from semrl.engine import Engine
+from semrl.algos.semantic_entropy import Estimator, cluster_entropy
+from semrl.data import DataError, EpochSampler, Problem, load_problems
+from semrl.engines import Engine, SamplingParams
+from semrl.evaluation import sample_and_verify
 from semrl.reward import VerifierPool
-from semrl.reward.extract import extract_answer
-from semrl.rollout import GenerationRequest, SamplingParams
 
 SCORE_FIELD = "semantic_entropy"
 
@@ -41,7 +40,8 @@ def _done_ids(path: Path) -> set[str]:
             ids.add(json.loads(line)["id"])
         except (json.JSONDecodeError, KeyError, TypeError):
             raise DataError(
-                f"{path}:{number}: not a curriculum row; delete the line (it is re-scored) or pick another --output"
+                f"{path}:{number}: not a curriculum row; delete the "
+                "line (it is re-scored) or pick another --output"
             ) from None
     return ids
 
@@ -73,23 +73,20 @@ def score_problems(
     with output.open("a", encoding="utf-8") as fh:
         for start in range(0, len(todo), per_batch):
             chunk = todo[start : start + per_batch]
-            requests = [
-                GenerationRequest(build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template))
-                for p in chunk for _ in range(num_samples)
-            ]
-            gens = engine.generate(requests, params, generator)
-            for i, problem in enumerate(chunk):
-                group = gens[i * num_samples : (i + 1) * num_samples]
-                texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in group]
-                answers = [extract_answer(t, final_number_fallback) for t in texts]
-                ids = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
-                mean_logp = torch.stack([g.logprobs.mean() for g in group])
-                verdicts = pool.verify_many([(problem.answer, a) for a in answers])
+            sampled = sample_and_verify(
+                engine, tokenizer, pool, chunk, params, num_samples, system_prompt, final_number_fallback,
+                generator,
+                prompt_template=prompt_template,
+            )
+            for s in sampled:
+                problem = s.problem
+                mean_logp = torch.stack([g.logprobs.mean() for g in s.generations])
                 row = {
-                    "id": problem.id, "problem": problem.problem, "answer": problem.answer, "level": problem.level,
-                    SCORE_FIELD: cluster_entropy(ids, mean_logp, estimator),
-                    "num_clusters": len(set(ids)),
-                    "accuracy": float(np.mean([v.correct for v in verdicts])),
+                    "id": problem.id, "problem": problem.problem, "answer": problem.answer,
+                    "level": problem.level,
+                    SCORE_FIELD: cluster_entropy(s.clusters, mean_logp, estimator),
+                    "num_clusters": len(set(s.clusters)),
+                    "accuracy": float(np.mean([r.correct for r in s.rewards])),
                     "num_samples": num_samples,
                     "estimator": estimator,
                 }
@@ -109,27 +106,25 @@ def load_curriculum(path: str | Path) -> list[tuple[Problem, float]]:
             f"curriculum file '{path}' does not exist; write it with "
             f"'semrl curriculum score --output {path}' (see configs/sent_demo.yaml)"
         )
-    problems, _ = load_problems(path)
-    scores: dict[str, float] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        value = row.get(SCORE_FIELD)
+    scored = []
+    for problem in load_problems(path)[0]:
+        value = problem.extra.get(SCORE_FIELD)
         if not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value):
             raise DataError(
-                f"{path}:{number}: field '{SCORE_FIELD}' must be a finite number; "
+                f"{path}: problem '{problem.id}': field '{SCORE_FIELD}' must be a finite number; "
                 "score the file with 'semrl curriculum score'"
             )
-        scores[str(row["id"])] = float(value)
-    return [(p, scores[p.id]) for p in problems]
+        scored.append((problem, float(value)))
+    return scored
 
 
 def curriculum_stages(scored: list[tuple[Problem, float]], num_stages: int) -> list[list[Problem]]:
     """Sort by semantic entropy ascending (ties by id) and split into ``num_stages`` stages whose
     sizes differ by at most one."""
     if len(scored) < num_stages:
-        raise DataError(f"a {num_stages}-stage curriculum needs at least {num_stages} problems, got {len(scored)}")
+        raise DataError(
+            f"a {num_stages}-stage curriculum needs at least {num_stages} problems, got {len(scored)}"
+        )
     ordered = [p for p, _ in sorted(scored, key=lambda x: (x[1], x[0].id))]
     bounds = np.linspace(0, len(ordered), num_stages + 1).round().astype(int)
     return [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -152,6 +147,41 @@ class StageSchedule:
     def advances_at(self, stage: int, step: int) -> bool:
         """Whether a run in ``stage`` that has done ``step`` steps moves to the next stage."""
         return stage + 1 < len(self.ends) and step >= self.ends[stage]
+
+
+class Curriculum:
+    """The training problems stage by stage, and the data order within the current stage (one
+    stage for a run without a curriculum). The loop asks :meth:`advances` after every step.
+
+    Args:
+        stages: the problems of each stage, in training order.
+        steps: the run's rollout steps, split evenly over the stages (``StageSchedule.even``).
+        seed: ``trainer.seed``; stage k's order is drawn with seed + k.
+    """
+
+    def __init__(self, stages: list[list[Problem]], steps: int, seed: int) -> None:
+        self.stages, self.seed = stages, seed
+        self.schedule = StageSchedule.even(len(stages), steps)
+        self.enter(0)
+
+    def enter(self, stage: int) -> None:
+        self.stage = stage
+        self.problems = self.stages[stage]
+        self.sampler = EpochSampler(len(self.problems), self.seed + stage)
+
+    def advances(self, step: int) -> bool:
+        """Whether the run, having done ``step`` steps, moves to the next stage now."""
+        return self.schedule.advances_at(self.stage, step)
+
+    def steps_left_in_stage(self, step: int) -> int:
+        return self.schedule.ends[self.stage] - step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.enter(state.get("stage", 0))
+        self.sampler.load_state_dict(state["sampler"])
 
 
 def stage_reference_dir(run_dir: Path, stage: int) -> Path:

@@ -147,16 +147,22 @@ def load_full_state_dict(target: torch.nn.Module, state: dict[str, torch.Tensor]
     missing, unexpected = target.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(target.config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:
-        raise RuntimeError(f"weights do not match the rollout model: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(
+            f"weights do not match the rollout model: missing {missing}, unexpected {unexpected}"
+        )
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

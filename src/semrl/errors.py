@@ -34,6 +34,7 @@ class Preempted(TrainingError):
 
     def __init__(self, signal_name: str, step: int, checkpoint: Path, run_dir: Path) -> None:
         super().__init__(
-            f"{signal_name} received: stopped after step {step} with its checkpoint {checkpoint}; continue with "
+            f"{signal_name} received: stopped after step {step} "
+            f"with its checkpoint {checkpoint}; continue with "
             f"'semrl train --resume {run_dir}'"
         )

@@ -25,11 +25,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from semrl.algos.semantic_entropy import cluster_answers
+from semrl.atomic import write_text_atomic
 from semrl.data import Problem, build_prompt_ids
-from semrl.engine import Engine
+from semrl.engines import Engine, Generation, GenerationRequest, SamplingParams, sampling_params
 from semrl.jsonl import read_jsonl
-from semrl.reward import VerifierPool, score_responses
-from semrl.rollout import GenerationRequest, SamplingParams, sampling_params
+from semrl.reward import RewardResult, VerifierPool, score_responses
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -117,6 +117,55 @@ def _natural_key(text: str) -> tuple[int, Any]:
     return (0, int(text)) if text.lstrip("-").isdigit() else (1, text)
 
 
+@dataclass
+class SampledProblem:
+    """``num_samples`` responses to one problem, verified against its answer and clustered by answer
+    equivalence; lists of length ``num_samples``."""
+
+    problem: Problem
+    generations: list[Generation]
+    texts: list[str]
+    rewards: list[RewardResult]  # extracted answer and correctness of each response
+    clusters: list[int]  # each answer's equivalence class (semrl.algos.semantic_entropy.cluster_answers)
+
+
+def sample_and_verify(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: VerifierPool,
+    problems: Sequence[Problem],
+    params: SamplingParams,
+    num_samples: int,
+    system_prompt: str | None,
+    final_number_fallback: bool,
+    generator: torch.Generator | None = None,
+    progress: Callable[[int], Any] | None = None,
+    prompt_template: str | None = None,
+) -> list[SampledProblem]:
+    """Sample ``num_samples`` responses per problem (prompts built as in training), verify their
+    answers and cluster them: what evaluation and the SENT curriculum's scoring both need.
+    ``progress`` gets sample counts as generation batches finish."""
+    prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template) for p in problems]
+    requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(num_samples)]
+    gens = []
+    step = engine.batch_size
+    for start in range(0, len(requests), step):
+        gens.extend(engine.generate(requests[start : start + step], params, generator))
+        if progress is not None:
+            progress(min(step, len(requests) - start))
+    texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
+    golds = [p.answer for p in problems for _ in range(num_samples)]
+    rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
+    out = []
+    for i, problem in enumerate(problems):
+        rows = slice(i * num_samples, (i + 1) * num_samples)
+        clusters = cluster_answers(
+            [r.answer for r in rewards[rows]], lambda a, b: pool.verify_many([(a, b)])[0].correct
+        )
+        out.append(SampledProblem(problem, gens[rows], texts[rows], rewards[rows], clusters))
+    return out
+
+
 def sample_problems(
     engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
@@ -132,36 +181,27 @@ def sample_problems(
 ) -> list[dict[str, Any]]:
     """Sample ``num_samples`` responses per problem, score them and cluster their answers.
     Returns one problem record per problem (module docstring); ``progress`` gets sample counts."""
-    prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template) for p in problems]
-    requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(num_samples)]
-    gens = []
-    step = engine.batch_size
-    for start in range(0, len(requests), step):
-        gens.extend(engine.generate(requests[start : start + step], params, generator))
-        if progress is not None:
-            progress(min(step, len(requests) - start))
-    texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
-    golds = [p.answer for p in problems for _ in range(num_samples)]
-    rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
-    records = []
-    for i, problem in enumerate(problems):
-        rows = range(i * num_samples, (i + 1) * num_samples)
-        answers = [rewards[j].answer for j in rows]
-        clusters = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
-        records.append(
-            {
-                "id": problem.id, "gold": problem.answer, "level": problem.level, "subject": problem.subject,
-                "samples": [
-                    {
-                        "response": texts[j], "answer": rewards[j].answer, "correct": rewards[j].correct,
-                        "length": len(gens[j].token_ids), "truncated": gens[j].truncated,
-                        "timed_out": rewards[j].timed_out, "cluster": cluster,
-                    }
-                    for j, cluster in zip(rows, clusters, strict=True)
-                ],
-            }
-        )
-    return records
+    sampled = sample_and_verify(
+        engine, tokenizer, pool, problems, params, num_samples, system_prompt, final_number_fallback,
+        generator,
+        progress, prompt_template,
+    )
+    return [
+        {
+            "id": s.problem.id, "gold": s.problem.answer, "level": s.problem.level,
+            "subject": s.problem.subject,
+            "samples": [
+                {
+                    "response": text, "answer": reward.answer, "correct": reward.correct,
+                    "length": len(gen.token_ids), "truncated": gen.truncated, "timed_out": reward.timed_out,
+                    "cluster": cluster,
+                }
+                for gen, text, reward,
+                cluster in zip(s.generations, s.texts, s.rewards, s.clusters, strict=True)
+            ],
+        }
+        for s in sampled
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,7 +277,9 @@ def evaluate_dataset(
     records_file.write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
     if progress is not None and reused:
         progress(reused)
-    params = SamplingParams(settings.temperature, settings.top_p, 0, settings.max_new_tokens)
+    params = SamplingParams(
+        settings.temperature, settings.top_p, 0, settings.max_new_tokens, logprobs_top_k=0
+    )
     size = settings.problems_per_chunk
     for chunk, start in enumerate(range(0, len(problems), size)):
         todo = [p for p in problems[start : start + size] if p.id not in done]
@@ -292,7 +334,9 @@ def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
         by_n.setdefault(summary["settings"]["num_samples"], []).append(name)
     for n, names in by_n.items():
         lines += header("dataset", n)
-        lines += ["| " + " | ".join([name, *row_cells(summaries[name]["metrics"], n)]) + " |" for name in names]
+        lines += [
+            "| " + " | ".join([name, *row_cells(summaries[name]["metrics"], n)]) + " |" for name in names
+        ]
         lines.append("")
     for name, summary in summaries.items():
         n = summary["settings"]["num_samples"]
@@ -334,20 +378,14 @@ def _cache_file(cache_dir: str | Path, key: dict[str, Any]) -> Path:
     return Path(cache_dir) / f"{key['split']}-{digest}.jsonl"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def records_path(run_dir: str | Path, split: str, step: int) -> Path:
     """Where a run keeps the problem records of its evaluation of ``split`` at ``step``."""
     return Path(run_dir) / "eval" / f"{split}-step-{step:06d}.jsonl"
 
 
 def evaluate_held_out(
-    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, problems: Sequence[Problem], cfg: Any,
+    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, problems: Sequence[Problem],
+    cfg: Any,
     procs: Any, *, split: str = "eval", step: int = 0, run_dir: str | Path | None = None,
 ) -> dict[str, float]:
     """In-training evaluation: ``logging.eval_samples`` samples per problem at the evaluation
@@ -370,27 +408,35 @@ def evaluate_held_out(
     with tqdm(total=len(share) * log.eval_samples, desc=split, unit="sample", leave=False,
               disable=not (log.progress and procs.is_main)) as bar:
         records = sample_problems(
-            engine, tokenizer, pool, share, sampling_params(cfg.rollout, log.eval_temperature),
+            engine, tokenizer, pool, share,
+            sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
             log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen, bar.update,
             prompt_template=cfg.data.prompt_template,
         )
     shares = procs.gather(records)
     # back in the problems' order (process r sampled problems r, r + world, ...)
-    records = [shares[i % procs.world][i // procs.world] for i in range(len(problems))] if procs.is_main else []
+    records = []
+    if procs.is_main:
+        records = [shares[i % procs.world][i // procs.world] for i in range(len(problems))]
     if cached is not None and procs.is_main:
-        _write_atomic(cached, "".join(json.dumps(r) + "\n" for r in records))
-        _write_atomic(cached.with_suffix(".key.json"), json.dumps(key, indent=2))
+        write_text_atomic(cached, "".join(json.dumps(r) + "\n" for r in records))
+        write_text_atomic(cached.with_suffix(".key.json"), json.dumps(key, indent=2))
     return _finish_evaluation(records, split, step, run_dir, procs)
 
 
 def evaluate_splits(
-    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, splits: dict[str, Sequence[Problem]],
+    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool,
+    splits: dict[str, Sequence[Problem]],
     cfg: Any, procs: Any, step: int, run_dir: str | Path,
 ) -> dict[str, float]:
     """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged."""
     out: dict[str, float] = {}
     for split, problems in splits.items():
-        out.update(evaluate_held_out(engine, tokenizer, pool, problems, cfg, procs, split=split, step=step, run_dir=run_dir))
+        out.update(
+            evaluate_held_out(
+                engine, tokenizer, pool, problems, cfg, procs, split=split, step=step, run_dir=run_dir
+            )
+        )
     return out
 
 
@@ -400,5 +446,5 @@ def _finish_evaluation(
     if not procs.is_main:
         return {}
     if run_dir is not None:
-        _write_atomic(records_path(run_dir, split, step), "".join(json.dumps(r) + "\n" for r in records))
+        write_text_atomic(records_path(run_dir, split, step), "".join(json.dumps(r) + "\n" for r in records))
     return {f"{split}/{k}": v for k, v in summarize_records(records).items()}

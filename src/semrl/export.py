@@ -8,13 +8,11 @@ name and renamed into place, so an interrupted export leaves nothing half-writte
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from semrl.atomic import atomic_directory
 from semrl.checkpoint import latest_checkpoint, load_trainer_state, verify_checkpoint
 from semrl.errors import ConfigError
 from semrl.lora import is_adapter_checkpoint
@@ -41,7 +39,9 @@ def export_model(run_dir: Path, output: Path | None = None, checkpoint: Path | N
     if checkpoint is None:
         ckpt = latest_checkpoint(run_dir)  # verified against its manifest
         if ckpt is None:
-            raise ConfigError(f"no valid checkpoint in {run_dir / 'checkpoints'}; train first or pass --checkpoint")
+            raise ConfigError(
+                f"no valid checkpoint in {run_dir / 'checkpoints'}; train first or pass --checkpoint"
+            )
     else:
         ckpt = checkpoint
         problems = verify_checkpoint(ckpt)
@@ -49,18 +49,11 @@ def export_model(run_dir: Path, output: Path | None = None, checkpoint: Path | N
             raise ConfigError(f"checkpoint {ckpt} is damaged: {'; '.join(problems)}")
     output = output or run_dir / "export"
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ConfigError(f"{output} already exists and is not empty; pass --output with a new directory or remove it")
+        raise ConfigError(
+            f"{output} already exists and is not empty; pass --output with a new directory or remove it"
+        )
     model, tokenizer = load_trained_model(ckpt), load_tokenizer(str(ckpt))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-    tmp.chmod(0o755)
-    try:
+    with atomic_directory(output) as tmp:  # replaces an empty directory only (checked above)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if output.exists():
-            output.rmdir()
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return output

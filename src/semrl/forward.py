@@ -116,9 +116,10 @@ def lm_head_parameters(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tens
     head = model.get_output_embeddings()
     transforms = [k for k in _LOGIT_TRANSFORMS if getattr(model.config, k, None) not in (None, 1.0)]
     if not isinstance(head, torch.nn.Linear) or transforms:
+        why = f"transforms its logits ({', '.join(transforms)})" if transforms else "has no linear LM head"
         raise ValueError(
-            f"semrl computes log-probs from the LM head's weight, but model type '{model.config.model_type}' "
-            f"{'transforms its logits (' + ', '.join(transforms) + ')' if transforms else 'has no linear LM head'}; "
+            "semrl computes log-probs from the LM head's weight, "
+            f"but model type '{model.config.model_type}' {why}; "
             "this model is not supported for training"
         )
     return head.weight, head.bias

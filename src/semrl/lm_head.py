@@ -32,7 +32,8 @@ def _chunk_logits(
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+        targets: torch.Tensor,
         temperature: float, chunk_size: int, compute_dtype: torch.dtype, with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = hidden.shape[0]

@@ -46,7 +46,8 @@ def check_lora_options(cfg: Any) -> None:
         )
     if cfg.data.curriculum and cfg.data.curriculum_reset_optimizer:
         raise ConfigError(
-            "model.lora_r with data.curriculum_reset_optimizer is not supported (a stage's reference would be "
+            "model.lora_r with data.curriculum_reset_optimizer "
+            "is not supported (a stage's reference would be "
             "the previous stage's merged weights); set data.curriculum_reset_optimizer=false"
         )
 
@@ -72,7 +73,9 @@ def _peft_config(model_cfg: Any) -> Any:
     )
 
 
-def add_adapters(model: torch.nn.Module, model_cfg: Any, checkpoint: str | None = None, seed: int = 0) -> None:
+def add_adapters(
+    model: torch.nn.Module, model_cfg: Any, checkpoint: str | None = None, seed: int = 0
+) -> None:
     """Give ``model`` the adapters of ``model.lora_*``: fresh ones (A drawn from ``seed``, the same on
     every process; B = 0, so the model starts as the base), or the trained ones of ``checkpoint``.
     Only the adapters are trainable."""
@@ -86,10 +89,13 @@ def add_adapters(model: torch.nn.Module, model_cfg: Any, checkpoint: str | None 
                 model.add_adapter(_peft_config(model_cfg), adapter_name=ADAPTER_NAME)  # type: ignore[operator]
         except ValueError as err:  # PEFT: a target module that the model does not have
             raise ConfigError(f"config key 'model.lora_target_modules': {err}") from err
-    wrapped = [name for name, module in model.named_modules() if getattr(module, "base_layer", None) in embeddings]
+    wrapped = [
+        name for name, module in model.named_modules() if getattr(module, "base_layer", None) in embeddings
+    ]
     if wrapped:
         raise ConfigError(
-            f"config key 'model.lora_target_modules' puts adapters on {wrapped}: the embeddings and the LM head "
+            "config key 'model.lora_target_modules' puts adapters "
+            f"on {wrapped}: the embeddings and the LM head "
             "cannot take them (log-probs are computed from the head's weight); name decoder modules only"
         )
 
@@ -117,7 +123,9 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
             base = module.get_base_layer()
-            merged[f"{name}.weight"] = base.weight + module.get_delta_weight(ADAPTER_NAME).to(base.weight.dtype)
+            merged[f"{name}.weight"] = base.weight + module.get_delta_weight(ADAPTER_NAME).to(
+                base.weight.dtype
+            )
     for key, tensor in model.state_dict().items():
         if ".lora_" not in key:
             merged.setdefault(key.replace(".base_layer.", "."), tensor)

@@ -12,15 +12,15 @@ from semrl.batch import RolloutBatch
 def reward_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
     """Over every sequence sampled in the step (all rounds of dynamic sampling)."""
     rewards = torch.cat([b.rewards for b in batches if b.rewards is not None])
-    grouped = torch.cat([b.group_rewards() for b in batches])
     results = [r for b in batches for r in b.reward_results]
+    all_equal = ~torch.cat([b.informative_groups() for b in batches])
     g = batches[0].group_size
     # distinct extracted answers per group (None = no answer found counts as one more)
     distinct = [len({r.answer for r in results[i : i + g]}) for i in range(0, len(results), g)]
     return {
         "reward": rewards.mean().item(),
         "accuracy": float(np.mean([r.correct for r in results])),
-        "reward/frac_groups_all_equal": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
+        "reward/frac_groups_all_equal": all_equal.float().mean().item(),
         "reward/distinct_answers_per_group": float(np.mean(distinct)),
         "reward/verify_timeouts": float(sum(b.verify_timeouts for b in batches)),
         **function_metrics(batches),
@@ -52,7 +52,9 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
     }
 
 
-def entropy_metrics(batch: RolloutBatch, advantages: torch.Tensor, low_entropy_threshold: float) -> dict[str, float]:
+def entropy_metrics(
+    batch: RolloutBatch, advantages: torch.Tensor, low_entropy_threshold: float
+) -> dict[str, float]:
     """Entropy dynamics over the step's response tokens (rollout-time entropy and log-probs):
     the share of tokens below ``low_entropy_threshold`` nats and the mean Cov(logp, A).
 

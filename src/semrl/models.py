@@ -18,13 +18,12 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from semrl.atomic import atomic_directory
 from semrl.lora import is_adapter_checkpoint
 from semrl.precision import DTYPES
 
@@ -90,15 +89,11 @@ def convert_gguf(gguf: Path, cache_dir: str | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    tmp.chmod(0o755)
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
+        with atomic_directory(target, replace=False) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():  # another process may have won the race
             raise
     return target

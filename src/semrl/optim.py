@@ -1,4 +1,5 @@
-"""The optimizer: AdamW, its learning-rate schedule, and a step that skips non-finite updates."""
+"""The optimizer: AdamW, its learning-rate schedule, and a step that skips non-finite updates and
+counts how many in a row it skipped."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[tor
 
 def guarded_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, procs: ProcessGroup,
-    max_grad_norm: float, sum_gradients: bool, losses: list[float], scaler: torch.amp.GradScaler | None = None,
+    max_grad_norm: float, sum_gradients: bool, losses: list[float],
+    scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[float, bool]:
     """One optimizer update from the accumulated gradients: summed over processes (unless FSDP
     already reduced them, ``sum_gradients=False``), unscaled (float16 loss scaling), clipped to
@@ -61,3 +63,41 @@ def guarded_step(
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm.item(), finite
+
+
+class Optimization:
+    """The trained model's optimizer, schedule and float16 loss scaler, with the guarded step
+    (:func:`guarded_step`) and its count of consecutive skipped updates (``trainer.max_bad_updates``).
+
+    Args:
+        steps: rollout steps the schedule spans (a curriculum stage's with
+            ``data.curriculum_reset_optimizer``).
+        scaler: the loss scaler of float16 compute (disabled otherwise).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: Config, procs: ProcessGroup, steps: int,
+        scaler: torch.amp.GradScaler
+    ) -> None:
+        self.model, self.cfg, self.procs, self.scaler = model, cfg, procs, scaler
+        self.optimizer, self.scheduler = make_optimizer(model, cfg, steps)
+        self.consecutive_bad_updates = 0
+
+    def restart(self, steps: int) -> None:
+        """A fresh optimizer and schedule over ``steps`` rollout steps (a new curriculum stage)."""
+        self.optimizer, self.scheduler = make_optimizer(self.model, self.cfg, steps)
+
+    @property
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def step(self, losses: list[float]) -> tuple[float, bool]:
+        """Apply the accumulated gradients (``losses``: this process's micro-batch losses) unless they
+        are not finite; returns (grad norm, applied) and counts consecutive skipped updates."""
+        fsdp = self.cfg.trainer.fsdp  # FSDP reduce-scatters the gradients during backward
+        grad_norm, applied = guarded_step(
+            self.model, self.optimizer, self.scheduler, self.procs, self.cfg.trainer.max_grad_norm,
+            not fsdp, losses, self.scaler,
+        )
+        self.consecutive_bad_updates = 0 if applied else self.consecutive_bad_updates + 1
+        return grad_norm, applied

@@ -48,7 +48,9 @@ class PackedBatch:
 
     def dense_attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """(B, 1, S, S) additive mask, 0 where visible: the S^2 form, for reference checks only."""
-        mask = torch.full(self.input_ids.shape + self.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype)
+        mask = torch.full(
+            self.input_ids.shape + self.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype
+        )
         return mask.masked_fill(self.layout.dense_visible(), 0.0)[:, None]
 
     @property
@@ -74,7 +76,9 @@ class _PackedTree:
 def _pack_tree(prompt: list[int], responses: list[list[int]], tree: ChainTree) -> _PackedTree:
     p = len(prompt)
     n_segments = 1 + len(responses)
-    packed = _PackedTree(list(prompt), list(range(p)), [0] * p, [[0] * n_segments for _ in range(n_segments)], [])
+    packed = _PackedTree(
+        list(prompt), list(range(p)), [0] * p, [[0] * n_segments for _ in range(n_segments)], []
+    )
     packed.cutoff[0][0] = NEVER
     for c, response in enumerate(responses):
         parent, k = tree.parents[c], tree.branch_positions[c]
@@ -154,7 +158,9 @@ def pack_trees(
         predictor[n, : len(response)] = offset_of[b] + torch.tensor(columns)
         targets[n, : len(response)] = torch.tensor(response)
         response_mask[n, : len(response)] = 1
-    return PackedBatch(input_ids, TreeLayout(position_ids, segment, cutoff), row, predictor, targets, response_mask, real)
+    return PackedBatch(
+        input_ids, TreeLayout(position_ids, segment, cutoff), row, predictor, targets, response_mask, real
+    )
 
 
 def packed_response_logprobs(
@@ -177,11 +183,14 @@ def packed_response_logprobs(
     )  # (B, S, D)
     # chains share the tokens of a common prefix: each (row, column, target) goes through the head once
     keep = batch.response_mask.bool()
-    predictions = torch.stack([batch.row[:, None].expand_as(keep)[keep], batch.predictor[keep], batch.targets[keep]], 1)
+    predictions = torch.stack(
+        [batch.row[:, None].expand_as(keep)[keep], batch.predictor[keep], batch.targets[keep]], 1
+    )
     unique, inverse = torch.unique(predictions, dim=0, return_inverse=True)
     unique, inverse, keep = unique.to(device), inverse.to(device), keep.to(device)
     logp_unique, entropy_unique = head_logprobs(
-        model, hidden[unique[:, 0], unique[:, 1]][None], unique[None, :, 2], torch.ones_like(unique[None, :, 2]),
+        model, hidden[unique[:, 0], unique[:, 1]][None], unique[None, :, 2],
+        torch.ones_like(unique[None, :, 2]),
         temperature, with_entropy, chunk_size,
     )
     logp = torch.zeros(keep.shape, dtype=torch.float32, device=device)
@@ -198,10 +207,14 @@ def supports_packing(model: PreTrainedModel) -> bool:
     transformers' attention interface with position ids, and uses neither a sliding window nor
     soft-capped scores (which ``semrl.tree_attention`` does not apply)."""
     config = model.config
-    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    sliding = getattr(config, "sliding_window", None) is not None and getattr(
+        config, "use_sliding_window", True
+    )
     return (
         hasattr(model, "model") and hasattr(model, "lm_head")
-        and getattr(config, "model_type", "") in {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "olmo2"}
+        and getattr(config, "model_type", "") in {
+            "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "olmo2"
+        }
         and not sliding and getattr(config, "attn_logit_softcapping", None) is None
     )
 

@@ -44,6 +44,7 @@ class StopSignal:
             os._exit(128 + signum)
         self.received = signum
         logger.warning(
-            "%s received: finishing this step, then writing a checkpoint and exiting (send it again to exit at once)",
+            "%s received: finishing this step, then writing a "
+            "checkpoint and exiting (send it again to exit at once)",
             signal.Signals(signum).name,
         )

@@ -29,7 +29,10 @@ def _stored_through(tracker: Tracker) -> int:
     try:
         return tracker.stored_through()
     except Exception as err:  # a store that cannot be read: send every step again rather than lose any
-        logger.warning("could not read which steps %s already stores (%r); sending them again", type(tracker).__name__, err)
+        logger.warning(
+            "could not read which steps %s already stores (%r); sending them again", type(tracker).__name__,
+            err
+        )
         return -1
 
 
@@ -70,14 +73,13 @@ class RunLog:
         tokenizer: PreTrainedTokenizerBase,
         num_samples: int,
         num_trees: int,
-        code_compat: bool,
     ) -> None:
         """The first ``num_samples`` completions and ``num_trees`` rollout trees of this process's
         share of the batch; ``advantages`` is (N, T)."""
         if not self.is_main:
             return
         assert batch.rewards is not None
-        trees = tree_records(batch, advantages, tokenizer, step, num_trees, code_compat)
+        trees = tree_records(batch, advantages, tokenizer, step, num_trees)
         if trees:
             with (self.run_dir / "trees.jsonl").open("a", encoding="utf-8") as fh:
                 fh.write("".join(json.dumps(t) + "\n" for t in trees))

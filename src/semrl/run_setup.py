@@ -20,7 +20,7 @@ from semrl.config import Config, ConfigError, save_config
 from semrl.curriculum import curriculum_stages, load_curriculum
 from semrl.data import Columns, DataError, Problem, build_prompt_ids, load_dataset
 from semrl.distributed import ProcessGroup, full_state_dict, shard_model
-from semrl.engine import Engine, build_engine
+from semrl.engines import Engine, build_engine
 from semrl.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import supports_packing
@@ -49,7 +49,9 @@ def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | No
         if ckpt is None:
             reasons = "".join(f"\n  {c.name}: {'; '.join(problems)}" for c, problems in reversed(skipped))
             raise ConfigError(
-                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}" + (f"; found:{reasons}" if skipped else "")
+                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}" + (
+                    f"; found:{reasons}" if skipped else ""
+                )
             )
         if procs.is_main:
             cleanup_partial(run_dir)
@@ -74,10 +76,14 @@ def check_world_size(cfg: Config, world: int) -> None:
             f"number of processes ({world}): each process takes whole prompt groups"
         )
     if cfg.trainer.fsdp and world == 1:
-        raise ConfigError("trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'")
+        raise ConfigError(
+            "trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'"
+        )
     mini = cfg.trainer.mini_batch_size
     if mini is not None and mini % world:
-        raise ConfigError(f"trainer.mini_batch_size ({mini}) must be a multiple of the number of processes ({world})")
+        raise ConfigError(
+            f"trainer.mini_batch_size ({mini}) must be a multiple of the number of processes ({world})"
+        )
 
 
 def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
@@ -90,7 +96,8 @@ def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
         size = data.arithmetic_size if split == "train" else data.eval_size
         return load_dataset(
             name, split=split, seed=cfg.trainer.seed, arithmetic_size=size, levels=data.arithmetic_levels,  # type: ignore[arg-type]
-            exclude=exclude, skip_bad_rows=data.skip_bad_rows, columns=Columns(data.problem_key, data.answer_key, data.id_key),
+            exclude=exclude, skip_bad_rows=data.skip_bad_rows,
+            columns=Columns(data.problem_key, data.answer_key, data.id_key),
             dataset_split=data.train_split if split == "train" else data.eval_split,
         )
 
@@ -124,7 +131,9 @@ def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Pr
         columns=Columns(data.problem_key, data.answer_key, data.id_key), dataset_split=data.eval_split,
     )[: data.eval_size]
     if not problems:
-        raise DataError(f"data.transfer '{data.transfer}' gave no problems outside the training and held-out ones")
+        raise DataError(
+            f"data.transfer '{data.transfer}' gave no problems outside the training and held-out ones"
+        )
     return problems
 
 
@@ -163,7 +172,10 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     precision = Precision.from_config(cfg)
     tokenizer = load_tokenizer(model_path)
     lora = m.lora_r > 0  # the base from model.name; trained adapters from a checkpoint being resumed
-    model = load_model(resolve_model_path(m.name, m.cache_dir) if lora else model_path, precision.params_name, m.attn_implementation)
+    model = load_model(
+        resolve_model_path(m.name, m.cache_dir) if lora else model_path, precision.params_name,
+        m.attn_implementation
+    )
     if lora:
         add_adapters(model, m, model_path if is_adapter_checkpoint(model_path) else None, cfg.trainer.seed)
     model.to(procs.device)
@@ -174,7 +186,8 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
         rollout_model = load_model(model_path, m.dtype, m.attn_implementation)
         rollout_model.requires_grad_(False).eval().to(procs.device)
     engine = build_engine(
-        r.engine, rollout_model, tokenizer, r.generation_batch_size, cfg.data.max_prompt_length + r.max_new_tokens,
+        r.engine, rollout_model, tokenizer, r.generation_batch_size,
+        cfg.data.max_prompt_length + r.max_new_tokens,
         r.logprobs_top_k, cfg.trainer.seed + procs.rank, r, compute_dtype=precision.compute,
     )
     if cfg.trainer.fsdp:
@@ -192,7 +205,8 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
 
 @contextmanager
 def _base_weights(model: torch.nn.Module, precision: Precision) -> Iterator[None]:
-    """The LoRA reference: ``model`` with its adapters off, in the compute dtype as a separate reference would be."""
+    """The LoRA reference: ``model`` with its adapters off, in the compute dtype as a separate
+    reference would be."""
     with adapters_disabled(model), precision.autocast(model):
         yield
 

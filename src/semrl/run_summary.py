@@ -29,16 +29,19 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
     steps = [r for r in rows if "reward" in r]
     evals = [r for r in rows if any(k.startswith("eval/mean@") for k in r)]
     minutes = sum(r.get("time/step_s", 0.0) for r in steps) / 60
-    lines = [f"run finished: {run_dir}  ({len(steps)} step{'s' * (len(steps) != 1)}, {minutes:.1f} min training)"]
+    plural = "s" * (len(steps) != 1)
+    lines = [f"run finished: {run_dir}  ({len(steps)} step{plural}, {minutes:.1f} min training)"]
     if evals:
         first, last = evals[0], evals[-1]
         problems = int(last.get("eval/problems", 0))
-        lines += ["", f"held-out ({problems} problems)   step {first.get('step', 0):>3}  step {last.get('step', 0):>3}"]
+        steps_row = f"step {first.get('step', 0):>3}  step {last.get('step', 0):>3}"
+        lines += ["", f"held-out ({problems} problems)   {steps_row}"]
         lines += _held_out_rows(first if first is not last else {}, last)
     if steps:
         every = -(-len(steps) // MAX_STEP_ROWS)  # long runs: every n-th step, and the last
         shown = [r for i, r in enumerate(steps) if i % every == every - 1 or i == len(steps) - 1]
-        lines += ["", "  step   reward  accuracy  length   s/step" + (f"   (one step in {every})" if every > 1 else "")]
+        thinned = f"   (one step in {every})" if every > 1 else ""
+        lines += ["", "  step   reward  accuracy  length   s/step" + thinned]
         lines += [
             f"  {r.get('step', 0):>4}  {r['reward']:>7.3f}  {r.get('accuracy', 0.0):>8.3f}  "
             f"{r.get('response_length', 0.0):>6.1f}  {r.get('time/step_s', 0.0):>7.1f}"

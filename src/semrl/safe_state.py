@@ -42,7 +42,8 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(value, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in value):
             return {k: _encode(v, f"{path}.{k}", tensors) for k, v in value.items()}
-        return {"__items__": [[_encode(k, path, tensors), _encode(v, f"{path}.{k}", tensors)] for k, v in value.items()]}
+        items = [[_encode(k, path, tensors), _encode(v, f"{path}.{k}", tensors)] for k, v in value.items()]
+        return {"__items__": items}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"trainer state at '{path}': {type(value).__name__} cannot be stored without pickle")

@@ -58,7 +58,9 @@ def _samples_markdown(rows: list[dict[str, Any]]) -> str:
         return str(value).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(SAMPLE_COLUMNS[1:]) + " |", "|" + "---|" * (len(SAMPLE_COLUMNS) - 1)]
-    return "\n".join(lines + ["| " + " | ".join(cell(r.get(c)) for c in SAMPLE_COLUMNS[1:]) + " |" for r in rows])
+    return "\n".join(
+        lines + ["| " + " | ".join(cell(r.get(c)) for c in SAMPLE_COLUMNS[1:]) + " |" for r in rows]
+    )
 
 
 class TensorBoardTracker:
@@ -99,7 +101,9 @@ class RunTracker:
         self.run.log(row, step=step)
 
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
-        table = self.table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
+        table = self.table(
+            columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
+        )
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
@@ -107,7 +111,8 @@ class RunTracker:
 
 
 def mlflow_key(key: str) -> str:
-    """MLflow allows letters, digits, ``_ - . / :`` and spaces in names: ``eval/mean@8`` -> ``eval/mean_at_8``."""
+    """MLflow allows letters, digits, ``_ - . / :`` and spaces in names:
+    ``eval/mean@8`` -> ``eval/mean_at_8``."""
     return re.sub(r"[^/\w.\- :]", "_", key.replace("@", "_at_"))
 
 
@@ -178,7 +183,10 @@ def _open_each(
         elif tracker_name == "wandb":
             import wandb
 
-            run = wandb.init(project=project, name=name, id=ids.get("wandb"), resume="allow", dir=str(run_dir), config=config)
+            run = wandb.init(
+                project=project, name=name, id=ids.get("wandb"), resume="allow", dir=str(run_dir),
+                config=config
+            )
             ids["wandb"] = run.id
             trackers.append(RunTracker(run, wandb.Table))
         elif tracker_name == "trackio":
@@ -187,7 +195,8 @@ def _open_each(
             run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
 
             def stored_steps(project: str = project, name: str = name) -> list[int]:
-                return [int(row["step"]) for row in trackio.SQLiteStorage.get_logs(project, name) if "step" in row]
+                logs = trackio.SQLiteStorage.get_logs(project, name)
+                return [int(row["step"]) for row in logs if "step" in row]
 
             trackers.append(RunTracker(run, trackio.Table, stored_steps))
         elif tracker_name == "mlflow":

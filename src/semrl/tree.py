@@ -40,7 +40,9 @@ class ChainTree:
             if p >= c:
                 raise ValueError(f"chain {c}: parent {p} must be an earlier chain")
             if p >= 0 and not 0 <= k <= self.lengths[p]:
-                raise ValueError(f"chain {c}: branch position {k} outside parent {p} (length {self.lengths[p]})")
+                raise ValueError(
+                    f"chain {c}: branch position {k} outside parent {p} (length {self.lengths[p]})"
+                )
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -77,12 +79,15 @@ def exact_node_points(tree: ChainTree) -> tuple[list[list[int]], dict[tuple[int,
         k = tree.branch_positions[c]
         members = frozenset(m for m in range(g) if tree.shared_prefix(m, c) >= k)
         nodes[(k, members)] = None
-    points = [sorted({k for (k, members) in nodes if c in members and 0 < k < tree.lengths[c]}) for c in range(g)]
+    points = [
+        sorted({k for (k, members) in nodes if c in members and 0 < k < tree.lengths[c]}) for c in range(g)
+    ]
     return points, nodes
 
 
 def code_compat_node_sets(tree: ChainTree) -> list[set[int]]:
-    """The ROSE code's per-chain position sets S_b (docs/algorithms.md, "ROSE: nodes and segment advantages")."""
+    """The ROSE code's per-chain position sets S_b
+    (docs/algorithms.md, "ROSE: nodes and segment advantages")."""
     g = len(tree)
     sets: list[set[int]] = []
     for c in range(g):  # step 1: own branch position and those of every ancestor

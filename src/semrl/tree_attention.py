@@ -67,11 +67,15 @@ class TreeLayout:
     _plans: dict[int, list[QueryBlock]] = field(default_factory=dict, repr=False)  # by block size
     _block_mask: Any = field(default=None, repr=False)
 
-    def visible(self, row: int, queries: slice = slice(None), keys: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+    def visible(
+        self, row: int, queries: slice = slice(None), keys: slice | torch.Tensor = slice(None)
+    ) -> torch.Tensor:
         """(Q, K) bool: key visible to query, for the chosen columns of one row."""
         pos, seg = self.position_ids[row], self.segment[row]
         pos_q, seg_q, pos_k, seg_k = pos[queries], seg[queries], pos[keys], seg[keys]
-        return (pos_k[None, :] <= pos_q[:, None]) & (pos_k[None, :] < self.cutoff[seg_q[:, None], seg_k[None, :]])
+        return (pos_k[None, :] <= pos_q[:, None]) & (
+            pos_k[None, :] < self.cutoff[seg_q[:, None], seg_k[None, :]]
+        )
 
     def dense_visible(self) -> torch.Tensor:
         """(B, S, S) bool visibility: for reference checks only, it is the S^2 structure this avoids."""
@@ -123,7 +127,9 @@ class TreeLayout:
 
             def kv_blocks(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 counts = flags.sum(-1, dtype=torch.int32)[:, None]  # (B, 1, QB)
-                order = flags.to(torch.int8).argsort(dim=-1, descending=True, stable=True).to(torch.int32)[:, None]
+                order = flags.to(torch.int8).argsort(dim=-1, descending=True, stable=True).to(
+                    torch.int32
+                )[:, None]
                 return counts, order
 
             pos, seg, cutoff = self.position_ids, self.segment, self.cutoff
@@ -151,7 +157,8 @@ def _block_attention(
 
 
 def blockwise_tree_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout, scaling: float | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout,
+    scaling: float | None = None,
     dropout: float = 0.0, block: int | None = None,
 ) -> torch.Tensor:
     """(B, Hq, S, D) queries, (B, Hkv, S, D) keys and values -> (B, S, Hq, D) outputs, in query
@@ -165,7 +172,9 @@ def blockwise_tree_attention(
         # a block keeps its gathered keys for backward only while they are few per query, so what is
         # kept stays linear in the tokens; long ancestries are recomputed instead
         recompute = with_grad and len(qb.keys) > KEPT_KEYS_PER_QUERY * (qb.end - qb.start)
-        out = checkpoint(_block_attention, *args, use_reentrant=False) if recompute else _block_attention(*args)
+        out = checkpoint(_block_attention, *args, use_reentrant=False) if recompute else _block_attention(
+            *args
+        )
         rows[qb.row].append(out)
     return torch.cat([torch.cat(parts, dim=2) for parts in rows]).transpose(1, 2).contiguous()
 
@@ -174,7 +183,8 @@ _compiled_flex: Callable[..., torch.Tensor] | None = None
 
 
 def flex_tree_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout, scaling: float | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout,
+    scaling: float | None = None,
 ) -> torch.Tensor:
     """FlexAttention over the layout's ``BlockMask`` -> (B, S, Hq, D). Compiled on CUDA (uncompiled
     FlexAttention is a slow reference); eager elsewhere, where it has no backward."""

@@ -30,7 +30,6 @@ def tree_records(
     tokenizer: PreTrainedTokenizerBase,
     step: int,
     max_groups: int,
-    code_compat: bool = False,
 ) -> list[dict[str, Any]]:
     """Records of the first ``max_groups`` groups that have a tree; ``advantages`` is (N, T)."""
     trees = batch.trees()
@@ -42,7 +41,7 @@ def tree_records(
     for g, (tree, points) in enumerate(zip(trees[:max_groups], branch_points, strict=False)):
         base = g * batch.group_size
         chains = []
-        for c, segments in enumerate(chain_segments(tree, code_compat)):
+        for c, segments in enumerate(chain_segments(tree, batch.groups[g].nodes_by_position)):
             row = base + c
             ids = batch.generations[row].token_ids
             point = points[c]
@@ -51,10 +50,13 @@ def tree_records(
                     "chain": c, "parent": tree.parents[c], "branch_position": tree.branch_positions[c],
                     "length": tree.lengths[c], "answer": batch.reward_results[row].answer,
                     "reward": batch.rewards[row].item(), "correct": batch.reward_results[row].correct,
-                    "branch": None if point is None else dict(zip(("entropy", "divergence", "score"), point, strict=True)),
+                    "branch": None if point is None else dict(
+                        zip(("entropy", "divergence", "score"), point, strict=True)
+                    ),
                     "segments": [
                         {
-                            "start": a, "end": b, "text": tokenizer.decode(ids[a:b], skip_special_tokens=True),
+                            "start": a, "end": b,
+                            "text": tokenizer.decode(ids[a:b], skip_special_tokens=True),
                             "advantage": advantages[row, a:b].mean().item(),
                         }
                         for a, b in segments
@@ -63,6 +65,9 @@ def tree_records(
             )
         problem = batch.problems[base]
         records.append(
-            {"step": step, "problem_id": problem.id, "problem": problem.problem, "gold": problem.answer, "chains": chains}
+            {
+                "step": step, "problem_id": problem.id, "problem": problem.problem, "gold": problem.answer,
+                "chains": chains
+            }
         )
     return records

@@ -113,7 +113,9 @@ def branch_scores(
             entropy = entropy - torch.where(outside, logprobs.float().exp() * logprobs.float(), 0.0)
     else:
         raise ValueError(f"unknown entropy_mode '{entropy_mode}'")
-    divergence = semantic_divergence(top_logprobs[..., :sd_top_k], top_ids[..., :sd_top_k], unit_embeddings, sd_mode)
+    divergence = semantic_divergence(
+        top_logprobs[..., :sd_top_k], top_ids[..., :sd_top_k], unit_embeddings, sd_mode
+    )
     if metric == "semantic_entropy":
         score = divergence * entropy
     elif metric == "entropy":

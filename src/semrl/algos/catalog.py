@@ -34,7 +34,9 @@ def load_plugins(plugins: list[str]) -> None:
         if plugin.endswith(".py"):
             path = Path(plugin).resolve()
             if not path.is_file():
-                raise ConfigError(f"plugin '{plugin}' does not exist; give a .py file or an importable module name")
+                raise ConfigError(
+                    f"plugin '{plugin}' does not exist; give a .py file or an importable module name"
+                )
             name = f"semrl_plugin_{path.stem}"
             if name in sys.modules:
                 continue
@@ -47,4 +49,6 @@ def load_plugins(plugins: list[str]) -> None:
             try:
                 importlib.import_module(plugin)
             except ModuleNotFoundError as err:
-                raise ConfigError(f"plugin '{plugin}' cannot be imported ({err}); give a .py file or a module on sys.path") from err
+                raise ConfigError(
+                    f"plugin '{plugin}' cannot be imported ({err}); give a .py file or a module on sys.path"
+                ) from err

@@ -14,20 +14,21 @@ Pieces: this module (options, the ``clip_cov`` loss, the method), ``token_select
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
-from semrl.algos.registry import MethodSpec, register_method
+from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import clip_cov_loss
 from semrl.options import check_fraction, option
 
 
 @dataclass(frozen=True)
 class ClipCovConfig:
-    ratio: float = option(0.0002, "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio).")
+    ratio: float = option(
+        0.0002, "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio)."
+    )
     lb: float = option(1.0, "Clip-Cov: lower covariance bound of candidate tokens (verl: clip_cov_lb).")
     ub: float = option(5.0, "Clip-Cov: upper covariance bound of candidate tokens (verl: clip_cov_ub).")
 
@@ -35,14 +36,17 @@ class ClipCovConfig:
         check_fraction("clip_cov.ratio", self.ratio)
 
 
-def clip_cov(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    a, c = cfg.algorithm, cfg.clip_cov
+def clip_cov(
+    x: PolicyLossInputs, config: MethodConfig[ClipCovConfig]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    a, c = config.algorithm, config.options
     return clip_cov_loss(
-        x.logp, x.old_logp, x.advantages, x.mask, a.clip_ratio_low, a.clip_ratio_high, c.ratio, c.lb, c.ub, x.generator
+        x.logp, x.old_logp, x.advantages, x.mask, a.clip_ratio_low, a.clip_ratio_high, c.ratio, c.lb, c.ub,
+        x.generator
     )
 
 
-register_policy_loss(PolicyLoss("clip_cov", clip_cov))
+register_policy_loss(PolicyLoss("clip_cov", clip_cov, section="clip_cov"))
 register_method(
     MethodSpec(
         name="clip_cov",

@@ -13,16 +13,19 @@ Pieces: this module (options, the ``high_entropy`` loss and its mini-batch selec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInputs, ppo, register_policy_loss
-from semrl.algos.registry import MethodSpec, register_method
+from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import high_entropy_mask
 from semrl.errors import ConfigError
 from semrl.options import check_fraction, option
+
+if TYPE_CHECKING:
+    from semrl.config import Config
 
 
 @dataclass(frozen=True)
@@ -40,29 +43,33 @@ class Entropy8020Config:
         check_fraction("entropy_8020.top_quantile", self.top_quantile)
 
 
-def check_8020(cfg: Any) -> None:
-    if cfg.entropy_8020.code_compat and cfg.algorithm.loss_agg_mode != "token-mean":
+def check_8020(cfg: Config) -> None:
+    if cfg.section("entropy_8020").code_compat and cfg.algorithm.loss_agg_mode != "token-mean":
         raise ConfigError(
             "entropy_8020.code_compat averages over the selected tokens, a token mean: set "
             f"algorithm.loss_agg_mode=token-mean (got {cfg.algorithm.loss_agg_mode})"
         )
 
 
-def select_high_entropy(mb: MiniBatchInputs, cfg: Any) -> dict[str, torch.Tensor]:
-    if cfg.entropy_8020.code_compat:  # selected per micro-batch in the loss
+def select_high_entropy(
+    mb: MiniBatchInputs, config: MethodConfig[Entropy8020Config]
+) -> dict[str, torch.Tensor]:
+    if config.options.code_compat:  # selected per micro-batch in the loss
         return {}
-    return {"keep": high_entropy_mask(mb.entropy, mb.mask, cfg.entropy_8020.top_quantile)}
+    return {"keep": high_entropy_mask(mb.entropy, mb.mask, config.options.top_quantile)}
 
 
-def high_entropy(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def high_entropy(
+    x: PolicyLossInputs, config: MethodConfig[Entropy8020Config]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO loss on the top-entropy tokens only: those of the mini-batch's rollout entropies, or with
     ``code_compat`` those of this micro-batch's current entropies, the loss then scaled so that the
     token-mean aggregation gives mean-over-selected per micro-batch, averaged over micro-batches."""
-    loss, metrics = ppo(x, cfg)
-    if cfg.entropy_8020.code_compat:
+    loss, metrics = ppo(x, config)
+    if config.options.code_compat:
         if x.entropy is None:
             raise ValueError("entropy_8020.code_compat needs the current entropy")
-        keep = high_entropy_mask(x.entropy, x.mask, cfg.entropy_8020.top_quantile)
+        keep = high_entropy_mask(x.entropy, x.mask, config.options.top_quantile)
         loss = loss * (x.num_tokens / (keep.sum().clamp(min=1) * x.num_micro_batches))
     else:
         keep = x.selection["keep"]
@@ -70,7 +77,9 @@ def high_entropy(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str,
     return torch.where(keep, loss, torch.zeros_like(loss)), metrics
 
 
-register_policy_loss(PolicyLoss("high_entropy", high_entropy, prepare_fn=select_high_entropy))
+register_policy_loss(
+    PolicyLoss("high_entropy", high_entropy, prepare_fn=select_high_entropy, section="entropy_8020")
+)
 register_method(
     MethodSpec(
         name="entropy_8020",

@@ -19,17 +19,27 @@ Pieces: this module (options, rollout, advantages, the method); docs/algorithms.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from semrl.algos.advantages import broadcast_to_tokens
-from semrl.algos.registry import AdvantageInputs, MethodRollout, MethodSpec, RolloutContext, register_method
+from semrl.algos.registry import (
+    AdvantageInputs,
+    MethodConfig,
+    MethodRollout,
+    MethodSpec,
+    RolloutContext,
+    register_method,
+)
 from semrl.batch import GroupInfo
-from semrl.engine import fill_entropy
+from semrl.batch_forward import fill_entropy
+from semrl.engines import GenerationRequest
 from semrl.errors import ConfigError
 from semrl.options import option
-from semrl.rollout import GenerationRequest
+
+if TYPE_CHECKING:
+    from semrl.config import Config
 
 
 @dataclass(frozen=True)
@@ -45,17 +55,17 @@ class FR3EConfig:
             raise ConfigError(f"config key 'fr3e.num_anchors' must be >= 1, got {self.num_anchors}")
 
 
-def check_fr3e(cfg: Any) -> None:
-    if cfg.fr3e.num_anchors + 1 > cfg.rollout.group_size:
+def check_fr3e(cfg: Config) -> None:
+    num_anchors = cfg.section("fr3e").num_anchors
+    if num_anchors + 1 > cfg.rollout.group_size:
         raise ConfigError(
-            f"config key 'fr3e.num_anchors' ({cfg.fr3e.num_anchors}) + 1 states exceed rollout.group_size "
+            f"config key 'fr3e.num_anchors' ({num_anchors}) + 1 states exceed rollout.group_size "
             f"({cfg.rollout.group_size}); every state needs at least one continuation"
         )
-    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and cfg.fr3e.anchor_metric == "entropy":
-        raise ConfigError(
-            "with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
-            "(fr3e.anchor_metric=entropy); use fr3e.anchor_metric=surprisal or rollout.engine=hf"
-        )
+
+
+def fr3e_needs_entropy(options: FR3EConfig) -> str | None:
+    return "fr3e.anchor_metric=entropy" if options.anchor_metric == "entropy" else None
 
 
 def select_anchors(scores: torch.Tensor, num_anchors: int) -> list[int]:
@@ -113,10 +123,15 @@ def fr3e_modulation(rewards: torch.Tensor, states: torch.Tensor, sharpen: bool =
 
 def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
     """A first-return chain per prompt, then G continuations spread over its anchor states."""
-    opts, params, group = ctx.cfg.fr3e, ctx.params, ctx.group_size
-    first = ctx.engine.generate([GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True)
+    opts: FR3EConfig = ctx.config.options
+    params, group = ctx.params, ctx.group_size
+    first = ctx.engine.generate(
+        [GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True
+    )
     if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
-        fill_entropy(ctx.engine.model, prompt_ids, first, params.temperature, compute_dtype=ctx.engine.compute_dtype)
+        fill_entropy(
+            ctx.engine.model, prompt_ids, first, params.temperature, compute_dtype=ctx.engine.compute_dtype
+        )
     requests, sequence_prompts, states_per_group = [], [], []
     for ids, chain in zip(prompt_ids, first, strict=True):
         scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs
@@ -127,7 +142,9 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
             prefix = chain.token_ids[:anchor].tolist()
             for _ in range(size):
                 requests.append(
-                    GenerationRequest(ids, prefix, params.max_new_tokens - anchor, cache=chain.cache if anchor else None)
+                    GenerationRequest(
+                        ids, prefix, params.max_new_tokens - anchor, cache=chain.cache if anchor else None
+                    )
                 )
                 sequence_prompts.append(ids + prefix)
                 states.append(j)
@@ -145,13 +162,15 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     )
 
 
-def fr3e_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def fr3e_advantages(
+    inputs: AdvantageInputs, config: MethodConfig[FR3EConfig]
+) -> tuple[torch.Tensor, dict[str, float]]:
     """(N, T) advantages; each group's ``method_data`` holds the state of each continuation."""
     out, start = [], 0
     for group in inputs.groups:
         states = torch.tensor(group.method_data)
         g = len(states)
-        out.append(fr3e_modulation(inputs.rewards[start : start + g], states, cfg.fr3e.sharpen))
+        out.append(fr3e_modulation(inputs.rewards[start : start + g], states, config.options.sharpen))
         start += g
     return broadcast_to_tokens(torch.cat(out), inputs.response_mask), {}
 
@@ -167,5 +186,6 @@ register_method(
         rollout_fn=fr3e_rollout,
         options=FR3EConfig,
         check=check_fr3e,
+        needs_entropy=fr3e_needs_entropy,
     )
 )

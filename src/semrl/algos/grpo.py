@@ -20,12 +20,16 @@ from typing import Any
 import torch
 
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
-from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
+from semrl.algos.registry import AdvantageInputs, MethodConfig, MethodSpec, register_method
 
 
-def outcome_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def outcome_advantages(
+    inputs: AdvantageInputs, config: MethodConfig[Any]
+) -> tuple[torch.Tensor, dict[str, float]]:
     """(N, T) group-relative advantages, divided by the group std when ``algorithm.norm_adv_by_std``."""
-    adv = group_centered_rewards(inputs.rewards, inputs.group_ids, normalize_std=bool(cfg.algorithm.norm_adv_by_std))
+    adv = group_centered_rewards(
+        inputs.rewards, inputs.group_ids, normalize_std=bool(config.algorithm.norm_adv_by_std)
+    )
     return broadcast_to_tokens(adv, inputs.response_mask), {}
 
 

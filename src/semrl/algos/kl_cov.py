@@ -11,13 +11,12 @@ Pieces: this module (options, the ``kl_cov`` loss, the method), ``token_selectio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
-from semrl.algos.registry import MethodSpec, register_method
+from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import kl_cov_loss
 from semrl.options import check_fraction, option
 
@@ -28,17 +27,22 @@ class KLCovConfig:
         0.002, "KL-Cov: fraction of a micro-batch's tokens (top Cov) given the |logp - old| penalty "
         "(verl: kl_cov_ratio)."
     )
-    ppo_kl_coef: float = option(1.0, "KL-Cov: coefficient of the |logp - old logp| penalty (verl: ppo_kl_coef).")
+    ppo_kl_coef: float = option(
+        1.0, "KL-Cov: coefficient of the |logp - old logp| penalty (verl: ppo_kl_coef)."
+    )
 
     def __post_init__(self) -> None:
         check_fraction("kl_cov.ratio", self.ratio)
 
 
-def kl_cov(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return kl_cov_loss(x.logp, x.old_logp, x.advantages, x.mask, cfg.kl_cov.ratio, cfg.kl_cov.ppo_kl_coef)
+def kl_cov(
+    x: PolicyLossInputs, config: MethodConfig[KLCovConfig]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    o = config.options
+    return kl_cov_loss(x.logp, x.old_logp, x.advantages, x.mask, o.ratio, o.ppo_kl_coef)
 
 
-register_policy_loss(PolicyLoss("kl_cov", kl_cov))
+register_policy_loss(PolicyLoss("kl_cov", kl_cov, section="kl_cov"))
 register_method(
     MethodSpec(
         name="kl_cov",

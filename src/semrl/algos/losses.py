@@ -12,6 +12,8 @@ import torch
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
+RolloutISLevel = Literal["none", "token", "sequence"]
+RolloutISMode = Literal["truncate", "mask"]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -42,7 +44,7 @@ def ppo_clip_loss(
         per-token loss (N, T) (not yet aggregated) and metrics: ``clip_frac`` (tokens whose
         gradient the clip removed), ``dual_clip_frac``, ``approx_kl`` (mean of old - new).
     """
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    log_ratio = clamped_log_ratio(logp, old_logp)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -55,6 +57,65 @@ def ppo_clip_loss(
         metrics["dual_clip_frac"] = masked_mean(dual.float(), mask)
     metrics["approx_kl"] = masked_mean(-log_ratio.detach(), mask)
     return loss, metrics
+
+
+def clamped_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """log(pi / pi_old) per token, clamped to [-20, 20] so that ``exp`` stays finite (as verl)."""
+    return (logp - old_logp).clamp(-20.0, 20.0)
+
+
+def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """pi / pi_old per token from log-probs, its log clamped (:func:`clamped_log_ratio`)."""
+    return torch.exp(clamped_log_ratio(logp, old_logp))
+
+
+def rollout_correction(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    level: RolloutISLevel,
+    cap: float,
+    mode: RolloutISMode = "truncate",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Importance weights for the mismatch between the engine that sampled and the trainer
+    (docs/algorithms.md "Rollout correction"): r = pi_old / pi_engine of each sampled token (the
+    trainer's behaviour-policy probability over the engine's), or with ``level="sequence"`` its
+    product over the response, given to every token of it.
+
+    ``mode="truncate"`` (truncated IS, verl's TIS): w = min(r, cap); ``"mask"``: w = r where
+    r <= cap, 0 where it is above (those tokens, or whole sequences, leave the loss). ``"none"``:
+    w = 1, the metrics only. Log-ratios are clamped to [-20, 20] before ``exp``.
+
+    Args:
+        old_logp, rollout_logp, mask: (N, T) trainer and engine log-probs of the sampled tokens.
+
+    Returns:
+        (N, T) detached weights (0 on padding) and metrics: ``mismatch_kl`` (k3 estimate of
+        KL(pi_engine || pi_old) per token), ``ratio_mean``, ``ratio_max`` and ``capped_frac`` over
+        valid tokens.
+    """
+    mask = mask.float()
+    token_log_ratio = ((old_logp - rollout_logp) * mask).detach()
+    log_ratio = token_log_ratio
+    if level == "sequence":
+        log_ratio = token_log_ratio.sum(dim=1, keepdim=True).expand_as(mask)
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    capped = (ratio > cap) & mask.bool()
+    if level == "none":
+        weights = mask
+    elif mode == "truncate":
+        weights = ratio.clamp(max=cap) * mask
+    else:
+        weights = torch.where(capped, torch.zeros_like(ratio), ratio) * mask
+    # k3 = e^d - d - 1 ~ d^2 / 2: in float64 and with expm1, or a small mismatch rounds to 0
+    clamped = token_log_ratio.double().clamp(-20.0, 20.0)
+    metrics = {
+        "mismatch_kl": masked_mean(torch.expm1(clamped) - clamped, mask.double()).float(),
+        "ratio_mean": masked_mean(ratio, mask),
+        "ratio_max": (ratio * mask).max() if mask.any() else torch.tensor(1.0),
+        "capped_frac": masked_mean(capped.float(), mask),
+    }
+    return weights, metrics
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:

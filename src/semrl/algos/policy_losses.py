@@ -6,6 +6,9 @@ that selects tokens over the whole mini-batch (not the micro-batch) has a ``prep
 trainer calls it once per mini-batch with rollout-time tensors, and passes its per-token outputs,
 sliced to the micro-batch, as ``inputs.selection``.
 
+Loss functions receive a ``MethodConfig``: the options section the loss names in
+``PolicyLoss.section`` (None: none) and the ``algorithm`` and ``rollout`` sections.
+
 This module holds the registry and the plain PPO-clip loss; a method with its own loss registers it
 in its module (``semrl.algos.kl_cov``, ``clip_cov``, ``entropy_8020``, ``sent``).
 """
@@ -18,7 +21,8 @@ from typing import Any
 
 import torch
 
-from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss
+from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss, rollout_correction
+from semrl.algos.registry import MethodConfig
 
 
 @dataclass
@@ -36,6 +40,7 @@ class PolicyLossInputs:
         generator: the process's random stream (Clip-Cov's random choice).
         num_tokens: valid tokens of the whole mini-batch over every process (token-mean's denominator).
         num_micro_batches: micro-batches of the mini-batch over every process.
+        rollout_logp: the sampling engine's log-probs of the tokens (rollout correction), or None.
     """
 
     logp: torch.Tensor
@@ -48,6 +53,7 @@ class PolicyLossInputs:
     generator: torch.Generator | None = None
     num_tokens: int = 0
     num_micro_batches: int = 1
+    rollout_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -60,16 +66,27 @@ class MiniBatchInputs:
     mask: torch.Tensor
 
 
-LossFn = Callable[[PolicyLossInputs, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-PrepareFn = Callable[[MiniBatchInputs, Any], dict[str, torch.Tensor]]
+LossFn = Callable[[PolicyLossInputs, MethodConfig[Any]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+PrepareFn = Callable[[MiniBatchInputs, MethodConfig[Any]], dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
 class PolicyLoss:
+    """A registered per-token policy loss.
+
+    Attributes:
+        name: ``algorithm.policy_loss`` value.
+        loss_fn: (micro-batch, config) -> ((n, T) per-token loss, metrics).
+        prepare_fn: (mini-batch, config) -> per-token selections, or None.
+        section: the config section whose options it reads (``MethodConfig.options``), or None.
+        needs_reference: (its options) -> whether it reads the reference model's log-probs.
+    """
+
     name: str
     loss_fn: LossFn
     prepare_fn: PrepareFn | None = None
-    needs_reference: Callable[[Any], bool] = lambda cfg: False
+    section: str | None = None
+    needs_reference: Callable[[Any], bool] = lambda options: False
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
@@ -86,26 +103,39 @@ def get_policy_loss(name: str) -> PolicyLoss:
     try:
         return POLICY_LOSSES[name]
     except KeyError:
-        raise KeyError(f"unknown policy loss '{name}'; available: {', '.join(sorted(POLICY_LOSSES))}") from None
+        raise KeyError(
+            f"unknown policy loss '{name}'; available: {', '.join(sorted(POLICY_LOSSES))}"
+        ) from None
 
 
-def ppo(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    a = cfg.algorithm
-    return ppo_clip_loss(x.logp, x.old_logp, x.advantages, x.mask, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c)
+def ppo(x: PolicyLossInputs, config: MethodConfig[Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    a = config.algorithm
+    return ppo_clip_loss(
+        x.logp, x.old_logp, x.advantages, x.mask, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c
+    )
 
 
 register_policy_loss(PolicyLoss("ppo", ppo))
 
 
 def micro_batch_loss(
-    loss: PolicyLoss, x: PolicyLossInputs, cfg: Any, num_sequences: int
+    loss: PolicyLoss, x: PolicyLossInputs, config: MethodConfig[Any], num_sequences: int
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
-    """The scalar loss of one micro-batch: ``loss``'s per-token loss, plus ``algorithm.kl_coef`` x
-    the KL to the reference when ``x.ref_logp`` is given, aggregated with the mini-batch's
-    denominators (``num_sequences`` and ``x.num_tokens`` over every process) so that micro-batch
-    gradients add up. Returns (loss, the policy loss's metrics, masked-mean KL or None)."""
-    a = cfg.algorithm
-    token_loss, metrics = loss.loss_fn(x, cfg)
+    """The scalar loss of one micro-batch: ``loss``'s per-token loss, weighted by the rollout
+    correction (``algorithm.rollout_is``) when ``x.rollout_logp`` is given, plus
+    ``algorithm.kl_coef`` x the KL to the reference when ``x.ref_logp`` is given, aggregated with the
+    mini-batch's denominators (``num_sequences`` and ``x.num_tokens`` over every process) so that
+    micro-batch gradients add up. Returns (loss, the policy loss's metrics and the correction's as
+    ``rollout_is/...``, masked-mean KL or None)."""
+    a = config.algorithm
+    token_loss, metrics = loss.loss_fn(x, config)
+    if x.rollout_logp is not None:
+        weights, correction = rollout_correction(
+            x.old_logp, x.rollout_logp, x.mask, a.rollout_is, a.rollout_is_cap, a.rollout_is_mode
+        )
+        if a.rollout_is != "none":  # "none": the mismatch is measured, not corrected
+            token_loss = token_loss * weights
+        metrics = {**metrics, **{f"rollout_is/{k}": v for k, v in correction.items()}}
     kl_mean = None
     if x.ref_logp is not None:
         kl = kl_penalty(x.logp, x.ref_logp, a.kl_estimator)
@@ -114,6 +144,6 @@ def micro_batch_loss(
         kl_mean = masked_mean(kl.detach(), x.mask)
     total = aggregate_loss(
         token_loss, x.mask, a.loss_agg_mode, num_sequences=num_sequences, num_tokens=x.num_tokens,
-        max_response_length=cfg.rollout.max_new_tokens,
+        max_response_length=config.rollout.max_new_tokens,
     )
     return total, metrics, kl_mean

@@ -3,12 +3,15 @@
 A method is one module (see README, "Adding a method") that defines its pure functions and calls
 :func:`register_method` with a :class:`MethodSpec`:
 
-* ``advantage_fn(inputs, cfg) -> (advantages, metrics)``: (N, T) per-token advantages from the
-  step's rewards, and the method's metrics for the step;
+* ``advantage_fn(inputs, config) -> (advantages, metrics)``: (N, T) per-token advantages from the
+  step's rewards, and the method's metrics for the step; ``config`` is a :class:`MethodConfig`:
+  the method's own typed options and the ``algorithm`` and ``rollout`` sections, nothing else;
 * optionally ``rollout_fn(ctx, prompt_ids) -> MethodRollout``: its own sampling (trees, anchors);
-  it sees only a :class:`RolloutContext` (engine, sampler, generator, config, its own state);
+  it sees only a :class:`RolloutContext` (engine, sampler, generator, its config, its own state);
 * optionally ``options``: a frozen dataclass of option fields, which becomes the config section
   named after the method (``rose.epsilon``), and ``check(cfg)`` for checks across sections;
+* optionally ``needs_entropy(options)``: the setting under which its rollout runs a forward pass
+  for full-vocabulary entropies (which FSDP with the vllm engine cannot), or None;
 * its loss defaults (aggregation, std normalisation, the per-token policy loss by name).
 
 The trainer looks methods up by name and never needs editing (cf. verl's ``register_adv_est``).
@@ -19,13 +22,38 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
 from semrl.batch import GroupInfo
-from semrl.engine import Engine
-from semrl.rollout import Generation, SamplingParams
+from semrl.engines import Engine, Generation, SamplingParams
+
+if TYPE_CHECKING:  # semrl.config imports every method module, which imports this one
+    from semrl.config import AlgorithmConfig, Config, RolloutConfig
+
+OptionsT = TypeVar("OptionsT")
+
+
+@dataclass(frozen=True)
+class MethodConfig(Generic[OptionsT]):
+    """The part of the config a method's (or a policy loss's) functions read.
+
+    Attributes:
+        options: its own section (``RoseConfig`` for ROSE; for a policy loss, the section named by
+            ``PolicyLoss.section``), or None when it has none.
+        algorithm: the ``algorithm`` section (advantage normalisation, clipping, aggregation, KL).
+        rollout: the ``rollout`` section (group size, response budget, temperature, top-k log-probs).
+    """
+
+    options: OptionsT
+    algorithm: AlgorithmConfig
+    rollout: RolloutConfig
+
+
+def method_config(cfg: Config, section: str | None) -> MethodConfig[Any]:
+    """The ``MethodConfig`` of ``cfg`` for the options section ``section`` (None: no options)."""
+    return MethodConfig(cfg.section(section) if section else None, cfg.algorithm, cfg.rollout)
 
 
 @dataclass(frozen=True)
@@ -33,10 +61,10 @@ class RolloutContext:
     """What a method's rollout may use.
 
     Attributes:
-        engine: the sampling engine (``semrl.engine.Engine``), at the current weights.
+        engine: the sampling engine (``semrl.engines.Engine``), at the current weights.
         params: the training sampler (temperature, top-p/k, response budget, top-k log-probs).
         generator: the process's random stream; every random choice of the rollout draws from it.
-        cfg: the whole (frozen) config; a method reads its own section as ``cfg.<method name>``.
+        config: the method's options and the ``algorithm`` and ``rollout`` sections.
         state: the method's own state, made once per run by ``MethodSpec.new_state`` (or None); it is
             not checkpointed, so a method whose results depend on it does not resume exactly.
     """
@@ -44,12 +72,12 @@ class RolloutContext:
     engine: Engine
     params: SamplingParams
     generator: torch.Generator
-    cfg: Any
+    config: MethodConfig[Any]
     state: Any = None
 
     @property
     def group_size(self) -> int:
-        return int(self.cfg.rollout.group_size)
+        return self.config.rollout.group_size
 
 
 @dataclass
@@ -94,8 +122,8 @@ class AdvantageInputs:
     logprobs: torch.Tensor | None = None
 
 
-# (inputs, the whole Config) -> ((N, T) advantages, metrics)
-AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, dict[str, float]]]
+# (inputs, the method's config) -> ((N, T) advantages, metrics)
+AdvantageFn = Callable[[AdvantageInputs, MethodConfig[Any]], tuple[torch.Tensor, dict[str, float]]]
 # (context, prompt token ids) -> the method's rollout
 RolloutFn = Callable[[RolloutContext, list[list[int]]], MethodRollout]
 
@@ -115,6 +143,11 @@ class MethodSpec:
         check: checks of its options against other sections, run when the config is loaded with
             this method selected; raises ``ConfigError``.
         new_state: makes the method's state, kept by the trainer and handed to ``rollout_fn``.
+        needs_entropy: (options) -> the option setting under which ``rollout_fn`` runs a forward
+            pass for full-vocabulary entropies (e.g. ``"rose.entropy_mode=full_vocab"``), or None.
+        reads_top_logprobs: whether its rollout reads the ``rollout.logprobs_top_k`` largest
+            log-probs of every position (ROSE's branching scores); otherwise the engine is asked
+            for the sampled token's log-prob only.
     """
 
     name: str
@@ -127,8 +160,15 @@ class MethodSpec:
     clip_ratio_high: float = 0.2
     rollout_fn: RolloutFn | None = None
     options: type | None = None
-    check: Callable[[Any], None] | None = None
+    check: Callable[[Config], None] | None = None
     new_state: Callable[[], Any] | None = None
+    needs_entropy: Callable[[Any], str | None] | None = None
+    reads_top_logprobs: bool = False
+
+    @property
+    def section(self) -> str | None:
+        """The name of its config section, or None when it has no options."""
+        return self.name if self.options is not None else None
 
 
 METHODS: dict[str, MethodSpec] = {}

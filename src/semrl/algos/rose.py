@@ -22,18 +22,28 @@ How it fits together, one step:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from semrl.algos.branching import normalized_embeddings
-from semrl.algos.registry import AdvantageInputs, MethodRollout, MethodSpec, RolloutContext, register_method
+from semrl.algos.registry import (
+    AdvantageInputs,
+    MethodConfig,
+    MethodRollout,
+    MethodSpec,
+    RolloutContext,
+    register_method,
+)
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.algos.rose_tree import segment_advantages
 from semrl.batch import GroupInfo
 from semrl.errors import ConfigError
 from semrl.options import option
 from semrl.tree import ChainTree
+
+if TYPE_CHECKING:
+    from semrl.config import Config
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,8 @@ class RoseConfig:
         "topk_logprobs", "H over the top-k log-probs (ROSE code) or the full vocabulary (paper)."
     )
     entropy_with_sampled: bool = option(
-        False, "With entropy_mode=topk_logprobs: add the sampled token's -p log p when it is outside the top k "
+        False,
+        "With entropy_mode=topk_logprobs: add the sampled token's -p log p when it is outside the top k "
         "(20 or 21 terms), as the ROSE code does with vLLM's log-prob dictionary (docs/engines.md)."
     )
     sd_mode: Literal["rose", "normalized"] = option(
@@ -67,14 +78,13 @@ class RoseConfig:
             raise ConfigError(f"config key 'rose.epsilon' must be in [0, 1], got {self.epsilon}")
 
 
-def check_rose(cfg: Any) -> None:
-    if cfg.rose.sd_top_k > cfg.rollout.logprobs_top_k:
+def check_rose(cfg: Config) -> None:
+    if cfg.section("rose").sd_top_k > cfg.rollout.logprobs_top_k:
         raise ConfigError("config key 'rose.sd_top_k' must be <= rollout.logprobs_top_k")
-    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and cfg.rose.entropy_mode == "full_vocab":
-        raise ConfigError(
-            "with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
-            "(rose.entropy_mode=full_vocab); use rose.entropy_mode=topk_logprobs or rollout.engine=hf"
-        )
+
+
+def rose_needs_entropy(options: RoseConfig) -> str | None:
+    return "rose.entropy_mode=full_vocab" if options.entropy_mode == "full_vocab" else None
 
 
 def _depth(tree: ChainTree, chain: int) -> int:
@@ -90,7 +100,10 @@ def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     # from the weights the engine samples with now, as the ROSE code reads them from its rollout
     # model at every step (on the CPU, beside the top-k log-probs the scores read)
     unit_embeddings = normalized_embeddings(ctx.engine.input_embeddings()).cpu()
-    result = tree_rollout(ctx.engine, prompt_ids, ctx.group_size, ctx.params, unit_embeddings, ctx.cfg.rose, ctx.generator)
+    options: RoseConfig = ctx.config.options
+    result = tree_rollout(
+        ctx.engine, prompt_ids, ctx.group_size, ctx.params, unit_embeddings, options, ctx.generator
+    )
     groups = result.groups
     gens = [g for group in groups for g in group.generations]
     branched = sum(sum(group.branched) for group in groups)
@@ -108,15 +121,24 @@ def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         # leaves' total length = what independent sampling of the same responses would generate
         "rose/generated_vs_independent": generated / max(1, total_tokens),
         "rose/generation_rounds": float(result.rounds),
-        "rose/score_time_frac": result.score_seconds / max(1e-9, result.score_seconds + result.generate_seconds),
+        "rose/score_time_frac": result.score_seconds / max(
+            1e-9, result.score_seconds + result.generate_seconds
+        ),
     }
-    infos = [GroupInfo(tree=group.tree, branch_points=tuple(group.branch_points)) for group in groups]
+    infos = [
+        GroupInfo(
+            tree=group.tree, branch_points=tuple(group.branch_points), nodes_by_position=options.code_compat
+        )
+        for group in groups
+    ]
     return MethodRollout(gens, groups=infos, metrics=metrics)
 
 
-def rose_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def rose_advantages(
+    inputs: AdvantageInputs, config: MethodConfig[RoseConfig]
+) -> tuple[torch.Tensor, dict[str, float]]:
     """(N, T) segment advantages, one prefix tree per prompt group (prompt-major order)."""
-    width = inputs.response_mask.shape[1]
+    options, width = config.options, inputs.response_mask.shape[1]
     out, start = [], 0
     for group in inputs.groups:
         tree = group.tree
@@ -124,7 +146,8 @@ def rose_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, di
         g = len(tree)
         out.append(
             segment_advantages(
-                tree, inputs.rewards[start : start + g], width, alpha=cfg.rose.alpha, code_compat=cfg.rose.code_compat,
+                tree, inputs.rewards[start : start + g], width, alpha=options.alpha,
+                code_compat=options.code_compat,
                 correct=torch.tensor(inputs.correct[start : start + g], dtype=torch.bool),
             )
         )
@@ -138,9 +161,12 @@ register_method(
         advantage_fn=rose_advantages,
         norm_adv_by_std=False,
         loss_agg_mode="seq-mean-token-sum-norm",
-        description="ROSE: semantic-entropy tree rollouts, segment advantages, Dr.GRPO loss (arXiv 2601.05053).",
+        description="ROSE: semantic-entropy tree rollouts, segment advantages, Dr.GRPO loss "
+        "(arXiv 2601.05053).",
         rollout_fn=rose_rollout,
         options=RoseConfig,
         check=check_rose,
+        needs_entropy=rose_needs_entropy,
+        reads_top_logprobs=True,
     )
 )

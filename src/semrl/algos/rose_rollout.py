@@ -11,7 +11,7 @@ chain of its prompt with a smaller index is done, and chooses among exactly thos
 sequential algorithm would. On the hf engine this runs in rounds (one batched call each; a
 continuation reuses its parent chain's KV cache, ``rose.reuse_kv_cache``); on vllm a prompt's next
 branch joins the running batch the moment its prompt is ready, without waiting for the slowest
-prompt (``semrl.engine.generate_dynamic``), and prefix caching does the KV reuse.
+prompt (``Engine.generate_dynamic``), and prefix caching does the KV reuse.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from semrl.algos.branching import branch_scores
-from semrl.engine import Engine, fill_entropy, generate_dynamic
-from semrl.rollout import Generation, GenerationRequest, SamplingParams
+from semrl.batch_forward import fill_entropy
+from semrl.engines import Engine, Generation, GenerationRequest, SamplingParams
 from semrl.tree import ChainTree
 
 if TYPE_CHECKING:  # the options live with the method; this module does not import it
@@ -66,7 +66,9 @@ def _concat(prefix: Generation, k: int, cont: Generation) -> Generation:
         logprobs=torch.cat([prefix.logprobs[:k], cont.logprobs]),
         top_logprobs=torch.cat([prefix.top_logprobs[:k], cont.top_logprobs]),
         top_ids=torch.cat([prefix.top_ids[:k], cont.top_ids]),
-        entropy=None if prefix.entropy is None or cont.entropy is None else torch.cat([prefix.entropy[:k], cont.entropy]),
+        entropy=None if prefix.entropy is None or cont.entropy is None else torch.cat(
+            [prefix.entropy[:k], cont.entropy]
+        ),
         finished=cont.finished,
         cache=cont.cache,  # covers prompt + prefix + continuation: the whole new chain
     )
@@ -125,7 +127,9 @@ def tree_rollout(
             cache=parent.cache if options.reuse_kv_cache else None,
         )
 
-    def finish(job: _Job, request: GenerationRequest, out: Generation) -> list[tuple[_Job, GenerationRequest]]:
+    def finish(
+        job: _Job, request: GenerationRequest, out: Generation
+    ) -> list[tuple[_Job, GenerationRequest]]:
         """Store a finished chain; start the prompt's next branch once every chain before it is done."""
         t0 = time.perf_counter()
         p, k = job.prompt, job.position
@@ -162,8 +166,8 @@ def tree_rollout(
 
     first = [_Job(p, it, -1, -1 if it == 0 else 0) for p in range(n) for it in range(g) if is_fresh[p, it]]
     t_start = time.perf_counter()
-    rounds = generate_dynamic(
-        engine, [(job, request_for(job)) for job in first], params, generator, finish,
+    rounds = engine.generate_dynamic(
+        [(job, request_for(job)) for job in first], params, generator, finish,
         return_cache=options.reuse_kv_cache,
     )
     total_seconds = time.perf_counter() - t_start
@@ -180,7 +184,9 @@ def tree_rollout(
             TreeGroup(
                 generations=leaves, tree=tree, branched=[q >= 0 for q in parents[p]],
                 chosen_entropy=[h for _, (h, _) in chosen], chosen_divergence=[d for _, (_, d) in chosen],
-                branch_points=[None if st is None else (*st, chosen_scores[p][c]) for c, st in enumerate(stats[p])],
+                branch_points=[
+                    None if st is None else (*st, chosen_scores[p][c]) for c, st in enumerate(stats[p])
+                ],
                 generated_tokens=generated[p],
             )
         )

@@ -85,7 +85,9 @@ def segment_advantages(
     return adv
 
 
-def length_discount(adv: torch.Tensor, length: int, shortest: int, diverge: int, alpha: float) -> torch.Tensor:
+def length_discount(
+    adv: torch.Tensor, length: int, shortest: int, diverge: int, alpha: float
+) -> torch.Tensor:
     """Eq. 8 on one chain: (width,) -> (width,). Tokens in [diverge, length) get
     ``A - |A| * (1 - ((shortest - diverge) / (length - diverge)) ** alpha)`` when that factor > 0."""
     if length <= diverge:

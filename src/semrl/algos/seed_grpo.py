@@ -9,12 +9,12 @@ docs/algorithms.md "SEED-GRPO".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
-from semrl.algos.registry import AdvantageInputs, MethodSpec, register_method
+from semrl.algos.registry import AdvantageInputs, MethodConfig, MethodSpec, register_method
 from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy, max_entropy
 from semrl.options import option
 
@@ -57,10 +57,12 @@ def group_semantic_entropy(inputs: AdvantageInputs, estimator: str) -> torch.Ten
     return torch.tensor(out)
 
 
-def seed_grpo_advantages(inputs: AdvantageInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    seed = cfg.seed_grpo
+def seed_grpo_advantages(
+    inputs: AdvantageInputs, config: MethodConfig[SeedConfig]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    seed = config.options
     centred = group_centered_rewards(
-        inputs.rewards, inputs.group_ids, normalize_std=bool(cfg.algorithm.norm_adv_by_std)
+        inputs.rewards, inputs.group_ids, normalize_std=bool(config.algorithm.norm_adv_by_std)
     )
     entropy = group_semantic_entropy(inputs, seed.likelihood)
     group_size = int((inputs.group_ids == inputs.group_ids[0]).sum())
@@ -75,7 +77,8 @@ register_method(
         advantage_fn=seed_grpo_advantages,
         norm_adv_by_std=False,
         loss_agg_mode="seq-mean-token-sum-norm",
-        description="SEED-GRPO: Dr.GRPO advantages scaled by f(alpha * semantic entropy / log G) (arXiv 2505.12346).",
+        description="SEED-GRPO: Dr.GRPO advantages scaled by f(alpha * semantic entropy / log G) "
+        "(arXiv 2505.12346).",
         options=SeedConfig,
     )
 )

@@ -39,7 +39,8 @@ def cluster_answers(
         found = -1
         if equivalent is not None:
             found = next(
-                (c for c, rep in enumerate(representatives) if rep != "\0none" and equivalent(rep, answer)), -1
+                (c for c, rep in enumerate(representatives) if rep != "\0none" and equivalent(rep, answer)),
+                -1
             )
         if found < 0:
             found = len(representatives)
@@ -50,7 +51,8 @@ def cluster_answers(
 
 
 def cluster_entropy(
-    cluster_ids: Sequence[int], mean_logprobs: torch.Tensor | None = None, estimator: Estimator = "length_normalized"
+    cluster_ids: Sequence[int], mean_logprobs: torch.Tensor | None = None,
+    estimator: Estimator = "length_normalized"
 ) -> float:
     """Semantic entropy (nats) of M responses given their cluster ids.
 

@@ -16,13 +16,13 @@ docs/algorithms.md "SENT".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInputs, register_policy_loss
-from semrl.algos.registry import MethodSpec, register_method
+from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import sent_coefficients, sent_loss
 from semrl.options import check_fraction, option
 
@@ -39,7 +39,9 @@ class SentConfig:
         "rest_of_low", "beta_low on all other low-entropy tokens (paper) or only the bottom-Cov ones (code)."
     )
     kl_target: Literal["old_abs", "ref_k3"] = option(
-        "old_abs", "Token KL: |logp - old logp| (code; no effect on a single on-policy update) or k3 to the reference (paper)."
+        "old_abs",
+        "Token KL: |logp - old logp| (code; no effect on a "
+        "single on-policy update) or k3 to the reference (paper)."
     )
     selection_scope: Literal["mini", "micro"] = option(
         "mini", "Select tokens over the whole mini-batch (ours) or each micro-batch (code)."
@@ -51,21 +53,26 @@ class SentConfig:
         check_fraction("sent.cov_top_ratio", self.cov_top_ratio)
 
 
-def _beta(logp: torch.Tensor, entropy: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, s: SentConfig) -> torch.Tensor:
+def _beta(
+    logp: torch.Tensor, entropy: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, s: SentConfig
+) -> torch.Tensor:
     return sent_coefficients(
-        entropy, logp, adv, mask, s.entropy_quantile, s.cov_top_ratio, s.beta_high, s.beta_low, s.beta_low_scope
+        entropy, logp, adv, mask, s.entropy_quantile, s.cov_top_ratio, s.beta_high, s.beta_low,
+        s.beta_low_scope
     )
 
 
-def select_sent_tokens(mb: MiniBatchInputs, cfg: Any) -> dict[str, torch.Tensor]:
+def select_sent_tokens(mb: MiniBatchInputs, config: MethodConfig[SentConfig]) -> dict[str, torch.Tensor]:
     """Per-token beta over the whole mini-batch from rollout-time tensors (``selection_scope=mini``)."""
-    if cfg.sent.selection_scope != "mini":
+    if config.options.selection_scope != "mini":
         return {}
-    return {"beta": _beta(mb.logp, mb.entropy, mb.advantages, mb.mask, cfg.sent)}
+    return {"beta": _beta(mb.logp, mb.entropy, mb.advantages, mb.mask, config.options)}
 
 
-def sent(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    s, a = cfg.sent, cfg.algorithm
+def sent(
+    x: PolicyLossInputs, config: MethodConfig[SentConfig]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    s, a = config.options, config.algorithm
     if "beta" in x.selection:
         beta = x.selection["beta"]
     else:  # micro-batch scope, from the current policy (the code's behaviour)
@@ -73,11 +80,16 @@ def sent(x: PolicyLossInputs, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.T
             raise ValueError("sent.selection_scope='micro' needs the current entropy")
         beta = _beta(x.logp, x.entropy, x.advantages, x.mask, s)
     clip = (a.clip_ratio_low, a.clip_ratio_high) if s.clip_in_sent_loss else None
-    return sent_loss(x.logp, x.old_logp, x.advantages, x.mask, beta, s.kl_target, x.ref_logp, clip, s.beta_high)
+    return sent_loss(
+        x.logp, x.old_logp, x.advantages, x.mask, beta, s.kl_target, x.ref_logp, clip, s.beta_high
+    )
 
 
 register_policy_loss(
-    PolicyLoss("sent", sent, prepare_fn=select_sent_tokens, needs_reference=lambda cfg: cfg.sent.kl_target == "ref_k3")
+    PolicyLoss(
+        "sent", sent, prepare_fn=select_sent_tokens, section="sent",
+        needs_reference=lambda options: options.kl_target == "ref_k3",
+    )
 )
 register_method(
     MethodSpec(
@@ -85,7 +97,8 @@ register_method(
         advantage_fn=outcome_advantages,
         norm_adv_by_std=True,
         loss_agg_mode="token-mean",
-        description="SENT: GRPO with token-level KL on low-entropy, high-covariance tokens (arXiv 2512.04359); "
+        description="SENT: GRPO with token-level KL on low-entropy, high-covariance tokens "
+        "(arXiv 2512.04359); "
         "curriculum via data.curriculum.",
         policy_loss="sent",
         options=SentConfig,

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from semrl.algos.losses import kl_penalty, ppo_clip_loss
+from semrl.algos.losses import importance_ratio, kl_penalty, ppo_clip_loss
 
 BetaLowScope = Literal["rest_of_low", "bottom_cov_ratio"]
 KLTarget = Literal["old_abs", "ref_k3"]
@@ -72,8 +72,7 @@ def kl_cov_loss(
     Returns per-token loss (N, T) and metrics (``kl_cov_frac``: share of valid tokens penalised).
     """
     valid = mask.bool()
-    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
-    loss = -advantages * ratio
+    loss = -advantages * importance_ratio(logp, old_logp)
     n_valid = int(valid.sum())
     chosen = top_k_mask(token_covariance(logp, advantages, valid), valid, max(1, int(kl_cov_ratio * n_valid)))
     loss = loss + torch.where(chosen, ppo_kl_coef * (logp - old_logp).abs(), torch.zeros_like(loss))
@@ -92,12 +91,13 @@ def clip_cov_loss(
     cov_ub: float,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clip-Cov (docs/algorithms.md "KL-Cov and Clip-Cov"): the PPO loss, then ``max(1, floor(ratio * N_valid))``
+    """Clip-Cov (docs/algorithms.md "KL-Cov and Clip-Cov"): the PPO loss, then
+    ``max(1, floor(ratio * N_valid))``
     tokens drawn at random among the unclipped valid tokens with ``cov_lb < Cov < cov_ub`` lose
     their gradient (loss set to 0)."""
     valid = mask.bool()
     loss, metrics = ppo_clip_loss(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c=None)
-    unclipped = -advantages * torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+    unclipped = -advantages * importance_ratio(logp, old_logp)
     not_clipped = (loss.detach() == unclipped.detach()) & valid
     cov = token_covariance(logp, advantages, valid)
     candidates = not_clipped & (cov > cov_lb) & (cov < cov_ub)
@@ -164,7 +164,7 @@ def sent_loss(
     paper). ``clip=None`` is the code's unclipped ``-A rho``; ``(low, high)`` uses the PPO clip.
     """
     if clip is None:
-        loss = -advantages * torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+        loss = -advantages * importance_ratio(logp, old_logp)
         metrics: dict[str, torch.Tensor] = {}
     else:
         loss, metrics = ppo_clip_loss(logp, old_logp, advantages, mask, clip[0], clip[1], clip_c=None)

@@ -131,16 +131,22 @@ def _dataset_rows(name: str, split: str, columns: Columns) -> Any:
         loaded = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
-                raise DataError(f"dataset '{name}' has splits {sorted(loaded)}, not '{split}'; set data.train_split / data.eval_split")
+                raise DataError(
+                    f"dataset '{name}' has splits {sorted(loaded)}, not '{split}'; set data.train_split / "
+                    "data.eval_split"
+                )
             loaded = loaded[split]
     elif path.is_file():
         builders = {".json": "json", ".csv": "csv", ".arrow": "arrow", ".parquet": "parquet"}
         if path.suffix not in builders:
-            raise DataError(f"data file '{path}': use a .jsonl, .json, .parquet, .csv or .arrow file, or a directory")
+            raise DataError(
+                f"data file '{path}': use a .jsonl, .json, .parquet, .csv or .arrow file, or a directory"
+            )
         loaded = datasets.load_dataset(builders[path.suffix], data_files=str(path), split="train")
     elif name.count("/") != 1 or name.startswith((".", "/", "~")):
         raise DataError(
-            f"dataset '{name}' is neither a packaged benchmark ({', '.join(BENCHMARKS)}, 'arithmetic'), nor an "
+            f"dataset '{name}' is neither a packaged benchmark "
+            f"({', '.join(BENCHMARKS)}, 'arithmetic'), nor an "
             "existing file or directory, nor a hub id (owner/name)"
         )
     else:
@@ -149,7 +155,8 @@ def _dataset_rows(name: str, split: str, columns: Columns) -> Any:
         except Exception as err:
             raise DataError(
                 f"dataset '{name}' is not a packaged benchmark ({', '.join(BENCHMARKS)}, 'arithmetic'), an "
-                f"existing file or directory, and the Hugging Face hub could not give it ({type(err).__name__}: "
+                "existing file or directory, and the Hugging Face hub could not give it "
+                f"({type(err).__name__}: "
                 f"{str(err)[:160]}). Offline: on a machine with network run "
                 "datasets.load_dataset(NAME).save_to_disk(DIR), copy DIR here and give its path"
             ) from err
@@ -170,7 +177,10 @@ def load_problems(
     if path.suffix == ".jsonl" and path.is_file():
         rows = _iter_rows(path)
     elif path.suffix == ".parquet" and path.is_file():  # a table, numbered like the datasets library's
-        rows = ((where, {columns.id: f"row-{i}", **row}) for i, (where, row) in enumerate(_iter_rows(path), start=1))
+        rows = (
+            (where, {columns.id: f"row-{i}", **row}) for i,
+            (where, row) in enumerate(_iter_rows(path), start=1)
+        )
     elif path.exists() or not str(path).endswith((".jsonl", ".parquet", ".json")):
         rows = _dataset_rows(str(path), split, columns)
     else:

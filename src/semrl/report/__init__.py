@@ -33,7 +33,9 @@ TRAIN_METRICS = [
     "actor/clip_frac", "actor/grad_norm", "rose/branched_chains", "rose/generated_vs_independent",
     "rose/branch_entropy", "rose/branch_divergence", "curriculum/stage", "time/step_s",
 ]
-COMPARE_METRICS = ["reward", "accuracy", "entropy", "entropy/low_frac", "kl", "response_length", "time/step_s"]
+COMPARE_METRICS = [
+    "reward", "accuracy", "entropy", "entropy/low_frac", "kl", "response_length", "time/step_s"
+]
 
 
 def load_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -7,11 +7,17 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from semrl.reward.extract import extract_answer, extract_boxed, extract_last_number
 from semrl.reward.functions import CORRECTNESS_CHECKS, Scorer, check_signature, load_function, scorer
 from semrl.reward.verify import CallResult, Verdict, VerifierPool
+
+if TYPE_CHECKING:  # semrl.batch imports this package
+    from semrl.batch import RolloutBatch
+    from semrl.config import RewardConfig
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +30,7 @@ __all__ = [
     "extract_boxed",
     "extract_last_number",
     "reward_functions",
+    "score_batch",
     "score_responses",
 ]
 
@@ -63,7 +70,8 @@ class RewardFunctions:
 
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
-    in_process: dict[str, Callable[..., Any]] = field(default_factory=dict)  # callables not importable by workers
+    # callables not importable by workers
+    in_process: dict[str, Callable[..., Any]] = field(default_factory=dict)
     _logged: set[str] = field(default_factory=set)
 
     @property
@@ -112,7 +120,7 @@ class RewardFunctions:
                 errors = [None] * len(verdicts)
                 outs = [v.timed_out for v in verdicts]
             else:
-                calls = [(p, r, ids, c) for p, r, ids, c in zip(prompts, responses, completion_ids, columns, strict=True)]
+                calls = list(zip(prompts, responses, completion_ids, columns, strict=True))
                 if name in self.in_process:
                     score_here = scorer(self.in_process[name])
                     results = [_call_here(score_here, call) for call in calls]
@@ -124,7 +132,9 @@ class RewardFunctions:
             first_error = next((e for e in errors if e and e != "timeout"), None)
             if first_error and name not in self._logged:
                 self._logged.add(name)
-                logger.warning("reward function '%s' raised (scored 0); first traceback:\n%s", name, first_error)
+                logger.warning(
+                    "reward function '%s' raised (scored 0); first traceback:\n%s", name, first_error
+                )
             metrics[f"rewards/{key}/sum"] = sum(s or 0.0 for s in scores)
             metrics[f"rewards/{key}/errors"] = float(sum(e is not None for e in errors))
             metrics[f"rewards/{key}/timeouts"] = float(sum(outs))
@@ -153,7 +163,8 @@ def _call_here(score: Scorer, call: tuple[str, str, list[int], dict[str, Any]]) 
 
 
 def reward_functions(
-    names: list[str], weights: list[float] | None = None, in_process: dict[str, Callable[..., Any]] | None = None
+    names: list[str], weights: list[float] | None = None,
+    in_process: dict[str, Callable[..., Any]] | None = None
 ) -> RewardFunctions:
     """Check and bundle ``reward.functions``: every function is imported and its signature checked
     here, so a bad one fails before training starts. ``in_process`` maps names to callables that
@@ -163,3 +174,28 @@ def reward_functions(
         if name != "math":
             check_signature(name, in_process[name] if name in in_process else load_function(name))
     return RewardFunctions(tuple(names), tuple(weights or [1.0] * len(names)), in_process)
+
+
+def score_batch(
+    batch: RolloutBatch, functions: RewardFunctions, pool: VerifierPool, rc: RewardConfig, max_new_tokens: int
+) -> None:
+    """Score every response of ``batch`` with the ``reward`` section's functions and shaping (DAPO's
+    overlong penalty); fills ``batch.rewards``, ``reward_results``, ``reward_function_sums`` and
+    ``verify_timeouts``."""
+    from semrl.data import problem_columns
+    from semrl.reward.shaping import overlong_penalty
+
+    timeouts_before = pool.num_timeouts
+    batch.reward_results, batch.reward_function_sums = functions.score(
+        pool, [p.problem for p in batch.problems], batch.texts,
+        [g.token_ids.tolist() for g in batch.generations],
+        [problem_columns(p) for p in batch.problems], final_number_fallback=rc.final_number_fallback,
+        truncated=[g.truncated for g in batch.generations], truncated_reward=rc.truncated_reward,
+    )
+    batch.rewards = torch.tensor([r.reward for r in batch.reward_results])
+    if rc.overlong_buffer_len > 0:
+        lengths = torch.tensor([len(g.token_ids) for g in batch.generations])
+        batch.rewards += overlong_penalty(
+            lengths, max_new_tokens, rc.overlong_buffer_len, rc.overlong_penalty_factor
+        )
+    batch.verify_timeouts = pool.num_timeouts - timeouts_before

@@ -59,7 +59,9 @@ def final_number(prompts: list[str], completions: list[str], answer: list[str], 
     return out
 
 
-_BUILTIN_FUNCTIONS: dict[str, Callable[..., list[float]]] = {"boxed_match": boxed_match, "final_number": final_number}
+_BUILTIN_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
+    "boxed_match": boxed_match, "final_number": final_number
+}
 
 
 def load_function(name: str) -> Callable[..., Any]:
@@ -128,7 +130,9 @@ def scorer(function: Callable[..., Any]) -> Scorer:
     style, TRL or verl, is read once here."""
     if is_verl_style(function):
 
-        def score_verl(prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]) -> float | None:
+        def score_verl(
+            prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]
+        ) -> float | None:
             extra = {k: v for k, v in columns.items() if k not in ("answer", "data_source")}
             score = function(data_source=columns.get("data_source", "semrl"), solution_str=completion,
                              ground_truth=columns.get("answer"), extra_info=extra)
@@ -136,7 +140,9 @@ def scorer(function: Callable[..., Any]) -> Scorer:
 
         return score_verl
 
-    def score_trl(prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]) -> float | None:
+    def score_trl(
+        prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]
+    ) -> float | None:
         scores = function(prompts=[prompt], completions=[completion], completion_ids=[completion_ids],
                           **{k: [v] for k, v in columns.items()})
         if not isinstance(scores, list | tuple) or len(scores) != 1:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int, penalty_factor: float) -> torch.Tensor:
+def overlong_penalty(
+    lengths: torch.Tensor, max_length: int, buffer_length: int, penalty_factor: float
+) -> torch.Tensor:
     """DAPO's soft overlong punishment (docs/algorithms.md "DAPO"), added to the reward.
 
     0 up to ``max_length - buffer_length`` tokens, then falling linearly to ``-penalty_factor`` at

@@ -190,7 +190,9 @@ class VerifierPool:
                     pending.setdefault((gold, answer), []).append(i)
         if pending:
             keys = list(pending)
-            for key, (correct, error, timed_out) in zip(keys, self._run_pool([("verify", k) for k in keys]), strict=True):
+            for key, (correct, error, timed_out) in zip(
+                keys, self._run_pool([("verify", k) for k in keys]), strict=True
+            ):
                 verdict = Verdict(bool(correct), timed_out, "timeout" if timed_out else error)
                 if not timed_out:
                     self._cache[key] = verdict
@@ -198,12 +200,15 @@ class VerifierPool:
                     results[i] = verdict
         return [r if r is not None else Verdict(False) for r in results]
 
-    def call_many(self, function: int, calls: list[tuple[str, str, list[int], dict[str, Any]]]) -> list[CallResult]:
+    def call_many(
+        self, function: int, calls: list[tuple[str, str, list[int], dict[str, Any]]]
+    ) -> list[CallResult]:
         """Score completions with ``functions[function]``: one (prompt, completion, completion ids,
         dataset columns) per call."""
         results = []
         for score, error, timed_out in self._run_pool([("call", (function, *call)) for call in calls]):
-            results.append(CallResult(None if error or timed_out else score, "timeout" if timed_out else error, timed_out))
+            value = None if error or timed_out else score
+            results.append(CallResult(value, "timeout" if timed_out else error, timed_out))
         return results
 
     def _run_pool(self, jobs: list[tuple[str, Any]]) -> list[tuple[Any, str | None, bool]]:

@@ -16,112 +16,19 @@ distribution the trainer's forward pass computes with the same temperature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from semrl.engines.base import (
+    Generation,
+    GenerationRequest,
+    OnDone,
+    PrefixCache,
+    SamplingParams,
+    Tag,
+    request_budget,
+)
 from semrl.precision import autocast_to
-
-
-def sequence_seed(seed: int, step: int, round_index: int, prompt: int, sample: int) -> int:
-    """The seed of one sampled sequence under ``rollout.seed_per_sequence``: sample ``sample`` of
-    prompt ``prompt`` (its index in the step's global batch) in rollout round ``round_index``."""
-    key = [seed, step, round_index, prompt, sample]
-    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
-
-
-@dataclass
-class PrefixCache:
-    """Key/value states of one sequence's first ``length`` context tokens, for every layer.
-
-    keys[l], values[l]: (num_kv_heads, length, head_dim). A continuation from a prefix hands the
-    cache of its parent chain to the engine, which then feeds only the last context token instead
-    of re-encoding prompt + prefix (what vLLM's prefix caching does for the ROSE code).
-    """
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    @property
-    def length(self) -> int:
-        return self.keys[0].shape[-2] if self.keys else 0
-
-    def truncate(self, length: int) -> PrefixCache:
-        return PrefixCache([k[:, :length] for k in self.keys], [v[:, :length] for v in self.values])
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
-    logprobs_top_k: int = 20
-
-
-def sampling_params(rollout: Any, temperature: float | None = None) -> SamplingParams:
-    """The sampler of the ``rollout`` config section; ``temperature`` replaces its temperature
-    (evaluation's ``logging.eval_temperature``)."""
-    return SamplingParams(
-        temperature=rollout.temperature if temperature is None else temperature,
-        top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
-        logprobs_top_k=rollout.logprobs_top_k,
-    )
-
-
-@dataclass
-class GenerationRequest:
-    prompt_ids: list[int]
-    prefix_ids: list[int] = field(default_factory=list)
-    max_new_tokens: int | None = None  # overrides SamplingParams.max_new_tokens (branch budgets)
-    cache: PrefixCache | None = None  # KV of a leading part of prompt_ids + prefix_ids
-    # Own random stream: the sample then does not depend on the other rows of its batch, the
-    # generation batch size or the number of processes (rollout.seed_per_sequence).
-    seed: int | None = None
-
-
-@dataclass
-class Generation:
-    """One sampled continuation; tensors have length L = number of new tokens.
-
-    Attributes:
-        token_ids: (L,) new tokens, including the final EOS if there is one.
-        logprobs: (L,) log-prob of each sampled token.
-        top_logprobs: (L, k) largest log-probs at each position, descending.
-        top_ids: (L, k) their token ids.
-        entropy: (L,) entropy of the full next-token distribution; None from an engine that does
-            not compute it (vllm): ``semrl.engine.fill_entropy`` adds it.
-        finished: ended with EOS.
-        cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
-    """
-
-    token_ids: torch.Tensor
-    logprobs: torch.Tensor
-    top_logprobs: torch.Tensor
-    top_ids: torch.Tensor
-    entropy: torch.Tensor | None
-    finished: bool
-    cache: PrefixCache | None = None
-
-    @property
-    def truncated(self) -> bool:
-        return not self.finished
-
-
-def request_budget(request: GenerationRequest, params: SamplingParams) -> int:
-    """The request's token budget, after checking that it has a context and a budget >= 1."""
-    if not request.prompt_ids and not request.prefix_ids:
-        raise ValueError("a generation request has an empty prompt")
-    budget = request.max_new_tokens if request.max_new_tokens is not None else params.max_new_tokens
-    if budget < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
-    return budget
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -139,7 +46,9 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def _batched_cache(caches: list[PrefixCache | None], lengths: list[int], device: torch.device) -> DynamicCache:
+def _batched_cache(
+    caches: list[PrefixCache | None], lengths: list[int], device: torch.device
+) -> DynamicCache:
     """Left-pad the first ``lengths[i]`` cached tokens of each row into one (B, H, W, D) cache per layer."""
     width = max(lengths)
     template = next((c for c in caches if c is not None and c.length), None)
@@ -167,7 +76,7 @@ def _row_cache(cache: DynamicCache, row: int, row_attention: torch.Tensor) -> Pr
     return PrefixCache(keys, values)
 
 
-class RolloutEngine:
+class HFEngine:
     """Samples continuations from a causal LM with Hugging Face's KV cache (the ``hf`` engine)."""
 
     name = "hf"
@@ -210,6 +119,26 @@ class RolloutEngine:
                 out.extend(self._generate_batch(chunk, params, generator, return_cache))
         return out
 
+    def generate_dynamic(
+        self,
+        requests: list[tuple[Tag, GenerationRequest]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: OnDone,
+        return_cache: bool = False,
+    ) -> int:
+        """``Engine.generate_dynamic`` in rounds: one batched ``generate`` per round, finished
+        results handled in request order, the requests they return forming the next round."""
+        calls = 0
+        while requests:
+            outputs = self.generate([r for _, r in requests], params, generator, return_cache)
+            calls += 1
+            following: list[tuple[Tag, GenerationRequest]] = []
+            for (tag, request), out in zip(requests, outputs, strict=True):
+                following += on_done(tag, request, out)
+            requests = following
+        return calls
+
     def _generate_batch(
         self,
         requests: list[GenerationRequest],
@@ -227,7 +156,10 @@ class RolloutEngine:
 
         # Row i = [left padding | cached[i] tokens from its PrefixCache | padding | uncached suffix].
         # The last context token is always fed, so that its logits give the first new token.
-        cached = [min(r.cache.length, len(ctx) - 1) if r.cache else 0 for r, ctx in zip(requests, contexts, strict=True)]
+        cached = [
+            min(r.cache.length, len(ctx) - 1) if r.cache else 0 for r,
+            ctx in zip(requests, contexts, strict=True)
+        ]
         suffixes = [ctx[n:] for ctx, n in zip(contexts, cached, strict=True)]
         past_width, suffix_width = max(cached), max(len(s) for s in suffixes)
         input_ids = torch.full((batch, suffix_width), self.pad_token_id, dtype=torch.long)
@@ -298,7 +230,8 @@ class RolloutEngine:
                 keep = (~done).nonzero().flatten()
                 if keep.numel() == 0:
                     break
-                active, token, next_pos, attention = active[keep], token[keep], next_pos[keep], attention[keep]
+                active, token = active[keep], token[keep]
+                next_pos, attention = next_pos[keep], attention[keep]
                 # Drop finished rows, then the leading columns that only they used.
                 first = int(attention.argmax(-1).min().item())
                 for layer in cache.layers:

@@ -15,7 +15,7 @@ What vLLM returns, and how it maps onto ``Generation``:
 - ``top_logprobs`` / ``top_ids``: the k entries of rank 1..k (vLLM adds the sampled token as a
   (k+1)-th entry when it is outside the top k; that entry is dropped here, and ROSE's
   ``rose.entropy_with_sampled`` puts it back from ``logprobs`` as the ROSE code does).
-- ``entropy``: None. vLLM never returns the full-vocabulary entropy; see ``semrl.engine.fill_entropy``.
+- ``entropy``: None. vLLM never returns the full-vocabulary entropy; see ``semrl.batch_forward.fill_entropy``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,9 @@ import torch
 from transformers import PreTrainedModel
 
 from semrl.distributed import on_close
+from semrl.engines.base import Generation, GenerationRequest, OnDone, SamplingParams, Tag, request_budget
 from semrl.errors import ConfigError, EngineError, TrainingError
 from semrl.lora import sampling_state_dict
-from semrl.rollout import Generation, GenerationRequest, SamplingParams, request_budget
 
 logger = logging.getLogger(__name__)
 
@@ -95,16 +94,21 @@ def check_vllm_settings(cfg: Any) -> None:
     """Config-level checks for ``rollout.engine=vllm``; they run when the config is loaded."""
     r = cfg.rollout
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set rollout.engine=hf")
+        raise ConfigError(
+            f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set "
+            "rollout.engine=hf"
+        )
     if r.top_p < 1.0 or r.top_k > 0:
         raise ConfigError(
-            f"rollout.engine=vllm with rollout.top_p={r.top_p}, rollout.top_k={r.top_k}: vLLM returns log-probs of "
+            f"rollout.engine=vllm with rollout.top_p={r.top_p}, "
+            f"rollout.top_k={r.top_k}: vLLM returns log-probs of "
             "the filtered, renormalised distribution, while training uses the tempered unfiltered one "
             "(docs/engines.md); set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf"
         )
     if r.vllm_block_size < 1 or (not torch.cuda.is_available() and r.vllm_block_size % CPU_BLOCK_MULTIPLE):
         raise ConfigError(
-            f"rollout.vllm_block_size={r.vllm_block_size}: vLLM's CPU backend needs a multiple of {CPU_BLOCK_MULTIPLE}"
+            f"rollout.vllm_block_size={r.vllm_block_size}: vLLM's CPU backend needs a multiple of "
+            f"{CPU_BLOCK_MULTIPLE}"
         )
     if r.vllm_kv_cache_gib <= 0:
         raise ConfigError(f"rollout.vllm_kv_cache_gib must be > 0, got {r.vllm_kv_cache_gib}")
@@ -144,27 +148,35 @@ def check_model_for_vllm(model: PreTrainedModel, settings: VLLMSettings, on_gpu:
         have = int(settings.kv_cache_gib * GIB)
         if have < need:
             raise EngineError(
-                f"rollout.vllm_kv_cache_gib={settings.kv_cache_gib} holds {have // per_token} tokens, fewer than "
-                f"one sequence of {settings.max_model_len} tokens ({need / GIB:.3f} GiB); raise rollout.vllm_kv_cache_gib "
+                f"rollout.vllm_kv_cache_gib={settings.kv_cache_gib} "
+                f"holds {have // per_token} tokens, fewer than "
+                f"one sequence of {settings.max_model_len} tokens ({need / GIB:.3f} GiB); raise "
+                "rollout.vllm_kv_cache_gib "
                 "or lower rollout.max_new_tokens"
             )
         if have < need * settings.max_num_seqs:
             logger.warning(
-                "vllm: the KV cache (%.2f GiB) holds %d full-length sequences of the %d in a batch; vLLM will run "
+                "vllm: the KV cache (%.2f GiB) holds %d full-length "
+                "sequences of the %d in a batch; vLLM will run "
                 "fewer at once (raise rollout.vllm_kv_cache_gib to %.2f for all)",
-                settings.kv_cache_gib, have // need, settings.max_num_seqs, need * settings.max_num_seqs / GIB,
+                settings.kv_cache_gib, have // need, settings.max_num_seqs,
+                need * settings.max_num_seqs / GIB,
             )
 
 
 def _import_vllm() -> Any:
     if importlib.util.find_spec("vllm") is None:
-        raise EngineError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set rollout.engine=hf")
+        raise EngineError(
+            f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set "
+            "rollout.engine=hf"
+        )
     if importlib.util.find_spec("torchvision") is not None:
         try:
             import torchvision  # noqa: F401
         except Exception as err:  # the PyPI build of torchvision does not load beside the CPU torch
             raise EngineError(
-                f"torchvision is installed but does not load ({type(err).__name__}: {err}); vLLM's dependencies "
+                "torchvision is installed but does not load "
+                f"({type(err).__name__}: {err}); vLLM's dependencies "
                 "pull a torchvision built for another torch. Nothing in semrl needs it: "
                 "pip uninstall -y torchvision torchaudio torchcodec"
             ) from err
@@ -179,10 +191,13 @@ def _import_vllm() -> Any:
 
 
 def _engine_key(model: PreTrainedModel, settings: VLLMSettings) -> tuple[Any, ...]:
-    config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    skip = ("_name_or_path", "transformers_version")
+    config = {k: v for k, v in model.config.to_dict().items() if k not in skip}
     shape = json.dumps(config, sort_keys=True, default=str)
-    return (shape, settings.engine_dtype(model), str(model.device), settings.block_size, settings.kv_cache_gib,
-            settings.gpu_memory_utilization, settings.seed)
+    return (
+        shape, settings.engine_dtype(model), str(model.device), settings.block_size, settings.kv_cache_gib,
+        settings.gpu_memory_utilization, settings.seed,
+    )
 
 
 def _fits(started: VLLMSettings, wanted: VLLMSettings) -> bool:
@@ -277,7 +292,9 @@ class VLLMEngine:
         key = _engine_key(model, settings)
         if key not in _ENGINES or not _fits(_ENGINES[key][0], settings):
             _ENGINES.pop(key, None)  # a smaller engine of this shape goes before a larger one starts
-            logger.info("starting vLLM on %s (once per process; about 45 s on a 2-core CPU)", model.name_or_path)
+            logger.info(
+                "starting vLLM on %s (once per process; about 45 s on a 2-core CPU)", model.name_or_path
+            )
             _ENGINES[key] = (settings, _start_llm(vllm, model, settings))
             on_close(shutdown_engines)
         self.llm = _ENGINES[key][1]
@@ -314,17 +331,19 @@ class VLLMEngine:
 
     def generate_dynamic(
         self,
-        requests: list[tuple[Any, GenerationRequest]],
+        requests: list[tuple[Tag, GenerationRequest]],
         params: SamplingParams,
         generator: torch.Generator | None,
-        on_done: Callable[[Any, GenerationRequest, Generation], list[tuple[Any, GenerationRequest]]],
-    ) -> None:
+        on_done: OnDone,
+        return_cache: bool = False,
+    ) -> int:
         """Sample tagged requests; what ``on_done(tag, request, generation)`` returns for a finished
-        one joins the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``)."""
+        one joins the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``); one call.
+        ``return_cache`` is ignored: vLLM's prefix cache keeps the KV of shared prefixes."""
         core = self.llm.llm_engine
-        running: dict[str, tuple[Any, GenerationRequest]] = {}
+        running: dict[str, tuple[Tag, GenerationRequest]] = {}
 
-        def submit(pairs: list[tuple[Any, GenerationRequest]]) -> None:
+        def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
             for tag, request in pairs:
                 prompt, sampling = self._prepare(request, params, generator)
                 request_id = f"semrl-{next(_REQUEST_IDS)}"
@@ -337,6 +356,7 @@ class VLLMEngine:
                 if out.finished:
                     generation = self._to_generation(out.outputs[0], params.logprobs_top_k)
                     submit(on_done(*running.pop(out.request_id), generation))
+        return 1
 
     def generate(
         self,
@@ -363,7 +383,8 @@ class VLLMEngine:
         if len(context) + budget > self.settings.max_model_len:
             raise ValueError(
                 f"a request of {len(context)} context + {budget} new tokens exceeds the vllm engine's "
-                f"max_model_len {self.settings.max_model_len} (data.max_prompt_length + rollout.max_new_tokens)"
+                f"max_model_len {self.settings.max_model_len} (data.max_prompt_length + "
+                "rollout.max_new_tokens)"
             )
         seed = request.seed
         if seed is None and generator is not None:
@@ -372,6 +393,8 @@ class VLLMEngine:
             n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             max_tokens=budget, logprobs=params.logprobs_top_k, seed=seed,
             stop_token_ids=self.eos_token_ids, detokenize=False,
+            # one flat list per request instead of a dict per token (read without a per-token loop)
+            flat_logprobs=True,
             # only the finished output (what LLM.generate asks for); the cumulative default would
             # rebuild every running request's output at every engine step
             output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
@@ -379,19 +402,19 @@ class VLLMEngine:
         return vllm.TokensPrompt(prompt_token_ids=context), sampling
 
     def _to_generation(self, completion: Any, k: int) -> Generation:
+        """A ``Generation`` from vLLM's output. Its flat log-probs hold, per position, the sampled
+        token's entry and then the k largest in rank order (vLLM's sampler puts the sampled one
+        first): (n, k + 1) tables, read at once."""
         tokens = list(completion.token_ids)
         n = len(tokens)
-        logprobs = torch.zeros(n)
-        top_lps = torch.zeros((n, k))
-        top_ids = torch.zeros((n, k), dtype=torch.long)
-        for t, (token, entries) in enumerate(zip(tokens, completion.logprobs, strict=True)):
-            logprobs[t] = entries[token].logprob
-            # rank 1..k; the sampled token's extra entry (rank > k) is dropped
-            ranked = sorted(((v.rank, -v.logprob, tid) for tid, v in entries.items() if v.rank <= k))[:k]
-            if len(ranked) < k:  # ties can leave rank gaps: fall back to the k largest values
-                ranked = sorted((-v.logprob, -v.logprob, tid) for tid, v in entries.items())[:k]
-            top_ids[t] = torch.tensor([tid for _, _, tid in ranked])
-            top_lps[t] = torch.tensor([-neg for _, neg, _ in ranked])
+        flat = completion.logprobs
+        values = torch.tensor(flat.logprobs, dtype=torch.float32).view(n, k + 1)
+        ids = torch.tensor(flat.token_ids, dtype=torch.long).view(n, k + 1)
+        if n and not torch.equal(ids[:, 0], torch.tensor(tokens)):
+            raise EngineError(
+                "vLLM's log-probs do not start with the sampled token; this vLLM version is not supported"
+            )
+        logprobs, top_lps, top_ids = values[:, 0].clone(), values[:, 1:].clone(), ids[:, 1:].clone()
         finished = bool(n) and tokens[-1] in self.eos_token_ids and completion.finish_reason == "stop"
         return Generation(
             token_ids=torch.tensor(tokens, dtype=torch.long), logprobs=logprobs, top_logprobs=top_lps,

@@ -1,0 +1,143 @@
+"""Golden runs: every method for 2 steps on two tiny models, final weights and every metric, to show
+that a refactor leaves behaviour bit-identical.
+
+    python benchmarks/golden_runs.py --output before.json          # on the old code
+    python benchmarks/golden_runs.py --output after.json --compare before.json
+
+Each run records the sha256 of every final weight tensor and every logged metric except timings;
+``--compare`` lists the runs, metrics and tensors that differ and exits 1 when any does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]  # this checkout's code, also from a worktree
+
+from tests.conftest import (  # noqa: E402 (the repository root first)
+    DIGIT_SYSTEM_PROMPT,
+    _build_tiny_model,
+    _pretrain_digits,
+    write_seven_task,
+)
+
+RUNS: dict[str, list[str]] = {
+    "dr_grpo": ["trainer.ppo_epochs=2", "trainer.mini_batch_size=16"],
+    "grpo": ["algorithm.method=grpo", "algorithm.kl_coef=0.01"],
+    "rose": ["algorithm.method=rose", "rollout.max_new_tokens=6", "trainer.packing=tree", "trainer.lr=5e-3"],
+    "rose_code": ["algorithm.method=rose", "rollout.max_new_tokens=6", "rose.code_compat=true", "rose.alpha=1.0"],
+    "sent": ["algorithm.method=sent", "trainer.ppo_epochs=2", "sent.kl_target=ref_k3", "algorithm.kl_coef=0.01"],
+    "fr3e": ["algorithm.method=fr3e", "rollout.max_new_tokens=6", "fr3e.num_anchors=2"],
+    "dapo": ["algorithm.method=dapo", "algorithm.dynamic_sampling=true", "reward.overlong_buffer_len=2",
+             "algorithm.max_sampling_rounds=3"],
+    "seed_grpo": ["algorithm.method=seed_grpo"],
+    "kl_cov": ["algorithm.method=kl_cov", "trainer.ppo_epochs=2", "kl_cov.ratio=0.1"],
+    "clip_cov": ["algorithm.method=clip_cov", "trainer.ppo_epochs=2", "clip_cov.ratio=0.1", "clip_cov.lb=-1"],
+    "entropy_8020": ["algorithm.method=entropy_8020"],
+    # a 2-stage curriculum (scores written below), and one that restarts the optimizer and reference
+    "sent_curriculum": ["algorithm.method=sent", "data.curriculum_stages=2", "trainer.ppo_epochs=2"],
+    "grpo_curriculum_reset": ["algorithm.method=grpo", "algorithm.kl_coef=0.01", "data.curriculum_stages=2",
+                              "data.curriculum_reset_optimizer=true", "logging.save_every=1"],
+}
+CURRICULUM_RUNS = ("sent_curriculum", "grpo_curriculum_reset")
+
+
+def _digest(path: Path) -> dict[str, str]:
+    from safetensors.torch import load_file
+
+    return {k: hashlib.sha256(v.float().numpy().tobytes()).hexdigest()[:16] for k, v in sorted(load_file(path).items())}
+
+
+def _run(name: str, model_dir: Path, task: Path, out: Path) -> dict[str, object]:
+    from semrl.config import load_config
+    from semrl.trainer import Trainer
+
+    extra = []
+    if name in CURRICULUM_RUNS:
+        rows = [json.loads(line) for line in task.read_text().splitlines()]
+        curriculum = task.with_name("curriculum.jsonl")
+        curriculum.write_text("".join(json.dumps({**r, "semantic_entropy": (i * 7) % 11 / 10}) + "\n" for i, r in enumerate(rows)))
+        extra.append(f"data.curriculum={curriculum}")
+    cfg = load_config(None, [
+        f"model.name={model_dir}", f"data.train={task}", f"data.eval={task}", "data.eval_size=4",
+        f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=8", "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=4", "trainer.micro_batch_size=16", "trainer.lr=2e-3", "trainer.steps=2",
+        "reward.num_workers=1", "logging.eval_samples=2", "logging.progress=false", "logging.report_to=[]",
+        f"logging.output_dir={out}", *RUNS[name], *extra,
+    ])
+    trainer = Trainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.procs.close()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = [{k: v for k, v in r.items() if not k.startswith("time/") and "time_frac" not in k} for r in rows]
+    return {"metrics": metrics, "weights": _digest(out / "checkpoints" / "step-000002" / "model.safetensors")}
+
+
+ADDED: set[str] = set()
+ADDED_OK = False
+
+
+def _differences(before: dict, after: dict) -> list[str]:
+    found = []
+    for run in sorted(set(before) | set(after)):
+        if run not in before or run not in after:
+            found.append(f"{run}: only in {'after' if run in after else 'before'}")
+            continue
+        a, b = before[run], after[run]
+        for step, (ra, rb) in enumerate(zip(a["metrics"], b["metrics"], strict=False)):
+            for key in sorted(set(ra) | set(rb)):
+                if key not in ra and ADDED_OK:
+                    ADDED.add(key)  # a metric the new code logs in addition: reported, not a difference
+                elif ra.get(key) != rb.get(key):
+                    found.append(f"{run} row {step} {key}: {ra.get(key)} -> {rb.get(key)}")
+        if len(a["metrics"]) != len(b["metrics"]):
+            found.append(f"{run}: {len(a['metrics'])} metric rows -> {len(b['metrics'])}")
+        found += [f"{run} weight {k}" for k in sorted(set(a["weights"]) | set(b["weights"])) if a["weights"].get(k) != b["weights"].get(k)]
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", type=Path, required=True, help="JSON file for this code's results")
+    parser.add_argument("--compare", type=Path, help="a previous --output to compare with")
+    parser.add_argument("--runs", nargs="*", default=list(RUNS), help="a subset of the runs")
+    parser.add_argument(
+        "--allow-new-metrics", action="store_true", help="metrics only the new code logs are listed, not differences"
+    )
+    args = parser.parse_args()
+    global ADDED_OK
+    ADDED_OK = args.allow_new_metrics
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        task = write_seven_task(root / "seven.jsonl")
+        tiny = _build_tiny_model(root / "tiny")
+        models = {
+            "hd16": _pretrain_digits(tiny, root / "digits"),
+            "hd32": _pretrain_digits(_build_tiny_model(root / "tiny32", hidden_size=128), root / "digits32"),
+        }
+        for model, model_dir in models.items():
+            for name in args.runs:
+                print(f"{model}/{name}", flush=True)
+                results[f"{model}/{name}"] = _run(name, model_dir, task, root / "runs" / model / name)
+    args.output.write_text(json.dumps(results, indent=1, sort_keys=True))
+    print(f"{len(results)} runs -> {args.output}")
+    if args.compare:
+        found = _differences(json.loads(args.compare.read_text()), results)
+        if ADDED:
+            print(f"metrics logged in addition: {', '.join(sorted(ADDED))}")
+        print("\n".join(found) if found else f"bit-identical to {args.compare}: {len(results)} runs")
+        return 1 if found else 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Sampling engines (docs/engines.md): the shared types and the :class:`Engine` interface
+(``semrl.engines.base``), the ``hf`` engine (``semrl.engines.hf``), the ``vllm`` engine
+(``semrl.engines.vllm``, imported only when it is used), and :func:`build_engine`, the one place
+engines are made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from semrl.engines.base import (
+    Engine,
+    Generation,
+    GenerationRequest,
+    OnDone,
+    PrefixCache,
+    SamplingParams,
+    eos_token_ids,
+    request_budget,
+    sampling_params,
+    sequence_seed,
+)
+from semrl.engines.hf import HFEngine
+
+__all__ = [
+    "Engine", "Generation", "GenerationRequest", "HFEngine", "OnDone", "PrefixCache", "SamplingParams",
+    "build_engine", "eos_token_ids", "request_budget", "sampling_params", "sequence_seed",
+]
+
+
+def build_engine(
+    kind: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    max_model_len: int,
+    logprobs_top_k: int = 20,
+    seed: int = 0,
+    vllm_options: Any = None,
+    compute_dtype: torch.dtype | None = None,
+) -> Engine:
+    """The engine named ``kind`` sampling from ``model``.
+
+    Args:
+        max_model_len: longest prompt + response any request will have (vllm sizes its cache by it).
+        vllm_options: the ``rollout`` config section (``vllm_*`` keys), or None for the defaults.
+        compute_dtype: the dtype sampling computes in (``model.dtype``): vllm holds its weights in
+            it; hf autocasts to it when ``model`` holds wider (float32 master) weights. None: the
+            model's own dtype.
+    """
+    eos = eos_token_ids(tokenizer, model)
+    if kind == "hf":
+        return HFEngine(model, eos, tokenizer.pad_token_id, batch_size, compute_dtype)
+    if kind == "vllm":
+        from semrl.engines.vllm import VLLMEngine, VLLMSettings
+
+        dtype = None if compute_dtype is None else str(compute_dtype).removeprefix("torch.")
+        settings = VLLMSettings.from_options(
+            vllm_options, max_model_len, batch_size, logprobs_top_k, seed, dtype
+        )
+        return VLLMEngine(model, eos, settings)
+    raise ValueError(f"unknown engine '{kind}'; rollout.engine is 'hf' or 'vllm'")
