@@ -504,3 +504,28 @@ def test_resume_on_vllm_is_exact(digit32_model_dir, seven_task, tmp_path, method
     b = load_file(part / "checkpoints" / "step-000004" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [m["reward"] for m in _metrics(full)] == [m["reward"] for m in _metrics(part)]
+
+
+def test_a_streamed_weight_push_reaches_every_engine_weight(digit32_model_dir):
+    """sync_weights takes a stream of (name, tensor), as FSDP's one-parameter-at-a-time gather gives
+    it (tied weights under each name): after it both engines sample with the model's new weights."""
+    from semrl.distributed import iter_full_parameters
+
+    tok = load_tokenizer(str(digit32_model_dir))
+    prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
+    for kind in ("hf", "vllm"):
+        if kind == "vllm":
+            vllm_or_skip()
+        trained, copy = load_model(str(digit32_model_dir)), load_model(str(digit32_model_dir))
+        with torch.no_grad():
+            for p in trained.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+        engine = build_engine(kind, copy if kind == "hf" else trained, tok, 16, 256)
+        if kind == "vllm":  # the engine holds the weights it started from: make them stale first
+            engine.sync_weights(iter(load_model(str(digit32_model_dir)).state_dict().items()))
+        engine.sync_weights(iter_full_parameters(trained))
+        gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
+                               torch.Generator().manual_seed(0))
+        _, logp, _ = _forward(trained, prompts, gens, 1.0)
+        for i, g in enumerate(gens):
+            torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)

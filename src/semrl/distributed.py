@@ -11,7 +11,7 @@ summed, so an update equals the single-process update on the global batch. With
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -140,6 +140,33 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def iter_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter of ``model`` whole, one at a time: under FSDP each is all-gathered when its turn
+    comes (a collective: every process iterates in the same order), so a consumer that keeps only the
+    tensor it was given (vLLM's ``reload_weights`` with a stream, :func:`load_streamed`) holds one
+    parameter beyond its own copy, not the whole model as :func:`full_state_dict` does. A tied weight
+    comes under each of its names (gathered again: vLLM loads ``lm_head.weight`` itself)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, param in model.named_parameters(remove_duplicate=False):
+        yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
+
+
+def load_streamed(target: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy a stream of (name, full tensor) into an unsharded copy, one tensor at a time; every
+    parameter of ``target`` must come (tied ones once)."""
+    params = dict(target.named_parameters(remove_duplicate=False))
+    seen = set()
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name not in params:
+                raise RuntimeError(f"weights do not match the rollout model: unexpected {name}")
+            params[name].copy_(tensor)
+            seen.add(name)
+    if set(params) - seen:
+        raise RuntimeError(f"weights do not match the rollout model: missing {sorted(set(params) - seen)}")
 
 
 def load_full_state_dict(target: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -8,7 +8,7 @@ runs unchanged. What LoRA changes elsewhere:
 * the KL reference is the same model with its adapters switched off (:func:`adapters_disabled`):
   no second copy of the weights;
 * an engine with its own copy of the weights (vllm) receives the merged weights
-  ``W + (alpha / r) B A`` under the base model's names (:func:`sampling_state_dict`);
+  ``W + (alpha / r) B A`` under the base model's names, streamed (:func:`sampling_weights`);
 * checkpoints hold the adapters (``adapter_model.safetensors``), and a run resumes by loading the
   base again and the adapters from the checkpoint; ``semrl export`` writes the merged model.
 """
@@ -113,25 +113,28 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
         model.enable_adapters()  # type: ignore[operator]
 
 
-@torch.no_grad()
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights of ``model`` with every adapter merged, ``W + (alpha / r) B A``, under the base
-    model's own names (no ``base_layer`` / ``lora_`` entries); the model is left unchanged."""
+def sampling_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What an engine holding its own copy of the weights loads, one tensor at a time, under the base
+    model's own names: the model's tensors themselves (no copy), and under LoRA each adapted weight
+    merged, ``W + (alpha / r) B A``, when its turn comes, so that one merged copy exists at a time.
+    The model is left unchanged."""
+    if not has_adapters(model):
+        yield from model.state_dict().items()
+        return
     from peft.tuners.lora import LoraLayer
 
-    merged: dict[str, torch.Tensor] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, LoraLayer):
-            base = module.get_base_layer()
-            merged[f"{name}.weight"] = base.weight + module.get_delta_weight(ADAPTER_NAME).to(
-                base.weight.dtype
-            )
+    layers = model.named_modules()
+    adapted = {f"{name}.base_layer.weight": m for name, m in layers if isinstance(m, LoraLayer)}
     for key, tensor in model.state_dict().items():
-        if ".lora_" not in key:
-            merged.setdefault(key.replace(".base_layer.", "."), tensor)
-    return merged
+        if ".lora_" in key:
+            continue
+        layer = adapted.get(key)
+        if layer is not None:
+            with torch.no_grad():
+                tensor = tensor + layer.get_delta_weight(ADAPTER_NAME).to(tensor.dtype)
+        yield key.replace(".base_layer.", "."), tensor
 
 
-def sampling_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What an engine holding its own copy of the weights loads: merged under LoRA, else the state dict."""
-    return merged_state_dict(model) if has_adapters(model) else model.state_dict()
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` with every adapter merged (:func:`sampling_weights`) as one dict."""
+    return dict(sampling_weights(model))

@@ -19,7 +19,7 @@ from semrl.checkpoint import cleanup_partial, list_checkpoints, resumable_checkp
 from semrl.config import Config, ConfigError, save_config
 from semrl.curriculum import curriculum_stages, load_curriculum
 from semrl.data import Columns, DataError, Problem, build_prompt_ids, load_dataset
-from semrl.distributed import ProcessGroup, full_state_dict, shard_model
+from semrl.distributed import ProcessGroup, iter_full_parameters, shard_model
 from semrl.engines import Engine, build_engine
 from semrl.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
 from semrl.models import load_model, load_tokenizer, resolve_model_path
@@ -193,7 +193,7 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     if cfg.trainer.fsdp:
         shard_model(model, precision.fsdp_policy())
         if rollout_model is model:  # vllm: from now on it sees only gathered tensors
-            engine.sync_weights(full_state_dict(model))
+            engine.sync_weights(iter_full_parameters(model))
     ref_model, reference_weights = None, nullcontext
     if needs_reference and lora:
         ref_model, reference_weights = model, partial(_base_weights, model, precision)

@@ -35,7 +35,7 @@ from semrl.checkpoint import RunState, full_weights, latest_checkpoint, restore_
 from semrl.config import Config
 from semrl.curriculum import Curriculum, stage_reference_dir
 from semrl.data import build_prompt_ids
-from semrl.distributed import ProcessGroup
+from semrl.distributed import ProcessGroup, iter_full_parameters
 from semrl.engines import GenerationRequest, sampling_params, sequence_seed
 from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_splits
@@ -166,7 +166,7 @@ class Trainer:
                     batch.set_rollout_entropy(update.sampling_entropy)
                 # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
                 # vllm takes them in place (a no-op for hf, which samples from the trained model)
-                self.engine.sync_weights(full_weights(self.model, cfg.trainer.fsdp))
+                self.engine.sync_weights(iter_full_parameters(self.model) if cfg.trainer.fsdp else None)
                 t3 = time.perf_counter()
                 run.step += 1
                 last = {

@@ -9,7 +9,7 @@ interface, so they run unchanged on either engine; :func:`semrl.engines.build_en
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -170,9 +170,11 @@ class Engine(Protocol):
         """(V, D) input embeddings of the weights the engine samples from (ROSE's divergence)."""
         ...
 
-    def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
-        """Make the engine sample from new weights: ``state`` (full tensors, e.g. gathered from
-        FSDP shards) or, when None, the current weights of ``model``. Cached prefixes are dropped."""
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Make the engine sample from new weights: ``weights``, a stream of (name, full tensor)
+        consumed one at a time (under FSDP, ``semrl.distributed.iter_full_parameters`` gathers each
+        when its turn comes) or, when None, the current weights of ``model``. Cached prefixes are
+        dropped."""
         ...
 
 

@@ -16,6 +16,8 @@ distribution the trainer's forward pass computes with the same temperature.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -96,13 +98,13 @@ class HFEngine:
         """(V, D) input embeddings of the sampling model."""
         return self.model.get_input_embeddings().weight.detach()
 
-    def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
-        """Load ``state`` (full tensors) into the sampling model; without it there is nothing to do,
-        since this engine samples from the trained model itself."""
-        if state is not None:
-            from semrl.distributed import load_full_state_dict
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Copy a stream of full tensors into the sampling model (its full copy under FSDP), one at a
+        time; without it there is nothing to do, since this engine samples from the trained model."""
+        if weights is not None:
+            from semrl.distributed import load_streamed
 
-            load_full_state_dict(self.model, state)
+            load_streamed(self.model, weights)
 
     @torch.inference_mode()
     def generate(

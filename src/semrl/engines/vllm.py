@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from transformers import PreTrainedModel
 from semrl.distributed import on_close
 from semrl.engines.base import Generation, GenerationRequest, OnDone, SamplingParams, Tag, request_budget
 from semrl.errors import ConfigError, EngineError, TrainingError
-from semrl.lora import sampling_state_dict
+from semrl.lora import sampling_weights
 
 logger = logging.getLogger(__name__)
 
@@ -300,12 +301,18 @@ class VLLMEngine:
         self.llm = _ENGINES[key][1]
         self.sync_weights()  # a reused engine may hold another model's weights
 
-    def sync_weights(self, state: dict[str, torch.Tensor] | None = None) -> None:
-        tensors = state if state is not None else sampling_state_dict(self.model)  # LoRA: merged
-        if state is not None:  # the model itself may be sharded: keep the full embeddings for ROSE
-            self._embeddings = state[self._embedding_key]
-        weights = [(name, t.detach()) for name, t in tensors.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Stream new weights into vLLM (``reload_weights`` consumes them one at a time): ``weights``
+        (gathered full tensors under FSDP) or the model's own, merged under LoRA."""
+        gathered = weights is not None
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights if gathered else sampling_weights(self.model):
+                if gathered and name == self._embedding_key:  # the model is sharded: ROSE reads these
+                    self._embeddings = tensor
+                yield name, tensor.detach()
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         self._reset_prefix_cache()
 
     def _reset_prefix_cache(self) -> None:
