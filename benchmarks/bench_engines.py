@@ -28,7 +28,7 @@ from semrl.algos.rose_rollout import tree_rollout
 from semrl.config import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.engines import GenerationRequest, SamplingParams, build_engine
-from semrl.evaluation import sample_problems
+from semrl.evaluation import sample_and_verify
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.reward import VerifierPool
 
@@ -98,7 +98,7 @@ def evaluation(engines: dict[str, Any], tok: Any, cfg: Any) -> list[str]:
     with VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s) as pool:
         for name, engine in engines.items():
             _, seconds[name] = _timed(
-                lambda e=engine: sample_problems(
+                lambda e=engine: sample_and_verify(
                     e, tok, pool, problems, params, cfg.logging.eval_samples, cfg.data.system_prompt, True,
                     torch.Generator().manual_seed(1),
                 )

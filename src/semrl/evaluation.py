@@ -128,6 +128,23 @@ class SampledProblem:
     rewards: list[RewardResult]  # extracted answer and correctness of each response
     clusters: list[int]  # each answer's equivalence class (semrl.algos.semantic_entropy.cluster_answers)
 
+    def record(self) -> dict[str, Any]:
+        """Its problem record (module docstring)."""
+        return {
+            "id": self.problem.id, "gold": self.problem.answer, "level": self.problem.level,
+            "subject": self.problem.subject,
+            "samples": [
+                {
+                    "response": text, "answer": reward.answer, "correct": reward.correct,
+                    "length": len(gen.token_ids), "truncated": gen.truncated, "timed_out": reward.timed_out,
+                    "cluster": cluster,
+                }
+                for gen, text, reward, cluster in zip(
+                    self.generations, self.texts, self.rewards, self.clusters, strict=True
+                )
+            ],
+        }
+
 
 def sample_and_verify(
     engine: Engine,
@@ -164,44 +181,6 @@ def sample_and_verify(
         )
         out.append(SampledProblem(problem, gens[rows], texts[rows], rewards[rows], clusters))
     return out
-
-
-def sample_problems(
-    engine: Engine,
-    tokenizer: PreTrainedTokenizerBase,
-    pool: VerifierPool,
-    problems: Sequence[Problem],
-    params: SamplingParams,
-    num_samples: int,
-    system_prompt: str | None,
-    final_number_fallback: bool,
-    generator: torch.Generator | None = None,
-    progress: Callable[[int], Any] | None = None,
-    prompt_template: str | None = None,
-) -> list[dict[str, Any]]:
-    """Sample ``num_samples`` responses per problem, score them and cluster their answers.
-    Returns one problem record per problem (module docstring); ``progress`` gets sample counts."""
-    sampled = sample_and_verify(
-        engine, tokenizer, pool, problems, params, num_samples, system_prompt, final_number_fallback,
-        generator,
-        progress, prompt_template,
-    )
-    return [
-        {
-            "id": s.problem.id, "gold": s.problem.answer, "level": s.problem.level,
-            "subject": s.problem.subject,
-            "samples": [
-                {
-                    "response": text, "answer": reward.answer, "correct": reward.correct,
-                    "length": len(gen.token_ids), "truncated": gen.truncated, "timed_out": reward.timed_out,
-                    "cluster": cluster,
-                }
-                for gen, text, reward,
-                cluster in zip(s.generations, s.texts, s.rewards, s.clusters, strict=True)
-            ],
-        }
-        for s in sampled
-    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,10 +267,10 @@ def evaluate_dataset(
         if len(todo) < len(problems[start : start + size]):
             todo = list(problems[start : start + size])  # a partly written chunk: redo it whole
         generator = torch.Generator().manual_seed(settings.seed + chunk)
-        records = sample_problems(
+        records = [s.record() for s in sample_and_verify(
             engine, tokenizer, pool, todo, params, settings.num_samples, settings.system_prompt,
             settings.final_number_fallback, generator, prompt_template=settings.prompt_template,
-        )
+        )]
         new = [r for r in records if r["id"] not in done]
         with records_file.open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r) + "\n" for r in new))
@@ -407,12 +386,12 @@ def evaluate_held_out(
     share = problems[procs.rank :: procs.world]
     with tqdm(total=len(share) * log.eval_samples, desc=split, unit="sample", leave=False,
               disable=not (log.progress and procs.is_main)) as bar:
-        records = sample_problems(
+        records = [s.record() for s in sample_and_verify(
             engine, tokenizer, pool, share,
             sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
             log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen, bar.update,
             prompt_template=cfg.data.prompt_template,
-        )
+        )]
     shares = procs.gather(records)
     # back in the problems' order (process r sampled problems r, r + world, ...)
     records = []

@@ -14,6 +14,7 @@ LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-n
 KLEstimator = Literal["k1", "k2", "k3"]
 RolloutISLevel = Literal["none", "token", "sequence"]
 RolloutISMode = Literal["truncate", "mask"]
+LOG_RATIO_BOUND = 20.0  # log-ratios are clamped to +-this before exp (as verl), so that exp stays finite
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -61,7 +62,7 @@ def ppo_clip_loss(
 
 def clamped_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     """log(pi / pi_old) per token, clamped to [-20, 20] so that ``exp`` stays finite (as verl)."""
-    return (logp - old_logp).clamp(-20.0, 20.0)
+    return (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
@@ -99,7 +100,7 @@ def rollout_correction(
     log_ratio = token_log_ratio
     if level == "sequence":
         log_ratio = token_log_ratio.sum(dim=1, keepdim=True).expand_as(mask)
-    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     capped = (ratio > cap) & mask.bool()
     if level == "none":
         weights = mask
@@ -108,7 +109,7 @@ def rollout_correction(
     else:
         weights = torch.where(capped, torch.zeros_like(ratio), ratio) * mask
     # k3 = e^d - d - 1 ~ d^2 / 2: in float64 and with expm1, or a small mismatch rounds to 0
-    clamped = token_log_ratio.double().clamp(-20.0, 20.0)
+    clamped = token_log_ratio.double().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     metrics = {
         "mismatch_kl": masked_mean(torch.expm1(clamped) - clamped, mask.double()).float(),
         "ratio_mean": masked_mean(ratio, mask),
@@ -130,7 +131,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimato
     if estimator == "k2":
         return 0.5 * (logp - ref_logp) ** 2
     if estimator == "k3":
-        log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+        log_ratio = clamped_log_ratio(ref_logp, logp)
         return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator '{estimator}'; use k1, k2 or k3")
 
