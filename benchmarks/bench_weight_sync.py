@@ -1,5 +1,6 @@
 """Peak extra memory of pushing FSDP-sharded weights to an engine, 2 processes on the CPU (gloo):
-the whole model gathered at once (``full_state_dict``, as before) vs one parameter at a time
+the whole model gathered at once on every process (torch's ``get_model_state_dict`` with
+``full_state_dict=True``, the push as it was before) vs one parameter at a time
 (``semrl.distributed.iter_full_parameters``, what ``sync_weights`` now receives), in one run.
 
     python benchmarks/bench_weight_sync.py [--model smollm2-135m]
@@ -36,7 +37,9 @@ def _reset_peak() -> None:
 
 
 def _worker(rank: int, variant: str, model_path: str, init: str, out: str) -> None:
-    from semrl.distributed import full_state_dict, iter_full_parameters
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from semrl.distributed import iter_full_parameters
     from semrl.models import load_model
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
@@ -54,7 +57,7 @@ def _worker(rank: int, variant: str, model_path: str, init: str, out: str) -> No
     before = _status("VmRSS")
     received = 0
     if variant == "whole model":
-        state = full_state_dict(model)
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         received = sum(t.numel() for t in state.values())
         del state
     else:

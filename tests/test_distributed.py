@@ -103,6 +103,86 @@ def test_fsdp_with_tree_packing_trains_like_one_process(digit_model_dir, single_
     _assert_same_training(digit_model_dir, one, packed)
 
 
+def test_fsdp_curriculum_stage_reference_matches_one_process(digit_model_dir, single_process_run, tmp_path):
+    """A SENT curriculum stage restarts the optimizer and takes the trained weights as the KL reference:
+    under FSDP every process streams them into its reference one gathered parameter at a time, while
+    the checkpoints' gather lands on the main process only. Two FSDP processes train like one, and the
+    stage reference on disk holds the stage-1 weights."""
+    import json
+
+    task, _, env = single_process_run
+    curriculum = tmp_path / "curriculum.jsonl"
+    rows = [{"id": f"c{i}", "problem": f"Choose a digit ({i}).", "answer": "7", "semantic_entropy": float(i % 5)}
+            for i in range(40)]
+    curriculum.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sent = [f"data.curriculum={curriculum}", "algorithm.method=sent", "algorithm.kl_coef=0.05", "trainer.steps=4"]
+    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    _train(*_args(digit_model_dir, task, one), *sent, env=env)
+    _train("--num-processes", "2", *_args(digit_model_dir, task, fsdp), *sent, "trainer.fsdp=true",
+           "logging.save_every=1", "logging.keep_last=4", env=env)
+    m1, m2 = _metrics(one)[1:], _metrics(fsdp)[1:]
+    assert [m["curriculum/stage"] for m in m2] == [1, 1, 2, 2]
+    assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
+    for a, b in zip(m1, m2, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    assert m2[-1]["kl"] > 0  # stage 2 reads its new reference
+    for run_dir in (one, fsdp):
+        final = _final_weights(run_dir, step=4)
+        reference = load_file(run_dir / "curriculum" / "stage-1" / "checkpoints" / "step-000002" / "model.safetensors")
+        stage_one = _final_weights(run_dir, step=2)
+        assert all(torch.equal(reference[k], stage_one[k]) for k in reference)
+        assert max((final[k] - stage_one[k]).abs().max().item() for k in final) > 1e-4
+    w1, w2 = _final_weights(one, step=4), _final_weights(fsdp, step=4)
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
+    # resumed in stage 2: the sharded reference is loaded from the stage's saved weights
+    import shutil
+
+    part = tmp_path / "part"
+    shutil.copytree(fsdp, part)
+    shutil.rmtree(part / "checkpoints" / "step-000004")  # as if stopped after step 3, in stage 2
+    _train("--num-processes", "2", "--resume", str(part), "logging.progress=false", env=env)
+    assert [m["loss"] for m in _metrics(part)[1:]] == pytest.approx([m["loss"] for m in m2], abs=1e-6)
+    w3 = _final_weights(part, step=4)
+    assert all(torch.allclose(w2[k], w3[k], atol=1e-5) for k in w2)
+
+
+_SHARD_ORDER_SCRIPT = """
+import os, socket, sys
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+from semrl.config import load_config
+from semrl.distributed import ProcessGroup
+from semrl.run_setup import load_models
+moves = []
+original_to = torch.nn.Module.to
+def recording_to(self, *args, **kwargs):
+    if any(p.requires_grad for p in self.parameters()) and hasattr(self, "config"):
+        moves.append(isinstance(self, FSDPModule))
+    return original_to(self, *args, **kwargs)
+torch.nn.Module.to = recording_to
+model_dir, fsdp = sys.argv[1], sys.argv[2]
+cfg = load_config(None, [f"model.name={model_dir}", f"trainer.fsdp={fsdp}", "reward.num_workers=1",
+                         "algorithm.kl_coef=0.01"])
+models = load_models(cfg, model_dir, ProcessGroup(cpu=True), needs_reference=True)
+print("SHARDED", isinstance(models.model, FSDPModule), "REF", isinstance(models.ref_model, FSDPModule), "MOVES", moves)
+"""
+
+
+def test_fsdp_shards_the_model_before_it_reaches_the_device(digit_model_dir):
+    """Under FSDP the trained model is sharded from its CPU copy (``fully_shard`` moves one layer at a
+    time): it is never moved to the device whole, as it is without FSDP; the reference is sharded too."""
+    for fsdp, expected in (("true", "SHARDED True REF True MOVES []"), ("false", "SHARDED False REF False MOVES [False]")):
+        run = subprocess.run([sys.executable, "-c", _SHARD_ORDER_SCRIPT, str(digit_model_dir), fsdp],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert expected in run.stdout, (fsdp, run.stdout[-500:])
+
+
 def test_fsdp_mixed_precision_with_a_token_budget(digit_model_dir, single_process_run, tmp_path):
     """FSDP2's bf16 policy over fp32 shards, micro-batches by tokens (rows of unequal lengths on the
     two processes, as many micro-batches on each, or a collective would hang): it trains, and the

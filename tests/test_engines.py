@@ -196,6 +196,105 @@ def test_a_refused_prefix_cache_reset_is_retried_then_stops_the_run(setup, monke
         engine.sync_weights()
 
 
+class _SleepRecorder:
+    """The engine's real vLLM ``LLM`` with its sleep-mode calls recorded instead of made: vLLM's CPU
+    build has no sleep mode (CUDA only), so this checks the order semrl calls it in, not vLLM."""
+
+    def __init__(self, llm):
+        self.llm, self.calls = llm, []
+
+    def sleep(self, level):
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags):
+        self.calls.append("wake " + ",".join(tags))
+
+    def collective_rpc(self, method, **kwargs):
+        self.calls.append(method)
+        return self.llm.collective_rpc(method, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.llm, name)
+
+
+def test_sleep_mode_releases_after_the_rollout_and_wakes_weights_before_the_kv_cache(setup):
+    """With sleep mode (rollout.vllm_sleep, CUDA) the engine sleeps once after a rollout, refuses to
+    sample asleep, and at the weight push wakes its weights, loads them, then wakes its KV cache."""
+    import dataclasses
+
+    tok, model = setup
+    engine = _engine("vllm", copy.deepcopy(model), tok)
+    engine.settings = dataclasses.replace(engine.settings, sleep_level=2)
+    recorder = _SleepRecorder(engine.llm)
+    engine.llm = recorder
+    params = SamplingParams(max_new_tokens=4)
+    requests = [GenerationRequest(p) for p in _prompts(tok, 2)]
+    engine.generate(requests, params, torch.Generator().manual_seed(0))
+    engine.release_memory()
+    engine.release_memory()
+    assert recorder.calls == ["sleep 2"]
+    with pytest.raises(EngineError, match="asleep"):
+        engine.generate(requests, params, torch.Generator().manual_seed(0))
+    engine.sync_weights()
+    assert recorder.calls == ["sleep 2", "wake weights", "reload_weights", "wake kv_cache"]
+    engine.generate(requests, params, torch.Generator().manual_seed(0))
+    engine.sync_weights()  # awake: no wake-up calls
+    assert recorder.calls[4:] == ["reload_weights"]
+    engine.llm = recorder.llm
+
+
+_REPLACE_ENGINE_SCRIPT = """
+import gc, os, socket, sys, weakref
+import torch, torch.distributed as dist
+if sys.argv[2] == "accelerate":  # a default group that exists before vLLM, as accelerate's does
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+from semrl.engines import GenerationRequest, SamplingParams, build_engine
+from semrl.engines.vllm import shutdown_engines
+from semrl.models import load_model, load_tokenizer
+tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])
+params, request = SamplingParams(max_new_tokens=4), [GenerationRequest([1, 2, 3])]
+first = build_engine("vllm", model, tok, 4, 128)
+first.generate(request, params, torch.Generator().manual_seed(0))
+def memory(worker):  # the engine's weights and KV cache, in vLLM's worker
+    return [weakref.ref(worker.model_runner.model)] + [weakref.ref(t) for t in worker.model_runner.kv_caches]
+held = first.llm.collective_rpc(memory)[0]
+second = build_engine("vllm", model, tok, 8, 128)  # does not fit in the first: replaces it
+gc.collect()
+print("FIRST_FREED", len(held) > 1 and all(ref() is None for ref in held))
+second.generate(request, params, torch.Generator().manual_seed(0))
+del second
+shutdown_engines()
+print("GROUP_KEPT", dist.is_initialized())
+if dist.is_initialized():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("COLLECTIVE", t.item())
+"""
+
+
+@pytest.mark.parametrize("group", ["accelerate", "vllm"])
+def test_a_replaced_engine_is_shut_down_and_an_outside_process_group_survives(digit32_model_dir, group):
+    """A vLLM engine replaced by a larger one is shut down: its weights and KV cache are freed even
+    while the replaced engine object is still referenced (it would keep its memory); shutting engines down keeps
+    a default process group that existed before them (accelerate's) usable, and removes vLLM's own."""
+    vllm_or_skip()
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _REPLACE_ENGINE_SCRIPT, str(digit32_model_dir), group],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "FIRST_FREED True" in run.stdout, run.stdout[-1000:]
+    if group == "accelerate":
+        assert "GROUP_KEPT True" in run.stdout and "COLLECTIVE 1.0" in run.stdout, run.stdout[-1000:]
+    else:
+        assert "GROUP_KEPT False" in run.stdout, run.stdout[-1000:]
+
+
 @pytest.mark.parametrize("kind", ENGINES)
 @pytest.mark.parametrize("epsilon", [0.0, 0.5])
 def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
@@ -284,6 +383,44 @@ def test_vllm_config_errors_name_the_setting(monkeypatch):
     with pytest.raises(ConfigError, match="rollout.vllm_block_size=16"):
         load_config(None, ["rollout.engine=vllm", "rollout.vllm_block_size=16"])
     load_config(None, ["rollout.engine=vllm"])  # the defaults are valid
+    with pytest.raises(ConfigError, match="rollout.vllm_sleep=true: vLLM's sleep mode needs CUDA"):
+        load_config(None, ["rollout.engine=vllm", "rollout.vllm_sleep=true"])
+    with pytest.raises(ConfigError, match="rollout.vllm_max_num_seqs must be >= 1"):
+        load_config(None, ["rollout.engine=vllm", "rollout.vllm_max_num_seqs=0"])
+    with pytest.raises(ConfigError, match="rollout.vllm_max_num_batched_tokens must be >= 1"):
+        load_config(None, ["rollout.engine=vllm", "rollout.vllm_max_num_batched_tokens=-5"])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vllm_settings_follow_the_batch_the_device_and_the_overrides(seed):
+    """Engine settings from the rollout section, against their rules written out once more: the running
+    batch is the caller's (one process's rollout) unless overridden; the step budget holds the whole
+    batch's sequences up to 8192 tokens and at least one full sequence in whole blocks; sampling is bf16
+    on a GPU, the model's dtype on CPU, unless set; sleep mode is on with a GPU unless set."""
+    from semrl.engines.vllm import VLLMSettings
+
+    rng = torch.Generator().manual_seed(seed)
+
+    def draw(*choices):
+        return choices[int(torch.randint(len(choices), (1,), generator=rng))]
+
+    on_gpu, block = draw(False, True), draw(32, 64)
+    overrides = {
+        "rollout.vllm_block_size": block, "rollout.vllm_max_num_seqs": draw(None, 1, 48),
+        "rollout.vllm_max_num_batched_tokens": draw(None, 100, 20000), "rollout.vllm_dtype": draw(None, "float16"),
+        "rollout.vllm_sleep": draw(None, False), "rollout.vllm_sleep_level": draw(1, 2),
+    }
+    rollout = load_config(None, [f"{k}={'null' if v is None else v}" for k, v in overrides.items()]).rollout
+    batch, model_len = draw(1, 8, 64, 256), draw(40, 100, 512, 4000)
+    settings = VLLMSettings.from_options(rollout, model_len, batch, 20, 0, "float32", on_gpu=on_gpu)
+    length = (model_len + block - 1) // block * block
+    seqs = overrides["rollout.vllm_max_num_seqs"] or batch
+    assert (settings.max_model_len, settings.max_num_seqs) == (length, seqs)
+    budget = overrides["rollout.vllm_max_num_batched_tokens"] or max(length, min(seqs * length, 8192))
+    assert settings.max_num_batched_tokens == budget
+    assert settings.dtype == overrides["rollout.vllm_dtype"] or ("bfloat16" if on_gpu else "float32")
+    sleeps = on_gpu if overrides["rollout.vllm_sleep"] is None else overrides["rollout.vllm_sleep"]
+    assert settings.sleep_level == (overrides["rollout.vllm_sleep_level"] if sleeps else 0)
 
 
 def test_vllm_refuses_a_head_dim_below_32_and_a_kv_cache_too_small(setup, tiny_model_dir):
@@ -291,9 +428,9 @@ def test_vllm_refuses_a_head_dim_below_32_and_a_kv_cache_too_small(setup, tiny_m
     small = load_model(str(tiny_model_dir))  # head dim 16
     with pytest.raises(EngineError, match="head dimension >= 32.*rollout.engine=hf"):
         build_engine("vllm", small, tok, 8, 128)
-    from types import SimpleNamespace
+    from dataclasses import replace
 
-    options = SimpleNamespace(vllm_kv_cache_gib=1e-4, vllm_gpu_memory_utilization=0.3, vllm_block_size=32)
+    options = replace(load_config(None, []).rollout, vllm_kv_cache_gib=1e-4)
     with pytest.raises(EngineError, match="raise rollout.vllm_kv_cache_gib"):
         build_engine("vllm", model, tok, 8, 1000, vllm_options=options)
 

@@ -268,8 +268,9 @@ class RunState:
 
 
 def full_weights(model: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
-    """The trained weights whole, a collective under FSDP; None when ``model`` is not sharded (its
-    own weights, or the hf engine's full copy of them, are whole already)."""
+    """The trained weights whole, a collective under FSDP that gathers them into the main process's
+    CPU memory (the others get {}); None when ``model`` is not sharded (its own weights, or the hf
+    engine's full copy of them, are whole already)."""
     return full_state_dict(model) if fsdp else None
 
 

@@ -319,13 +319,12 @@ def _make_engine(
     args: argparse.Namespace, model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int
 ) -> Any:
     """The engine of ``--engine`` for these prompts (vllm sizes its cache by the longest)."""
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from semrl.engines import build_engine
 
-    options = SimpleNamespace(
-        vllm_kv_cache_gib=args.kv_cache_gib, vllm_gpu_memory_utilization=0.3, vllm_block_size=32
-    )
+    # the rollout section's vllm defaults; no sleep mode: nothing trains between the calls
+    options = replace(DEFAULTS.rollout, vllm_kv_cache_gib=args.kv_cache_gib, vllm_sleep=False)
     longest = max((len(p) for p in prompts), default=0)
     return build_engine(
         args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed,

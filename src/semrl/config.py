@@ -170,6 +170,33 @@ class RolloutConfig:
         "vllm engine: KV block size in tokens; prefix caching reuses whole blocks (the CPU backend needs a "
         "multiple of 32)."
     )
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] | None = option(
+        None,
+        "vllm engine: dtype of its weights and compute (null: bfloat16 on CUDA, as verl and TRL sample; "
+        "model.dtype on CPU). A dtype other than the trainer's is what algorithm.rollout_is corrects for.",
+    )
+    vllm_sleep: bool | None = option(
+        None,
+        "vllm engine: sleep mode (CUDA only; null: on with CUDA). After each rollout the KV cache (and at "
+        "vllm_sleep_level 2 the weights) are released for the update and woken around the weight push "
+        "(verl's and TRL's colocated cycle). docs/engines.md, GPU.",
+    )
+    vllm_sleep_level: Literal[1, 2] = option(
+        2,
+        "vllm sleep mode: 1 keeps a copy of the weights in CPU memory, 2 discards them (the next weight "
+        "push replaces every one anyway; vLLM keeps the buffers).",
+    )
+    vllm_max_num_seqs: int | None = option(
+        None,
+        "vllm engine: sequences in its running batch (null: one process's rollout, "
+        "prompts_per_step / processes x group_size).",
+    )
+    vllm_max_num_batched_tokens: int | None = option(
+        None,
+        "vllm engine: tokens per engine step (null: the batch's prompts, "
+        "vllm_max_num_seqs x data.max_prompt_length, capped at 8192 and at least one full sequence; "
+        "longer prefills are chunked).",
+    )
     seed_per_sequence: bool = option(
         False,
         "Each training sample draws from its own generator seeded by (trainer.seed, step, prompt, "

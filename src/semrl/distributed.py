@@ -136,10 +136,11 @@ def shard_model(model: torch.nn.Module, mp_policy: Any = None) -> None:
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter gathered whole, on every process (a collective)."""
+    """Every parameter gathered whole into CPU memory of the main process (a collective; the other
+    processes get {}): no process holds the whole model on its device (docs/engines.md, GPU)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def iter_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -155,28 +156,27 @@ def iter_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Te
 
 
 def load_streamed(target: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy a stream of (name, full tensor) into an unsharded copy, one tensor at a time; every
-    parameter of ``target`` must come (tied ones once)."""
+    """Copy a stream of (name, full tensor) into ``target``, one tensor at a time; every parameter of
+    ``target`` must come (tied ones under each name). A sharded ``target`` (FSDP, e.g. the reference
+    model) keeps its own shard of each tensor, cut locally: every process has the full tensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     params = dict(target.named_parameters(remove_duplicate=False))
     seen = set()
     with torch.no_grad():
         for name, tensor in weights:
             if name not in params:
                 raise RuntimeError(f"weights do not match the rollout model: unexpected {name}")
-            params[name].copy_(tensor)
+            param = params[name]
+            if isinstance(param, DTensor):
+                full = tensor.to(param.device, param.dtype)
+                shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+                param.to_local().copy_(shard.to_local())
+            else:
+                param.copy_(tensor)
             seen.add(name)
     if set(params) - seen:
         raise RuntimeError(f"weights do not match the rollout model: missing {sorted(set(params) - seen)}")
-
-
-def load_full_state_dict(target: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load gathered weights into an unsharded copy; tied weights appear once in ``state``."""
-    missing, unexpected = target.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(target.config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(
-            f"weights do not match the rollout model: missing {missing}, unexpected {unexpected}"
-        )
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

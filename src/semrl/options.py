@@ -36,6 +36,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        others = [a for a in args if a is not type(None)]
+        if len(others) == 1:  # an optional value: the error names what it may be
+            return coerce(value, others[0], key)
         for arg in args:
             if arg is type(None):
                 continue

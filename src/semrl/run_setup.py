@@ -166,8 +166,13 @@ class Models:
 
 
 def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_reference: bool) -> Models:
-    """Load the models, build the engine, shard under FSDP. With FSDP on vllm the engine takes the
-    model before it is sharded and gathered full tensors after each update: no second copy."""
+    """Load the models, shard under FSDP, then build the engine (docs/engines.md, "GPU").
+
+    Under FSDP the model is loaded on the CPU and sharded there: ``fully_shard`` moves one layer at a
+    time to the device as it shards it, so the whole model never sits on one GPU. The engine starts
+    after that, when the device holds only this process's shard, because vLLM sizes its share from
+    the memory free at start-up. With FSDP on vllm the engine takes gathered full tensors, one at a
+    time: no second copy of the model. A separate reference model is sharded the same way."""
     m, r = cfg.model, cfg.rollout
     precision = Precision.from_config(cfg)
     tokenizer = load_tokenizer(model_path)
@@ -178,28 +183,42 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     )
     if lora:
         add_adapters(model, m, model_path if is_adapter_checkpoint(model_path) else None, cfg.trainer.seed)
-    model.to(procs.device)
     if m.gradient_checkpointing:  # non-reentrant: works under FSDP and with inputs that need no grad
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.trainer.fsdp:
+        shard_model(model, precision.fsdp_policy())
+    else:
+        model.to(procs.device)
     rollout_model = model
     if cfg.trainer.fsdp and r.engine == "hf":
         rollout_model = load_model(model_path, m.dtype, m.attn_implementation)
         rollout_model.requires_grad_(False).eval().to(procs.device)
+    # vllm's running batch: one process's rollout (rollout.vllm_max_num_seqs overrides it)
+    batch = r.generation_batch_size if r.engine == "hf" else r.prompts_per_step // procs.world * r.group_size
     engine = build_engine(
-        r.engine, rollout_model, tokenizer, r.generation_batch_size,
+        r.engine, rollout_model, tokenizer, batch,
         cfg.data.max_prompt_length + r.max_new_tokens,
         r.logprobs_top_k, cfg.trainer.seed + procs.rank, r, compute_dtype=precision.compute,
+        # vllm under FSDP: the sharded model's weights reach the engine only gathered
+        initial_weights=iter_full_parameters(model) if cfg.trainer.fsdp and rollout_model is model else None,
     )
-    if cfg.trainer.fsdp:
-        shard_model(model, precision.fsdp_policy())
-        if rollout_model is model:  # vllm: from now on it sees only gathered tensors
-            engine.sync_weights(iter_full_parameters(model))
+    if engine.compute_dtype != precision.compute and cfg.algorithm.rollout_is == "none":
+        logger.warning(
+            "the %s engine samples in %s and the trainer computes in %s: their log-probs differ; "
+            "algorithm.rollout_is=token corrects for it (docs/algorithms.md, Rollout correction)",
+            engine.name, str(engine.compute_dtype).removeprefix("torch."),
+            str(precision.compute).removeprefix("torch."),
+        )
     ref_model, reference_weights = None, nullcontext
     if needs_reference and lora:
         ref_model, reference_weights = model, partial(_base_weights, model, precision)
     elif needs_reference:
         ref_model = load_model(resolve_model_path(m.name, m.cache_dir), m.dtype, m.attn_implementation)
-        ref_model.requires_grad_(False).eval().to(procs.device)
+        ref_model.requires_grad_(False).eval()
+        if cfg.trainer.fsdp:  # sharded like the trained model: no whole copy on any device
+            shard_model(ref_model)
+        else:
+            ref_model.to(procs.device)
     return Models(tokenizer, model, rollout_model, ref_model, engine, precision, reference_weights)
 
 

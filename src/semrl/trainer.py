@@ -156,6 +156,7 @@ class Trainer:
                     self.next_stage()
                 t0 = time.perf_counter()
                 batch, step_reward_metrics, t_reward = self.collect()
+                self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
                 t1 = time.perf_counter()
                 passes = self.policy_passes(batch)
                 if passes.rollout_entropy is not None:  # the engine gave none (vllm)
@@ -238,11 +239,11 @@ class Trainer:
             return
         self.run.optim.restart(self.curriculum.steps_left_in_stage(self.step))
         if self.ref_model is not None:
-            weights = full_weights(self.model, self.cfg.trainer.fsdp)
+            weights = full_weights(self.model, self.cfg.trainer.fsdp)  # FSDP: the main process's
             if weights is None:
                 self.ref_model.load_state_dict(self.rollout_model.state_dict())
-            else:
-                dist.load_full_state_dict(self.ref_model, weights)
+            else:  # every process's reference, one gathered parameter at a time
+                dist.load_streamed(self.ref_model, dist.iter_full_parameters(self.model))
             if self.procs.is_main:
                 save_checkpoint(
                     stage_reference_dir(self.run_dir, self.curriculum.stage), self.step, self.rollout_model,
@@ -255,7 +256,8 @@ class Trainer:
         assert self.ref_model is not None
         reference = latest_checkpoint(stage_reference_dir(self.run_dir, self.curriculum.stage))
         if reference is not None:
-            self.ref_model.load_state_dict(load_model(str(reference), self.cfg.model.dtype).state_dict())
+            stage_start = load_model(str(reference), self.cfg.model.dtype)
+            dist.load_streamed(self.ref_model, stage_start.named_parameters(remove_duplicate=False))
 
     # ------------------------------------------------------------------------------------------
     # Stages of a step

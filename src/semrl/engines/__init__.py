@@ -5,6 +5,7 @@ engines are made."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ def build_engine(
     seed: int = 0,
     vllm_options: Any = None,
     compute_dtype: torch.dtype | None = None,
+    initial_weights: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> Engine:
     """The engine named ``kind`` sampling from ``model``.
 
@@ -48,7 +50,9 @@ def build_engine(
         vllm_options: the ``rollout`` config section (``vllm_*`` keys), or None for the defaults.
         compute_dtype: the dtype sampling computes in (``model.dtype``): vllm holds its weights in
             it; hf autocasts to it when ``model`` holds wider (float32 master) weights. None: the
-            model's own dtype.
+            model's own dtype. vllm on a GPU samples in ``rollout.vllm_dtype`` (default bfloat16).
+        initial_weights: vllm: the stream its weights start from (a sharded model's gathered
+            tensors); None: ``model``'s own.
     """
     eos = eos_token_ids(tokenizer, model)
     if kind == "hf":
@@ -58,7 +62,8 @@ def build_engine(
 
         dtype = None if compute_dtype is None else str(compute_dtype).removeprefix("torch.")
         settings = VLLMSettings.from_options(
-            vllm_options, max_model_len, batch_size, logprobs_top_k, seed, dtype
+            vllm_options, max_model_len, batch_size, logprobs_top_k, seed, dtype,
+            on_gpu=model.device.type == "cuda",
         )
-        return VLLMEngine(model, eos, settings)
+        return VLLMEngine(model, eos, settings, initial_weights)
     raise ValueError(f"unknown engine '{kind}'; rollout.engine is 'hf' or 'vllm'")

@@ -177,6 +177,11 @@ class Engine(Protocol):
         dropped."""
         ...
 
+    def release_memory(self) -> None:
+        """The rollout is over: free what sampling holds (vllm's sleep mode on CUDA: KV cache, and
+        weights that the next ``sync_weights`` pushes anyway) until the next ``sync_weights``."""
+        ...
+
 
 def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS and the generation config's EOS ids

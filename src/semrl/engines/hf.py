@@ -98,6 +98,9 @@ class HFEngine:
         """(V, D) input embeddings of the sampling model."""
         return self.model.get_input_embeddings().weight.detach()
 
+    def release_memory(self) -> None:
+        """Nothing to free: this engine keeps no cache between calls."""
+
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Copy a stream of full tensors into the sampling model (its full copy under FSDP), one at a
         time; without it there is nothing to do, since this engine samples from the trained model."""

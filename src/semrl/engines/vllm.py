@@ -21,6 +21,7 @@ What vLLM returns, and how it maps onto ``Generation``:
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib.util
 import itertools
 import json
@@ -47,12 +48,20 @@ GIB = 1 << 30
 _REQUEST_IDS = itertools.count()  # request ids of generate_dynamic, unique in the process
 CPU_BLOCK_MULTIPLE = 32  # the CPU attention backend takes block sizes that are multiples of 32
 CPU_MIN_HEAD_DIM = 32  # the CPU attention backend needs head dim >= 32
+MAX_BATCHED_TOKENS = 8192  # default engine-step budget when the batch's prompts need more
 INSTALL_HINT = "pip install -e '.[vllm]' (then pip uninstall -y torchvision torchaudio torchcodec)"
 
 
 @dataclass(frozen=True)
 class VLLMSettings:
-    """Engine-wide vLLM options (per-request options travel in ``SamplingParams``)."""
+    """Engine-wide vLLM options (per-request options travel in ``SamplingParams``).
+
+    Attributes:
+        max_num_seqs: sequences in the running batch.
+        max_num_batched_tokens: tokens per engine step (longer prefills are chunked).
+        dtype: the engine's weights and compute; None: the model's dtype.
+        sleep_level: vLLM sleep mode between rollouts (CUDA only): 0 off, 1 or 2 (vLLM's levels).
+    """
 
     max_model_len: int
     max_num_seqs: int
@@ -61,34 +70,59 @@ class VLLMSettings:
     gpu_memory_utilization: float = 0.3
     block_size: int = 32
     seed: int = 0
-    dtype: str | None = None  # the engine's weights and compute (model.dtype); None: the model's dtype
+    dtype: str | None = None
+    max_num_batched_tokens: int | None = None
+    sleep_level: int = 0
 
     @classmethod
     def from_options(
         cls, options: Any, max_model_len: int, max_num_seqs: int, max_logprobs: int, seed: int,
-        dtype: str | None = None,
+        dtype: str | None = None, on_gpu: bool = False,
     ) -> VLLMSettings:
-        """From the ``rollout`` config section (``vllm_*`` keys), or defaults when it is None."""
-        extra = {}
+        """From the ``rollout`` config section (``vllm_*`` keys), or defaults when it is None.
+        ``max_num_seqs`` and ``dtype`` are the defaults of ``vllm_max_num_seqs`` and ``vllm_dtype``
+        (on a GPU the dtype defaults to bfloat16)."""
+        extra: dict[str, Any] = {}
+        batched_tokens = None
         if options is not None:
             extra = {
                 "kv_cache_gib": options.vllm_kv_cache_gib,
                 "gpu_memory_utilization": options.vllm_gpu_memory_utilization,
                 "block_size": options.vllm_block_size,
             }
+            max_num_seqs = options.vllm_max_num_seqs or max_num_seqs
+            batched_tokens = options.vllm_max_num_batched_tokens
+            dtype = options.vllm_dtype or ("bfloat16" if on_gpu else dtype)
+            sleeps = options.vllm_sleep if options.vllm_sleep is not None else on_gpu
+            extra["sleep_level"] = options.vllm_sleep_level if sleeps else 0
         block = extra.get("block_size", cls.block_size)
         # a length in whole KV blocks
         length = -(-max_model_len // block) * block
-        return cls(length, max_num_seqs, max(1, max_logprobs), seed=seed, dtype=dtype, **extra)
+        if batched_tokens is None:  # the whole batch's prefill in one step up to 8192 tokens (verl's budget)
+            batched_tokens = max(length, min(max_num_seqs * length, MAX_BATCHED_TOKENS))
+        return cls(
+            length, max_num_seqs, max(1, max_logprobs), seed=seed, dtype=dtype,
+            max_num_batched_tokens=batched_tokens, **extra,
+        )
 
     def engine_dtype(self, model: PreTrainedModel) -> str:
         return self.dtype or str(model.dtype).removeprefix("torch.")
 
 
+@dataclass
+class _Started:
+    """An engine of this process: its settings, vLLM's ``LLM``, and whether the default process group
+    existed before it started (then it belongs to accelerate and must outlive the engine)."""
+
+    settings: VLLMSettings
+    llm: Any
+    foreign_process_group: bool
+
+
 # One vLLM engine per process and model shape: a second Trainer (or test, or evaluation) with the
 # same model shape reuses it when its lengths fit, and pushes its own weights in, instead of paying
 # vLLM's ~45 s start-up again. key -> (settings it was started with, LLM)
-_ENGINES: dict[tuple[Any, ...], tuple[VLLMSettings, Any]] = {}
+_ENGINES: dict[tuple[Any, ...], _Started] = {}
 
 
 def check_vllm_settings(cfg: Any) -> None:
@@ -111,6 +145,15 @@ def check_vllm_settings(cfg: Any) -> None:
             f"rollout.vllm_block_size={r.vllm_block_size}: vLLM's CPU backend needs a multiple of "
             f"{CPU_BLOCK_MULTIPLE}"
         )
+    if r.vllm_sleep and not torch.cuda.is_available():
+        raise ConfigError(
+            "rollout.vllm_sleep=true: vLLM's sleep mode needs CUDA and this machine has no GPU; "
+            "set rollout.vllm_sleep=null (on with CUDA only) or false"
+        )
+    for key in ("vllm_max_num_seqs", "vllm_max_num_batched_tokens"):
+        value = getattr(r, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"rollout.{key} must be >= 1 (or null for the default), got {value}")
     if r.vllm_kv_cache_gib <= 0:
         raise ConfigError(f"rollout.vllm_kv_cache_gib must be > 0, got {r.vllm_kv_cache_gib}")
     if not 0.0 < r.vllm_gpu_memory_utilization < 1.0:
@@ -197,7 +240,7 @@ def _engine_key(model: PreTrainedModel, settings: VLLMSettings) -> tuple[Any, ..
     shape = json.dumps(config, sort_keys=True, default=str)
     return (
         shape, settings.engine_dtype(model), str(model.device), settings.block_size, settings.kv_cache_gib,
-        settings.gpu_memory_utilization, settings.seed,
+        settings.gpu_memory_utilization, settings.seed, settings.sleep_level,
     )
 
 
@@ -206,6 +249,7 @@ def _fits(started: VLLMSettings, wanted: VLLMSettings) -> bool:
         started.max_model_len >= wanted.max_model_len
         and started.max_logprobs >= wanted.max_logprobs
         and started.max_num_seqs >= wanted.max_num_seqs
+        and (started.max_num_batched_tokens or 0) >= (wanted.max_num_batched_tokens or 0)
     )
 
 
@@ -238,6 +282,7 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         "block_size": settings.block_size,
         "max_model_len": settings.max_model_len,
         "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
         "logprobs_mode": "processed_logprobs",
         "max_logprobs": settings.max_logprobs,
     }
@@ -247,6 +292,7 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         kwargs["distributed_executor_backend"] = "external_launcher"
     if on_gpu:
         kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = settings.sleep_level > 0
     else:
         kwargs["kv_cache_memory_bytes"] = int(settings.kv_cache_gib * GIB)
     # vLLM's CPU worker sets torch to one thread and replaces torch.set_num_threads with a no-op;
@@ -277,33 +323,56 @@ class VLLMEngine:
     name = "vllm"
     computes_entropy = False
 
-    def __init__(self, model: PreTrainedModel, eos_token_ids: list[int], settings: VLLMSettings) -> None:
+    def __init__(
+        self, model: PreTrainedModel, eos_token_ids: list[int], settings: VLLMSettings,
+        initial_weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+    ) -> None:
+        """``initial_weights``: the stream the engine starts from (a sharded model's gathered
+        tensors); None: the model's own."""
         self.model = model
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.settings = settings
         self.cached_prompt_tokens = 0
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
+        self.asleep = False
         embedding = model.get_input_embeddings().weight
         self._embedding_key = next(name for name, param in model.named_parameters() if param is embedding)
         self._embeddings = embedding
-        check_model_for_vllm(model, settings, on_gpu=model.device.type == "cuda")
+        on_gpu = model.device.type == "cuda"
+        check_model_for_vllm(model, settings, on_gpu=on_gpu)
         vllm = _import_vllm()
         self._vllm = vllm
         key = _engine_key(model, settings)
-        if key not in _ENGINES or not _fits(_ENGINES[key][0], settings):
-            _ENGINES.pop(key, None)  # a smaller engine of this shape goes before a larger one starts
+        if key not in _ENGINES or not _fits(_ENGINES[key].settings, settings):
+            # a replaced engine (or on a GPU any other: vLLM would count its memory as taken) is shut
+            # down before the new one starts, so its memory is free
+            for other in [k for k in _ENGINES if k == key or on_gpu]:
+                _shutdown(_ENGINES.pop(other))
             logger.info(
                 "starting vLLM on %s (once per process; about 45 s on a 2-core CPU)", model.name_or_path
             )
-            _ENGINES[key] = (settings, _start_llm(vllm, model, settings))
+            # the first engine of the process tells whether the default group is someone else's
+            foreign = next(iter(_ENGINES.values())).foreign_process_group if _ENGINES else (
+                torch.distributed.is_initialized()
+            )
+            _ENGINES[key] = _Started(settings, _start_llm(vllm, model, settings), foreign)
             on_close(shutdown_engines)
-        self.llm = _ENGINES[key][1]
-        self.sync_weights()  # a reused engine may hold another model's weights
+        self.llm = _ENGINES[key].llm
+        self.sync_weights(initial_weights)  # a reused engine may hold another model's weights
+
+    def release_memory(self) -> None:
+        """After a rollout, with sleep mode on: vLLM sleeps (KV cache released; at level 2 the weights
+        too) until ``sync_weights`` wakes it around the next weight push."""
+        if self.settings.sleep_level and not self.asleep:
+            self.llm.sleep(level=self.settings.sleep_level)
+            self.asleep = True
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Stream new weights into vLLM (``reload_weights`` consumes them one at a time): ``weights``
-        (gathered full tensors under FSDP) or the model's own, merged under LoRA."""
+        (gathered full tensors under FSDP) or the model's own, merged under LoRA. An engine asleep
+        wakes its weights first and its KV cache only once they are loaded, so the two never take
+        memory together with the gather (verl's order)."""
         gathered = weights is not None
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
@@ -312,8 +381,20 @@ class VLLMEngine:
                     self._embeddings = tensor
                 yield name, tensor.detach()
 
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self._reset_prefix_cache()
+
+    def _check_awake(self) -> None:
+        if self.asleep:
+            raise EngineError(
+                "the vllm engine was asked to sample while asleep (rollout.vllm_sleep): its weights "
+                "return only with the next weight push; call sync_weights first"
+            )
 
     def _reset_prefix_cache(self) -> None:
         """A prefix cached under the old weights must never serve a new request. vLLM's reset returns
@@ -347,6 +428,7 @@ class VLLMEngine:
         """Sample tagged requests; what ``on_done(tag, request, generation)`` returns for a finished
         one joins the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``); one call.
         ``return_cache`` is ignored: vLLM's prefix cache keeps the KV of shared prefixes."""
+        self._check_awake()
         core = self.llm.llm_engine
         running: dict[str, tuple[Tag, GenerationRequest]] = {}
 
@@ -374,6 +456,7 @@ class VLLMEngine:
     ) -> list[Generation]:
         if not requests:
             return []
+        self._check_awake()
         prepared = [self._prepare(r, params, generator) for r in requests]
         outputs = self.llm.generate([p for p, _ in prepared], [s for _, s in prepared], use_tqdm=False)
         # prompt tokens vLLM served from its prefix cache in this call (tree branches share prefixes)
@@ -432,6 +515,28 @@ class VLLMEngine:
 def shutdown_engines() -> None:
     """Stop this process's vLLM engines; multi-process runs call it before leaving the process
     group, since vLLM's own clean-up at exit would otherwise touch groups already destroyed."""
-    for _, llm in _ENGINES.values():
-        llm.llm_engine.engine_core.shutdown()
-    _ENGINES.clear()
+    while _ENGINES:
+        _shutdown(_ENGINES.popitem()[1])
+
+
+def _shutdown(started: _Started) -> None:
+    """Stop one engine and free its memory. vLLM's shutdown unfreezes the garbage collector (frozen
+    at start-up, which would keep a dropped engine's memory forever) and ends by destroying the
+    default process group: one that existed before the first engine (accelerate's), or that other
+    engines still use, is kept. Call it after removing ``started`` from ``_ENGINES``."""
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_vllm_groups_only(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    if started.foreign_process_group or _ENGINES:  # accelerate's, or still used by other engines
+        torch.distributed.destroy_process_group = destroy_vllm_groups_only
+    try:
+        started.llm.llm_engine.engine_core.shutdown()
+    finally:
+        torch.distributed.destroy_process_group = destroy
+    started.llm = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
