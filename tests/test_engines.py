@@ -385,9 +385,9 @@ def test_vllm_config_errors_name_the_setting(monkeypatch):
     load_config(None, ["rollout.engine=vllm"])  # the defaults are valid
     with pytest.raises(ConfigError, match="rollout.vllm_sleep=true: vLLM's sleep mode needs CUDA"):
         load_config(None, ["rollout.engine=vllm", "rollout.vllm_sleep=true"])
-    with pytest.raises(ConfigError, match="rollout.vllm_max_num_seqs must be >= 1"):
+    with pytest.raises(ConfigError, match="'rollout.vllm_max_num_seqs' must be >= 1, got 0"):
         load_config(None, ["rollout.engine=vllm", "rollout.vllm_max_num_seqs=0"])
-    with pytest.raises(ConfigError, match="rollout.vllm_max_num_batched_tokens must be >= 1"):
+    with pytest.raises(ConfigError, match="'rollout.vllm_max_num_batched_tokens' must be >= 1, got -5"):
         load_config(None, ["rollout.engine=vllm", "rollout.vllm_max_num_batched_tokens=-5"])
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from semrl.cli import main
 from semrl.config import ConfigError, load_config
 from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.lora import adapters_disabled, add_adapters, merged_state_dict
+from semrl.lora import adapters_disabled, add_adapters, sampling_weights
 from semrl.models import load_model
 from semrl.trainer import Trainer
 
@@ -97,7 +97,7 @@ def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, 
             if ".lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    merged = merged_state_dict(model)
+    merged = dict(sampling_weights(model))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # left unchanged
     reference = PeftModel.from_pretrained(load_model(str(digit_model_dir)), _save_adapters(model, tmp_path / "adapters")).merge_and_unload()
     expected = reference.state_dict()

@@ -552,6 +552,10 @@ def validate(cfg: Config) -> None:
         "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
         "rollout.generation_batch_size": cfg.rollout.generation_batch_size,
+        "rollout.vllm_max_num_seqs": 1 if (seqs := cfg.rollout.vllm_max_num_seqs) is None else seqs,
+        "rollout.vllm_max_num_batched_tokens": (
+            1 if (batched := cfg.rollout.vllm_max_num_batched_tokens) is None else batched
+        ),
         "trainer.micro_batch_size": cfg.trainer.micro_batch_size,
         "trainer.micro_batch_tokens": 1 if (tokens := cfg.trainer.micro_batch_tokens) is None else tokens,
         "trainer.logits_chunk_size": cfg.trainer.logits_chunk_size,

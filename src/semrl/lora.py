@@ -133,8 +133,3 @@ def sampling_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
             with torch.no_grad():
                 tensor = tensor + layer.get_delta_weight(ADAPTER_NAME).to(tensor.dtype)
         yield key.replace(".base_layer.", "."), tensor
-
-
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights of ``model`` with every adapter merged (:func:`sampling_weights`) as one dict."""
-    return dict(sampling_weights(model))

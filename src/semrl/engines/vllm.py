@@ -150,10 +150,6 @@ def check_vllm_settings(cfg: Any) -> None:
             "rollout.vllm_sleep=true: vLLM's sleep mode needs CUDA and this machine has no GPU; "
             "set rollout.vllm_sleep=null (on with CUDA only) or false"
         )
-    for key in ("vllm_max_num_seqs", "vllm_max_num_batched_tokens"):
-        value = getattr(r, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"rollout.{key} must be >= 1 (or null for the default), got {value}")
     if r.vllm_kv_cache_gib <= 0:
         raise ConfigError(f"rollout.vllm_kv_cache_gib must be > 0, got {r.vllm_kv_cache_gib}")
     if not 0.0 < r.vllm_gpu_memory_utilization < 1.0:
