@@ -1,4 +1,4 @@
-"""semrl compare across seeds: aggregation, bootstrap intervals, pass@k curves, outputs."""
+"""semrl compare across seeds: aggregation, paired comparisons, the token axis, pass@k curves, outputs."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import yaml
 from semrl.cli import main
 from semrl.evaluation import records_path, summarize_records
 from semrl.report.seeds import (
+    compare_paired,
     compare_seeds,
+    cumulative_tokens,
+    equal_token_budget,
     find_runs,
-    paired_bootstrap,
-    paired_differences,
     pass_at_k_curves,
     per_step,
+    seed_differences,
+    value_at_tokens,
 )
 
 
@@ -108,31 +111,6 @@ def test_group_by_a_config_key_over_run_directories(tmp_path):
         find_runs(dirs, "trainer.nope")
 
 
-def test_bootstrap_interval_covers_a_known_difference():
-    rng = np.random.default_rng(0)
-    covered, excluded_zero = 0, 0
-    trials = 60
-    for t in range(trials):
-        # 3 seeds x 40 problems; per-seed shifts and per-problem noise around a true difference of 0.1
-        diffs = [0.1 + rng.normal(0, 0.02) + rng.normal(0, 0.15, 40) for _ in range(3)]
-        est, lo, hi = paired_bootstrap(diffs, num_resamples=400, seed=t)
-        assert lo <= est <= hi
-        covered += lo <= 0.1 <= hi
-        excluded_zero += lo > 0
-    assert covered >= 0.85 * trials  # a 95% interval; a percentile bootstrap of 3 seeds runs a little narrow
-    assert excluded_zero >= 0.9 * trials
-    # no difference: the interval holds 0 in most trials
-    holds_zero = sum(
-        (lambda e: e[1] <= 0 <= e[2])(
-            paired_bootstrap([rng.normal(0, 0.15, 40) for _ in range(3)], 400, seed=t)
-        )
-        for t in range(trials)
-    )
-    assert holds_zero >= 0.85 * trials
-    # a constant difference has a degenerate interval
-    assert paired_bootstrap([np.full(5, 0.25)] * 3, 100) == pytest.approx((0.25, 0.25, 0.25))
-
-
 def _study(tmp_path: Path, n: int = 8) -> tuple[Path, dict]:
     """A synthetic sweep: variants base_like and better (per-problem success up by 0.2), 3 seeds each,
     every run with a step-0 and a final evaluation whose records and metrics agree."""
@@ -147,8 +125,8 @@ def _study(tmp_path: Path, n: int = 8) -> tuple[Path, dict]:
             truth[(variant, seed)] = final
             rows = [
                 {"step": 0, **_write_eval(run, 0, start)},
-                {"step": 1, "reward": lift},
-                {"step": 2, "reward": lift, **_write_eval(run, 2, final)},
+                {"step": 1, "reward": lift, "rollout/sampled_tokens": 100},
+                {"step": 2, "reward": lift, "rollout/sampled_tokens": 90, **_write_eval(run, 2, final)},
             ]
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         truth[("base", seed)] = start
@@ -175,31 +153,54 @@ def test_pass_at_k_curves_follow_the_unbiased_estimator(tmp_path):
     assert [p[0] for p in curves["better"]] == list(range(1, 9))
 
 
-def test_paired_differences_pair_seeds_and_problems(tmp_path):
+def test_seed_differences_are_the_mean_per_problem_differences(tmp_path):
     sweep, truth = _study(tmp_path)
     groups = find_runs([sweep])
-    est, lo, hi, seeds = paired_differences(groups["better"], groups["base_like"], "eval", "mean@8", 500)
-    expected = np.mean(
-        [
-            np.mean(
-                [
-                    sum(s["correct"] for s in a["samples"]) / 8 - sum(s["correct"] for s in b["samples"]) / 8
-                    for a, b in zip(truth[("better", s)], truth[("base_like", s)], strict=True)
-                ]
-            )
-            for s in range(3)
-        ]
+    d = seed_differences(groups["better"], groups["base_like"], "eval/mean@8")
+    expected = [
+        np.mean([
+            sum(s["correct"] for s in a["samples"]) / 8 - sum(s["correct"] for s in b["samples"]) / 8
+            for a, b in zip(truth[("better", s)], truth[("base_like", s)], strict=True)
+        ])
+        for s in range(3)
+    ]
+    assert d == pytest.approx(expected)
+    c = compare_paired(d)
+    assert c.seeds == 3 and c.low < c.estimate < c.high and c.low > 0  # a lift of 0.2 per problem is found
+    d4 = seed_differences(groups["better"], groups["base_like"], "eval/pass@4")
+    assert d4 == pytest.approx([
+        _pass_at_k_by_comb(truth[("better", s)], 4) - _pass_at_k_by_comb(truth[("base_like", s)], 4)
+        for s in range(3)
+    ])
+
+
+def test_equal_token_comparison_interpolates_at_the_smallest_budget(tmp_path):
+    """Variant 'tree' samples 60 tokens a step, 'flat' 100: at equal tokens (the 120 tree sampled in
+    2 steps) flat is read between its steps 1 (100 tokens) and 2 (200)."""
+    for seed in range(2):
+        _write_run(tmp_path / "s" / "flat" / f"seed-{seed}", [
+            {"step": 0, "eval/mean@4": 0.1}, {"step": 1, "rollout/sampled_tokens": 100, "accuracy": 0.2},
+            {"step": 2, "rollout/sampled_tokens": 100, "accuracy": 0.6, "eval/mean@4": 0.5 + seed / 10},
+        ])
+        _write_run(tmp_path / "s" / "tree" / f"seed-{seed}", [
+            {"step": 0, "eval/mean@4": 0.1}, {"step": 1, "rollout/sampled_tokens": 60, "accuracy": 0.3},
+            {"step": 2, "rollout/sampled_tokens": 60, "accuracy": 0.5, "eval/mean@4": 0.4},
+        ])
+    groups = find_runs([tmp_path / "s"])
+    assert cumulative_tokens(groups["flat"][0]) == {0: 0.0, 1: 100.0, 2: 200.0}
+    assert equal_token_budget(groups) == 120.0
+    assert value_at_tokens(groups["flat"][0], "accuracy", 120.0) == pytest.approx(0.2 + 0.4 * 0.2)
+    # the held-out metric between the base evaluation (0 tokens) and the final one (200)
+    assert value_at_tokens(groups["flat"][1], "eval/mean@4", 120.0) == pytest.approx(0.1 + 0.5 * 0.6)
+    assert value_at_tokens(groups["flat"][0], "accuracy", 250.0) is None
+    assert seed_differences(groups["tree"], groups["flat"], "eval/mean@4", 120.0) == pytest.approx(
+        [0.4 - (0.1 + 0.4 * 0.6), 0.4 - (0.1 + 0.5 * 0.6)]
     )
-    assert seeds == 3 and est == pytest.approx(expected) and lo < est < hi
-    assert lo > 0  # a lift of 0.2 per problem is found
-    est4 = paired_differences(groups["better"], groups["base_like"], "eval", "pass@4", 200)[0]
-    expected4 = np.mean(
-        [
-            _pass_at_k_by_comb(truth[("better", s)], 4) - _pass_at_k_by_comb(truth[("base_like", s)], 4)
-            for s in range(3)
-        ]
-    )
-    assert est4 == pytest.approx(expected4)
+    md = compare_seeds([tmp_path / "s"], baseline="flat")
+    assert "at equal sampled tokens (120)" in md and "| tree - flat | mean@4 | +0.030 |" in md
+    # runs that never logged their tokens: no equal-token section
+    _write_run(tmp_path / "s" / "old" / "seed-0", [{"step": 1, "accuracy": 0.1}])
+    assert equal_token_budget(find_runs([tmp_path / "s"])) is None
 
 
 def test_cli_writes_markdown_html_json_and_figures(tmp_path, capsys):
@@ -207,11 +208,11 @@ def test_cli_writes_markdown_html_json_and_figures(tmp_path, capsys):
     sweep, _ = _study(tmp_path)
     out = tmp_path / "cmp"
     assert (
-        main(["compare", str(sweep), "--baseline", "base_like", "--output", str(out), "--resamples", "200"])
+        main(["compare", str(sweep), "--baseline", "base_like", "--output", str(out), "--x-axis", "tokens"])
         == 0
     )
     printed = capsys.readouterr().out
-    assert "paired difference against base_like" in printed and "| better | mean@8 |" in printed
+    assert "paired differences at equal steps" in printed and "| better - base_like | mean@8 |" in printed
     assert "| base model (step 0) |" in printed
     for name in (
         "results.md",
@@ -222,10 +223,18 @@ def test_cli_writes_markdown_html_json_and_figures(tmp_path, capsys):
     ):
         assert (out / name).is_file(), name
     page = (out / "index.html").read_text()
-    assert "data:image/png;base64," in page and "paired difference" in page
+    assert "data:image/png;base64," in page and "paired differences" in page
     assert json.loads((out / "aggregate.json").read_text())["seeds"] == {
         "base_like": [0, 1, 2],
         "better": [0, 1, 2],
     }
     assert main(["compare", str(sweep), "--baseline", "nope"]) == 2
     assert "is not a variant" in capsys.readouterr().err
+
+
+def test_a_missing_sweep_directory_says_it_is_missing(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["compare", str(tmp_path / "empty")]) == 2
+    assert "holds no VARIANT/seed-S run" in capsys.readouterr().err

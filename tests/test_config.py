@@ -1,5 +1,7 @@
 """Config loading, overrides and validation errors."""
 
+import re
+
 import pytest
 
 from semrl.config import Config, ConfigError, config_reference, load_config, parse_overrides
@@ -120,3 +122,58 @@ def test_clip_cov_defaults_to_its_recipes_clip_range():
     assert (cfg.algorithm.clip_ratio_low, cfg.algorithm.clip_ratio_high) == (1.0, 1.0)
     assert load_config(None, ["algorithm.method=grpo"]).algorithm.clip_ratio_high == 0.2
     assert load_config(None, ["algorithm.method=clip_cov", "algorithm.clip_ratio_high=0.3"]).algorithm.clip_ratio_high == 0.3
+
+
+def _ranged_options():
+    import dataclasses
+
+    from semrl.config import _core_sections, _method_sections
+
+    for section, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("range") is not None:
+                yield f"{section}.{f.name}", f.metadata["range"], f.type
+
+
+def test_every_numeric_option_has_a_range():
+    """Learning rates, coefficients, temperatures, probabilities and sizes: every int or float key
+    of every section declares the values it takes (options.Range)."""
+    import dataclasses
+    import typing
+
+    from semrl.config import _core_sections, _method_sections
+
+    unranged = []
+    for section, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            numeric = {int, float} & {a for a in (hints[f.name], *typing.get_args(hints[f.name]))
+                                      for a in (a, *typing.get_args(a))}
+            if numeric and f.metadata.get("range") is None:
+                unranged.append(f"{section}.{f.name}")
+    assert unranged == []
+
+
+@pytest.mark.parametrize(("key", "valid", "annotation"), list(_ranged_options()), ids=lambda v: str(v)[:40])
+def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotation):
+    """A value just outside the range fails with the key and the range in the message; the bounds
+    themselves pass when closed."""
+    integer = "int" in str(annotation) and "float" not in str(annotation)
+    step = 1 if integer else 0.5
+    outside = []
+    if valid.low is not None:
+        outside.append(valid.low if valid.low_open else valid.low - step)
+    if valid.high is not None:
+        outside.append(valid.high if valid.high_open else valid.high + step)
+    method = key.split(".")[0] if key.split(".")[0] not in {"model", "data", "rollout", "reward", "algorithm", "trainer", "logging"} else None
+    base = [f"algorithm.method={method}"] if method else []
+    listed = "list" in str(annotation)
+    if not outside:  # any finite number: infinity is refused
+        outside = [float("inf")]
+    for value in outside:
+        if integer:
+            value = int(value)
+        text = ".inf" if value == float("inf") else str(value)
+        text = f"[{text}]" if listed else text
+        with pytest.raises(ConfigError, match=rf"config key '{re.escape(key)}' must be .*got {re.escape(repr(value))}"):
+            load_config(None, [*base, f"{key}={text}"])

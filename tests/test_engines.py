@@ -666,3 +666,20 @@ def test_a_streamed_weight_push_reaches_every_engine_weight(digit32_model_dir):
         _, logp, _ = _forward(trained, prompts, gens, 1.0)
         for i, g in enumerate(gens):
             torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
+
+
+def test_first_mini_batch_reuse_on_vllm_fills_entropies_bit_for_bit(digit32_model_dir, seven_task, tmp_path, monkeypatch):
+    """On vllm the rollout entropies come from the trainer's forward: the first mini-batch's from its
+    own forward (the separate pass skips it), bit-identical to the run that computes them apart."""
+    vllm_or_skip()
+    from .test_training import _train_counting_old_pass_rows
+
+    runs = {}
+    for reuse in (False, True):
+        cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / str(reuse), "trainer.steps=2",
+                         "trainer.ppo_epochs=2", "trainer.mini_batch_size=16", "trainer.micro_batch_size=8")
+        runs[reuse] = _train_counting_old_pass_rows(cfg, monkeypatch, reuse)
+    (m0, w0, rows0), (m1, w1, rows1) = runs[False], runs[True]
+    assert m0 == m1 and all(m["entropy"] > 0 for m in m1[1:])
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    assert rows0 - rows1 == 2 * 16

@@ -88,3 +88,47 @@ def test_report_ks_and_markdown():
     assert "| dataset | problems | mean@2 | pass@1 | pass@2 | maj@2 |" in table
     assert "| toy | 2 | 0.250 | 0.250 | 0.500 |" in table
     assert "**toy by level**" in table and "| 3 | 1 | 0.000 |" in table
+
+
+def _cached_evaluation(model_dir, cache, problems, **overrides):
+    """evaluate_held_out at step 0 with ``logging.eval_cache``; returns (metrics, tokens sampled)."""
+    import torch
+
+    from semrl.config import load_config
+    from semrl.distributed import ProcessGroup
+    from semrl.engines.hf import HFEngine
+    from semrl.evaluation import evaluate_held_out
+    from semrl.models import load_model, load_tokenizer
+    from semrl.reward import VerifierPool
+
+    torch.manual_seed(0)
+    values = {"model.name": str(model_dir), "logging.eval_cache": str(cache), "logging.eval_samples": 2,
+              "rollout.max_new_tokens": 4, "logging.progress": False, **overrides}
+    cfg = load_config(None, [f"{k}={v}" for k, v in values.items()])
+    tok = load_tokenizer(str(model_dir))
+    engine = HFEngine(load_model(str(model_dir)), [tok.eos_token_id], tok.pad_token_id, 16)
+    with VerifierPool(1, 5.0) as pool:
+        metrics = evaluate_held_out(engine, tok, pool, problems, cfg, ProcessGroup(), split="eval", step=0)
+    return metrics, engine.generated_tokens
+
+
+def test_base_evaluation_cache_is_keyed_on_the_problems(tiny_model_dir, tmp_path):
+    """Same count, same level, other draws: the cache must miss; the same problems must hit."""
+    from dataclasses import replace
+
+    from semrl.data.arithmetic import make_arithmetic_problems
+
+    cache = tmp_path / "cache"
+    first = make_arithmetic_problems(4, [1], seed=0)
+    # other draws under the same ids: only the texts and answers differ
+    other = [replace(p, id=q.id) for p, q in zip(make_arithmetic_problems(4, [1], seed=1), first, strict=True)]
+    assert [p.problem for p in first] != [p.problem for p in other]
+    metrics, sampled = _cached_evaluation(tiny_model_dir, cache, first)
+    assert sampled > 0 and len(list(cache.glob("eval-*.jsonl"))) == 1
+    again, sampled = _cached_evaluation(tiny_model_dir, cache, first)
+    assert sampled == 0 and again == metrics  # a hit samples nothing
+    _, sampled = _cached_evaluation(tiny_model_dir, cache, other)
+    assert sampled > 0 and len(list(cache.glob("eval-*.jsonl"))) == 2
+    # a sampling setting the key holds: a miss too
+    _, sampled = _cached_evaluation(tiny_model_dir, cache, first, **{"rollout.top_k": 5})
+    assert sampled > 0 and len(list(cache.glob("eval-*.jsonl"))) == 3

@@ -243,3 +243,14 @@ def test_submitit_local_executor_runs_two_tiny_runs(digit_model_dir, seven_task,
         assert [r["step"] for r in _steps(run.run_dir)] == [0, 1, 2]
     assert "2 job(s) submitted" in out.stdout
     assert list((tmp_path / "out" / ".submitit").glob("*_result.pkl"))
+
+
+def test_a_sweep_file_given_to_train_names_semrl_sweep(tmp_path, capsys):
+    from semrl.cli import main
+
+    sweep = tmp_path / "study.yaml"
+    sweep.write_text("base: null\noutput_dir: out\nseeds: [0]\nvariants:\n  a: {}\n")
+    assert main(["train", "--config", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "is a sweep file" in err and f"semrl sweep {sweep}" in err
+    assert not (tmp_path / "out").exists() and not any(tmp_path.glob("runs"))

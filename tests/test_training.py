@@ -2,6 +2,7 @@
 
 import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -349,3 +350,91 @@ def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_di
                  "--quiet", "--data", str(seven_task), "--limit", "2", "--output", str(tmp_path / "ev2")]) == 0
     assert seen and all(t is None and s is not None for s, t in seen)  # the chat template and semrl's system prompt
     assert main([*args[:-1], str(tmp_path / "ev3"), "--prompt-template", "no field"]) == 2
+
+
+def _train_counting_old_pass_rows(cfg, monkeypatch, reuse: bool) -> tuple[list[dict], dict, int]:
+    """Train with or without reusing the first mini-batch's forward for its old log-probs; returns
+    (metrics without timings, final weights, rows that went through the no-gradient passes)."""
+    import semrl.batch_forward as batch_forward
+
+    rows = []
+    real = batch_forward.batch_logprobs
+
+    def counting(model, batch, temperature, micro_batches, **kwargs):  # noqa: ANN001, ANN202
+        rows.append(sum(len(m) for m in micro_batches))
+        return real(model, batch, temperature, micro_batches, **kwargs)
+
+    monkeypatch.setattr(batch_forward, "batch_logprobs", counting)
+    monkeypatch.setattr(Trainer, "reuse_first_forward", reuse)
+    Trainer(cfg).train()
+    out = cfg.logging.output_dir
+    metrics = [
+        {k: v for k, v in m.items() if not k.startswith("time/") and "time_frac" not in k}
+        for m in _metrics(pathlib.Path(out))
+    ]
+    return metrics, load_file(pathlib.Path(out) / "checkpoints" / "step-000002" / "model.safetensors"), sum(rows)
+
+
+REUSE_CASES = {
+    "dr_grpo": ["trainer.ppo_epochs=2", "trainer.mini_batch_size=16", "trainer.micro_batch_size=8"],
+    "grpo": ["algorithm.method=grpo", "algorithm.kl_coef=0.01", "trainer.mini_batch_size=8",
+             "trainer.micro_batch_size=4"],
+    "rose": ["algorithm.method=rose", "trainer.packing=tree", "trainer.mini_batch_size=16",
+             "rollout.max_new_tokens=6"],
+    "kl_cov": ["algorithm.method=kl_cov", "kl_cov.ratio=0.1", "trainer.ppo_epochs=2", "trainer.mini_batch_size=16"],
+}
+
+
+@pytest.mark.parametrize("method", list(REUSE_CASES))
+def test_first_mini_batch_reuses_its_forward_as_old_log_probs_bit_for_bit(
+    digit_model_dir, seven_task, tmp_path, monkeypatch, method
+):
+    """Before the first optimizer step the trained weights are the sampling ones, so the first
+    mini-batch's old log-probs are its own forward's: the separate pass skips its rows, and every
+    metric and weight is bit-identical to the run that computes them separately."""
+    runs = {}
+    for reuse in (False, True):
+        cfg = _cfg(digit_model_dir, seven_task, tmp_path / f"{method}-{reuse}", "trainer.steps=2",
+                   *REUSE_CASES[method])
+        runs[reuse] = _train_counting_old_pass_rows(cfg, monkeypatch, reuse)
+    (m0, w0, rows0), (m1, w1, rows1) = runs[False], runs[True]
+    assert m0 == m1
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    mini = int(next(x for x in REUSE_CASES[method] if x.startswith("trainer.mini_batch_size=")).split("=")[1])
+    assert rows0 - rows1 == 2 * mini  # one mini-batch fewer in the old-policy pass, each step
+
+
+@pytest.mark.parametrize("method", ["dr_grpo", "rose", "dapo"])
+def test_sampled_tokens_match_the_logged_samples_and_trees(digit_model_dir, seven_task, tmp_path, method):
+    """rollout/sampled_tokens, the compute axis of semrl compare: every response token of the step
+    (samples.jsonl with every sample logged), a tree's shared prefixes once (trees.jsonl), and
+    DAPO's dropped groups too (at least the kept batch's tokens)."""
+    out = tmp_path / method
+    extra = {"rose": ["algorithm.method=rose", "rollout.max_new_tokens=6"],
+             "dapo": ["algorithm.method=dapo", "algorithm.dynamic_sampling=true", "algorithm.max_sampling_rounds=3"]}
+    Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=2", "logging.samples_per_step=32",
+                 "logging.trees_per_step=4", *extra.get(method, []))).train()
+    logged = {m["step"]: m["rollout/sampled_tokens"] for m in _metrics(out) if m["step"] > 0}
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    kept = {s: sum(r["tokens"] for r in samples if r["step"] == s) for s in logged}
+    if method == "rose":
+        trees = [json.loads(line) for line in (out / "trees.jsonl").read_text().splitlines()]
+        fresh = {s: sum(c["length"] - (c["branch_position"] if c["parent"] >= 0 else 0)
+                        for t in trees if t["step"] == s for c in t["chains"]) for s in logged}
+        assert logged == fresh and all(fresh[s] < kept[s] for s in logged)  # prefixes are shared
+    elif method == "dapo":
+        rounds = {m["step"]: m["dynamic_sampling/rollout_batches"] for m in _metrics(out) if m["step"] > 0}
+        assert all(logged[s] >= kept[s] for s in logged)
+        assert all((logged[s] > kept[s]) == (rounds[s] > 1) for s in logged)
+    else:
+        assert logged == kept
+
+
+@pytest.mark.parametrize("bad", ["trainer.lr=-1", "rollout.temperature=-1", "algorithm.kl_coef=-0.1",
+                                 "rollout.top_p=1.5", "trainer.micro_batch_size=0", "rose.epsilon=2"])
+def test_an_out_of_range_value_fails_before_the_run_directory_is_written(tmp_path, capsys, bad):
+    out = tmp_path / "run"
+    assert main(["train", bad, f"logging.output_dir={out}", "algorithm.method=rose"]) == 2
+    key = bad.split("=")[0]
+    assert f"config key '{key}' must be" in capsys.readouterr().err
+    assert not out.exists()

@@ -76,18 +76,23 @@ class PolicyPasses:
         rollout_entropy: full-vocabulary entropies at the sampling weights, when the engine gave none
             (vllm) and the old-policy pass runs anyway or a token selection needs them before the
             update; otherwise the update's first forward measures them.
+        first_forward_rows: (N,) bool, the rows whose ``old_logp`` (and entropy) the update's first
+            forward gives: the first mini-batch's, which no optimizer step precedes, so that forward
+            runs at the sampling weights and its log-probs are the old ones (docs/algorithms.md,
+            "Old log-probs"). None: the pass covered every row.
     """
 
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     rollout_entropy: torch.Tensor | None = None
+    first_forward_rows: torch.Tensor | None = None
 
 
 def policy_passes(
     model: Any,
     ref_model: Any | None,
     batch: RolloutBatch,
-    rows: Callable[[], list[torch.Tensor]],
+    row_batches: Callable[[torch.Tensor], list[torch.Tensor]],
     *,
     temperature: float,
     packed: bool,
@@ -96,29 +101,106 @@ def policy_passes(
     entropy_before_update: bool,
     autocast: Callable[[], AbstractContextManager[Any]],
     reference_weights: Callable[[], AbstractContextManager[Any]],
+    first_mini_batch: torch.Tensor | None = None,
 ) -> PolicyPasses:
     """Run the passes the step needs: old-policy log-probs unless ``on_policy`` (one optimizer step,
     pi_old = pi_theta), the reference's when there is a ``ref_model``, and rollout entropies when the
     batch lacks them and ``entropy_before_update`` (a token selection reads them) or an old-policy
-    pass runs anyway. ``rows()`` gives the micro-batches (called only when a pass runs); ``autocast``
-    enters the trained model's compute dtype; ``reference_weights`` makes ``ref_model`` the
-    reference (under LoRA, the trained model with its adapters off)."""
+    pass runs anyway. ``row_batches(rows)`` gives the micro-batches (row indices) of ``rows``
+    (called only when a pass runs); ``autocast`` enters the trained model's compute dtype;
+    ``reference_weights`` makes ``ref_model`` the reference (under LoRA, the trained model with its
+    adapters off). ``first_mini_batch``: the rows of the update's first optimizer step; the
+    old-policy pass leaves them to that step's forward, unless their entropies are needed before
+    the update."""
+    num_rows = len(batch.generations)
     fill = not batch.has_rollout_entropy and (not on_policy or entropy_before_update)
     passes = PolicyPasses()
-    every_row = rows() if not on_policy or fill or ref_model is not None else []
+    every_row = torch.arange(num_rows)
     if not on_policy or fill:
+        old_rows = every_row
+        if not on_policy and first_mini_batch is not None and not (fill and entropy_before_update):
+            skipped = torch.zeros(num_rows, dtype=torch.bool)
+            skipped[first_mini_batch] = True
+            old_rows, passes.first_forward_rows = every_row[~skipped], skipped
         with autocast():
             logp, entropy = batch_logprobs(
-                model, batch, temperature, every_row, packed=packed, with_entropy=fill, chunk_size=chunk_size
+                model, batch, temperature, row_batches(old_rows) if len(old_rows) else [], packed=packed,
+                with_entropy=fill, chunk_size=chunk_size,
             )
         passes.old_logp = None if on_policy else logp
         passes.rollout_entropy = entropy
     if ref_model is not None:
         with reference_weights():
             passes.ref_logp = batch_logprobs(
-                ref_model, batch, temperature, every_row, packed=packed, chunk_size=chunk_size
+                ref_model, batch, temperature, row_batches(every_row), packed=packed, chunk_size=chunk_size
             )[0]
     return passes
+
+
+@dataclass
+class MiniBatch:
+    """The rows of one optimizer step and what their micro-batches share."""
+
+    rows: torch.Tensor  # (n,) rows of the batch
+    plan: list[torch.Tensor]  # positions into rows of each micro-batch
+    selection: dict[str, torch.Tensor]  # the policy loss's per-token selection, (n, T) each
+    num_tokens: int  # response tokens of the mini-batch over every process
+
+
+@dataclass
+class UpdateResult:
+    """What an update returns: its metrics, and the (N, T) entropies its forwards measured at the
+    sampling weights when the batch had none (vllm; ``FirstForward``)."""
+
+    metrics: dict[str, float]
+    sampling_entropy: torch.Tensor | None = None
+
+
+@dataclass
+class FirstForward:
+    """What the update's forwards give before any optimizer step, when they run at the sampling
+    weights: the old log-probs of the rows the old-policy pass left (the first mini-batch's), and
+    the sampling entropies an engine without them (vllm) left to the trainer.
+
+    Attributes:
+        rows: (N,) bool, the rows still to take; None: none.
+        entropy: (N, T) sampling entropies being filled, when the batch has none; else None.
+    """
+
+    rows: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+    @classmethod
+    def plan(cls, batch: RolloutBatch, passes: PolicyPasses) -> FirstForward:
+        """Rows the passes left; on-policy without entropies (vllm, one optimizer step), every row."""
+        rows, entropy = passes.first_forward_rows, None
+        if not batch.has_rollout_entropy:
+            given = passes.rollout_entropy
+            entropy = torch.zeros(batch.sequences.response_mask.shape) if given is None else given
+            if rows is None:
+                rows = torch.ones(len(batch.generations), dtype=torch.bool)
+        return cls(None if rows is None else rows.clone(), entropy)
+
+    def old_log_probs(
+        self, passes: PolicyPasses, idx: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(n, r) old log-probs of rows ``idx`` whose forward gave ``logp`` (n, r) and ``entropy``.
+        Rows still to take get their own log-probs as the old ones (kept in ``passes.old_logp`` for
+        later epochs) and their entropies into ``self.entropy``; they are then taken. Without an
+        old-policy pass (on-policy) the old log-probs are ``logp`` itself."""
+        r, dev = logp.shape[1], logp.device
+        old = logp.detach() if passes.old_logp is None else passes.old_logp[idx, :r].to(dev)
+        here = torch.zeros(len(idx), dtype=torch.bool) if self.rows is None else self.rows[idx]
+        if self.rows is None or not here.any():
+            return old
+        mine = here.to(dev)
+        if passes.old_logp is not None:
+            old = torch.where(mine[:, None], logp.detach(), old)
+            passes.old_logp[idx[here], :r] = logp.detach()[mine].float().cpu()
+        if self.entropy is not None and entropy is not None:
+            self.entropy[idx[here], :r] = entropy.detach()[mine].float().cpu()
+        self.rows[idx[here]] = False
+        return old
 
 
 def micro_batches(

@@ -171,7 +171,8 @@ def _compare(args: argparse.Namespace) -> int:
     if args.group_by or sweep_dir:
         print(
             compare_seeds(
-                args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.resamples
+                args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.x_axis,
+                args.window,
             )
         )
     elif args.baseline:
@@ -293,7 +294,7 @@ def _add_plugin_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plugin", action="append", default=[], metavar="MODULE",
         help="a module of your own that registers methods or losses: a .py file or an importable name "
-        "(repeatable; README, 'Adding a method')",
+        "(repeatable; docs/methods/adding.md)",
     )
 
 
@@ -413,9 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run directories: final metrics side by side and per-step tables (Markdown), and with "
         "--output one PNG per metric with all runs overlaid. A sweep directory (OUT/VARIANT/seed-S) or "
         "--group-by KEY: each variant's seeds aggregated (mean +- s.e. per step and at the end, pass@k for "
-        "k = 1..n beside the base model's, paired differences against --baseline with a 95%% bootstrap "
-        "interval); with --output also results.md, aggregate.json, PNG figures and index.html "
-        "(docs/sweeps.md).",
+        "k = 1..n beside the base model's; paired differences at the seed level against --baseline, or "
+        "between every pair: a 95 percent t-interval over the per-seed differences, how many seeds agree, "
+        "the smallest difference detectable at 80 percent power and the seeds the observed one would need; "
+        "at equal steps and at equal sampled tokens); with --output also results.md, aggregate.json, PNG "
+        "figures and index.html (docs/sweeps.md, docs/evaluation.md).",
     )
     cmp.add_argument("run_dirs", nargs="+", help="run directories, or one sweep directory")
     cmp.add_argument("--metric", nargs="+", help="metrics (default: reward, accuracy, entropy, ..., eval)")
@@ -426,9 +429,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument(
         "--baseline", metavar="VARIANT",
-        help="variant the others are compared with (paired by seed and problem)"
+        help="variant the others are compared with, paired by seed (default: every pair)"
     )
-    cmp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    cmp.add_argument(
+        "--x-axis", choices=["step", "tokens"], default="step",
+        help="x axis of the per-step figures: training step, or cumulative sampled tokens (default step)",
+    )
+    cmp.add_argument(
+        "--window", type=int, default=1, metavar="N",
+        help="compare training metrics (entropy, accuracy, ...) as their mean over each run's last N steps "
+        "(default 1: the last step)",
+    )
     cmp.set_defaults(func=_compare)
 
     sw = sub.add_parser(

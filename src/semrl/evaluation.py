@@ -336,20 +336,41 @@ EVAL_SPLITS = ("eval", "transfer")  # metric prefixes: held-out problems, proble
 def evaluation_key(cfg: Any, problems: Sequence[Problem], split: str, world: int) -> dict[str, Any]:
     """Everything that decides the samples of an in-training evaluation of the model named by
     ``model.name`` (before any update): runs with equal keys sample the same responses, so the
-    base model's evaluation is computed once and reused (``logging.eval_cache``)."""
-    rollout, log = cfg.rollout, cfg.logging
+    base model's evaluation is computed once and reused (``logging.eval_cache``). The weights are
+    keyed by their files (name, size, modification time), the problems by their ids, texts and
+    answers, the verdicts by the reward functions."""
+    model, rollout, log = cfg.model, cfg.rollout, cfg.logging
     return {
-        "split": split, "model": cfg.model.name, "dtype": cfg.model.dtype, "lora_r": cfg.model.lora_r,
+        "split": split, "model": model.name, "weights": weights_fingerprint(model.name),
+        "dtype": model.dtype, "master_weights": model.master_weights, "lora_r": model.lora_r,
+        "attn_implementation": model.attn_implementation,
         "engine": rollout.engine, "generation_batch_size": rollout.generation_batch_size,
-        "vllm_block_size": rollout.vllm_block_size, "temperature": log.eval_temperature,
+        "vllm_block_size": rollout.vllm_block_size, "vllm_dtype": rollout.vllm_dtype,
+        "vllm_max_num_seqs": rollout.vllm_max_num_seqs,
+        "vllm_max_num_batched_tokens": rollout.vllm_max_num_batched_tokens,
+        "temperature": log.eval_temperature,
         "rollout_temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k,
         "max_new_tokens": rollout.max_new_tokens, "samples": log.eval_samples, "seed": cfg.trainer.seed,
         "world": world, "system_prompt": cfg.data.system_prompt, "prompt_template": cfg.data.prompt_template,
         "final_number_fallback": cfg.reward.final_number_fallback,
+        "reward_functions": list(cfg.reward.functions), "reward_timeout_s": cfg.reward.timeout_s,
         "problems": hashlib.sha256(
             json.dumps([[p.id, p.problem, p.answer] for p in problems]).encode()
         ).hexdigest(),
     }
+
+
+def weights_fingerprint(name: str) -> list[tuple[str, int, int]]:
+    """(file name, size, modification time in ns) of each file that holds the weights of ``model.name``
+    (the alias's GGUF, a .gguf file, or a model directory's files); [] for a hub id."""
+    from semrl.models import SMOLLM2_ALIAS, smollm2_gguf_path
+
+    path = smollm2_gguf_path() if name == SMOLLM2_ALIAS else Path(name).expanduser()
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.is_file())
+    else:
+        files = [path] if path.exists() else []
+    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
 
 
 def _cache_file(cache_dir: str | Path, key: dict[str, Any]) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import field
@@ -18,11 +19,58 @@ from typing import Any, Literal
 from semrl.errors import ConfigError
 
 
-def option(default: Any, help: str, **kw: Any) -> Any:
-    """A section field with its default and its one documentation text (``semrl config`` prints it)."""
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric option takes: ``low`` / ``high`` bounds (None: unbounded), each closed
+    unless marked open. Lists are checked item by item; None (an unset optional) is not checked."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.low is None and self.high is None:
+            return "a finite number"
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{self.low:g}, {self.high:g}{right}"
+
+
+FINITE = Range()  # any real number: weights, bounds of a covariance
+POSITIVE = Range(0, None, low_open=True)  # > 0: learning rates, time limits, scales
+AT_LEAST_1 = Range(1)  # sizes and counts
+NON_NEGATIVE = Range(0)  # coefficients, steps, temperatures
+FRACTION = Range(0, 1)  # probabilities and shares, [0, 1]
+OPEN_FRACTION = Range(0, 1, low_open=True)  # (0, 1]: top-p
+
+
+def option(default: Any, help: str, *, valid: Range | None = None, **kw: Any) -> Any:
+    """A section field with its default and its one documentation text (``semrl config`` prints it);
+    ``valid``: the range a number must lie in, checked when the section is built."""
+    metadata = {"help": help, "range": valid}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
+
+
+def check_range(key: str, value: Any, valid: Range | None) -> None:
+    """Raise a ConfigError naming ``key`` when a number (or a list item) lies outside ``valid``."""
+    if valid is None or value is None:
+        return
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, (int, float)) and not isinstance(item, bool) and not valid.holds(item):
+            raise ConfigError(f"config key '{key}' must be {valid}, got {item!r}")
 
 
 def type_name(tp: Any) -> str:
@@ -92,12 +140,13 @@ def build_section(cls: type, values: Any, prefix: str) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"config key '{prefix.rstrip('.')}' must be a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in values.items():
-        if key not in names:
-            raise unknown_key(key, names, prefix)
+        if key not in fields:
+            raise unknown_key(key, list(fields), prefix)
         kwargs[key] = coerce(value, hints[key], f"{prefix}{key}")
+        check_range(f"{prefix}{key}", kwargs[key], fields[key].metadata.get("range"))
     return cls(**kwargs)
 
 
@@ -109,6 +158,8 @@ def section_reference(name: str, cls: type) -> list[str]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         tp = type_name(hints[f.name]).replace("|", "or")
         meaning = f.metadata.get("help", "").replace("|", "/")
+        if f.metadata.get("range") is not None:
+            meaning += f" Must be {f.metadata['range']}."
         rows.append(f"| `{name}.{f.name}` | {tp} | `{default!r}` | {meaning} |")
     return rows
 

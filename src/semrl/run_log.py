@@ -90,6 +90,7 @@ class RunLog:
                 "problem": batch.problems[i].problem,
                 "gold": batch.problems[i].answer,
                 "response": batch.texts[i],
+                "tokens": len(batch.generations[i].token_ids),
                 "answer": batch.reward_results[i].answer,
                 "reward": batch.rewards[i].item(),
             }

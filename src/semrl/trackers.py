@@ -22,7 +22,7 @@ from semrl.errors import ConfigError
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "'semrl[wandb]'", "trackio": "'semrl[trackio]'",
             "mlflow": "'semrl[mlflow]'"}
 IDS_FILE = "trackers.json"
-SAMPLE_COLUMNS = ("step", "problem_id", "problem", "gold", "response", "answer", "reward")
+SAMPLE_COLUMNS = ("step", "problem_id", "problem", "gold", "response", "tokens", "answer", "reward")
 
 
 def check_trackers(names: list[str]) -> None:

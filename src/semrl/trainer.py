@@ -14,7 +14,6 @@ import logging
 import signal
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,16 @@ from semrl.algos.losses import masked_mean
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLossInputs, micro_batch_loss
 from semrl.algos.registry import AdvantageInputs, RolloutContext, method_config
 from semrl.batch import RolloutBatch
-from semrl.batch_forward import PolicyPasses, micro_batches, policy_passes, rows_logprobs, shuffled_rows
+from semrl.batch_forward import (
+    FirstForward,
+    MiniBatch,
+    PolicyPasses,
+    UpdateResult,
+    micro_batches,
+    policy_passes,
+    rows_logprobs,
+    shuffled_rows,
+)
 from semrl.checkpoint import RunState, full_weights, latest_checkpoint, restore_run, save_checkpoint, save_run
 from semrl.config import Config
 from semrl.curriculum import Curriculum, stage_reference_dir
@@ -49,25 +57,6 @@ from semrl.reward import VerifierPool, reward_functions, score_batch
 from semrl.run_log import RunLog
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class MiniBatch:
-    """The rows of one optimizer step and what their micro-batches share."""
-
-    rows: torch.Tensor  # (n,) rows of the batch
-    plan: list[torch.Tensor]  # positions into rows of each micro-batch
-    selection: dict[str, torch.Tensor]  # the policy loss's per-token selection, (n, T) each
-    num_tokens: int  # response tokens of the mini-batch over every process
-
-
-@dataclass
-class UpdateResult:
-    """What an update returns: its metrics, and the (N, T) entropies its first forward measured at
-    the sampling weights when the batch had none (a single on-policy update on the vllm engine)."""
-
-    metrics: dict[str, float]
-    sampling_entropy: torch.Tensor | None = None
 
 
 class Trainer:
@@ -158,11 +147,13 @@ class Trainer:
                 batch, step_reward_metrics, t_reward = self.collect()
                 self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
                 t1 = time.perf_counter()
-                passes = self.policy_passes(batch)
-                if passes.rollout_entropy is not None:  # the engine gave none (vllm)
-                    batch.set_rollout_entropy(passes.rollout_entropy)
+                # epoch 0's row order, drawn first: the passes leave its first mini-batch to the update
+                order = shuffled_rows(len(batch.generations), batch.group_size, self.packing, self.generator)
+                passes = self.policy_passes(batch, order[: self._mini_batch_size(batch)])
+                if passes.rollout_entropy is not None and passes.first_forward_rows is None:
+                    batch.set_rollout_entropy(passes.rollout_entropy)  # the engine gave none (vllm)
                 advantages, advantage_metrics = self.advantages(batch)
-                update = self.update(batch, advantages, passes)
+                update = self.update(batch, advantages, passes, order)
                 if update.sampling_entropy is not None:
                     batch.set_rollout_entropy(update.sampling_entropy)
                 # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
@@ -274,7 +265,12 @@ class Trainer:
             return batch, time.perf_counter() - t0
 
         wanted = self.cfg.rollout.prompts_per_step // self.procs.world
-        return collect_groups(scored_round, wanted, self.cfg.algorithm, self.procs)
+        before = self.engine.generated_tokens
+        batch, metrics, seconds = collect_groups(scored_round, wanted, self.cfg.algorithm, self.procs)
+        # the compute axis of `semrl compare`: every token sampled this step (dropped groups and tree
+        # branches included, shared prefixes once), summed over processes (docs/results.md)
+        metrics["rollout/sampled_tokens"] = self.procs.sum(self.engine.generated_tokens - before)
+        return batch, metrics, seconds
 
     def rollout(self, round_index: int = 0) -> RolloutBatch:
         """G samples for each prompt of this process's share of the step's global batch."""
@@ -322,17 +318,23 @@ class Trainer:
         """Score every response (``semrl.reward.score_batch``): fills ``batch.rewards`` and more."""
         score_batch(batch, self.rewards, self.pool, self.cfg.reward, self.cfg.rollout.max_new_tokens)
 
-    def policy_passes(self, batch: RolloutBatch) -> PolicyPasses:
+    # Exact: the update's first forward runs before any optimizer step (tests flip it to compare).
+    reuse_first_forward = True
+
+    def policy_passes(self, batch: RolloutBatch, first_mini_batch: torch.Tensor) -> PolicyPasses:
         """The no-gradient forwards before the update: old-policy and reference log-probs, and the
-        rollout entropies an engine without them (vllm) leaves to the trainer (docs/engines.md)."""
+        rollout entropies an engine without them (vllm) leaves to the trainer (docs/engines.md).
+        ``first_mini_batch``: the rows of the update's first optimizer step, whose old log-probs
+        that step's forward gives."""
         t = self.cfg.trainer
         return policy_passes(
             self.model, self.ref_model, batch,
-            lambda: self._micro_batches(batch, torch.arange(len(batch.generations))),
+            lambda rows: [rows[p] for p in self._micro_batches(batch, rows)],
             temperature=self._temperature, packed=self.packing, chunk_size=t.logits_chunk_size,
             on_policy=t.ppo_epochs == 1 and self._mini_batch_size(batch) == len(batch.generations),
             entropy_before_update=self.policy_loss.prepare_fn is not None,
             autocast=lambda: self.precision.autocast(self.model), reference_weights=self.reference_weights,
+            first_mini_batch=first_mini_batch if self.reuse_first_forward else None,
         )
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -346,24 +348,25 @@ class Trainer:
         )
         return self.method.advantage_fn(inputs, self.method_config)
 
-    def update(self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses) -> UpdateResult:
-        """PPO epochs over mini-batches, gradient accumulation over micro-batches. With several
-        processes, each holds its share of every mini-batch, losses use the global token and
-        sequence counts, and gradients are summed before the optimizer step."""
+    def update(
+        self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses, first_order: torch.Tensor
+    ) -> UpdateResult:
+        """PPO epochs over mini-batches (epoch 0 in ``first_order``), gradient accumulation over
+        micro-batches. With several processes, each holds its share of every mini-batch, losses use
+        the global token and sequence counts, and gradients are summed before the optimizer step."""
         total, size = len(batch.generations), self._mini_batch_size(batch)
-        # no entropies yet (vllm, one on-policy update): the first forward runs at the sampling weights
-        sampling_entropy = None if batch.has_rollout_entropy else torch.zeros(
-            batch.sequences.response_mask.shape
-        )
+        first = FirstForward.plan(batch, passes)  # what forwards before the first optimizer step give
         stats: dict[str, list[float]] = defaultdict(list)
         self.model.train()
-        for _ in range(self.cfg.trainer.ppo_epochs):
-            order = shuffled_rows(total, batch.group_size, self.packing, self.generator)
+        for epoch in range(self.cfg.trainer.ppo_epochs):
+            order = first_order if epoch == 0 else shuffled_rows(
+                total, batch.group_size, self.packing, self.generator
+            )
             for start in range(0, total, size):
                 mini = self._mini_batch(batch, advantages, order[start : start + size])
                 for positions in mini.plan:
                     loss, metrics = self._micro_batch_loss(
-                        batch, advantages, passes, mini, positions, sampling_entropy
+                        batch, advantages, passes, mini, positions, first
                     )
                     self.run.optim.scaler.scale(loss).backward()  # scaled for float16 compute only
                     kill_point("update", self.step + 1)
@@ -376,7 +379,7 @@ class Trainer:
         # this process's share of the loss; mean_metrics makes it the global loss over processes
         out["loss"] = float(np.sum(stats["loss"])) * self.procs.world / len(stats["actor/grad_norm"])
         out["actor/skipped_updates"] = float(np.sum(stats["actor/skipped_updates"]))
-        return UpdateResult(out, sampling_entropy)
+        return UpdateResult(out, first.entropy)
 
     def _mini_batch(self, batch: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor) -> MiniBatch:
         """The rows of one optimizer step: their global token count, the loss's token selection over
@@ -393,10 +396,11 @@ class Trainer:
 
     def _micro_batch_loss(
         self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses, mini: MiniBatch,
-        positions: torch.Tensor, sampling_entropy: torch.Tensor | None,
+        positions: torch.Tensor, first: FirstForward,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of micro-batch ``mini.rows[positions]`` (forward with gradient) and its metrics;
-        its entropies go to ``sampling_entropy`` when given."""
+        ``first`` takes the old log-probs and entropies of rows whose forward this is at the sampling
+        weights."""
         idx, world = mini.rows[positions], self.procs.world
         with self.precision.autocast(self.model):
             logp, entropy, mask = rows_logprobs(
@@ -404,11 +408,10 @@ class Trainer:
                 chunk_size=self.cfg.trainer.logits_chunk_size,
             )
         r, dev = mask.shape[1], logp.device
-        if sampling_entropy is not None and entropy is not None:
-            sampling_entropy[idx, :r] = entropy.detach().float().cpu()
+        old_logp = first.old_log_probs(passes, idx, logp, entropy)
         inputs = PolicyLossInputs(
             logp=logp,
-            old_logp=logp.detach() if passes.old_logp is None else passes.old_logp[idx, :r].to(dev),
+            old_logp=old_logp,
             advantages=advantages[idx, :r].to(dev), mask=mask,
             entropy=None if entropy is None else entropy.detach(),
             ref_logp=None if passes.ref_logp is None else passes.ref_logp[idx, :r].to(dev),

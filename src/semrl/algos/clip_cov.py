@@ -21,16 +21,21 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import clip_cov_loss
-from semrl.options import check_fraction, option
+from semrl.options import FINITE, FRACTION, check_fraction, option
 
 
 @dataclass(frozen=True)
 class ClipCovConfig:
     ratio: float = option(
-        0.0002, "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio)."
+        0.0002, "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio).",
+        valid=FRACTION,
     )
-    lb: float = option(1.0, "Clip-Cov: lower covariance bound of candidate tokens (verl: clip_cov_lb).")
-    ub: float = option(5.0, "Clip-Cov: upper covariance bound of candidate tokens (verl: clip_cov_ub).")
+    lb: float = option(
+        1.0, "Clip-Cov: lower covariance bound of candidate tokens (verl: clip_cov_lb).", valid=FINITE
+    )
+    ub: float = option(
+        5.0, "Clip-Cov: upper covariance bound of candidate tokens (verl: clip_cov_ub).", valid=FINITE
+    )
 
     def __post_init__(self) -> None:
         check_fraction("clip_cov.ratio", self.ratio)

@@ -22,7 +22,7 @@ from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInp
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import high_entropy_mask
 from semrl.errors import ConfigError
-from semrl.options import check_fraction, option
+from semrl.options import FRACTION, check_fraction, option
 
 if TYPE_CHECKING:
     from semrl.config import Config
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Entropy8020Config:
     top_quantile: float = option(
-        0.2, "80/20 rule: fraction of highest-entropy tokens of a mini-batch kept in the loss."
+        0.2, "80/20 rule: fraction of highest-entropy tokens of a mini-batch kept in the loss.",
+        valid=FRACTION,
     )
 
     code_compat: bool = option(

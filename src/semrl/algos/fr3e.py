@@ -36,7 +36,7 @@ from semrl.batch import GroupInfo
 from semrl.batch_forward import fill_entropy
 from semrl.engines import GenerationRequest
 from semrl.errors import ConfigError
-from semrl.options import option
+from semrl.options import AT_LEAST_1, option
 
 if TYPE_CHECKING:
     from semrl.config import Config
@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FR3EConfig:
-    num_anchors: int = option(3, "FR3E: anchors K on the first-return chain; G is spread over K + 1 states.")
+    num_anchors: int = option(
+        3, "FR3E: anchors K on the first-return chain; G is spread over K + 1 states.", valid=AT_LEAST_1
+    )
     anchor_metric: Literal["entropy", "surprisal"] = option(
         "entropy", "Anchors at the highest token entropy (paper) or lowest sampled log-prob (code)."
     )

@@ -39,7 +39,7 @@ from semrl.algos.rose_rollout import tree_rollout
 from semrl.algos.rose_tree import segment_advantages
 from semrl.batch import GroupInfo
 from semrl.errors import ConfigError
-from semrl.options import option
+from semrl.options import AT_LEAST_1, FRACTION, NON_NEGATIVE, option
 from semrl.tree import ChainTree
 
 if TYPE_CHECKING:
@@ -48,8 +48,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RoseConfig:
-    epsilon: float = option(0.5, "ROSE: probability of a fresh chain instead of a branch (1 = Dr.GRPO).")
-    alpha: float = option(1.0, "ROSE length-aware calibration exponent (eq. 8); 0 turns it off.")
+    epsilon: float = option(
+        0.5, "ROSE: probability of a fresh chain instead of a branch (1 = Dr.GRPO).", valid=FRACTION
+    )
+    alpha: float = option(
+        1.0, "ROSE length-aware calibration exponent (eq. 8); 0 turns it off.", valid=NON_NEGATIVE
+    )
     branch_metric: Literal["semantic_entropy", "entropy", "divergence", "random"] = option(
         "semantic_entropy", "Branch-point score: SD x H (ROSE), H (FR3E-style), SD, or random."
     )
@@ -64,7 +68,9 @@ class RoseConfig:
     sd_mode: Literal["rose", "normalized"] = option(
         "rose", "Semantic divergence: ROSE code formula, or the normalised non-negative variant."
     )
-    sd_top_k: int = option(20, "Candidates used for semantic divergence (<= rollout.logprobs_top_k).")
+    sd_top_k: int = option(
+        20, "Candidates used for semantic divergence (<= rollout.logprobs_top_k).", valid=AT_LEAST_1
+    )
     code_compat: bool = option(
         False, "Key tree nodes by (prompt, position) like ROSE's code instead of the exact tree."
     )

@@ -16,12 +16,12 @@ import torch
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
 from semrl.algos.registry import AdvantageInputs, MethodConfig, MethodSpec, register_method
 from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy, max_entropy
-from semrl.options import option
+from semrl.options import NON_NEGATIVE, option
 
 
 @dataclass(frozen=True)
 class SeedConfig:
-    alpha: float = option(1.0, "SEED-GRPO: strength; scale = f(alpha * SE / log G).")
+    alpha: float = option(1.0, "SEED-GRPO: strength; scale = f(alpha * SE / log G).", valid=NON_NEGATIVE)
     scale_fn: Literal["linear", "inverse", "exp"] = option(
         "linear", "SEED-GRPO f: 1 - x (clamped at 0), 1 / (1 + x), or exp(-x)."
     )

@@ -24,17 +24,24 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import sent_coefficients, sent_loss
-from semrl.options import check_fraction, option
+from semrl.options import FRACTION, NON_NEGATIVE, check_fraction, option
 
 
 @dataclass(frozen=True)
 class SentConfig:
-    entropy_quantile: float = option(0.8, "SENT: tokens below this entropy rank quantile are low-entropy.")
-    cov_top_ratio: float = option(
-        0.0002, "SENT: fraction of low-entropy tokens with the highest Cov(logp, A) given beta_high."
+    entropy_quantile: float = option(
+        0.8, "SENT: tokens below this entropy rank quantile are low-entropy.", valid=FRACTION
     )
-    beta_high: float = option(0.2, "SENT: KL coefficient on high-covariance low-entropy tokens.")
-    beta_low: float = option(0.05, "SENT: KL coefficient on the other regularised low-entropy tokens.")
+    cov_top_ratio: float = option(
+        0.0002, "SENT: fraction of low-entropy tokens with the highest Cov(logp, A) given beta_high.",
+        valid=FRACTION,
+    )
+    beta_high: float = option(
+        0.2, "SENT: KL coefficient on high-covariance low-entropy tokens.", valid=NON_NEGATIVE
+    )
+    beta_low: float = option(
+        0.05, "SENT: KL coefficient on the other regularised low-entropy tokens.", valid=NON_NEGATIVE
+    )
     beta_low_scope: Literal["rest_of_low", "bottom_cov_ratio"] = option(
         "rest_of_low", "beta_low on all other low-entropy tokens (paper) or only the bottom-Cov ones (code)."
     )

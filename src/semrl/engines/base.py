@@ -135,6 +135,9 @@ class Engine(Protocol):
             the entropies and holds the input embeddings ROSE reads).
         compute_dtype: the dtype sampling computes in (``model.dtype``; ``model`` may hold
             float32 master weights).
+        generated_tokens: new tokens sampled since the engine started, every call counted; a
+            prefix given as ``prompt_ids`` or ``prefix_ids`` is not (tree branches share it). The
+            trainer logs the difference over a step's rollout as ``rollout/sampled_tokens``.
     """
 
     name: str
@@ -142,6 +145,7 @@ class Engine(Protocol):
     computes_entropy: bool
     model: PreTrainedModel
     compute_dtype: torch.dtype
+    generated_tokens: int
 
     def generate(
         self,

@@ -93,6 +93,7 @@ class HFEngine:
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)))
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
+        self.generated_tokens = 0
 
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the sampling model."""
@@ -122,6 +123,7 @@ class HFEngine:
             for start in range(0, len(requests), self.batch_size):
                 chunk = requests[start : start + self.batch_size]
                 out.extend(self._generate_batch(chunk, params, generator, return_cache))
+        self.generated_tokens += sum(len(g.token_ids) for g in out)
         return out
 
     def generate_dynamic(

@@ -329,6 +329,7 @@ class VLLMEngine:
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.settings = settings
         self.cached_prompt_tokens = 0
+        self.generated_tokens = 0
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         self.asleep = False
@@ -493,6 +494,7 @@ class VLLMEngine:
         first): (n, k + 1) tables, read at once."""
         tokens = list(completion.token_ids)
         n = len(tokens)
+        self.generated_tokens += n
         flat = completion.logprobs
         values = torch.tensor(flat.logprobs, dtype=torch.float32).view(n, k + 1)
         ids = torch.tensor(flat.token_ids, dtype=torch.long).view(n, k + 1)

@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 
 from semrl.jsonl import read_jsonl
+from semrl.report.stats import compare_paired
 
 DONE_FILE = (
     "sweep_done.json"  # semrl.sweep.DONE_FILE (not imported: the sweep module loads the config system)
@@ -35,6 +36,7 @@ DONE_FILE = (
 
 logger = logging.getLogger(__name__)
 
+TOKENS = "rollout/sampled_tokens"  # logged every step: the compute axis
 SEED_DIR = re.compile(r"^seed-(\d+)$")
 SPLITS = ("eval", "transfer")
 CURVE_METRICS = [
@@ -66,9 +68,13 @@ class Run:
                 out[int(row["step"])] = float(value)
         return out
 
-    def final(self, metric: str) -> float | None:
+    def final(self, metric: str, window: int = 1) -> float | None:
+        """The last value logged, or with ``window`` the mean over the last that many logged steps."""
         points = self.series(metric)
-        return points[max(points)] if points else None
+        if not points:
+            return None
+        last = sorted(points)[-window:]
+        return float(np.mean([points[s] for s in last]))
 
     def eval_steps(self, split: str) -> list[int]:
         return sorted(self.series(f"{split}/problems"))
@@ -96,6 +102,10 @@ def find_runs(paths: Sequence[str | Path], group_by: str | None = None) -> dict[
                 "give one sweep directory, or run directories with --group-by KEY (e.g. algorithm.method)"
             )
         root = Path(paths[0])
+        if not root.exists():
+            raise FileNotFoundError(
+                f"'{root}' does not exist: give a sweep directory (the output_dir of a sweep file)"
+            )
         for variant_dir in (
             sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
             if root.is_dir()
@@ -164,81 +174,103 @@ def aggregate(groups: dict[str, list[Run]]) -> dict[str, dict[str, list[tuple[in
 
 
 # ----------------------------------------------------------------------------------------------
-# Per-problem records and the paired bootstrap
+# Paired comparisons at the seed level, and the compute axis
 
 
-def problem_scores(records: Sequence[dict[str, Any]], metric: str) -> dict[str, float]:
-    """problem id -> that problem's ``metric`` ('mean@n', 'pass@k', 'response_length/correct' is not
-    per problem): the unbiased pass@k of its samples, or its share of correct samples."""
-    from semrl.evaluation import pass_at_k
-
-    kind, _, k = metric.partition("@")
-    out = {}
-    for r in records:
-        n, c = len(r["samples"]), sum(s["correct"] for s in r["samples"])
-        if kind == "mean":
-            out[r["id"]] = c / n
-        elif kind == "pass":
-            out[r["id"]] = pass_at_k(n, c, int(k))
+def seed_differences(
+    variant: Sequence[Run], baseline: Sequence[Run], metric: str, budget: float | None = None,
+    window: int = 1,
+) -> list[float]:
+    """Per-seed differences variant - baseline of ``metric`` over the seeds both ran: at each run's
+    last value (its final evaluation for ``eval/`` and ``transfer/`` metrics), or with ``budget``
+    at that many cumulative sampled tokens (``value_at_tokens``); with ``window``, the mean over each
+    run's last ``window`` logged steps. A seed is the paired unit: the
+    runs of one seed share their data order and held-out problems."""
+    theirs = {r.seed: r for r in baseline}
+    out = []
+    for run in variant:
+        other = theirs.get(run.seed)
+        if other is None:
+            continue
+        if budget is None:
+            a, b = run.final(metric, window), other.final(metric, window)
         else:
-            raise ValueError(f"no per-problem score for '{metric}'; use mean@n or pass@k")
+            a, b = value_at_tokens(run, metric, budget), value_at_tokens(other, metric, budget)
+        if a is not None and b is not None:
+            out.append(a - b)
     return out
 
 
-def paired_bootstrap(
-    differences: Sequence[np.ndarray], num_resamples: int = 2000, seed: int = 0, level: float = 0.95
-) -> tuple[float, float, float]:
-    """Mean paired difference and its bootstrap interval. ``differences[s]`` holds the per-problem
-    differences of seed s; each resample draws seeds with replacement and, within each drawn seed,
-    its problems with replacement (a two-level bootstrap), and takes the mean over seeds of the
-    per-seed means. Returns (estimate, low, high)."""
-    if not differences or any(len(d) == 0 for d in differences):
-        raise ValueError("the paired bootstrap needs at least one seed with at least one problem")
-    rng = np.random.default_rng(seed)
-    estimate = float(np.mean([d.mean() for d in differences]))
-    stats = np.empty(num_resamples)
-    num_seeds = len(differences)
-    for b in range(num_resamples):
-        drawn = rng.integers(0, num_seeds, num_seeds)
-        stats[b] = np.mean(
-            [differences[s][rng.integers(0, len(differences[s]), len(differences[s]))].mean() for s in drawn]
-        )
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(stats, [tail, 100 - tail])
-    return estimate, float(low), float(high)
+def comparison_pairs(groups: dict[str, list[Run]], baseline: str | None) -> list[tuple[str, str]]:
+    """(variant, baseline) pairs: every variant against ``baseline``, or with none every pair."""
+    names = list(groups)
+    if baseline is not None:
+        return [(v, baseline) for v in names if v != baseline]
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
 
 
-def _records(run: Run, split: str, step: int) -> list[dict[str, Any]] | None:
-    from semrl.evaluation import records_path
+def comparison_rows(
+    groups: dict[str, list[Run]], pairs: Sequence[tuple[str, str]], metrics: Sequence[str],
+    budget: float | None = None, prefix: str = "", window: int = 1,
+) -> list[list[str]]:
+    """One row per pair and metric with paired seeds (named without ``prefix``): the difference, its
+    t-interval, the seeds that agree, whether the interval excludes 0, the minimal detectable effect
+    at 80% power and the seeds the observed difference would need (``semrl.report.stats``)."""
+    rows = []
+    for variant, base in pairs:
+        for metric in metrics:
+            d = seed_differences(groups[variant], groups[base], metric, budget, window)
+            if not d:
+                continue
+            c = compare_paired(d, tie=1e-9)
+            interval = "" if math.isnan(c.low) else f"[{c.low:+.3f}, {c.high:+.3f}]"
+            rows.append([
+                f"{variant} - {base}", metric.removeprefix(prefix), f"{c.estimate:+.3f}", interval,
+                str(c.seeds),
+                f"{c.wins} / {c.ties} / {c.losses}", "yes" if c.excludes_zero else "no",
+                "" if math.isnan(c.mde) else f"{c.mde:.3f}",
+                "" if c.seeds_needed is None else str(c.seeds_needed),
+            ])
+    return rows
 
-    path = records_path(run.run_dir, split, step)
-    return read_jsonl(path) if path.exists() else None
+
+COMPARISON_HEADER = [
+    "pair", "metric", "difference", "95% t-interval", "seeds", "wins / ties / losses", "excludes 0",
+    "detectable at 80%", "seeds needed",
+]
 
 
-def paired_differences(
-    variant: Sequence[Run], baseline: Sequence[Run], split: str, metric: str, num_resamples: int = 2000
-) -> tuple[float, float, float, int] | None:
-    """(estimate, low, high, seeds) of variant - baseline on ``metric`` at each run's final
-    evaluation, paired by seed and problem id; None without per-problem records."""
-    base_by_seed = {r.seed: r for r in baseline}
-    diffs = []
-    for run in variant:
-        other = base_by_seed.get(run.seed)
-        if other is None or not run.eval_steps(split) or not other.eval_steps(split):
-            continue
-        mine, theirs = (
-            _records(run, split, run.eval_steps(split)[-1]),
-            _records(other, split, other.eval_steps(split)[-1]),
-        )
-        if mine is None or theirs is None:
-            continue
-        a, b = problem_scores(mine, metric), problem_scores(theirs, metric)
-        shared = sorted(set(a) & set(b))
-        if shared:
-            diffs.append(np.array([a[p] - b[p] for p in shared]))
-    if not diffs:
+def cumulative_tokens(run: Run) -> dict[int, float]:
+    """step -> tokens sampled in steps 1..step (``rollout/sampled_tokens``; step 0 -> 0); {} for a
+    run that did not log them."""
+    per_step_tokens = run.series(TOKENS)
+    if not per_step_tokens:
+        return {}
+    out, total = {0: 0.0}, 0.0
+    for step in sorted(per_step_tokens):
+        total += per_step_tokens[step]
+        out[step] = total
+    return out
+
+
+def value_at_tokens(run: Run, metric: str, budget: float) -> float | None:
+    """``metric`` at ``budget`` cumulative sampled tokens: linear between the two logged points
+    (steps, or evaluations) around it; None when the run sampled fewer tokens or has no point at or
+    before it."""
+    tokens = cumulative_tokens(run)
+    points = sorted((tokens[s], v) for s, v in run.series(metric).items() if s in tokens)
+    if not points or points[-1][0] < budget or points[0][0] > budget:
         return None
-    return (*paired_bootstrap(diffs, num_resamples), len(diffs))
+    xs, ys = zip(*points, strict=True)
+    return float(np.interp(budget, xs, ys))
+
+
+def equal_token_budget(groups: dict[str, list[Run]]) -> float | None:
+    """The largest token count every run reached: the fewest tokens any run sampled in all."""
+    totals = [max(t.values()) for runs in groups.values() for r in runs if (t := cumulative_tokens(r))]
+    if not totals or len(totals) < sum(len(runs) for runs in groups.values()):
+        return None
+    return min(totals)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,14 +310,13 @@ def _finished(runs: Sequence[Run], split: str) -> list[Run]:
     return [r for r in runs if r.eval_steps(split) and r.eval_steps(split)[-1] > 0]
 
 
-def final_table(groups: dict[str, list[Run]], split: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: the base model (step 0, over every seed that evaluated it) and each variant's
-    final evaluation, mean ± s.e. (n seeds)."""
+def final_metrics(groups: dict[str, list[Run]], split: str) -> list[str]:
+    """The evaluation metrics of ``split`` that the final tables and comparisons report."""
     n = _num_samples(groups, split)
     if not n:
-        return [], []
+        return []
     ks = sorted({1, 2, 4, 8, 16, n} & set(range(1, n + 1)))
-    metrics = [
+    return [f"{split}/{m}" for m in [
         f"mean@{n}",
         *(f"pass@{k}" for k in ks),
         f"maj@{n}",
@@ -293,8 +324,19 @@ def final_table(groups: dict[str, list[Run]], split: str) -> tuple[list[str], li
         "response_length/correct",
         "distinct_answers",
         "truncated_frac",
-    ]
-    header = ["variant", *metrics]
+    ]]
+
+
+def final_table(
+    groups: dict[str, list[Run]], split: str, budget: float | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: the base model (step 0, over every seed that evaluated it) and each variant's
+    final evaluation, mean ± s.e. (n seeds); with ``budget``, each run's value at that many sampled
+    tokens (``value_at_tokens``)."""
+    metrics = final_metrics(groups, split)
+    if not metrics:
+        return [], []
+    header = ["variant", *(m.split("/", 1)[1] for m in metrics)]
     base = _base_rows(groups, split)
     rows = []
     if base:
@@ -302,7 +344,7 @@ def final_table(groups: dict[str, list[Run]], split: str) -> tuple[list[str], li
             [
                 "base model (step 0)",
                 *(
-                    _fmt(*mean_se([b[f"{split}/{m}"] for b in base.values() if f"{split}/{m}" in b]))
+                    _fmt(*mean_se([b[m] for b in base.values() if m in b]))
                     for m in metrics
                 ),
             ]
@@ -310,7 +352,11 @@ def final_table(groups: dict[str, list[Run]], split: str) -> tuple[list[str], li
     for variant, runs in groups.items():
         finals = _finished(runs, split)
         cells = [
-            _fmt(*mean_se([v for r in finals if (v := r.final(f"{split}/{m}")) is not None])) for m in metrics
+            _fmt(*mean_se([
+                v for r in finals
+                if (v := r.final(m) if budget is None else value_at_tokens(r, m, budget)) is not None
+            ]))
+            for m in metrics
         ]
         rows.append([variant, *cells])
     return header, rows
@@ -351,7 +397,16 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _plots(groups: dict[str, list[Run]], out: Path, metrics: Sequence[str]) -> list[Path]:
+def mean_tokens_at_steps(runs: Sequence[Run]) -> dict[int, float]:
+    """step -> mean over seeds of the cumulative sampled tokens at that step."""
+    by_run = [cumulative_tokens(r) for r in runs]
+    steps = sorted({s for t in by_run for s in t})
+    return {s: float(np.mean([t[s] for t in by_run if s in t])) for s in steps}
+
+
+def _plots(
+    groups: dict[str, list[Run]], out: Path, metrics: Sequence[str], x_axis: str = "step"
+) -> list[Path]:
     from semrl.report import pyplot
 
     plt = pyplot()
@@ -384,15 +439,20 @@ def _plots(groups: dict[str, list[Run]], out: Path, metrics: Sequence[str]) -> l
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
+    tokens = {v: mean_tokens_at_steps(runs) for v, runs in groups.items()}
     for metric in metrics:
         lines = {v: [p for p in per_step(runs, metric) if p[0] > 0] for v, runs in groups.items()}
+        if x_axis == "tokens":  # x: the mean cumulative sampled tokens over seeds at that step
+            lines = {
+                v: [(tokens[v][p[0]], *p[1:]) for p in pts if p[0] in tokens[v]] for v, pts in lines.items()
+            }
         if not any(lines.values()):
             continue
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
         for variant, points in lines.items():
             if points:
                 band(ax, points, variant)
-        ax.set_xlabel("step")
+        ax.set_xlabel("step" if x_axis == "step" else "sampled tokens (cumulative, mean over seeds)")
         ax.set_ylabel(f"{metric} (mean ± s.e. over seeds)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -410,59 +470,60 @@ def compare_seeds(
     group_by: str | None = None,
     baseline: str | None = None,
     metrics: Sequence[str] | None = None,
-    num_resamples: int = 2000,
+    x_axis: str = "step",
+    window: int = 1,
 ) -> str:
     """Markdown comparison of variants across seeds; with ``output``, also ``results.md``,
-    ``aggregate.json``, PNG figures and a self-contained ``index.html`` there."""
+    ``aggregate.json``, PNG figures and a self-contained ``index.html`` there. Paired comparisons
+    (``comparison_rows``) are against ``baseline``, or between every pair without one; at equal
+    steps and, when every run logged its sampled tokens, at equal tokens. ``x_axis``: ``step`` or
+    ``tokens`` (cumulative sampled tokens) for the per-step figures. ``window``: training metrics
+    are compared as their mean over each run's last ``window`` steps (1: the last step)."""
+    if x_axis not in ("step", "tokens"):
+        raise ValueError(f"x_axis must be 'step' or 'tokens', got '{x_axis}'")
     groups = find_runs(paths, group_by)
     if baseline is not None and baseline not in groups:
         raise ValueError(f"--baseline '{baseline}' is not a variant; the variants are {', '.join(groups)}")
     metrics = list(metrics or CURVE_METRICS)
     seeds = sorted({r.seed for runs in groups.values() for r in runs})
+    pairs = comparison_pairs(groups, baseline)
+    budget = equal_token_budget(groups)
     sections: list[tuple[str, list[str], list[list[str]]]] = []
     for split in SPLITS:
         header, rows = final_table(groups, split)
-        if rows:
-            title = "Held-out problems" if split == "eval" else "Transfer split"
-            sections.append((f"{title}: final evaluation, mean ± s.e. (n seeds)", header, rows))
-            n = _num_samples(groups, split)
-            curve = pass_at_k_curves(groups, split)
-            ks = list(range(1, n + 1))
-            sections.append(
-                (
-                    f"{title}: pass@k for k = 1..{n}, mean ± s.e.",
-                    ["k", *curve],
-                    [[str(k), *(_fmt(*pts[k - 1][1:]) for pts in curve.values())] for k in ks],
-                )
-            )
-            if baseline is not None:
-                diff_rows = []
-                for variant, runs in groups.items():
-                    if variant == baseline:
-                        continue
-                    for metric in (f"mean@{n}", "pass@1", f"pass@{n}"):
-                        d = paired_differences(runs, groups[baseline], split, metric, num_resamples)
-                        if d is not None:
-                            est, lo, hi, used = d
-                            diff_rows.append(
-                                [
-                                    variant,
-                                    metric,
-                                    f"{est:+.3f}",
-                                    f"[{lo:+.3f}, {hi:+.3f}]",
-                                    str(used),
-                                    "yes" if lo > 0 or hi < 0 else "no",
-                                ]
-                            )
-                if diff_rows:
-                    sections.append(
-                        (
-                            f"{title}: paired difference against {baseline} "
-                            "(95% bootstrap over seeds and problems)",
-                            ["variant", "metric", "difference", "95% interval", "seeds", "excludes 0"],
-                            diff_rows,
-                        )
-                    )
+        if not rows:
+            continue
+        title = "Held-out problems" if split == "eval" else "Transfer split"
+        sections.append((f"{title}: final evaluation, mean ± s.e. (n seeds)", header, rows))
+        n = _num_samples(groups, split)
+        curve = pass_at_k_curves(groups, split)
+        sections.append((
+            f"{title}: pass@k for k = 1..{n}, mean ± s.e.",
+            ["k", *curve],
+            [[str(k), *(_fmt(*pts[k - 1][1:]) for pts in curve.values())] for k in range(1, n + 1)],
+        ))
+        if rows := comparison_rows(groups, pairs, final_metrics(groups, split), prefix=f"{split}/"):
+            sections.append((
+                f"{title}: paired differences at equal steps (over seeds; 95% t-interval)",
+                COMPARISON_HEADER, rows,
+            ))
+        if budget is not None:
+            header, rows = final_table(groups, split, budget)
+            sections.append((f"{title}: at equal sampled tokens ({budget:,.0f}), mean ± s.e.", header, rows))
+            if rows := comparison_rows(groups, pairs, final_metrics(groups, split), budget, f"{split}/"):
+                sections.append((
+                    f"{title}: paired differences at equal sampled tokens ({budget:,.0f}; 95% t-interval)",
+                    COMPARISON_HEADER, rows,
+                ))
+    last_step = [m for m in metrics if any(r.series(m) for runs in groups.values() for r in runs)]
+    if rows := comparison_rows(groups, pairs, last_step, window=window):
+        where = "at the last step" if window == 1 else f"over the last {window} steps (mean)"
+        sections.append((f"Training metrics {where}: paired differences (95% t-interval)",
+                         COMPARISON_HEADER, rows))
+    if budget is not None:
+        tokens_row = [[v, _fmt(*mean_se([max(cumulative_tokens(r).values()) for r in runs]), digits=0)]
+                      for v, runs in groups.items()]
+        sections.append(("Sampled tokens in all, mean ± s.e. (n seeds)", ["variant", "tokens"], tokens_row))
     per_step_tables = []
     for metric in metrics:
         lines = {v: {p[0]: p for p in per_step(runs, metric) if p[0] > 0} for v, runs in groups.items()}
@@ -481,7 +542,7 @@ def compare_seeds(
     if output is not None:
         out = Path(output)
         out.mkdir(parents=True, exist_ok=True)
-        figures = _plots(groups, out / "figures", metrics)
+        figures = _plots(groups, out / "figures", metrics, x_axis)
         md += [f"![{p.stem}](figures/{p.name})" for p in figures]
         (out / "results.md").write_text("\n".join(md) + "\n", encoding="utf-8")
         (out / "aggregate.json").write_text(

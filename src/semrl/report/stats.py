@@ -1,0 +1,146 @@
+"""Seed-level statistics for comparing training variants at the seed counts people can afford (3-10).
+
+The unit of replication is the seed: two variants run with the same seed share their data order and
+held-out problems, so their per-seed difference d_s is the paired observation, and everything
+below is computed from d_1..d_n alone (docs/evaluation.md, "Statistics").
+
+- ``paired_t``: the paired t-interval over the n per-seed differences: mean(d) +- t_{n-1} s / sqrt(n).
+  Its coverage is exact when the per-seed differences are normal, whatever the number of problems
+  per seed; the simulations in tests/test_stats.py check it at 3, 5 and 10 seeds.
+- ``win_tie_loss``: how many seeds agree in sign.
+- ``min_detectable_effect`` and ``seeds_needed``: the two-sided paired t-test's power from the
+  noncentral t distribution, with the observed s.d. of the per-seed differences taken as the truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+from scipy import stats as st
+
+ALPHA = 0.05  # two-sided: 95% intervals
+POWER = 0.8
+MAX_SEEDS = 100_000  # seeds_needed answers None above this
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Variant minus baseline over the seeds both ran.
+
+    Attributes:
+        estimate: mean of the per-seed differences.
+        low, high: the paired t-interval at level 1 - ALPHA (nan with one seed).
+        seeds: n, the number of paired seeds.
+        wins, ties, losses: seeds where the difference is > 0, == 0 (within ``tie``), < 0.
+        sd: sample standard deviation (ddof 1) of the per-seed differences.
+        mde: the smallest true difference the two-sided t-test at ALPHA detects with probability
+            POWER at n seeds, if the s.d. is ``sd`` (nan with one seed, 0 when sd is 0).
+        seeds_needed: seeds at which the observed difference would be detected with probability
+            POWER, if it and ``sd`` were the truth; None when it is 0 or needs more than MAX_SEEDS.
+    """
+
+    estimate: float
+    low: float
+    high: float
+    seeds: int
+    wins: int
+    ties: int
+    losses: int
+    sd: float
+    mde: float
+    seeds_needed: int | None
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+def paired_t(differences: Sequence[float], level: float = 1 - ALPHA) -> tuple[float, float, float]:
+    """(mean, low, high): the t-interval over the per-seed differences; (mean, nan, nan) for one."""
+    d = np.asarray(differences, dtype=float)
+    if d.size == 0:
+        raise ValueError("a paired comparison needs at least one seed")
+    mean = float(d.mean())
+    if d.size < 2:
+        return mean, math.nan, math.nan
+    half = float(st.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    return mean, mean - half, mean + half
+
+
+def win_tie_loss(differences: Sequence[float], tie: float = 1e-12) -> tuple[int, int, int]:
+    """Seeds with a difference > tie, within +-tie, < -tie."""
+    d = np.asarray(differences, dtype=float)
+    return int((d > tie).sum()), int((np.abs(d) <= tie).sum()), int((d < -tie).sum())
+
+
+def t_test_power(effect: float, sd: float, seeds: int, alpha: float = ALPHA) -> float:
+    """Probability that the two-sided paired t-test at ``alpha`` rejects 0 over ``seeds`` seeds when
+    the per-seed differences have mean ``effect`` and s.d. ``sd``."""
+    if seeds < 2:
+        return math.nan
+    if sd == 0:
+        return 1.0 if effect != 0 else alpha
+    df, shift = seeds - 1, abs(effect) * math.sqrt(seeds) / sd
+    return _rejection(float(st.t.ppf(1 - alpha / 2, df)), df, shift)
+
+
+def _rejection(critical: float, df: int, shift: float) -> float:
+    """P(|T| > critical) for T noncentral t (df, shift); scipy's far lower tail underflows to NaN."""
+    lower = float(st.nct.cdf(-critical, df, shift))
+    return float(st.nct.sf(critical, df, shift)) + (0.0 if math.isnan(lower) else lower)
+
+
+def min_detectable_effect(sd: float, seeds: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The true difference detected with probability ``power`` at ``seeds`` seeds (s.d. ``sd``)."""
+    if seeds < 2:
+        return math.nan
+    if sd == 0:
+        return 0.0
+    df = seeds - 1
+    critical = float(st.t.ppf(1 - alpha / 2, df))
+
+    def shortfall(shift: float) -> float:
+        return _rejection(critical, df, shift) - power
+
+    high = 1.0
+    while shortfall(high) < 0:  # power grows with the shift; bracket it (nct is NaN far out)
+        high *= 2
+    shift = optimize.brentq(shortfall, 0.0, high, xtol=1e-10)
+    return shift * sd / math.sqrt(seeds)
+
+
+def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """The fewest seeds (>= 2) at which a true difference ``effect`` with per-seed s.d. ``sd`` is
+    detected with probability ``power``; None for effect 0 or beyond MAX_SEEDS."""
+    if effect == 0 or not math.isfinite(effect) or not math.isfinite(sd):
+        return None
+    if sd == 0:
+        return 2
+    low, high = 2, 2
+    while t_test_power(effect, sd, high, alpha) < power:
+        low, high = high, high * 2
+        if high > MAX_SEEDS:
+            return None
+    while low < high:  # power grows with the number of seeds
+        mid = (low + high) // 2
+        if t_test_power(effect, sd, mid, alpha) >= power:
+            high = mid
+        else:
+            low = mid + 1
+    return high
+
+
+def compare_paired(differences: Sequence[float], tie: float = 1e-12) -> PairedComparison:
+    """Everything ``semrl compare`` reports for one metric and pair, from the per-seed differences."""
+    d = np.asarray(differences, dtype=float)
+    estimate, low, high = paired_t(d)
+    sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
+    return PairedComparison(
+        estimate, low, high, int(d.size), *win_tie_loss(d, tie), sd=sd,
+        mde=min_detectable_effect(sd, d.size) if d.size > 1 else math.nan,
+        seeds_needed=seeds_needed(estimate, sd) if d.size > 1 else None,
+    )
