@@ -238,3 +238,32 @@ def test_a_missing_sweep_directory_says_it_is_missing(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["compare", str(tmp_path / "empty")]) == 2
     assert "holds no VARIANT/seed-S run" in capsys.readouterr().err
+
+
+def test_each_variant_has_one_colour_in_every_figure(tmp_path, monkeypatch):
+    """The base model and every variant keep their colour from figure to figure (pass@k, per-step
+    curves), fixed by the name: a method's own, else a stable pick."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+    from matplotlib.colors import to_hex
+
+    from semrl.report import METHOD_COLORS, method_color
+
+    drawn: list[tuple[str, str]] = []
+    real = matplotlib.axes.Axes.plot
+
+    def recording(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        lines = real(self, *args, **kwargs)
+        drawn.extend((line.get_label(), to_hex(line.get_color())) for line in lines)
+        return lines
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    sweep, _ = _study(tmp_path)
+    compare_seeds([sweep], output=tmp_path / "cmp")
+    colours: dict[str, set[str]] = {}
+    for label, colour in drawn:
+        colours.setdefault(label, set()).add(colour)
+    assert set(colours) == {"base model", "base_like", "better"}
+    assert all(colours[name] == {method_color(name)} for name in colours)
+    assert method_color("base model") == METHOD_COLORS["base model"] and method_color("rose") == METHOD_COLORS["rose"]
+    assert method_color("my_variant") == method_color("my_variant")  # stable, not drawn from a cycle

@@ -57,6 +57,18 @@ def test_the_site_builds_strictly(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "compare_seeds" in api and "pass_at_k" in api  # the API reference came from the docstrings
+    pages = {p: p.read_text(encoding="utf-8") for p in (tmp_path / "site").rglob("index.html")}
+    assert len(pages) > 15
+    for page, text in pages.items():
+        # Sphinx roles that the reference would print as they are
+        assert not re.search(r":(func|class|meth|mod|attr):`", text), f"{page}: a raw Sphinx role"
+        # every code block goes through the highlighter (Pygments' wrapper around it)
+        blocks = len(re.findall(r"<pre", text))
+        assert blocks == len(re.findall(r'<div class="(language-\w+ )?highlight">\s*<pre', text)), (
+            f"{page}: a code block without highlighting"
+        )
+    algorithms = (tmp_path / "site" / "algorithms" / "index.html").read_text()
+    assert "<title>Algorithms and formulas" in algorithms  # the page title is the navigation title
 
 
 def test_generated_tables_are_up_to_date():

@@ -132,3 +132,49 @@ def test_base_evaluation_cache_is_keyed_on_the_problems(tiny_model_dir, tmp_path
     # a sampling setting the key holds: a miss too
     _, sampled = _cached_evaluation(tiny_model_dir, cache, first, **{"rollout.top_k": 5})
     assert sampled > 0 and len(list(cache.glob("eval-*.jsonl"))) == 3
+
+
+def test_evaluation_judges_with_the_configured_correctness_function(digit_model_dir, seven_task, tmp_path):
+    """reward.correctness names a user function: every held-out sample's ``correct`` is that
+    function's verdict (checked by hand on the records), not math-verify's."""
+    import json
+
+    import torch
+
+    from semrl.config import load_config
+    from semrl.data import load_problems
+    from semrl.distributed import ProcessGroup
+    from semrl.engines.hf import HFEngine
+    from semrl.evaluation import evaluate_held_out, records_path
+    from semrl.models import load_model, load_tokenizer
+    from semrl.reward import VerifierPool, reward_functions
+
+    from .conftest import DIGIT_SYSTEM_PROMPT
+
+    judge = tmp_path / "judge.py"
+    judge.write_text(
+        "def even_length(prompts, completions, completion_ids, **kwargs):\n"
+        "    return [1.0 if len(ids) % 2 == 0 else 0.0 for ids in completion_ids]\n"
+    )
+    name = f"{judge}:even_length"
+    cfg = load_config(None, [
+        f"model.name={digit_model_dir}", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "logging.eval_samples=8",
+        "rollout.max_new_tokens=6", "logging.progress=false", f"reward.functions=[math, '{name}']",
+        f"reward.correctness='{name}'",
+    ])
+    problems = load_problems(seven_task)[0][:6]
+    tok = load_tokenizer(str(digit_model_dir))
+    engine = HFEngine(load_model(str(digit_model_dir)), [tok.eos_token_id], tok.pad_token_id, 16)
+    functions = reward_functions(cfg.reward.functions, correctness=cfg.reward.correctness)
+    torch.manual_seed(0)
+    with VerifierPool(1, 5.0, functions.pool_functions) as pool:
+        metrics = evaluate_held_out(engine, tok, pool, problems, cfg, ProcessGroup(), run_dir=tmp_path,
+                                    functions=functions)
+        records = [json.loads(line) for line in records_path(tmp_path, "eval", 0).read_text().splitlines()]
+        samples = [s for r in records for s in r["samples"]]
+        assert [s["correct"] for s in samples] == [s["length"] % 2 == 0 for s in samples]
+        by_math = [pool.verify_many([(r["gold"], s["answer"])])[0].correct for r in records for s in r["samples"]]
+    assert by_math != [s["correct"] for s in samples]  # the two judges disagree here: the test can tell
+    assert metrics["eval/mean@8"] == sum(s["correct"] for s in samples) / len(samples)
+    with pytest.raises(Exception, match="reward.correctness.*not in reward.functions"):
+        load_config(None, ["reward.correctness=math", f"reward.functions=['{name}']"])

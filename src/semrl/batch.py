@@ -38,7 +38,7 @@ class GroupInfo:
 class RolloutBatch:
     """N = num_groups * group_size sequences, grouped by prompt (group g = rows g*G .. g*G+G-1).
 
-    ``groups`` holds one :class:`GroupInfo` per prompt group (empty ones for independent sampling);
+    ``groups`` holds one ``GroupInfo`` per prompt group (empty ones for independent sampling);
     ``metrics`` the rollout's own metrics (e.g. ``rose/branched_chains``), logged with the step.
     """
 

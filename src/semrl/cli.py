@@ -333,6 +333,17 @@ def _make_engine(
     )
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("semrl")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from semrl import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="semrl",
@@ -340,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
         "semantic-entropy-guided methods, from a laptop CPU to a GPU cluster.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser(

@@ -251,6 +251,13 @@ class RewardConfig:
         "the default: name 'math' too to keep it. Each runs in the killable reward workers "
         "(docs/training.md \"Reward functions\").",
     )
+    correctness: str | None = option(
+        None,
+        "The reward function (a name in reward.functions) that judges correctness: a score >= 1 is "
+        "correct. Accuracy, DAPO's accuracy filter and every evaluation (mean@k, pass@k) read it. "
+        "null: the first built-in check in reward.functions (math, boxed_match, final_number), else a "
+        "total reward > 0 (docs/evaluation.md, Correctness).",
+    )
     weights: list[float] | None = option(
         None, "One weight per reward function (null: all 1.0).", valid=FINITE
     )
@@ -648,6 +655,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError("config key 'data.prompt_template' has no {problem} field")
     if not cfg.reward.functions:
         raise ConfigError("config key 'reward.functions' is empty; name at least one, e.g. [math]")
+    if cfg.reward.correctness is not None and cfg.reward.correctness not in cfg.reward.functions:
+        raise ConfigError(
+            f"config key 'reward.correctness' names '{cfg.reward.correctness}', which is not in "
+            f"reward.functions {cfg.reward.functions}; name one of them, or null"
+        )
     if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
         raise ConfigError(
             f"config key 'reward.weights' has {len(cfg.reward.weights)} weights for "

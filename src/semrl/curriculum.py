@@ -5,7 +5,7 @@
 writes one jsonl row per problem with its semantic entropy. The file is resumable: a re-run skips
 the ids already in it, and rows are appended and flushed one problem at a time, so an interrupted
 run loses at most the problems in flight. ``curriculum_stages`` sorts by entropy, easy (low) first,
-and splits into equal stages that the trainer runs in order (:class:`Curriculum`).
+and splits into equal stages that the trainer runs in order (``Curriculum``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class StageSchedule:
 
 class Curriculum:
     """The training problems stage by stage, and the data order within the current stage (one
-    stage for a run without a curriculum). The loop asks :meth:`advances` after every step.
+    stage for a run without a curriculum). The loop asks ``advances`` after every step.
 
     Args:
         stages: the problems of each stage, in training order.

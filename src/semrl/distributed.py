@@ -146,8 +146,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def iter_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Each parameter of ``model`` whole, one at a time: under FSDP each is all-gathered when its turn
     comes (a collective: every process iterates in the same order), so a consumer that keeps only the
-    tensor it was given (vLLM's ``reload_weights`` with a stream, :func:`load_streamed`) holds one
-    parameter beyond its own copy, not the whole model as :func:`full_state_dict` does. A tied weight
+    tensor it was given (vLLM's ``reload_weights`` with a stream, ``load_streamed``) holds one
+    parameter beyond its own copy, not the whole model as ``full_state_dict`` does. A tied weight
     comes under each of its names (gathered again: vLLM loads ``lm_head.weight`` itself)."""
     from torch.distributed.tensor import DTensor
 

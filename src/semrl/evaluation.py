@@ -29,7 +29,7 @@ from semrl.atomic import write_text_atomic
 from semrl.data import Problem, build_prompt_ids
 from semrl.engines import Engine, Generation, GenerationRequest, SamplingParams, sampling_params
 from semrl.jsonl import read_jsonl
-from semrl.reward import RewardResult, VerifierPool, score_responses
+from semrl.reward import RewardFunctions, RewardResult, VerifierPool, score_responses
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -158,10 +158,13 @@ def sample_and_verify(
     generator: torch.Generator | None = None,
     progress: Callable[[int], Any] | None = None,
     prompt_template: str | None = None,
+    functions: RewardFunctions | None = None,
 ) -> list[SampledProblem]:
-    """Sample ``num_samples`` responses per problem (prompts built as in training), verify their
-    answers and cluster them: what evaluation and the SENT curriculum's scoring both need.
-    ``progress`` gets sample counts as generation batches finish."""
+    """Sample ``num_samples`` responses per problem (prompts built as in training), judge them and
+    cluster their answers: what evaluation and the SENT curriculum's scoring both need.
+    ``functions``: the run's reward functions, whose correctness judge (``reward.correctness``)
+    decides each response's ``correct``; None: math-verify of the extracted answer. ``progress``
+    gets sample counts as generation batches finish."""
     prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template) for p in problems]
     requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(num_samples)]
     gens = []
@@ -172,7 +175,17 @@ def sample_and_verify(
             progress(min(step, len(requests) - start))
     texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
     golds = [p.answer for p in problems for _ in range(num_samples)]
-    rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
+    if functions is None:
+        rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
+    else:
+        from semrl.data import problem_columns
+
+        rewards, _ = functions.score(
+            pool, [p.problem for p in problems for _ in range(num_samples)], texts,
+            [g.token_ids.tolist() for g in gens],
+            [problem_columns(p) for p in problems for _ in range(num_samples)],
+            final_number_fallback=final_number_fallback,
+        )
     out = []
     for i, problem in enumerate(problems):
         rows = slice(i * num_samples, (i + 1) * num_samples)
@@ -353,7 +366,8 @@ def evaluation_key(cfg: Any, problems: Sequence[Problem], split: str, world: int
         "max_new_tokens": rollout.max_new_tokens, "samples": log.eval_samples, "seed": cfg.trainer.seed,
         "world": world, "system_prompt": cfg.data.system_prompt, "prompt_template": cfg.data.prompt_template,
         "final_number_fallback": cfg.reward.final_number_fallback,
-        "reward_functions": list(cfg.reward.functions), "reward_timeout_s": cfg.reward.timeout_s,
+        "reward_functions": list(cfg.reward.functions), "correctness": cfg.reward.correctness,
+        "reward_timeout_s": cfg.reward.timeout_s,
         "problems": hashlib.sha256(
             json.dumps([[p.id, p.problem, p.answer] for p in problems]).encode()
         ).hexdigest(),
@@ -387,9 +401,11 @@ def evaluate_held_out(
     engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, problems: Sequence[Problem],
     cfg: Any,
     procs: Any, *, split: str = "eval", step: int = 0, run_dir: str | Path | None = None,
+    functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
     """In-training evaluation: ``logging.eval_samples`` samples per problem at the evaluation
-    temperature, metrics as ``{split}/...`` (``summarize_records``). Each process samples every N-th
+    temperature, judged by ``functions`` (the run's reward functions; ``sample_and_verify``),
+    metrics as ``{split}/...`` (``summarize_records``). Each process samples every N-th
     problem; the main process gets the records, writes them to ``records_path(run_dir, split, step)``
     and returns the metrics (the others: {}). At step 0 with ``logging.eval_cache`` set, records of an
     identical earlier evaluation (``evaluation_key``) are reused instead of sampled."""
@@ -411,7 +427,7 @@ def evaluate_held_out(
             engine, tokenizer, pool, share,
             sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
             log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen, bar.update,
-            prompt_template=cfg.data.prompt_template,
+            prompt_template=cfg.data.prompt_template, functions=functions,
         )]
     shares = procs.gather(records)
     # back in the problems' order (process r sampled problems r, r + world, ...)
@@ -427,14 +443,15 @@ def evaluate_held_out(
 def evaluate_splits(
     engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool,
     splits: dict[str, Sequence[Problem]],
-    cfg: Any, procs: Any, step: int, run_dir: str | Path,
+    cfg: Any, procs: Any, step: int, run_dir: str | Path, functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
     """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged."""
     out: dict[str, float] = {}
     for split, problems in splits.items():
         out.update(
             evaluate_held_out(
-                engine, tokenizer, pool, problems, cfg, procs, split=split, step=step, run_dir=run_dir
+                engine, tokenizer, pool, problems, cfg, procs, split=split, step=step, run_dir=run_dir,
+                functions=functions,
             )
         )
     return out

@@ -5,10 +5,10 @@ the trained model stays a ``PreTrainedModel`` and every forward (padded, tree-pa
 runs unchanged. What LoRA changes elsewhere:
 
 * the optimizer sees only the adapters (the base has ``requires_grad=False``);
-* the KL reference is the same model with its adapters switched off (:func:`adapters_disabled`):
+* the KL reference is the same model with its adapters switched off (``adapters_disabled``):
   no second copy of the weights;
 * an engine with its own copy of the weights (vllm) receives the merged weights
-  ``W + (alpha / r) B A`` under the base model's names, streamed (:func:`sampling_weights`);
+  ``W + (alpha / r) B A`` under the base model's names, streamed (``sampling_weights``);
 * checkpoints hold the adapters (``adapter_model.safetensors``), and a run resumes by loading the
   base again and the adapters from the checkpoint; ``semrl export`` writes the merged model.
 """

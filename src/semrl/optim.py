@@ -67,7 +67,7 @@ def guarded_step(
 
 class Optimization:
     """The trained model's optimizer, schedule and float16 loss scaler, with the guarded step
-    (:func:`guarded_step`) and its count of consecutive skipped updates (``trainer.max_bad_updates``).
+    (``guarded_step``) and its count of consecutive skipped updates (``trainer.max_bad_updates``).
 
     Args:
         steps: rollout steps the schedule spans (a curriculum stage's with

@@ -1,7 +1,7 @@
 """Typed option sections: the machinery behind every config section, the trainer's and the methods'.
 
-A section is a frozen dataclass whose fields are declared with :func:`option` (a default and a help
-text, written once). :func:`build_section` turns a mapping read from YAML into a section, checking
+A section is a frozen dataclass whose fields are declared with ``option`` (a default and a help
+text, written once). ``build_section`` turns a mapping read from YAML into a section, checking
 each value against its annotation and naming the key and the closest valid one on a mistake. A
 section may check relations between its own fields in ``__post_init__`` (raise ``ConfigError``).
 """

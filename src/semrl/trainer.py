@@ -69,7 +69,9 @@ class Trainer:
         self.method_config = method_config(cfg, self.method.section)
         self.loss_config = method_config(cfg, self.policy_loss.section)
         # reward_callables: functions of reward.functions run in this process (semrl.train's own)
-        self.rewards = reward_functions(cfg.reward.functions, cfg.reward.weights, reward_callables)
+        self.rewards = reward_functions(
+            cfg.reward.functions, cfg.reward.weights, reward_callables, cfg.reward.correctness
+        )
         self.method_state = self.method.new_state() if self.method.new_state else None
         self.run_dir = Path(cfg.logging.output_dir)
         self.procs = ProcessGroup()
@@ -443,5 +445,5 @@ class Trainer:
         kill_point("evaluate", self.step)
         return evaluate_splits(
             self.engine, self.tokenizer, self.pool, self.eval_sets, self.cfg, self.procs, self.step,
-            self.run_dir
+            self.run_dir, self.rewards,
         )

@@ -42,7 +42,7 @@ def pairwise_similarity_mass(
     Args:
         top_logprobs: (..., K) log-probs of the K candidates.
         top_ids: (..., K) their token ids.
-        unit_embeddings: (V, D) from :func:`normalized_embeddings`.
+        unit_embeddings: (V, D) from ``normalized_embeddings``.
     Returns:
         F (...), M (...).
     """
@@ -89,7 +89,9 @@ def branch_scores(
     """Score every position as a branch point; the tree rollout branches at the argmax.
 
     Args:
-        top_logprobs, top_ids: (L, K) from the rollout engine, sorted descending.
+        top_logprobs: (L, K) the K largest log-probs at each position, from the rollout engine,
+            sorted descending.
+        top_ids: (L, K) their token ids.
         unit_embeddings: (V, D) normalised input embeddings.
         metric: ``semantic_entropy`` = SD x H (ROSE), ``entropy`` = H (FR3E-style ablation),
             ``divergence`` = SD only, ``random`` = uniform scores.

@@ -1,5 +1,5 @@
 """The methods semrl knows: every module of ``semrl.algos`` (each built-in method registers itself
-when its module is imported), and your own modules loaded with :func:`load_plugins`.
+when its module is imported), and your own modules loaded with ``load_plugins``.
 
 Adding a method is adding one module (README, "Adding a method"): a file in ``src/semrl/algos/``
 is found here by itself; a module elsewhere is named on the command line

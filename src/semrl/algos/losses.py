@@ -39,7 +39,10 @@ def ppo_clip_loss(
     [-20, 20] before ``exp`` like verl.
 
     Args:
-        logp, old_logp, advantages, mask: (N, T).
+        logp: (N, T) log-probs under the current policy.
+        old_logp: (N, T) log-probs under the policy that sampled.
+        advantages: (N, T).
+        mask: (N, T) 1 on response tokens.
 
     Returns:
         per-token loss (N, T) (not yet aggregated) and metrics: ``clip_frac`` (tokens whose
@@ -66,7 +69,7 @@ def clamped_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tenso
 
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
-    """pi / pi_old per token from log-probs, its log clamped (:func:`clamped_log_ratio`)."""
+    """pi / pi_old per token from log-probs, its log clamped (``clamped_log_ratio``)."""
     return torch.exp(clamped_log_ratio(logp, old_logp))
 
 
@@ -88,7 +91,9 @@ def rollout_correction(
     w = 1, the metrics only. Log-ratios are clamped to [-20, 20] before ``exp``.
 
     Args:
-        old_logp, rollout_logp, mask: (N, T) trainer and engine log-probs of the sampled tokens.
+        old_logp: (N, T) the trainer's log-probs of the sampled tokens.
+        rollout_logp: (N, T) the engine's log-probs of the same tokens.
+        mask: (N, T) 1 on response tokens.
 
     Returns:
         (N, T) detached weights (0 on padding) and metrics: ``mismatch_kl`` (k3 estimate of

@@ -1,13 +1,13 @@
 """The method registry and the plug-in interface a method implements.
 
 A method is one module (see README, "Adding a method") that defines its pure functions and calls
-:func:`register_method` with a :class:`MethodSpec`:
+``register_method`` with a ``MethodSpec``:
 
 * ``advantage_fn(inputs, config) -> (advantages, metrics)``: (N, T) per-token advantages from the
-  step's rewards, and the method's metrics for the step; ``config`` is a :class:`MethodConfig`:
+  step's rewards, and the method's metrics for the step; ``config`` is a ``MethodConfig``:
   the method's own typed options and the ``algorithm`` and ``rollout`` sections, nothing else;
 * optionally ``rollout_fn(ctx, prompt_ids) -> MethodRollout``: its own sampling (trees, anchors);
-  it sees only a :class:`RolloutContext` (engine, sampler, generator, its config, its own state);
+  it sees only a ``RolloutContext`` (engine, sampler, generator, its config, its own state);
 * optionally ``options``: a frozen dataclass of option fields, which becomes the config section
   named after the method (``rose.epsilon``), and ``check(cfg)`` for checks across sections;
 * optionally ``needs_entropy(options)``: the setting under which its rollout runs a forward pass

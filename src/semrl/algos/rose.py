@@ -4,14 +4,14 @@ Dr.GRPO loss.
 
 How it fits together, one step:
 
-1. Rollout (:func:`rose_rollout` -> ``rose_rollout.tree_rollout``): per prompt a root chain, then
+1. Rollout (``rose_rollout`` -> ``rose_rollout.tree_rollout``): per prompt a root chain, then
    G - 1 iterations; each is a fresh chain with probability ``epsilon``, otherwise a branch that
    re-samples the token at the highest-scoring position of the chains so far. The score is
    ``branching.branch_scores``: generation entropy H over the top-k log-probs x semantic divergence
    SD of the top-20 candidates' input embeddings (docs/algorithms.md "ROSE: branching metric").
 2. The G chains form a prefix tree (``semrl.tree.ChainTree``), kept per group in ``GroupInfo``;
    tree packing computes each shared prefix once from it (``semrl.packing``).
-3. Advantages (:func:`rose_advantages` -> ``rose_tree.segment_advantages``): a chain's segments
+3. Advantages (``rose_advantages`` -> ``rose_tree.segment_advantages``): a chain's segments
    between tree nodes get the change of node value (mean reward under the node), which telescopes
    to the Dr.GRPO advantage; then eq. 8 discounts verbose correct chains (``alpha``; correct =
    verified by the reward function, not "non-zero reward" as in the ROSE code)

@@ -171,7 +171,7 @@ def load_problems(
     hub id the ``datasets`` library reads (``split`` of those with splits).
 
     Returns the problems and the number of skipped bad rows. With ``skip_bad_rows=False`` the
-    first bad row raises :class:`DataError` naming the file and line.
+    first bad row raises ``DataError`` naming the file and line.
     """
     path = Path(path)
     if path.suffix == ".jsonl" and path.is_file():

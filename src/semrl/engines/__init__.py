@@ -1,6 +1,6 @@
-"""Sampling engines (docs/engines.md): the shared types and the :class:`Engine` interface
+"""Sampling engines (docs/engines.md): the shared types and the ``Engine`` interface
 (``semrl.engines.base``), the ``hf`` engine (``semrl.engines.hf``), the ``vllm`` engine
-(``semrl.engines.vllm``, imported only when it is used), and :func:`build_engine`, the one place
+(``semrl.engines.vllm``, imported only when it is used), and ``build_engine``, the one place
 engines are made."""
 
 from __future__ import annotations

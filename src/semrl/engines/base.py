@@ -1,10 +1,10 @@
 """What every sampling engine shares: the request and result types and the ``Engine`` interface
 (docs/engines.md).
 
-Two engines implement :class:`Engine`: ``hf`` (:class:`semrl.engines.hf.HFEngine`, semrl's batched
-transformers sampler, the reference) and ``vllm`` (:class:`semrl.engines.vllm.VLLMEngine`, vLLM in
+Two engines implement ``Engine``: ``hf`` (``semrl.engines.hf.HFEngine``, semrl's batched
+transformers sampler, the reference) and ``vllm`` (``semrl.engines.vllm.VLLMEngine``, vLLM in
 the training process). The trainer, ROSE, FR3E, evaluation and curriculum scoring only call this
-interface, so they run unchanged on either engine; :func:`semrl.engines.build_engine` makes one.
+interface, so they run unchanged on either engine; ``semrl.engines.build_engine`` makes one.
 """
 
 from __future__ import annotations

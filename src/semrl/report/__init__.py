@@ -77,6 +77,25 @@ def _curated_eval_metrics(names: list[str]) -> list[str]:
     return keep
 
 
+# One colour per method in every figure semrl draws (matplotlib's tab10 and tab20 colours).
+METHOD_COLORS = {
+    "base model": "#7f7f7f", "dr_grpo": "#1f77b4", "grpo": "#ff7f0e", "rose": "#2ca02c", "sent": "#d62728",
+    "dapo": "#9467bd", "fr3e": "#8c564b", "seed_grpo": "#e377c2", "kl_cov": "#bcbd22", "clip_cov": "#17becf",
+    "entropy_8020": "#aec7e8",
+}
+OTHER_COLORS = ("#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+
+
+def method_color(name: str) -> str:
+    """The colour of ``name`` in every figure: a method's own (``METHOD_COLORS``), else one picked
+    by a stable hash of the name, so that a variant keeps its colour from figure to figure."""
+    import zlib
+
+    if name in METHOD_COLORS:
+        return METHOD_COLORS[name]
+    return OTHER_COLORS[zlib.crc32(name.encode()) % len(OTHER_COLORS)]
+
+
 def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend, or None with a warning when matplotlib is missing."""
     try:
@@ -103,7 +122,10 @@ def _plot_pngs(curves: dict[str, dict[str, list[tuple[int, float]]]], out_dir: P
         fig, ax = plt.subplots(figsize=(5.5, 3.2))
         for name, points in by_run.items():
             if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
+                ax.plot(
+                    [p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name,
+                    color=method_color(name),
+                )
         ax.set_xlabel("step")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)

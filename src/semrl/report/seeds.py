@@ -407,7 +407,7 @@ def mean_tokens_at_steps(runs: Sequence[Run]) -> dict[int, float]:
 def _plots(
     groups: dict[str, list[Run]], out: Path, metrics: Sequence[str], x_axis: str = "step"
 ) -> list[Path]:
-    from semrl.report import pyplot
+    from semrl.report import method_color, pyplot
 
     plt = pyplot()
     if plt is None:
@@ -419,8 +419,9 @@ def _plots(
         x = np.array([p[0] for p in points], dtype=float)
         m = np.array([p[1] for p in points])
         se = np.array([p[2] for p in points])
-        (line,) = ax.plot(x, m, marker="o", markersize=2.5, label=label)
-        ax.fill_between(x, m - se, m + se, color=line.get_color(), alpha=0.2, linewidth=0)
+        color = method_color(label)
+        ax.plot(x, m, marker="o", markersize=2.5, label=label, color=color)
+        ax.fill_between(x, m - se, m + se, color=color, alpha=0.2, linewidth=0)
 
     for split in SPLITS:
         curves = pass_at_k_curves(groups, split)

@@ -70,9 +70,18 @@ class RewardFunctions:
 
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
+    correctness: str | None = None  # reward.correctness
     # callables not importable by workers
     in_process: dict[str, Callable[..., Any]] = field(default_factory=dict)
     _logged: set[str] = field(default_factory=set)
+
+    @property
+    def judge(self) -> str | None:
+        """The function whose score of 1 marks a response correct: ``reward.correctness``, else the
+        first built-in check listed; None: a total reward > 0 is correct."""
+        if self.correctness is not None:
+            return self.correctness
+        return next((n for n in self.names if n in CORRECTNESS_CHECKS), None)
 
     @property
     def pool_functions(self) -> tuple[str, ...]:
@@ -141,8 +150,8 @@ class RewardFunctions:
             for i, s in enumerate(scores):
                 total[i] += weight * (s or 0.0)
                 timed_out[i] = timed_out[i] or outs[i]
-            if correct is None and name in CORRECTNESS_CHECKS:
-                correct = [s == 1.0 for s in scores]
+            if name == self.judge and correct is None:
+                correct = [s is not None and s >= 1.0 for s in scores]
         if correct is None:
             correct = [r > 0 for r in total]
         results = []
@@ -164,7 +173,7 @@ def _call_here(score: Scorer, call: tuple[str, str, list[int], dict[str, Any]]) 
 
 def reward_functions(
     names: list[str], weights: list[float] | None = None,
-    in_process: dict[str, Callable[..., Any]] | None = None
+    in_process: dict[str, Callable[..., Any]] | None = None, correctness: str | None = None,
 ) -> RewardFunctions:
     """Check and bundle ``reward.functions``: every function is imported and its signature checked
     here, so a bad one fails before training starts. ``in_process`` maps names to callables that
@@ -173,7 +182,7 @@ def reward_functions(
     for name in names:
         if name != "math":
             check_signature(name, in_process[name] if name in in_process else load_function(name))
-    return RewardFunctions(tuple(names), tuple(weights or [1.0] * len(names)), in_process)
+    return RewardFunctions(tuple(names), tuple(weights or [1.0] * len(names)), correctness, in_process)
 
 
 def score_batch(
