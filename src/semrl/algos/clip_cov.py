@@ -21,14 +21,14 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import clip_cov_loss
-from semrl.options import FINITE, FRACTION, check_fraction, option
+from semrl.options import FINITE, OPEN_FRACTION, check_fraction, option
 
 
 @dataclass(frozen=True)
 class ClipCovConfig:
     ratio: float = option(
         0.0002, "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio).",
-        valid=FRACTION,
+        valid=OPEN_FRACTION,
     )
     lb: float = option(
         1.0, "Clip-Cov: lower covariance bound of candidate tokens (verl: clip_cov_lb).", valid=FINITE

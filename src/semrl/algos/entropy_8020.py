@@ -22,7 +22,7 @@ from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInp
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import high_entropy_mask
 from semrl.errors import ConfigError
-from semrl.options import FRACTION, check_fraction, option
+from semrl.options import OPEN_FRACTION, check_fraction, option
 
 if TYPE_CHECKING:
     from semrl.config import Config
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class Entropy8020Config:
     top_quantile: float = option(
         0.2, "80/20 rule: fraction of highest-entropy tokens of a mini-batch kept in the loss.",
-        valid=FRACTION,
+        valid=OPEN_FRACTION,
     )
 
     code_compat: bool = option(

@@ -18,7 +18,7 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import kl_cov_loss
-from semrl.options import FRACTION, NON_NEGATIVE, check_fraction, option
+from semrl.options import NON_NEGATIVE, OPEN_FRACTION, check_fraction, option
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class KLCovConfig:
     ratio: float = option(
         0.002, "KL-Cov: fraction of a micro-batch's tokens (top Cov) given the |logp - old| penalty "
         "(verl: kl_cov_ratio).",
-        valid=FRACTION,
+        valid=OPEN_FRACTION,
     )
     ppo_kl_coef: float = option(
         1.0, "KL-Cov: coefficient of the |logp - old logp| penalty (verl: ppo_kl_coef).",

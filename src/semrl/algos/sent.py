@@ -24,17 +24,17 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import sent_coefficients, sent_loss
-from semrl.options import FRACTION, NON_NEGATIVE, check_fraction, option
+from semrl.options import NON_NEGATIVE, OPEN_FRACTION, check_fraction, option
 
 
 @dataclass(frozen=True)
 class SentConfig:
     entropy_quantile: float = option(
-        0.8, "SENT: tokens below this entropy rank quantile are low-entropy.", valid=FRACTION
+        0.8, "SENT: tokens below this entropy rank quantile are low-entropy.", valid=OPEN_FRACTION
     )
     cov_top_ratio: float = option(
         0.0002, "SENT: fraction of low-entropy tokens with the highest Cov(logp, A) given beta_high.",
-        valid=FRACTION,
+        valid=OPEN_FRACTION,
     )
     beta_high: float = option(
         0.2, "SENT: KL coefficient on high-covariance low-entropy tokens.", valid=NON_NEGATIVE
