@@ -25,7 +25,7 @@ import torch
 
 from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.engines import GenerationRequest, SamplingParams, build_engine
 from semrl.evaluation import sample_and_verify

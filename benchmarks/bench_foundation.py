@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.engines import GenerationRequest, HFEngine, SamplingParams
 from semrl.models import load_model, load_tokenizer, resolve_model_path

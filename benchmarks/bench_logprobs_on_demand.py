@@ -23,7 +23,7 @@ import torch
 
 from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.engines import Generation, GenerationRequest, SamplingParams, build_engine
 from semrl.engines.vllm import VLLMEngine

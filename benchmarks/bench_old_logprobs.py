@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from semrl.batch_forward import shuffled_rows
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.trainer import Trainer
 
 

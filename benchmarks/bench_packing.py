@@ -22,7 +22,7 @@ import torch
 
 from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.engines import HFEngine, SamplingParams
 from semrl.forward import make_sequence_batch, response_logprobs

@@ -23,7 +23,7 @@ from semrl.algos.policy_losses import PolicyLossInputs, get_policy_loss, micro_b
 from semrl.algos.registry import method_config
 from semrl.batch import RolloutBatch
 from semrl.batch_forward import micro_batches, rows_logprobs
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.data import Problem
 from semrl.engines import Generation
 from semrl.optim import guarded_step

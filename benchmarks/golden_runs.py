@@ -55,7 +55,7 @@ def _digest(path: Path) -> dict[str, str]:
 
 
 def _run(name: str, model_dir: Path, task: Path, out: Path) -> dict[str, object]:
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.trainer import Trainer
 
     extra = []

@@ -115,7 +115,7 @@ def run_trl(model: str, steps: int, gradient_checkpointing: bool) -> list[float]
 
 
 def run_semrl(model: str, steps: int, packing: str, engine: str = "hf") -> list[float]:
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as out:

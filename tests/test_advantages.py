@@ -6,7 +6,7 @@ import torch
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
 from semrl.algos.catalog import METHODS, get_method
 from semrl.algos.registry import AdvantageInputs, method_config
-from semrl.config import load_config
+from semrl.configure import load_config
 
 
 def test_dr_grpo_centres_per_group():

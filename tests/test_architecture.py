@@ -20,23 +20,13 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip |= {id(n) for n in ast.walk(node)}
-    return skip
-
-
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """semrl modules ``name`` imports anywhere (functions included; type-checking blocks excluded),
-    plus the packages whose ``__init__`` runs on the way."""
+    """semrl modules ``name`` imports anywhere: in functions and in type-checking blocks too (a
+    type-only import still ties the two modules' designs), plus the packages whose ``__init__``
+    runs on the way."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = _type_checking_nodes(tree)
     targets: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             targets |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -78,9 +68,30 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("def f():\n    from semrl.b import g\n")
     (package / "b.py").write_text("from semrl import a\n")
-    modules = {"semrl": package / "__init__.py", "semrl.a": package / "a.py", "semrl.b": package / "b.py"}
+    # a type-only import counts too
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from semrl.a import f\n")
+    modules = {
+        "semrl": package / "__init__.py", "semrl.a": package / "a.py", "semrl.b": package / "b.py",
+        "semrl.c": package / "c.py",
+    }
     assert _imports("semrl.a", modules["semrl.a"], modules) == {"semrl.b"}
     assert _imports("semrl.b", modules["semrl.b"], modules) == {"semrl.a"}
+    assert _imports("semrl.c", modules["semrl.c"], modules) == {"semrl.a"}
+
+
+def test_the_config_is_data_importing_no_method_and_no_torch():
+    """``semrl.config`` loads without the methods, the engines or torch: a config error, ``--help``
+    and the config's own checks do not wait for them (docs/architecture.md)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, semrl.config\n"
+        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('semrl.algos', 'semrl.engines')))\n"
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"semrl.config imports {out.stdout.strip()}"
 
 
 def test_no_module_but_the_entry_points_reaches_the_trainer():
@@ -145,7 +156,7 @@ def test_the_trainer_names_no_method_and_methods_see_only_their_config():
 def test_the_entropy_forward_rule_is_written_once():
     hits = [p.name for p in (PACKAGE / "algos").glob("*.py") if "forward pass for entropies" in p.read_text()]
     assert hits == [], f"the FSDP + vllm entropy rule is written in {hits}; MethodSpec.needs_entropy says it"
-    assert (PACKAGE / "config.py").read_text().count("forward pass for entropies") == 1
+    assert (PACKAGE / "configure.py").read_text().count("forward pass for entropies") == 1
 
 
 def test_package_lines_keep_to_the_configured_length():

@@ -5,10 +5,10 @@ import torch
 from semrl.batch import GroupInfo, RolloutBatch, gather_groups
 from semrl.data import Problem
 from semrl.engines import Generation
-from semrl.reward import RewardResult
+from semrl.reward import RewardResult, Scores
 
 
-def _batch(tag: str, rewards: list[float], group_size: int = 2) -> RolloutBatch:
+def _batch(tag: str, rewards: list[float], group_size: int = 2) -> tuple[RolloutBatch, Scores]:
     n = len(rewards)
     gens = [
         Generation(
@@ -29,22 +29,20 @@ def _batch(tag: str, rewards: list[float], group_size: int = 2) -> RolloutBatch:
         groups=[GroupInfo(method_data=f"{tag}-group{g}") for g in range(groups)],
         metrics={"m": float(len(tag))},
     )
-    batch.rewards = torch.tensor(rewards)
-    batch.reward_results = [RewardResult(r, str(r), r > 0, False) for r in rewards]
-    return batch
+    return batch, Scores(torch.tensor(rewards), tuple(RewardResult(r, str(r), r > 0, False) for r in rewards))
 
 
 def test_gather_groups_keeps_rows_and_per_group_records_together():
     a = _batch("a", [1.0, 0.0, 1.0, 1.0])  # group 0 informative, group 1 all equal
     b = _batch("bb", [0.0, 1.0, 0.0, 0.0])
-    out = gather_groups([(a, 0), (b, 0), (a, 1)])
+    out, scores = gather_groups([(*a, 0), (*b, 0), (*a, 1)])
     assert out.num_groups == 3 and out.group_size == 2
     assert out.texts == ["a-0", "a-1", "bb-0", "bb-1", "a-2", "a-3"]
-    assert out.rewards.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
-    assert [r.reward for r in out.reward_results] == out.rewards.tolist()
+    assert scores.rewards.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert [r.reward for r in scores.results] == scores.rewards.tolist()
     assert [g.method_data for g in out.groups] == ["a-group0", "bb-group0", "a-group1"]
     assert out.metrics["m"] == 1.5  # averaged over the two source batches
     assert out.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
     # sequences are rebuilt for the chosen rows: response lengths 1, 2, 1, 2, 3, 4
     assert out.sequences.response_mask.sum(1).tolist() == [1, 2, 1, 2, 3, 4]
-    assert out.group_rewards().shape == (3, 2)
+    assert scores.grouped(2).shape == (3, 2)

@@ -27,7 +27,7 @@ from semrl.checkpoint import (
     write_manifest,
 )
 from semrl.cli import main
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
 from semrl.trainer import Trainer
 

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from semrl.config import Config, ConfigError, config_reference, load_config, parse_overrides
+from semrl.config import Config, ConfigError, parse_overrides
+from semrl.configure import config_reference, load_config
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -127,7 +128,8 @@ def test_clip_cov_defaults_to_its_recipes_clip_range():
 def _ranged_options():
     import dataclasses
 
-    from semrl.config import _core_sections, _method_sections
+    from semrl.config import core_sections as _core_sections
+    from semrl.configure import method_sections as _method_sections
 
     for section, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
         for f in dataclasses.fields(cls):
@@ -141,7 +143,8 @@ def test_every_numeric_option_has_a_range():
     import dataclasses
     import typing
 
-    from semrl.config import _core_sections, _method_sections
+    from semrl.config import core_sections as _core_sections
+    from semrl.configure import method_sections as _method_sections
 
     unranged = []
     for section, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:

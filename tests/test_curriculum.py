@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from semrl.cli import main
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.curriculum import curriculum_stages, load_curriculum, score_problems
 from semrl.data import DataError, Problem, load_problems
 from semrl.engines import HFEngine, SamplingParams

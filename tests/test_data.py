@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 from semrl.data import (
     BENCHMARKS,
     DataError,
@@ -109,7 +110,7 @@ def test_sampler_resumes_exactly():
 
 
 def test_held_out_arithmetic_is_disjoint_from_training_even_for_tiny_levels():
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.run_setup import load_problem_sets
 
     cfg = load_config(None, ["data.arithmetic_levels=[1]", "data.eval_size=32"])

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 from semrl.data import Columns, DataError, build_prompt_ids, load_problems, problem_columns
 
 ROWS = [{"question": f"What is {i} + {i}?", "final": str(2 * i), "difficulty": i % 3, "source": "toy"} for i in range(7)]

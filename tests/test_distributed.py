@@ -157,7 +157,7 @@ with socket.socket() as s:
     port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
 dist.init_process_group("gloo")
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.distributed import ProcessGroup
 from semrl.run_setup import load_models
 moves = []

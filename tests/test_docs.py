@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from semrl.cli import build_parser, main
-from semrl.config import _method_sections, config_reference, load_config
+from semrl.configure import config_reference, load_config
+from semrl.configure import method_sections as _method_sections
 from semrl.options import section_reference
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,8 @@ from semrl.algos.rose import RoseConfig
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.algos.token_selection import high_entropy_mask, low_entropy_mask
 from semrl.batch_forward import fill_entropy
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 from semrl.data import build_prompt_ids
 from semrl.engines import Generation, GenerationRequest, SamplingParams, build_engine, eos_token_ids
 from semrl.errors import EngineError

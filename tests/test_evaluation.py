@@ -94,7 +94,7 @@ def _cached_evaluation(model_dir, cache, problems, **overrides):
     """evaluate_held_out at step 0 with ``logging.eval_cache``; returns (metrics, tokens sampled)."""
     import torch
 
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.distributed import ProcessGroup
     from semrl.engines.hf import HFEngine
     from semrl.evaluation import evaluate_held_out
@@ -141,7 +141,7 @@ def test_evaluation_judges_with_the_configured_correctness_function(digit_model_
 
     import torch
 
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.data import load_problems
     from semrl.distributed import ProcessGroup
     from semrl.engines.hf import HFEngine

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from semrl.algos.fr3e import fr3e_modulation, select_anchors, state_sizes
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 
 
 def test_anchors_are_the_top_scores_after_position_zero_sorted():

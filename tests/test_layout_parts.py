@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from semrl.atomic import atomic_directory, write_text_atomic
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 from semrl.curriculum import Curriculum
 from semrl.data import Problem
 

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from semrl.cli import main
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.lora import adapters_disabled, add_adapters, sampling_weights
 from semrl.models import load_model

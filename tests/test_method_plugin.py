@@ -83,7 +83,8 @@ def toy_plugin(tmp_path):
 
 def test_a_plugin_method_is_configured_listed_and_checked(toy_plugin, capsys):
     from semrl.cli import main
-    from semrl.config import ConfigError, config_reference, load_config
+    from semrl.config import ConfigError
+    from semrl.configure import config_reference, load_config
 
     cfg = load_config(None, ["algorithm.method=toy", "toy.scale=0.5"])
     assert cfg.section("toy").scale == 0.5 and cfg.algorithm.loss_agg_mode == "token-mean"
@@ -106,7 +107,7 @@ def test_a_missing_plugin_fails_clearly(capsys):
 
 
 def test_a_plugin_method_trains_with_its_state_and_metrics(toy_plugin, digit_model_dir, seven_task, tmp_path):
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.trainer import Trainer
 
     out = tmp_path / "run"

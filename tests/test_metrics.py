@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from semrl.batch import RolloutBatch
+from semrl.config import AlgorithmConfig
 from semrl.curriculum import StageSchedule
 from semrl.data import Problem
+from semrl.distributed import ProcessGroup
 from semrl.engines import Generation
-from semrl.group_filter import choose_groups, split_groups
+from semrl.group_filter import GroupFilter, choose_groups, split_groups
 from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
-from semrl.reward import RewardResult
+from semrl.reward import RewardResult, Scores
 
 
-def _random_batch(gen: torch.Generator, groups: int, group_size: int) -> RolloutBatch:
+def _random_batch(gen: torch.Generator, groups: int, group_size: int) -> tuple[RolloutBatch, Scores]:
     n = groups * group_size
     lengths = torch.randint(1, 9, (n,), generator=gen).tolist()
     gens = [
@@ -34,32 +36,31 @@ def _random_batch(gen: torch.Generator, groups: int, group_size: int) -> Rollout
     )
     correct = (torch.rand(n, generator=gen) < 0.4).tolist()
     answers = [str(int(torch.randint(0, 3, (1,), generator=gen))) if torch.rand(1, generator=gen) < 0.8 else None for _ in range(n)]
-    batch.reward_results = [RewardResult(float(c), a, bool(c), False) for c, a in zip(correct, answers, strict=True)]
-    batch.rewards = torch.tensor([float(c) for c in correct]) - 0.1 * torch.rand(n, generator=gen).round()
-    batch.verify_timeouts = int(torch.randint(0, 3, (1,), generator=gen))
-    return batch
+    results = tuple(RewardResult(float(c), a, bool(c), False) for c, a in zip(correct, answers, strict=True))
+    rewards = torch.tensor([float(c) for c in correct]) - 0.1 * torch.rand(n, generator=gen).round()
+    return batch, Scores(rewards, results, verify_timeouts=int(torch.randint(0, 3, (1,), generator=gen)))
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_metrics_equal_a_direct_computation(seed):
     gen = torch.Generator().manual_seed(seed)
     g = 4
-    batches = [_random_batch(gen, groups=3, group_size=g) for _ in range(2)]
-    out = reward_metrics(batches)
-    rewards = [r for b in batches for r in b.rewards.tolist()]
-    results = [r for b in batches for r in b.reward_results]
+    rounds = [_random_batch(gen, groups=3, group_size=g) for _ in range(2)]
+    out = reward_metrics(rounds)
+    rewards = [r for _, s in rounds for r in s.rewards.tolist()]
+    results = [r for _, s in rounds for r in s.results]
     groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
     answers = [[r.answer for r in results[i : i + g]] for i in range(0, len(results), g)]
     assert out["reward"] == pytest.approx(sum(rewards) / len(rewards))
     assert out["accuracy"] == pytest.approx(sum(r.correct for r in results) / len(results))
     assert out["reward/frac_groups_all_equal"] == pytest.approx(sum(len(set(x)) == 1 for x in groups) / len(groups))
     assert out["reward/distinct_answers_per_group"] == pytest.approx(sum(len(set(a)) for a in answers) / len(answers))
-    assert out["reward/verify_timeouts"] == sum(b.verify_timeouts for b in batches)
+    assert out["reward/verify_timeouts"] == sum(s.verify_timeouts for _, s in rounds)
 
-    batch = batches[0]
+    batch, scores = rounds[0]
     lengths = [len(x.token_ids) for x in batch.generations]
-    correct = [r.correct for r in batch.reward_results]
-    out = rollout_metrics(batch)
+    correct = [r.correct for r in scores.results]
+    out = rollout_metrics(batch, scores)
     tokens = [h for x in batch.generations for h in x.entropy.tolist()]
     assert out["entropy"] == pytest.approx(sum(tokens) / len(tokens))
     assert out["response_length"] == pytest.approx(sum(lengths) / len(lengths))
@@ -88,18 +89,55 @@ def test_metrics_equal_a_direct_computation(seed):
 @pytest.mark.parametrize("seed", range(10))
 def test_group_filter_keeps_groups_whose_rewards_differ(seed):
     gen = torch.Generator().manual_seed(seed)
-    batch = _random_batch(gen, groups=5, group_size=3)
-    batch.rewards[:3] = 1.0  # group 0: all equal
-    keep = batch.informative_groups("reward")
+    batch, scores = _random_batch(gen, groups=5, group_size=3)
+    scores.rewards[:3] = 1.0  # group 0: all equal
+    keep = scores.informative_groups(3, "reward")
     for g in range(5):
-        assert bool(keep[g]) == (len(set(batch.rewards[3 * g : 3 * g + 3].tolist())) > 1)
-    by_accuracy = batch.informative_groups("accuracy")
+        assert bool(keep[g]) == (len(set(scores.rewards[3 * g : 3 * g + 3].tolist())) > 1)
+    by_accuracy = scores.informative_groups(3, "accuracy")
     for g in range(5):
-        assert bool(by_accuracy[g]) == (len({r.correct for r in batch.reward_results[3 * g : 3 * g + 3]}) > 1)
-    kept, dropped = split_groups(batch, "reward")
-    assert [g for _, g in kept] == [g for g in range(5) if keep[g]] and len(kept) + len(dropped) == 5
+        assert bool(by_accuracy[g]) == (len({r.correct for r in scores.results[3 * g : 3 * g + 3]}) > 1)
+    kept, dropped = split_groups(batch, scores, "reward")
+    assert [g for _, _, g in kept] == [g for g in range(5) if keep[g]] and len(kept) + len(dropped) == 5
     chosen = choose_groups(kept, dropped, 4)
     assert chosen == (kept + dropped)[:4]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_group_filter_over_rounds_matches_a_direct_selection(seed):
+    """The filter the trainer feeds round by round: it asks for rounds until enough groups differ or
+    the round limit is reached, keeps informative groups first in sampling order, fills with the
+    others, and counts what every round sampled."""
+    gen = torch.Generator().manual_seed(seed)
+    wanted, g, limit = 4, 3, int(torch.randint(1, 5, (1,), generator=gen))
+    dynamic = seed % 4 != 0
+    algo = AlgorithmConfig(dynamic_sampling=dynamic, max_sampling_rounds=limit)
+    groups = GroupFilter(wanted, algo, ProcessGroup())
+    rounds = []
+    while not groups.full:
+        batch, scores = _random_batch(gen, groups=wanted, group_size=g)
+        flat = torch.rand(wanted, generator=gen) < 0.7  # most groups all equal: the limit is reached too
+        rewards = torch.where(flat.repeat_interleave(g), 1.0, scores.rewards)
+        rounds.append((batch, Scores(rewards, scores.results, verify_timeouts=scores.verify_timeouts)))
+        groups.add(*rounds[-1])
+    batch, scores, metrics = groups.result()
+    informative = [(r, k) for r, (_, s) in enumerate(rounds) for k in range(wanted) if s.informative_groups(g)[k]]
+    others = [(r, k) for r, (_, s) in enumerate(rounds) for k in range(wanted) if not s.informative_groups(g)[k]]
+    if not dynamic:
+        assert len(rounds) == 1 and batch is rounds[0][0] and scores is rounds[0][1]
+        assert "dynamic_sampling/kept_groups" not in metrics
+    else:
+        # the first round after which enough groups differ, or the round limit
+        enough = [r + 1 for r in range(len(rounds)) if len([x for x in informative if x[0] <= r]) >= wanted]
+        assert len(rounds) == min([*enough, limit])
+        chosen = (informative + others)[:wanted]
+        expected = [i for r, k in chosen for i in range(k * g, (k + 1) * g)]
+        sources = [r for r, k in chosen for _ in range(g)]
+        assert scores.rewards.tolist() == [rounds[r][1].rewards[i].item() for r, i in zip(sources, expected, strict=True)]
+        assert batch.generations == [rounds[r][0].generations[i] for r, i in zip(sources, expected, strict=True)]
+        assert metrics["dynamic_sampling/kept_groups"] == min(len(informative), wanted)
+        assert metrics["dynamic_sampling/rollout_batches"] == len(rounds)
+    assert metrics == {**reward_metrics(rounds), **{k: v for k, v in metrics.items() if k.startswith("dynamic")}}
 
 
 def test_stage_schedule_splits_the_steps_evenly():

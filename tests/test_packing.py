@@ -99,7 +99,7 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, 
 def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, method):
     import json
 
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.trainer import Trainer
 
     task = tmp_path / "task.jsonl"

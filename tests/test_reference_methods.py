@@ -21,7 +21,7 @@ from semrl.algos.token_selection import (
     sent_coefficients,
     sent_loss,
 )
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.reward.shaping import overlong_penalty
 
 CASES = 300

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from semrl.cli import main
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.report import compare_runs, read_jsonl, write_report
 from semrl.trainer import Trainer
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from semrl.cli import main
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT

@@ -155,7 +155,7 @@ def test_bad_functions_fail_before_training(user_module, name, message):
 
 
 def test_training_reward_is_the_custom_function(tiny_model_dir, tmp_path, user_module):
-    from semrl.config import load_config
+    from semrl.configure import load_config
     from semrl.trainer import Trainer
 
     task = tmp_path / "task.jsonl"

@@ -76,7 +76,7 @@ def test_every_method_loss_is_weighted_by_the_correction(level):
     from semrl.algos.losses import aggregate_loss
     from semrl.algos.policy_losses import PolicyLossInputs, micro_batch_loss
     from semrl.algos.registry import method_config
-    from semrl.config import load_config
+    from semrl.configure import load_config
 
     gen = torch.Generator().manual_seed(0)
     n, width = 6, 5

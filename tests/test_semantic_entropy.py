@@ -9,7 +9,7 @@ from semrl.algos.catalog import get_method
 from semrl.algos.registry import AdvantageInputs, method_config
 from semrl.algos.seed_grpo import uncertainty_scale
 from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.reward.shaping import overlong_penalty
 
 

@@ -72,7 +72,7 @@ def test_grid_expands_variants_times_seeds_seed_by_seed(tmp_path):
     assert sweep.base == base.resolve()
     assert [r.name for r in sweep.runs] == ["a/seed-3", "b/seed-3", "a/seed-1", "b/seed-1"]
     assert sweep.runs[1].run_dir == Path("study/b/seed-3")
-    from semrl.config import load_config
+    from semrl.configure import load_config
 
     cfg = load_config(sweep.base, list(sweep.runs[1].overrides))
     assert (cfg.algorithm.method, cfg.trainer.seed, cfg.trainer.steps) == ("rose", 3, 3)

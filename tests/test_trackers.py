@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from semrl.cli import main
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 from semrl.trackers import mlflow_key
 from semrl.trainer import Trainer
 

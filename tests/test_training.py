@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from semrl.algos.fr3e import state_sizes
 from semrl.cli import main
-from semrl.config import ConfigError, load_config
+from semrl.config import ConfigError
+from semrl.configure import load_config
 from semrl.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT
@@ -213,8 +214,9 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_di
         "reward.overlong_buffer_len=3", "rollout.max_new_tokens=6",
     )
     trainer = Trainer(cfg)
-    batch, metrics, _ = trainer.collect()
-    grouped = batch.group_rewards() if metric == "reward" else batch.group_correct()
+    collected = trainer.collect()
+    batch, metrics = collected.batch, collected.metrics
+    grouped = collected.scores.grouped(batch.group_size, metric)
     informative = (grouped.max(1).values > grouped.min(1).values).tolist()
     kept = int(metrics["dynamic_sampling/kept_groups"])
     assert batch.num_groups == 4 and len(batch.generations) == 32

@@ -11,12 +11,16 @@ __all__ = ["Config", "ConfigError", "__version__", "load_config", "train"]
 
 
 def __getattr__(name: str) -> Any:
-    # Loaded on first use: the config imports every method (and torch); the verifier's worker
-    # processes import semrl.reward only and must start fast.
-    if name in ("Config", "ConfigError", "load_config"):
+    # Loaded on first use: loading a config imports every method (and torch); the verifier's
+    # worker processes import semrl.reward only and must start fast.
+    if name in ("Config", "ConfigError"):
         import semrl.config
 
         return getattr(semrl.config, name)
+    if name == "load_config":
+        from semrl.configure import load_config
+
+        return load_config
     if name == "train":
         from semrl.api import train
 

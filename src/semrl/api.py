@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from semrl.config import Config, load_config, validate
+from semrl.config import Config
+from semrl.configure import load_config, validate
 
 RewardFunction = str | Callable[..., Any]
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from semrl.data import Problem
 from semrl.engines import Generation
 from semrl.forward import SequenceBatch, make_sequence_batch
-from semrl.reward import RewardResult
+from semrl.reward import Scores
 from semrl.tree import BranchPoint, ChainTree
 
 
@@ -50,11 +50,6 @@ class RolloutBatch:
     pad_token_id: int
     groups: list[GroupInfo] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-    rewards: torch.Tensor | None = None  # (N,) after the reward stage
-    reward_results: list[RewardResult] = field(default_factory=list)  # (N,)
-    verify_timeouts: int = 0  # verifier time-outs while scoring this batch
-    # rewards/<function>/{sum,errors,timeouts}
-    reward_function_sums: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sequences: SequenceBatch = make_sequence_batch(
@@ -91,46 +86,50 @@ class RolloutBatch:
         trees = [g.tree for g in self.groups]
         return None if any(t is None for t in trees) else trees  # type: ignore[return-value]
 
-    def group_rewards(self) -> torch.Tensor:
-        """(num_groups, G) rewards."""
-        assert self.rewards is not None, "reward stage has not run"
-        return self.rewards.view(-1, self.group_size)
 
-    def group_correct(self) -> torch.Tensor:
-        """(num_groups, G) correctness as 0/1 (the reward without shaping or truncation overrides)."""
-        return torch.tensor([float(r.correct) for r in self.reward_results]).view(-1, self.group_size)
+@dataclass(frozen=True)
+class Collected:
+    """What a step's rollout and reward stages return (``Trainer.collect``).
 
-    def informative_groups(self, metric: Literal["reward", "accuracy"] = "reward") -> torch.Tensor:
-        """(num_groups,) True where the group's rewards (or correctness) are not all equal: the
-        groups with a learning signal under group-relative advantages (DAPO's dynamic sampling)."""
-        grouped = self.group_rewards() if metric == "reward" else self.group_correct()
-        return grouped.max(1).values > grouped.min(1).values
+    Attributes:
+        batch: the step's batch (with dynamic sampling, the kept groups of every round).
+        scores: its scores.
+        metrics: reward metrics over every sequence sampled (dropped groups too), dynamic sampling's
+            counts and ``rollout/sampled_tokens``.
+        rollout_s: seconds spent sampling, over every round.
+        reward_s: seconds spent scoring, over every round.
+    """
+
+    batch: RolloutBatch
+    scores: Scores
+    metrics: dict[str, float]
+    rollout_s: float
+    reward_s: float
 
 
-def gather_groups(chosen: list[tuple[RolloutBatch, int]]) -> RolloutBatch:
-    """A new batch made of the chosen (batch, group index) pairs, in that order.
+def gather_groups(chosen: list[tuple[RolloutBatch, Scores, int]]) -> tuple[RolloutBatch, Scores]:
+    """A new batch, and its scores, made of the chosen (batch, its scores, group index) triples, in
+    that order.
 
     Rollout metrics are averaged over the distinct batches the groups came from.
     """
     first = chosen[0][0]
     g = first.group_size
-    rows = [(b, i) for b, grp in chosen for i in range(grp * g, (grp + 1) * g)]
-    sources = list({id(b): b for b, _ in chosen}.values())
+    rows = [(b, s, i) for b, s, grp in chosen for i in range(grp * g, (grp + 1) * g)]
+    sources = list({id(b): b for b, _, _ in chosen}.values())
     metric_dicts = [b.metrics for b in sources if b.metrics]
     metrics = {}
     if metric_dicts:
         metrics = {k: sum(m[k] for m in metric_dicts) / len(metric_dicts) for k in metric_dicts[0]}
-    out = RolloutBatch(
-        problems=[b.problems[i] for b, i in rows],
-        prompt_ids=[b.prompt_ids[i] for b, i in rows],
-        generations=[b.generations[i] for b, i in rows],
-        texts=[b.texts[i] for b, i in rows],
+    batch = RolloutBatch(
+        problems=[b.problems[i] for b, _, i in rows],
+        prompt_ids=[b.prompt_ids[i] for b, _, i in rows],
+        generations=[b.generations[i] for b, _, i in rows],
+        texts=[b.texts[i] for b, _, i in rows],
         group_size=g,
         pad_token_id=first.pad_token_id,
-        groups=[b.groups[grp] for b, grp in chosen],
+        groups=[b.groups[grp] for b, _, grp in chosen],
         metrics=metrics,
     )
-    if all(b.rewards is not None for b, _ in chosen):
-        out.rewards = torch.stack([b.rewards[i] for b, i in rows])  # type: ignore[index]
-        out.reward_results = [b.reward_results[i] for b, i in rows]
-    return out
+    scores = Scores(torch.stack([s.rewards[i] for _, s, i in rows]), tuple(s.results[i] for _, s, i in rows))
+    return batch, scores

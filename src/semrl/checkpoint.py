@@ -30,7 +30,13 @@ import torch
 
 from semrl import __version__
 from semrl.atomic import atomic_directory
-from semrl.distributed import full_optimizer_state, full_state_dict, load_optimizer_state
+from semrl.distributed import (
+    full_optimizer_state,
+    full_state_dict,
+    iter_full_parameters,
+    load_optimizer_state,
+    load_streamed,
+)
 from semrl.errors import ConfigError, TrainingError
 from semrl.faults import kill_point
 from semrl.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
@@ -320,3 +326,46 @@ def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, procs: Any) 
     set_rng_state(process_rng_state(state, ckpt, procs.rank, procs.world), run.generator)
     run.step = state["step"]
     run.optim.consecutive_bad_updates = state.get("consecutive_bad_updates", 0)
+
+
+# --------------------------------------------------------------------------------------------
+# A curriculum stage's KL reference (data.curriculum_reset_optimizer)
+
+
+def stage_reference_dir(run_dir: Path, stage: int) -> Path:
+    """Where the weights a stage starts from are kept as its KL reference (``curriculum_reset_optimizer``)."""
+    return run_dir / "curriculum" / f"stage-{stage}"
+
+
+def stage_reference_dirs(run_dir: Path) -> list[Path]:
+    """Every stage reference directory of a run, in stage order."""
+    return sorted((run_dir / "curriculum").glob("stage-*"), key=lambda d: int(d.name.split("-")[1]))
+
+
+def save_stage_reference(
+    run_dir: Path, stage: int, step: int, model: Any, rollout_model: Any, ref_model: Any, tokenizer: Any,
+    fsdp: bool, procs: Any,
+) -> None:
+    """Make the current weights stage ``stage``'s reference: loaded into every process's
+    ``ref_model`` (under FSDP one gathered parameter at a time) and kept under
+    ``stage_reference_dir`` by the main process for a resume (a collective)."""
+    weights = full_weights(model, fsdp)  # FSDP: the main process's
+    if weights is None:
+        ref_model.load_state_dict(rollout_model.state_dict())
+    else:
+        load_streamed(ref_model, iter_full_parameters(model))
+    if procs.is_main:
+        save_checkpoint(
+            stage_reference_dir(run_dir, stage), step, rollout_model, tokenizer, {}, 1, model_state=weights
+        )
+    procs.barrier()
+
+
+def load_stage_reference(run_dir: Path, stage: int, ref_model: Any, dtype: str) -> None:
+    """On resume in a later stage: its reference, the weights the stage started from."""
+    from semrl.models import load_model
+
+    reference = latest_checkpoint(stage_reference_dir(run_dir, stage))
+    if reference is not None:
+        stage_start = load_model(str(reference), dtype)
+        load_streamed(ref_model, stage_start.named_parameters(remove_duplicate=False))

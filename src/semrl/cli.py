@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from semrl.config import Config, ConfigError, config_reference, load_config
-from semrl.data import DEFAULT_SYSTEM_PROMPT
+from semrl.config import DEFAULT_SYSTEM_PROMPT, Config, ConfigError
+from semrl.configure import config_reference, load_config
 from semrl.errors import Preempted, TrainingError
 from semrl.preemption import EXIT_PREEMPTED
 
@@ -208,7 +208,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     if args.methods:
-        from semrl.config import methods_table
+        from semrl.configure import methods_table
 
         print(methods_table())
     elif args.check:
@@ -220,8 +220,12 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
-    from semrl.checkpoint import convert_legacy_checkpoints, list_checkpoints, verify_checkpoint
-    from semrl.curriculum import stage_reference_dirs
+    from semrl.checkpoint import (
+        convert_legacy_checkpoints,
+        list_checkpoints,
+        stage_reference_dirs,
+        verify_checkpoint,
+    )
 
     run_dir = Path(args.run_dir)
     if args.checkpoint_command == "convert":

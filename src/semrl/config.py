@@ -1,17 +1,16 @@
-"""Typed, validated configuration: one YAML file plus dotted command-line overrides.
+"""The run configuration as data: its sections, and the checks of their own fields.
 
 The trainer's sections (``model``, ``data``, ``rollout``, ``reward``, ``algorithm``, ``trainer``,
 ``logging``) are declared here; each method declares its own section in its module and registers it
 with the method (``semrl.algos.registry``), e.g. ``rose.epsilon`` lives in ``semrl.algos.rose``.
-Every option is documented once, in its field's help; ``semrl config`` prints the whole reference.
-Unknown keys and wrong types fail before any model is loaded, with the name of the key and the
-closest valid one. A loaded config is final: frozen, with the method's defaults filled in.
+This module imports no method and no torch: ``semrl.configure`` loads a config, asking the registry
+for the method's section, defaults and checks. Every option is documented once, in its field's
+help; ``semrl config`` prints the whole reference.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,10 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from semrl.algos.catalog import METHODS, POLICY_LOSSES, get_method
-from semrl.data import DEFAULT_SYSTEM_PROMPT
 from semrl.errors import ConfigError
-from semrl.lora import check_lora_options
 from semrl.options import (
     AT_LEAST_1,
     FINITE,
@@ -35,12 +31,14 @@ from semrl.options import (
     Range,
     build_section,
     option,
-    section_reference,
     unknown_key,
 )
 from semrl.trackers import check_trackers
 
-__all__ = ["Config", "ConfigError", "config_reference", "load_config", "save_config"]
+__all__ = ["Config", "ConfigError", "build_config", "check_fields", "read_values", "save_config"]
+
+# SENT's and ROSE's instruction (docs/algorithms.md); data.system_prompt's default
+DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
 @dataclass(frozen=True)
@@ -460,18 +458,11 @@ MOVED_KEYS = {
 }
 
 
-def _method_sections() -> dict[str, type]:
-    return {name: spec.options for name, spec in METHODS.items() if spec.options is not None}
-
-
-def _default_method_options() -> Mapping[str, Any]:
-    return MappingProxyType({name: cls() for name, cls in _method_sections().items()})
-
-
 @dataclass(frozen=True)
 class Config:
     """The whole run configuration. ``cfg.section("rose")`` (any registered method's name) is that
-    method's section, the same object as ``cfg.methods["rose"]``."""
+    method's section, the same object as ``cfg.methods["rose"]``; ``semrl.configure`` fills
+    ``methods`` with every registered method's section."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -480,7 +471,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    methods: Mapping[str, Any] = field(default_factory=_default_method_options)
+    methods: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def section(self, name: str) -> Any:
         """The options section of the registered method ``name`` (``RoseConfig`` for ``rose``)."""
@@ -499,13 +490,14 @@ class Config:
         return out
 
 
-def _core_sections() -> dict[str, type]:
+def core_sections() -> dict[str, type]:
+    """The trainer's sections by name: ``{"model": ModelConfig, ...}``."""
     hints = typing.get_type_hints(Config)
     return {f.name: hints[f.name] for f in dataclasses.fields(Config) if f.name != "methods"}
 
 
 # --------------------------------------------------------------------------------------------
-# Building a validated config from nested dicts
+# Reading raw values: a YAML file and dotted overrides
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -536,71 +528,19 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` written over it, section by section."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_values(out[key], value)
         else:
             out[key] = value
     return out
 
 
-def _method_name(values: dict[str, Any]) -> str:
-    """The registered method the raw config values select (its defaults fill the null keys)."""
-    algorithm = values.get("algorithm") or {}
-    name = algorithm.get("method", AlgorithmConfig.method) if isinstance(algorithm, dict) else None
-    if not isinstance(name, str) or name not in METHODS:
-        hint = difflib.get_close_matches(str(name), list(METHODS), n=1)
-        extra = f" Did you mean '{hint[0]}'?" if hint else ""
-        raise ConfigError(
-            f"config key 'algorithm.method': unknown method '{name}'.{extra} Available: "
-            f"{', '.join(sorted(METHODS))}"
-        )
-    return name
-
-
-def config_from_dict(values: dict[str, Any]) -> Config:
-    """A final config from nested values: the method's defaults fill the algorithm keys left null."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"a config must be a mapping of sections, got {values!r}")
-    core, methods = _core_sections(), _method_sections()
-    for old, new in MOVED_KEYS.items():
-        section, key = old.split(".")
-        if isinstance(values.get(section), dict) and key in values[section]:
-            raise ConfigError(f"config key '{old}' moved to '{new}' (the method's own section); rename it")
-    logging_section = values.get("logging")
-    if isinstance(logging_section, dict) and "tensorboard" in logging_section:  # before logging.report_to
-        logging_section = dict(logging_section)
-        if not logging_section.pop("tensorboard") and "report_to" not in logging_section:
-            logging_section["report_to"] = []
-        values = {**values, "logging": logging_section}
-    spec = get_method(_method_name(values))
-    algorithm = dict(values.get("algorithm") or {})
-    for key, default in (
-        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode),
-        ("policy_loss", spec.policy_loss),
-        ("clip_ratio_low", spec.clip_ratio_low), ("clip_ratio_high", spec.clip_ratio_high),
-    ):
-        if algorithm.get(key) is None:
-            algorithm[key] = default
-    values = {**values, "algorithm": algorithm}
-    kwargs: dict[str, Any] = {}
-    options = dict(_default_method_options())
-    for name, section in values.items():
-        if name in core:
-            kwargs[name] = build_section(core[name], section, f"{name}.")
-        elif name in methods:
-            options[name] = build_section(methods[name], section, f"{name}.")
-        else:
-            raise unknown_key(name, [*core, *methods], "")
-    cfg = Config(**kwargs, methods=MappingProxyType(options))
-    validate(cfg)
-    return cfg
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML file (optional), apply ``section.key=value`` overrides, validate."""
+def read_values(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The raw nested values of a YAML file (optional) with ``section.key=value`` overrides applied."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -615,22 +555,53 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 f"'{path}' is a sweep file (it has 'variants' / 'seeds'), not a run config: run it with "
                 f"'semrl sweep {path}' (docs/sweeps.md), or pass one run's config to --config"
             )
-    values = _merge(values, parse_overrides(overrides or []))
-    return config_from_dict(values)
+    return merge_values(values, parse_overrides(overrides or []))
 
 
-def validate(cfg: Config) -> None:
-    """Checks across sections that a type annotation cannot express; then the method's own."""
-    if cfg.algorithm.policy_loss not in POLICY_LOSSES:
-        raise ConfigError(
-            f"config key 'algorithm.policy_loss': unknown loss '{cfg.algorithm.policy_loss}'. "
-            f"Available: {', '.join(sorted(POLICY_LOSSES))}"
-        )
-    if cfg.reward.overlong_buffer_len < 0 or cfg.reward.overlong_buffer_len >= cfg.rollout.max_new_tokens:
-        raise ConfigError(
-            f"config key 'reward.overlong_buffer_len' must be in [0, rollout.max_new_tokens), "
-            f"got {cfg.reward.overlong_buffer_len}"
-        )
+def upgrade_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Refuse keys that moved to a method's section; read the old ``logging.tensorboard``."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {values!r}")
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if isinstance(values.get(section), dict) and key in values[section]:
+            raise ConfigError(f"config key '{old}' moved to '{new}' (the method's own section); rename it")
+    logging_section = values.get("logging")
+    if isinstance(logging_section, dict) and "tensorboard" in logging_section:  # before logging.report_to
+        logging_section = dict(logging_section)
+        if not logging_section.pop("tensorboard") and "report_to" not in logging_section:
+            logging_section["report_to"] = []
+        values = {**values, "logging": logging_section}
+    return values
+
+
+# --------------------------------------------------------------------------------------------
+# Building a config from values, and the checks across its own fields
+
+
+def build_config(values: dict[str, Any], method_sections: Mapping[str, type]) -> Config:
+    """A checked config from upgraded values. ``method_sections``: every registered method's option
+    class by section name; a section the values leave out takes its defaults."""
+    core = core_sections()
+    kwargs: dict[str, Any] = {}
+    options = {name: cls() for name, cls in method_sections.items()}
+    for name, section in values.items():
+        if name in core:
+            kwargs[name] = build_section(core[name], section, f"{name}.")
+        elif name in method_sections:
+            options[name] = build_section(method_sections[name], section, f"{name}.")
+        else:
+            raise unknown_key(name, [*core, *method_sections], "")
+    cfg = Config(**kwargs, methods=MappingProxyType(options))
+    check_fields(cfg)
+    return cfg
+
+
+def check_fields(cfg: Config) -> None:
+    """Checks across the trainer's sections that a field's type and range cannot express."""
+    _check_reward(cfg)
+    _check_data(cfg)
+    _check_lora(cfg)
     total = cfg.rollout.group_size * cfg.rollout.prompts_per_step
     mini = cfg.trainer.mini_batch_size
     if mini is not None and total % mini != 0:
@@ -638,21 +609,15 @@ def validate(cfg: Config) -> None:
             f"config key 'trainer.mini_batch_size' ({mini}) must divide the rollout batch "
             f"of rollout.group_size * rollout.prompts_per_step = {total} sequences"
         )
-    if not cfg.data.arithmetic_levels:
-        raise ConfigError("config key 'data.arithmetic_levels' must list levels between 1 and 5")
-    if cfg.data.transfer == "arithmetic" and not cfg.data.transfer_levels:
-        raise ConfigError("config key 'data.transfer_levels' must list levels between 1 and 5")
-    template = cfg.data.prompt_template
-    if template is not None:
-        try:
-            filled = template.format(problem="\0")
-        except (KeyError, IndexError, ValueError) as err:
-            raise ConfigError(
-                f"config key 'data.prompt_template' must be a format string whose only field is {{problem}} "
-                f"(write literal braces as {{{{ }}}}): {err!r}"
-            ) from err
-        if "\0" not in filled:
-            raise ConfigError("config key 'data.prompt_template' has no {problem} field")
+    check_trackers(cfg.logging.report_to)
+
+
+def _check_reward(cfg: Config) -> None:
+    if cfg.reward.overlong_buffer_len < 0 or cfg.reward.overlong_buffer_len >= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"config key 'reward.overlong_buffer_len' must be in [0, rollout.max_new_tokens), "
+            f"got {cfg.reward.overlong_buffer_len}"
+        )
     if not cfg.reward.functions:
         raise ConfigError("config key 'reward.functions' is empty; name at least one, e.g. [math]")
     if cfg.reward.correctness is not None and cfg.reward.correctness not in cfg.reward.functions:
@@ -665,41 +630,44 @@ def validate(cfg: Config) -> None:
             f"config key 'reward.weights' has {len(cfg.reward.weights)} weights for "
             f"{len(cfg.reward.functions)} reward.functions; give one per function or null"
         )
-    check_lora_options(cfg)
-    check_trackers(cfg.logging.report_to)
-    if cfg.rollout.engine == "vllm":
-        from semrl.engines.vllm import check_vllm_settings  # imports nothing heavy until vLLM starts
 
-        check_vllm_settings(cfg)
-    spec = get_method(cfg.algorithm.method)
-    if spec.check is not None:
-        spec.check(cfg)
-    entropy_setting = None
-    if spec.needs_entropy and spec.section:
-        entropy_setting = spec.needs_entropy(cfg.section(spec.name))
-    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and entropy_setting:
-        raise ConfigError(  # the forward would need the full weights, which FSDP keeps only sharded
-            f"with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
-            f"({entropy_setting}); change that option or use rollout.engine=hf"
+
+def _check_data(cfg: Config) -> None:
+    if not cfg.data.arithmetic_levels:
+        raise ConfigError("config key 'data.arithmetic_levels' must list levels between 1 and 5")
+    if cfg.data.transfer == "arithmetic" and not cfg.data.transfer_levels:
+        raise ConfigError("config key 'data.transfer_levels' must list levels between 1 and 5")
+    template = cfg.data.prompt_template
+    if template is None:
+        return
+    try:
+        filled = template.format(problem="\0")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ConfigError(
+            f"config key 'data.prompt_template' must be a format string whose only field is {{problem}} "
+            f"(write literal braces as {{{{ }}}}): {err!r}"
+        ) from err
+    if "\0" not in filled:
+        raise ConfigError("config key 'data.prompt_template' has no {problem} field")
+
+
+def _check_lora(cfg: Config) -> None:
+    """``model.lora_*`` against the rest of the config (docs/training.md "LoRA")."""
+    m = cfg.model
+    if m.lora_r == 0:
+        return
+    if not m.lora_target_modules:
+        raise ConfigError("config key 'model.lora_target_modules' is empty; use [all-linear] or name modules")
+    if cfg.trainer.fsdp:
+        raise ConfigError(
+            "model.lora_r with trainer.fsdp is not supported: train LoRA on several processes without "
+            "trainer.fsdp (every process holds the frozen base; the adapters' gradients are summed)"
         )
-
-
-def methods_table() -> str:
-    """Markdown table of the registered methods, their defaults and where their options are."""
-    lines = ["| method | loss aggregation, policy loss | options | what it is |", "|---|---|---|---|"]
-    for name, spec in sorted(METHODS.items()):
-        section = f"`{name}.*`" if spec.options is not None else "-"
-        defaults = f"{spec.loss_agg_mode}, loss `{spec.policy_loss}`"
-        lines.append(f"| `{name}` | {defaults} | {section} | {spec.description.replace('|', '/')} |")
-    return "\n".join(lines)
-
-
-def config_reference() -> str:
-    """Markdown table of every option, its type, default and meaning; then the methods."""
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for name, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
-        lines += section_reference(name, cls)
-    return "\n".join(lines) + "\n\nMethods (`algorithm.method`):\n\n" + methods_table()
+    if cfg.data.curriculum and cfg.data.curriculum_reset_optimizer:
+        raise ConfigError(
+            "model.lora_r with data.curriculum_reset_optimizer is not supported (a stage's reference "
+            "would be the previous stage's merged weights); set data.curriculum_reset_optimizer=false"
+        )
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

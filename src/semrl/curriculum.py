@@ -182,13 +182,3 @@ class Curriculum:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.enter(state.get("stage", 0))
         self.sampler.load_state_dict(state["sampler"])
-
-
-def stage_reference_dir(run_dir: Path, stage: int) -> Path:
-    """Where the weights a stage starts from are kept as its KL reference (``curriculum_reset_optimizer``)."""
-    return run_dir / "curriculum" / f"stage-{stage}"
-
-
-def stage_reference_dirs(run_dir: Path) -> list[Path]:
-    """Every stage reference directory of a run, in stage order."""
-    return sorted((run_dir / "curriculum").glob("stage-*"), key=lambda d: int(d.name.split("-")[1]))

@@ -1,13 +1,22 @@
-"""DAPO's dynamic sampling: keep the prompt groups whose rewards differ (docs/algorithms.md, "DAPO")."""
+"""DAPO's dynamic sampling: keep the prompt groups whose rewards differ (docs/algorithms.md, "DAPO").
+
+The trainer runs the rounds and hands each scored batch to a ``GroupFilter``; the filter never calls
+back into the trainer::
+
+    groups = GroupFilter(wanted, cfg.algorithm, procs)
+    while not groups.full:
+        batch = rollout(); groups.add(batch, reward(batch))
+    batch, scores, metrics = groups.result()
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from semrl.batch import RolloutBatch, gather_groups
 from semrl.metrics import reward_metrics
+from semrl.reward import Scores
 
 if TYPE_CHECKING:
     from semrl.config import AlgorithmConfig
@@ -15,16 +24,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GroupRef = tuple[RolloutBatch, int]  # (batch, group index in it)
+GroupRef = tuple[RolloutBatch, Scores, int]  # (batch, its scores, group index in it)
 
 
 def split_groups(
-    batch: RolloutBatch, metric: Literal["reward", "accuracy"]
+    batch: RolloutBatch, scores: Scores, metric: Literal["reward", "accuracy"]
 ) -> tuple[list[GroupRef], list[GroupRef]]:
     """(kept, dropped) groups of ``batch``, in batch order."""
-    informative = batch.informative_groups(metric)
-    kept = [(batch, g) for g in range(batch.num_groups) if informative[g]]
-    dropped = [(batch, g) for g in range(batch.num_groups) if not informative[g]]
+    informative = scores.informative_groups(batch.group_size, metric)
+    kept = [(batch, scores, g) for g in range(batch.num_groups) if informative[g]]
+    dropped = [(batch, scores, g) for g in range(batch.num_groups) if not informative[g]]
     return kept, dropped
 
 
@@ -33,42 +42,54 @@ def choose_groups(kept: list[GroupRef], dropped: list[GroupRef], wanted: int) ->
     return (kept + dropped)[:wanted]
 
 
-def collect_groups(
-    scored_round: Callable[[int], tuple[RolloutBatch, float]], wanted: int, algo: AlgorithmConfig,
-    procs: ProcessGroup,
-) -> tuple[RolloutBatch, dict[str, float], float]:
-    """The step's batch of ``wanted`` groups from rounds of ``scored_round(round) -> (rolled-out and
-    rewarded batch, seconds spent rewarding)``.
+class GroupFilter:
+    """The step's batch of ``wanted`` groups from the scored batches of one or more rollout rounds.
 
-    Without ``algorithm.dynamic_sampling`` that is one round. With it (DAPO), groups whose rewards
+    Without ``algorithm.dynamic_sampling`` one round fills it. With it (DAPO), groups whose rewards
     are all equal are dropped and more rounds run until ``wanted`` groups remain, for at most
     ``algorithm.max_sampling_rounds``; a batch still short is filled with dropped groups, whose
     advantages are zero. With several processes each one keeps its share of the groups, and all of
-    them sample until every share is full. Returns (batch, reward metrics over every sampled
-    sequence, seconds spent rewarding).
+    them sample until every share is full (``full`` agrees across processes).
     """
-    sampled: list[RolloutBatch] = []
-    kept: list[GroupRef] = []
-    dropped: list[GroupRef] = []
-    reward_seconds = 0.0
-    while True:
-        batch, seconds = scored_round(len(sampled))
-        reward_seconds += seconds
-        sampled.append(batch)
-        if not algo.dynamic_sampling:
-            return batch, reward_metrics(sampled), reward_seconds
-        more_kept, more_dropped = split_groups(batch, algo.dynamic_sampling_metric)
-        kept, dropped = kept + more_kept, dropped + more_dropped
-        if procs.all_true(len(kept) >= wanted) or len(sampled) >= algo.max_sampling_rounds:
-            break
-    if len(kept) < wanted:
-        logger.warning(
-            "dynamic sampling: %d of %d groups have distinct rewards after %d rollout batches "
-            "(algorithm.max_sampling_rounds); filling with zero-advantage groups", len(kept), wanted,
-            len(sampled),
-        )
-    metrics = reward_metrics(sampled)
-    metrics["dynamic_sampling/rollout_batches"] = float(len(sampled))
-    metrics["dynamic_sampling/kept_groups"] = procs.sum(min(len(kept), wanted))
-    metrics["dynamic_sampling/filled_groups"] = procs.sum(max(0, wanted - len(kept)))
-    return gather_groups(choose_groups(kept, dropped, wanted)), metrics, reward_seconds
+
+    def __init__(self, wanted: int, algo: AlgorithmConfig, procs: ProcessGroup) -> None:
+        self.wanted, self.algo, self.procs = wanted, algo, procs
+        self.sampled: list[tuple[RolloutBatch, Scores]] = []
+        self.kept: list[GroupRef] = []
+        self.dropped: list[GroupRef] = []
+        self.full = False
+
+    @property
+    def rounds(self) -> int:
+        """Rollout rounds added so far (the next round's index)."""
+        return len(self.sampled)
+
+    def add(self, batch: RolloutBatch, scores: Scores) -> None:
+        """One round's batch and its scores."""
+        self.sampled.append((batch, scores))
+        if not self.algo.dynamic_sampling:
+            self.full = True
+            return
+        kept, dropped = split_groups(batch, scores, self.algo.dynamic_sampling_metric)
+        self.kept += kept
+        self.dropped += dropped
+        enough = self.procs.all_true(len(self.kept) >= self.wanted)
+        self.full = enough or self.rounds >= self.algo.max_sampling_rounds
+
+    def result(self) -> tuple[RolloutBatch, Scores, dict[str, float]]:
+        """The step's batch, its scores, and the reward metrics over every sampled sequence."""
+        assert self.full, "the filter wants more rounds"
+        metrics = reward_metrics(self.sampled)
+        if not self.algo.dynamic_sampling:
+            return *self.sampled[0], metrics
+        if len(self.kept) < self.wanted:
+            logger.warning(
+                "dynamic sampling: %d of %d groups have distinct rewards after %d rollout batches "
+                "(algorithm.max_sampling_rounds); filling with zero-advantage groups", len(self.kept),
+                self.wanted, self.rounds,
+            )
+        metrics["dynamic_sampling/rollout_batches"] = float(self.rounds)
+        metrics["dynamic_sampling/kept_groups"] = self.procs.sum(min(len(self.kept), self.wanted))
+        metrics["dynamic_sampling/filled_groups"] = self.procs.sum(max(0, self.wanted - len(self.kept)))
+        batch, scores = gather_groups(choose_groups(self.kept, self.dropped, self.wanted))
+        return batch, scores, metrics

@@ -28,30 +28,6 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_NAME = "default"
 
 
-def check_lora_options(cfg: Any) -> None:
-    """Config-time checks of ``model.lora_*`` against the rest of the config."""
-    m = cfg.model
-    if m.lora_r < 0:
-        raise ConfigError(f"config key 'model.lora_r' must be >= 0 (0: no LoRA), got {m.lora_r}")
-    if m.lora_r == 0:
-        return
-    if m.lora_alpha <= 0 or not 0 <= m.lora_dropout < 1:
-        raise ConfigError("config keys 'model.lora_alpha' must be > 0 and 'model.lora_dropout' in [0, 1)")
-    if not m.lora_target_modules:
-        raise ConfigError("config key 'model.lora_target_modules' is empty; use [all-linear] or name modules")
-    if cfg.trainer.fsdp:
-        raise ConfigError(
-            "model.lora_r with trainer.fsdp is not supported: train LoRA on several processes without "
-            "trainer.fsdp (every process holds the frozen base; the adapters' gradients are summed)"
-        )
-    if cfg.data.curriculum and cfg.data.curriculum_reset_optimizer:
-        raise ConfigError(
-            "model.lora_r with data.curriculum_reset_optimizer "
-            "is not supported (a stage's reference would be "
-            "the previous stage's merged weights); set data.curriculum_reset_optimizer=false"
-        )
-
-
 def has_adapters(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "_hf_peft_config_loaded", False))
 

@@ -7,14 +7,16 @@ import torch
 
 from semrl.algos.token_selection import token_covariance
 from semrl.batch import RolloutBatch
+from semrl.reward import Scores
 
 
-def reward_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
-    """Over every sequence sampled in the step (all rounds of dynamic sampling)."""
-    rewards = torch.cat([b.rewards for b in batches if b.rewards is not None])
-    results = [r for b in batches for r in b.reward_results]
-    all_equal = ~torch.cat([b.informative_groups() for b in batches])
-    g = batches[0].group_size
+def reward_metrics(rounds: list[tuple[RolloutBatch, Scores]]) -> dict[str, float]:
+    """Over every sequence sampled in the step: each round's batch and its scores (dynamic sampling
+    has several rounds)."""
+    rewards = torch.cat([s.rewards for _, s in rounds])
+    results = [r for _, s in rounds for r in s.results]
+    all_equal = ~torch.cat([s.informative_groups(b.group_size) for b, s in rounds])
+    g = rounds[0][0].group_size
     # distinct extracted answers per group (None = no answer found counts as one more)
     distinct = [len({r.answer for r in results[i : i + g]}) for i in range(0, len(results), g)]
     return {
@@ -22,28 +24,28 @@ def reward_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
         "accuracy": float(np.mean([r.correct for r in results])),
         "reward/frac_groups_all_equal": all_equal.float().mean().item(),
         "reward/distinct_answers_per_group": float(np.mean(distinct)),
-        "reward/verify_timeouts": float(sum(b.verify_timeouts for b in batches)),
-        **function_metrics(batches),
+        "reward/verify_timeouts": float(sum(s.verify_timeouts for _, s in rounds)),
+        **function_metrics([s for _, s in rounds]),
     }
 
 
-def function_metrics(batches: list[RolloutBatch]) -> dict[str, float]:
+def function_metrics(scores: list[Scores]) -> dict[str, float]:
     """Each reward function's mean score, errors and time-outs over the step's sequences."""
-    n = max(1, sum(len(b.texts) for b in batches))
+    n = max(1, sum(len(s.results) for s in scores))
     out: dict[str, float] = {}
-    for b in batches:
-        for key, value in b.reward_function_sums.items():
+    for s in scores:
+        for key, value in s.function_sums.items():
             if key.endswith("/sum"):  # rewards/<function>/sum -> rewards/<function>/mean
                 key, value = key.removesuffix("/sum") + "/mean", value / n
             out[key] = out.get(key, 0.0) + value
     return out
 
 
-def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+def rollout_metrics(batch: RolloutBatch, scores: Scores) -> dict[str, float]:
     """Sampling-time entropy and response lengths of the trained batch."""
     lengths = np.array([len(g.token_ids) for g in batch.generations], dtype=float)
     entropy = torch.cat([g.entropy for g in batch.generations])
-    correct = np.array([r.correct for r in batch.reward_results])
+    correct = np.array([r.correct for r in scores.results])
     return {
         "entropy": entropy.mean().item() if entropy.numel() else 0.0,
         "response_length": float(lengths.mean()),

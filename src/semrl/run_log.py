@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from semrl.batch import RolloutBatch
 from semrl.jsonl import read_jsonl
+from semrl.reward import Scores
 from semrl.trackers import Tracker
 from semrl.tree_log import tree_records
 
@@ -68,6 +69,7 @@ class RunLog:
     def samples(
         self,
         batch: RolloutBatch,
+        scores: Scores,
         advantages: torch.Tensor,
         step: int,
         tokenizer: PreTrainedTokenizerBase,
@@ -78,8 +80,7 @@ class RunLog:
         share of the batch; ``advantages`` is (N, T)."""
         if not self.is_main:
             return
-        assert batch.rewards is not None
-        trees = tree_records(batch, advantages, tokenizer, step, num_trees)
+        trees = tree_records(batch, scores, advantages, tokenizer, step, num_trees)
         if trees:
             with (self.run_dir / "trees.jsonl").open("a", encoding="utf-8") as fh:
                 fh.write("".join(json.dumps(t) + "\n" for t in trees))
@@ -91,8 +92,8 @@ class RunLog:
                 "gold": batch.problems[i].answer,
                 "response": batch.texts[i],
                 "tokens": len(batch.generations[i].token_ids),
-                "answer": batch.reward_results[i].answer,
-                "reward": batch.rewards[i].item(),
+                "answer": scores.results[i].answer,
+                "reward": scores.rewards[i].item(),
             }
             for i in range(min(num_samples, len(batch.texts)))
         ]

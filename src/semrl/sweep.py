@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from semrl.config import load_config
+from semrl.configure import load_config
 from semrl.errors import ConfigError
 from semrl.report.seeds import DONE_FILE
 

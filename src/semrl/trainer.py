@@ -22,13 +22,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-import semrl.distributed as dist
 import semrl.run_setup as setup
 from semrl.algos.catalog import get_method, get_policy_loss
 from semrl.algos.losses import masked_mean
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLossInputs, micro_batch_loss
 from semrl.algos.registry import AdvantageInputs, RolloutContext, method_config
-from semrl.batch import RolloutBatch
+from semrl.batch import Collected, RolloutBatch
 from semrl.batch_forward import (
     FirstForward,
     MiniBatch,
@@ -39,21 +38,21 @@ from semrl.batch_forward import (
     rows_logprobs,
     shuffled_rows,
 )
-from semrl.checkpoint import RunState, full_weights, latest_checkpoint, restore_run, save_checkpoint, save_run
+from semrl.checkpoint import RunState, load_stage_reference, restore_run, save_run, save_stage_reference
 from semrl.config import Config
-from semrl.curriculum import Curriculum, stage_reference_dir
+from semrl.curriculum import Curriculum
 from semrl.data import build_prompt_ids
 from semrl.distributed import ProcessGroup, iter_full_parameters
 from semrl.engines import GenerationRequest, sampling_params, sequence_seed
 from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_splits
 from semrl.faults import kill_point
-from semrl.group_filter import collect_groups
+from semrl.group_filter import GroupFilter
 from semrl.metrics import entropy_metrics, rollout_metrics
-from semrl.models import load_model, resolve_model_path
+from semrl.models import resolve_model_path
 from semrl.optim import Optimization
 from semrl.preemption import StopSignal
-from semrl.reward import VerifierPool, reward_functions, score_batch
+from semrl.reward import Scores, VerifierPool, reward_functions, score
 from semrl.run_log import RunLog
 
 logger = logging.getLogger(__name__)
@@ -115,7 +114,7 @@ class Trainer:
         if ckpt is not None:
             restore_run(ckpt, self.run, self.model, cfg, self.procs)
             if self.curriculum.stage > 0 and reset and self.ref_model is not None:
-                self._load_stage_reference()
+                load_stage_reference(self.run_dir, self.curriculum.stage, self.ref_model, cfg.model.dtype)
             self.log.truncate_after(self.run.step)
             logger.info("resumed from %s at step %d", ckpt, self.run.step)
 
@@ -146,7 +145,8 @@ class Trainer:
                 if self.curriculum.advances(run.step):
                     self.next_stage()
                 t0 = time.perf_counter()
-                batch, step_reward_metrics, t_reward = self.collect()
+                collected = self.collect()
+                batch, scores = collected.batch, collected.scores
                 self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
                 t1 = time.perf_counter()
                 # epoch 0's row order, drawn first: the passes leave its first mini-batch to the update
@@ -154,7 +154,7 @@ class Trainer:
                 passes = self.policy_passes(batch, order[: self._mini_batch_size(batch)])
                 if passes.rollout_entropy is not None and passes.first_forward_rows is None:
                     batch.set_rollout_entropy(passes.rollout_entropy)  # the engine gave none (vllm)
-                advantages, advantage_metrics = self.advantages(batch)
+                advantages, advantage_metrics = self.advantages(batch, scores)
                 update = self.update(batch, advantages, passes, order)
                 if update.sampling_entropy is not None:
                     batch.set_rollout_entropy(update.sampling_entropy)
@@ -165,16 +165,16 @@ class Trainer:
                 run.step += 1
                 last = {
                     "step": run.step,
-                    **step_reward_metrics,
-                    **rollout_metrics(batch),
+                    **collected.metrics,
+                    **rollout_metrics(batch, scores),
                     **entropy_metrics(batch, advantages, cfg.logging.low_entropy_threshold),
                     **batch.metrics,
                     **advantage_metrics,
                     **update.metrics,
                     "lr": run.optim.lr,
                     "curriculum/stage": float(self.curriculum.stage + 1),
-                    "time/rollout_s": t1 - t0 - t_reward,
-                    "time/reward_s": t_reward,
+                    "time/rollout_s": collected.rollout_s,
+                    "time/reward_s": collected.reward_s,
                     "time/update_s": t3 - t1,
                     "time/step_s": t3 - t0,
                 }
@@ -184,7 +184,7 @@ class Trainer:
                     last.update(self.evaluate())
                 self.log.metrics(last)
                 self.log.samples(
-                    batch, advantages, run.step, self.tokenizer, cfg.logging.samples_per_step,
+                    batch, scores, advantages, run.step, self.tokenizer, cfg.logging.samples_per_step,
                     cfg.logging.trees_per_step
                 )
                 saved, save_every = None, cfg.logging.save_every
@@ -224,55 +224,40 @@ class Trainer:
         schedule, and those weights as the reference (kept in the run directory for a resume)."""
         self.save()
         self.curriculum.enter(self.curriculum.stage + 1)
+        stage = self.curriculum.stage
         logger.info(
-            "curriculum: stage %d of %d from step %d", self.curriculum.stage + 1,
-            len(self.curriculum.stages), self.step
+            "curriculum: stage %d of %d from step %d",
+            stage + 1, len(self.curriculum.stages), self.step
         )
         if not self.cfg.data.curriculum_reset_optimizer:
             return
         self.run.optim.restart(self.curriculum.steps_left_in_stage(self.step))
         if self.ref_model is not None:
-            weights = full_weights(self.model, self.cfg.trainer.fsdp)  # FSDP: the main process's
-            if weights is None:
-                self.ref_model.load_state_dict(self.rollout_model.state_dict())
-            else:  # every process's reference, one gathered parameter at a time
-                dist.load_streamed(self.ref_model, dist.iter_full_parameters(self.model))
-            if self.procs.is_main:
-                save_checkpoint(
-                    stage_reference_dir(self.run_dir, self.curriculum.stage), self.step, self.rollout_model,
-                    self.tokenizer, {}, 1, model_state=weights,
-                )
-            self.procs.barrier()
-
-    def _load_stage_reference(self) -> None:
-        """On resume in a later stage: its reference, the weights the stage started from."""
-        assert self.ref_model is not None
-        reference = latest_checkpoint(stage_reference_dir(self.run_dir, self.curriculum.stage))
-        if reference is not None:
-            stage_start = load_model(str(reference), self.cfg.model.dtype)
-            dist.load_streamed(self.ref_model, stage_start.named_parameters(remove_duplicate=False))
+            save_stage_reference(
+                self.run_dir, stage, self.step, self.model, self.rollout_model, self.ref_model,
+                self.tokenizer, self.cfg.trainer.fsdp, self.procs,
+            )
 
     # ------------------------------------------------------------------------------------------
     # Stages of a step
 
-    def collect(self) -> tuple[RolloutBatch, dict[str, float], float]:
+    def collect(self) -> Collected:
         """Rollout + reward, in rounds while DAPO's dynamic sampling wants more informative groups
-        (``semrl.group_filter.collect_groups``). Returns (batch, reward metrics over every sampled
-        sequence, seconds spent in the reward stage)."""
-
-        def scored_round(round_index: int) -> tuple[RolloutBatch, float]:
-            batch = self.rollout(round_index)
-            t0 = time.perf_counter()
-            self.reward(batch)
-            return batch, time.perf_counter() - t0
-
+        (``semrl.group_filter.GroupFilter``)."""
         wanted = self.cfg.rollout.prompts_per_step // self.procs.world
-        before = self.engine.generated_tokens
-        batch, metrics, seconds = collect_groups(scored_round, wanted, self.cfg.algorithm, self.procs)
+        groups = GroupFilter(wanted, self.cfg.algorithm, self.procs)
+        tokens_before, rollout_s, reward_s = self.engine.generated_tokens, 0.0, 0.0
+        while not groups.full:
+            t0 = time.perf_counter()
+            batch = self.rollout(groups.rounds)
+            t1 = time.perf_counter()
+            groups.add(batch, self.reward(batch))
+            rollout_s, reward_s = rollout_s + t1 - t0, reward_s + time.perf_counter() - t1
+        batch, scores, metrics = groups.result()
         # the compute axis of `semrl compare`: every token sampled this step (dropped groups and tree
         # branches included, shared prefixes once), summed over processes (docs/results.md)
-        metrics["rollout/sampled_tokens"] = self.procs.sum(self.engine.generated_tokens - before)
-        return batch, metrics, seconds
+        metrics["rollout/sampled_tokens"] = self.procs.sum(self.engine.generated_tokens - tokens_before)
+        return Collected(batch, scores, metrics, rollout_s, reward_s)
 
     def rollout(self, round_index: int = 0) -> RolloutBatch:
         """G samples for each prompt of this process's share of the step's global batch."""
@@ -316,9 +301,13 @@ class Trainer:
             metrics=metrics,
         )
 
-    def reward(self, batch: RolloutBatch) -> None:
-        """Score every response (``semrl.reward.score_batch``): fills ``batch.rewards`` and more."""
-        score_batch(batch, self.rewards, self.pool, self.cfg.reward, self.cfg.rollout.max_new_tokens)
+    def reward(self, batch: RolloutBatch) -> Scores:
+        """Every response's score (``semrl.reward.score``)."""
+        cfg = self.cfg
+        return score(
+            batch.problems, batch.texts, batch.generations, self.rewards, self.pool, cfg.reward,
+            cfg.rollout.max_new_tokens,
+        )
 
     # Exact: the update's first forward runs before any optimizer step (tests flip it to compare).
     reuse_first_forward = True
@@ -339,13 +328,11 @@ class Trainer:
             first_mini_batch=first_mini_batch if self.reuse_first_forward else None,
         )
 
-    def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def advantages(self, batch: RolloutBatch, scores: Scores) -> tuple[torch.Tensor, dict[str, float]]:
         """(N, T) advantages from the method's estimator, and its metrics."""
-        assert batch.rewards is not None
         inputs = AdvantageInputs(
-            batch.rewards, batch.group_ids, batch.sequences.response_mask, batch.groups,
-            answers=[r.answer for r in batch.reward_results],
-            correct=[r.correct for r in batch.reward_results],
+            scores.rewards, batch.group_ids, batch.sequences.response_mask, batch.groups,
+            answers=[r.answer for r in scores.results], correct=[r.correct for r in scores.results],
             logprobs=batch.rollout_logprobs,
         )
         return self.method.advantage_fn(inputs, self.method_config)

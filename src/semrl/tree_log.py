@@ -21,11 +21,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from semrl.batch import RolloutBatch
+from semrl.reward import Scores
 from semrl.tree import chain_segments
 
 
 def tree_records(
     batch: RolloutBatch,
+    scores: Scores,
     advantages: torch.Tensor,
     tokenizer: PreTrainedTokenizerBase,
     step: int,
@@ -35,7 +37,6 @@ def tree_records(
     trees = batch.trees()
     if not trees or max_groups <= 0:
         return []
-    assert batch.rewards is not None
     branch_points = [g.branch_points or (None,) * len(t) for g, t in zip(batch.groups, trees, strict=True)]
     records = []
     for g, (tree, points) in enumerate(zip(trees[:max_groups], branch_points, strict=False)):
@@ -48,8 +49,8 @@ def tree_records(
             chains.append(
                 {
                     "chain": c, "parent": tree.parents[c], "branch_position": tree.branch_positions[c],
-                    "length": tree.lengths[c], "answer": batch.reward_results[row].answer,
-                    "reward": batch.rewards[row].item(), "correct": batch.reward_results[row].correct,
+                    "length": tree.lengths[c], "answer": scores.results[row].answer,
+                    "reward": scores.rewards[row].item(), "correct": scores.results[row].correct,
                     "branch": None if point is None else dict(
                         zip(("entropy", "divergence", "score"), point, strict=True)
                     ),

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from semrl.batch import GroupInfo
+from semrl.config import AlgorithmConfig, Config, RolloutConfig
 from semrl.engines import Engine, Generation, SamplingParams
-
-if TYPE_CHECKING:  # semrl.config imports every method module, which imports this one
-    from semrl.config import AlgorithmConfig, Config, RolloutConfig
 
 OptionsT = TypeVar("OptionsT")
 

@@ -18,17 +18,34 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from semrl.algos.branching import branch_scores
+from semrl.algos.branching import BranchMetric, EntropyMode, SDMode, branch_scores
 from semrl.batch_forward import fill_entropy
 from semrl.engines import Engine, Generation, GenerationRequest, SamplingParams
 from semrl.tree import ChainTree
 
-if TYPE_CHECKING:  # the options live with the method; this module does not import it
-    from semrl.algos.rose import RoseConfig
+
+class TreeOptions(Protocol):
+    """The options the tree rollout reads; ``semrl.algos.rose.RoseConfig`` has them (the ``rose``
+    section, where each is documented). A protocol, so that this module does not import the method."""
+
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def branch_metric(self) -> BranchMetric: ...
+    @property
+    def entropy_mode(self) -> EntropyMode: ...
+    @property
+    def entropy_with_sampled(self) -> bool: ...
+    @property
+    def sd_mode(self) -> SDMode: ...
+    @property
+    def sd_top_k(self) -> int: ...
+    @property
+    def reuse_kv_cache(self) -> bool: ...
 
 
 @dataclass
@@ -93,7 +110,7 @@ def tree_rollout(
     group_size: int,
     params: SamplingParams,
     unit_embeddings: torch.Tensor,
-    options: RoseConfig,
+    options: TreeOptions,
     generator: torch.Generator | None = None,
 ) -> TreeRollout:
     """G leaves per prompt from ROSE's iterative tree rollout.

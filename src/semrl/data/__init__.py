@@ -12,11 +12,10 @@ from semrl.data.loader import (
 )
 from semrl.data.prompts import build_prompt_ids
 from semrl.data.sampler import EpochSampler
-from semrl.data.sources import ARITHMETIC, DEFAULT_SYSTEM_PROMPT, EVAL_SEED_OFFSET, load_dataset
+from semrl.data.sources import ARITHMETIC, EVAL_SEED_OFFSET, load_dataset
 
 __all__ = [
     "ARITHMETIC",
-    "DEFAULT_SYSTEM_PROMPT",
     "EVAL_SEED_OFFSET",
     "load_dataset",
     "BENCHMARKS",

@@ -13,7 +13,6 @@ logger = logging.getLogger(__name__)
 ARITHMETIC = "arithmetic"
 # Held-out arithmetic problems are generated with seed + this offset (and exclude the training texts).
 EVAL_SEED_OFFSET = 10_007
-DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
 def load_dataset(

@@ -7,7 +7,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -15,22 +15,24 @@ from semrl.reward.extract import extract_answer, extract_boxed, extract_last_num
 from semrl.reward.functions import CORRECTNESS_CHECKS, Scorer, check_signature, load_function, scorer
 from semrl.reward.verify import CallResult, Verdict, VerifierPool
 
-if TYPE_CHECKING:  # semrl.batch imports this package
-    from semrl.batch import RolloutBatch
+if TYPE_CHECKING:
     from semrl.config import RewardConfig
+    from semrl.data import Problem
+    from semrl.engines import Generation
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "RewardFunctions",
     "RewardResult",
+    "Scores",
     "Verdict",
     "VerifierPool",
     "extract_answer",
     "extract_boxed",
     "extract_last_number",
     "reward_functions",
-    "score_batch",
+    "score",
     "score_responses",
 ]
 
@@ -185,26 +187,58 @@ def reward_functions(
     return RewardFunctions(tuple(names), tuple(weights or [1.0] * len(names)), correctness, in_process)
 
 
-def score_batch(
-    batch: RolloutBatch, functions: RewardFunctions, pool: VerifierPool, rc: RewardConfig, max_new_tokens: int
-) -> None:
-    """Score every response of ``batch`` with the ``reward`` section's functions and shaping (DAPO's
-    overlong penalty); fills ``batch.rewards``, ``reward_results``, ``reward_function_sums`` and
-    ``verify_timeouts``."""
+@dataclass(frozen=True)
+class Scores:
+    """What the reward stage returns for N responses grouped by prompt (group g = rows g*G .. g*G+G-1).
+
+    Attributes:
+        rewards: (N,) the rewards the advantages read: weighted functions, then shaping (DAPO's
+            overlong penalty).
+        results: (N,) per response its weighted reward before shaping, extracted answer and
+            correctness (``reward.correctness``).
+        function_sums: ``rewards/<function>/{sum,errors,timeouts}`` over the N responses.
+        verify_timeouts: verifier time-outs while scoring them.
+    """
+
+    rewards: torch.Tensor
+    results: tuple[RewardResult, ...]
+    function_sums: dict[str, float] = field(default_factory=dict)
+    verify_timeouts: int = 0
+
+    def grouped(self, group_size: int, metric: Literal["reward", "accuracy"] = "reward") -> torch.Tensor:
+        """(num_groups, G) rewards, or correctness as 0/1 (without shaping) for ``accuracy``."""
+        if metric == "reward":
+            return self.rewards.view(-1, group_size)
+        return torch.tensor([float(r.correct) for r in self.results]).view(-1, group_size)
+
+    def informative_groups(
+        self, group_size: int, metric: Literal["reward", "accuracy"] = "reward"
+    ) -> torch.Tensor:
+        """(num_groups,) True where the group's rewards (or correctness) are not all equal: the
+        groups with a learning signal under group-relative advantages (DAPO's dynamic sampling)."""
+        grouped = self.grouped(group_size, metric)
+        return grouped.max(1).values > grouped.min(1).values
+
+
+def score(
+    problems: list[Problem], texts: list[str], generations: list[Generation], functions: RewardFunctions,
+    pool: VerifierPool, rc: RewardConfig, max_new_tokens: int,
+) -> Scores:
+    """Score every response with the ``reward`` section's functions and shaping (DAPO's overlong
+    penalty): ``texts[i]`` and ``generations[i]`` answer ``problems[i]``."""
     from semrl.data import problem_columns
     from semrl.reward.shaping import overlong_penalty
 
     timeouts_before = pool.num_timeouts
-    batch.reward_results, batch.reward_function_sums = functions.score(
-        pool, [p.problem for p in batch.problems], batch.texts,
-        [g.token_ids.tolist() for g in batch.generations],
-        [problem_columns(p) for p in batch.problems], final_number_fallback=rc.final_number_fallback,
-        truncated=[g.truncated for g in batch.generations], truncated_reward=rc.truncated_reward,
+    results, function_sums = functions.score(
+        pool, [p.problem for p in problems], texts, [g.token_ids.tolist() for g in generations],
+        [problem_columns(p) for p in problems], final_number_fallback=rc.final_number_fallback,
+        truncated=[g.truncated for g in generations], truncated_reward=rc.truncated_reward,
     )
-    batch.rewards = torch.tensor([r.reward for r in batch.reward_results])
+    rewards = torch.tensor([r.reward for r in results])
     if rc.overlong_buffer_len > 0:
-        lengths = torch.tensor([len(g.token_ids) for g in batch.generations])
-        batch.rewards += overlong_penalty(
+        lengths = torch.tensor([len(g.token_ids) for g in generations])
+        rewards += overlong_penalty(
             lengths, max_new_tokens, rc.overlong_buffer_len, rc.overlong_penalty_factor
         )
-    batch.verify_timeouts = pool.num_timeouts - timeouts_before
+    return Scores(rewards, tuple(results), function_sums, pool.num_timeouts - timeouts_before)

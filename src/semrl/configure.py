@@ -1,0 +1,108 @@
+"""Loading a run config: one YAML file plus dotted command-line overrides, checked before any
+model loads.
+
+``semrl.config`` holds the sections as data and checks their own fields; this module adds what the
+methods know. The method named by ``algorithm.method`` fills the algorithm keys left null with its
+defaults, every registered method's section is built from its option class, and the method's own
+checks run (``semrl.algos.registry.MethodSpec.check``). Unknown keys and wrong types fail with the
+name of the key and the closest valid one. A loaded config is final: frozen, defaults filled in.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from semrl.algos.catalog import METHODS, POLICY_LOSSES, get_method
+from semrl.config import AlgorithmConfig, Config, build_config, core_sections, read_values, upgrade_values
+from semrl.errors import ConfigError
+from semrl.options import section_reference
+
+__all__ = [
+    "config_from_dict", "config_reference", "load_config", "method_sections", "methods_table", "validate",
+]
+
+
+def method_sections() -> dict[str, type]:
+    """Every registered method's option class by its section name."""
+    return {name: spec.options for name, spec in METHODS.items() if spec.options is not None}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML file (optional), apply ``section.key=value`` overrides, validate."""
+    return config_from_dict(read_values(path, overrides))
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """A final config from nested values: the method's defaults fill the algorithm keys left null."""
+    values = upgrade_values(values)
+    spec = get_method(_method_name(values))
+    algorithm = dict(values.get("algorithm") or {})
+    for key, default in (
+        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode),
+        ("policy_loss", spec.policy_loss),
+        ("clip_ratio_low", spec.clip_ratio_low), ("clip_ratio_high", spec.clip_ratio_high),
+    ):
+        if algorithm.get(key) is None:
+            algorithm[key] = default
+    cfg = build_config({**values, "algorithm": algorithm}, method_sections())
+    validate(cfg)
+    return cfg
+
+
+def _method_name(values: dict[str, Any]) -> str:
+    """The registered method the raw config values select."""
+    algorithm = values.get("algorithm") or {}
+    name = algorithm.get("method", AlgorithmConfig.method) if isinstance(algorithm, dict) else None
+    if not isinstance(name, str) or name not in METHODS:
+        hint = difflib.get_close_matches(str(name), list(METHODS), n=1)
+        extra = f" Did you mean '{hint[0]}'?" if hint else ""
+        raise ConfigError(
+            f"config key 'algorithm.method': unknown method '{name}'.{extra} Available: "
+            f"{', '.join(sorted(METHODS))}"
+        )
+    return name
+
+
+def validate(cfg: Config) -> None:
+    """The checks that need more than the config's own fields: the policy loss is registered, the
+    engine's settings, the method's own checks, and what FSDP with vllm cannot do."""
+    if cfg.algorithm.policy_loss not in POLICY_LOSSES:
+        raise ConfigError(
+            f"config key 'algorithm.policy_loss': unknown loss '{cfg.algorithm.policy_loss}'. "
+            f"Available: {', '.join(sorted(POLICY_LOSSES))}"
+        )
+    if cfg.rollout.engine == "vllm":
+        from semrl.engines.vllm import check_vllm_settings  # imports nothing heavy until vLLM starts
+
+        check_vllm_settings(cfg)
+    spec = get_method(cfg.algorithm.method)
+    if spec.check is not None:
+        spec.check(cfg)
+    entropy_setting = None
+    if spec.needs_entropy and spec.section:
+        entropy_setting = spec.needs_entropy(cfg.section(spec.name))
+    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and entropy_setting:
+        raise ConfigError(  # the forward would need the full weights, which FSDP keeps only sharded
+            f"with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
+            f"({entropy_setting}); change that option or use rollout.engine=hf"
+        )
+
+
+def methods_table() -> str:
+    """Markdown table of the registered methods, their defaults and where their options are."""
+    lines = ["| method | loss aggregation, policy loss | options | what it is |", "|---|---|---|---|"]
+    for name, spec in sorted(METHODS.items()):
+        section = f"`{name}.*`" if spec.options is not None else "-"
+        defaults = f"{spec.loss_agg_mode}, loss `{spec.policy_loss}`"
+        lines.append(f"| `{name}` | {defaults} | {section} | {spec.description.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def config_reference() -> str:
+    """Markdown table of every option, its type, default and meaning; then the methods."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for name, cls in [*core_sections().items(), *sorted(method_sections().items())]:
+        lines += section_reference(name, cls)
+    return "\n".join(lines) + "\n\nMethods (`algorithm.method`):\n\n" + methods_table()
