@@ -17,7 +17,8 @@ import torch
 
 from semrl.configure import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import GenerationRequest, HFEngine, SamplingParams
+from semrl.engines import GenerationRequest, SamplingParams
+from semrl.engines.hf import HFEngine
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.trainer import Trainer
 

@@ -19,17 +19,19 @@ import statistics
 import tempfile
 import time
 
+from semrl.batch import Collected
 from semrl.batch_forward import shuffled_rows
 from semrl.configure import load_config
 from semrl.trainer import Trainer
 
 
-def _train_side(trainer: Trainer, batch: object, reuse: bool) -> float:
+def _train_side(trainer: Trainer, collected: Collected, reuse: bool) -> float:
     trainer.reuse_first_forward = reuse
+    batch = collected.batch
     t0 = time.perf_counter()
     order = shuffled_rows(len(batch.generations), batch.group_size, trainer.packing, trainer.generator)
     passes = trainer.policy_passes(batch, order[: trainer._mini_batch_size(batch)])
-    advantages, _ = trainer.advantages(batch)
+    advantages, _ = trainer.advantages(batch, collected.scores)
     trainer.update(batch, advantages, passes, order)
     return time.perf_counter() - t0
 
@@ -52,7 +54,7 @@ def main() -> None:
             ])
             trainer = Trainer(cfg)
             t0 = time.perf_counter()
-            batch, _, _ = trainer.collect()
+            collected = trainer.collect()
             rollout = time.perf_counter() - t0
             weights = copy.deepcopy(trainer.model.state_dict())
             optim = copy.deepcopy(trainer.run.optim.optimizer.state_dict())
@@ -61,7 +63,7 @@ def main() -> None:
                 for reuse in (False, True):
                     trainer.model.load_state_dict(weights)
                     trainer.run.optim.optimizer.load_state_dict(optim)
-                    times[reuse].append(_train_side(trainer, batch, reuse))
+                    times[reuse].append(_train_side(trainer, collected, reuse))
             trainer.pool.close()
             sep, reu = statistics.median(times[False]), statistics.median(times[True])
             print(f"| {method} | {rollout:.1f} | {sep:.1f} | {reu:.1f} | {sep / reu:.2f}x | "

@@ -24,7 +24,8 @@ from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.configure import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import HFEngine, SamplingParams
+from semrl.engines import SamplingParams
+from semrl.engines.hf import HFEngine
 from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 from semrl.packing import pack_trees, packed_response_logprobs

@@ -20,7 +20,8 @@ from semrl.algos.branching import normalized_embeddings
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.configure import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import GenerationRequest, HFEngine, SamplingParams
+from semrl.engines import GenerationRequest, SamplingParams
+from semrl.engines.hf import HFEngine
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 
 

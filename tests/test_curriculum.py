@@ -9,7 +9,8 @@ from semrl.cli import main
 from semrl.configure import load_config
 from semrl.curriculum import curriculum_stages, load_curriculum, score_problems
 from semrl.data import DataError, Problem, load_problems
-from semrl.engines import HFEngine, SamplingParams
+from semrl.engines import SamplingParams
+from semrl.engines.hf import HFEngine
 from semrl.models import load_model, load_tokenizer
 from semrl.reward import VerifierPool
 from semrl.trainer import Trainer

@@ -68,8 +68,18 @@ def test_the_site_builds_strictly(tmp_path):
         assert blocks == len(re.findall(r'<div class="(language-\w+ )?highlight">\s*<pre', text)), (
             f"{page}: a code block without highlighting"
         )
+        # formulas went through the hook into MathML: no TeX left in the page's text
+        prose = re.sub(r"<(pre|code|math)\b.*?</\1>", "", text, flags=re.S)
+        assert "arithmatex" not in text and not re.search(r"\$[^$<>\s][^$<>]*\\[a-zA-Z]+", prose), (
+            f"{page}: an unrendered formula"
+        )
+        for formula in re.findall(r"<math\b.*?</math>", text, flags=re.S):
+            assert "\\" not in formula and "merror" not in formula, f"{page}: TeX MathML could not read"
     algorithms = (tmp_path / "site" / "algorithms" / "index.html").read_text()
     assert "<title>Algorithms and formulas" in algorithms  # the page title is the navigation title
+    # the formulas are rendered math: the ROSE calibration (paper eq. 8) and the GRPO advantage
+    assert len(re.findall(r"<math\b", algorithms)) > 40
+    assert re.search(r'<math[^>]*display="block".*?<mfrac>.*?<mi>&#x003B1;</mi>', algorithms, flags=re.S)
 
 
 def test_generated_tables_are_up_to_date():

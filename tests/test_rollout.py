@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from semrl.engines import GenerationRequest, HFEngine, SamplingParams
-from semrl.engines.hf import filter_logits
+from semrl.engines import GenerationRequest, SamplingParams
+from semrl.engines.hf import HFEngine, filter_logits
 from semrl.forward import make_sequence_batch, response_logprobs
 from semrl.models import load_model, load_tokenizer
 

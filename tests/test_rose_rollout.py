@@ -6,7 +6,8 @@ import torch
 from semrl.algos.branching import branch_scores, normalized_embeddings
 from semrl.algos.rose import RoseConfig
 from semrl.algos.rose_rollout import tree_rollout
-from semrl.engines import HFEngine, SamplingParams
+from semrl.engines import SamplingParams
+from semrl.engines.hf import HFEngine
 from semrl.models import load_model, load_tokenizer
 
 

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.slow
 
 def test_alias_converts_once_and_generates_a_boxed_sum():
     from semrl.data import build_prompt_ids
-    from semrl.engines import GenerationRequest, HFEngine, SamplingParams
+    from semrl.engines import GenerationRequest, SamplingParams
+    from semrl.engines.hf import HFEngine
 
     path = resolve_model_path("smollm2-135m")
     assert resolve_model_path("smollm2-135m") == path  # cached

@@ -35,7 +35,10 @@ from semrl.options import (
 )
 from semrl.trackers import check_trackers
 
-__all__ = ["Config", "ConfigError", "build_config", "check_fields", "read_values", "save_config"]
+__all__ = [
+    "Config", "ConfigError", "build_config", "check_fields", "check_trainer_sections", "read_values",
+    "save_config",
+]
 
 # SENT's and ROSE's instruction (docs/algorithms.md); data.system_prompt's default
 DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -595,6 +598,13 @@ def build_config(values: dict[str, Any], method_sections: Mapping[str, type]) ->
     cfg = Config(**kwargs, methods=MappingProxyType(options))
     check_fields(cfg)
     return cfg
+
+
+def check_trainer_sections(values: dict[str, Any]) -> None:
+    """The trainer's sections of upgraded values built and checked alone, the method sections left
+    out: the errors a config can have without its method, found before any method (or torch) loads."""
+    core = core_sections()
+    check_fields(Config(**{n: build_section(core[n], v, f"{n}.") for n, v in values.items() if n in core}))
 
 
 def check_fields(cfg: Config) -> None:

@@ -6,6 +6,9 @@ methods know. The method named by ``algorithm.method`` fills the algorithm keys 
 defaults, every registered method's section is built from its option class, and the method's own
 checks run (``semrl.algos.registry.MethodSpec.check``). Unknown keys and wrong types fail with the
 name of the key and the closest valid one. A loaded config is final: frozen, defaults filled in.
+
+The trainer's sections are checked first, before the methods (and torch with them) are imported,
+so that most config errors answer at once (``benchmarks/bench_startup.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +17,15 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from semrl.algos.catalog import METHODS, POLICY_LOSSES, get_method
-from semrl.config import AlgorithmConfig, Config, build_config, core_sections, read_values, upgrade_values
+from semrl.config import (
+    AlgorithmConfig,
+    Config,
+    build_config,
+    check_trainer_sections,
+    core_sections,
+    read_values,
+    upgrade_values,
+)
 from semrl.errors import ConfigError
 from semrl.options import section_reference
 
@@ -26,6 +36,8 @@ __all__ = [
 
 def method_sections() -> dict[str, type]:
     """Every registered method's option class by its section name."""
+    from semrl.algos.catalog import METHODS
+
     return {name: spec.options for name, spec in METHODS.items() if spec.options is not None}
 
 
@@ -37,6 +49,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def config_from_dict(values: dict[str, Any]) -> Config:
     """A final config from nested values: the method's defaults fill the algorithm keys left null."""
     values = upgrade_values(values)
+    check_trainer_sections(values)
+    from semrl.algos.catalog import get_method
+
     spec = get_method(_method_name(values))
     algorithm = dict(values.get("algorithm") or {})
     for key, default in (
@@ -53,6 +68,8 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 
 def _method_name(values: dict[str, Any]) -> str:
     """The registered method the raw config values select."""
+    from semrl.algos.catalog import METHODS
+
     algorithm = values.get("algorithm") or {}
     name = algorithm.get("method", AlgorithmConfig.method) if isinstance(algorithm, dict) else None
     if not isinstance(name, str) or name not in METHODS:
@@ -68,6 +85,8 @@ def _method_name(values: dict[str, Any]) -> str:
 def validate(cfg: Config) -> None:
     """The checks that need more than the config's own fields: the policy loss is registered, the
     engine's settings, the method's own checks, and what FSDP with vllm cannot do."""
+    from semrl.algos.catalog import POLICY_LOSSES, get_method
+
     if cfg.algorithm.policy_loss not in POLICY_LOSSES:
         raise ConfigError(
             f"config key 'algorithm.policy_loss': unknown loss '{cfg.algorithm.policy_loss}'. "
@@ -92,6 +111,8 @@ def validate(cfg: Config) -> None:
 
 def methods_table() -> str:
     """Markdown table of the registered methods, their defaults and where their options are."""
+    from semrl.algos.catalog import METHODS
+
     lines = ["| method | loss aggregation, policy loss | options | what it is |", "|---|---|---|---|"]
     for name, spec in sorted(METHODS.items()):
         section = f"`{name}.*`" if spec.options is not None else "-"

@@ -14,17 +14,19 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from semrl.algos.semantic_entropy import Estimator, cluster_entropy
 from semrl.data import DataError, EpochSampler, Problem, load_problems
 from semrl.engines import Engine, SamplingParams
 from semrl.evaluation import sample_and_verify
 from semrl.reward import VerifierPool
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SCORE_FIELD = "semantic_entropy"
 

@@ -17,12 +17,11 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from semrl.algos.semantic_entropy import cluster_answers
 from semrl.atomic import write_text_atomic
@@ -30,6 +29,9 @@ from semrl.data import Problem, build_prompt_ids
 from semrl.engines import Engine, Generation, GenerationRequest, SamplingParams, sampling_params
 from semrl.jsonl import read_jsonl
 from semrl.reward import RewardFunctions, RewardResult, VerifierPool, score_responses
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -299,6 +301,30 @@ def evaluate_dataset(
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary, reused
+
+
+def evaluate_datasets(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: VerifierPool,
+    problems: dict[str, Sequence[Problem]],
+    settings: dict[str, EvalSettings],
+    output: Path,
+    title: str,
+    quiet: bool = False,
+) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """``semrl eval``: each named dataset evaluated into ``output/NAME`` (``evaluate_dataset``,
+    resumable), then ``output/metrics.json`` and ``output/results.md`` (under ``title``) written.
+    Returns the summaries and, per dataset, the problems reused from an earlier run."""
+    summaries, reused = {}, {}
+    for name, dataset in problems.items():
+        with tqdm(total=len(dataset), desc=f"eval {name}", unit="problem", disable=quiet) as bar:
+            summaries[name], reused[name] = evaluate_dataset(
+                engine, tokenizer, pool, dataset, settings[name], output / name, bar.update
+            )
+    write_text_atomic(output / "metrics.json", json.dumps(summaries, indent=2))
+    write_text_atomic(output / "results.md", f"# {title}\n\n{markdown_table(summaries)}\n")
+    return summaries, reused
 
 
 def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:

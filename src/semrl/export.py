@@ -9,14 +9,16 @@ name and renamed into place, so an interrupted export leaves nothing half-writte
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING
 
 from semrl.atomic import atomic_directory
 from semrl.checkpoint import latest_checkpoint, load_trainer_state, verify_checkpoint
 from semrl.errors import ConfigError
 from semrl.lora import is_adapter_checkpoint
 from semrl.models import load_model, load_tokenizer, resolve_model_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def load_trained_model(ckpt: Path) -> PreTrainedModel:

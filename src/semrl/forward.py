@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
 
 from semrl.lm_head import DEFAULT_LOGITS_CHUNK, chunked_logprobs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass

@@ -13,6 +13,7 @@ import difflib
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import field
 from typing import Any, Literal
 
@@ -77,24 +78,20 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+# a scalar annotation -> (does a value fit it, what the error says was expected)
+_SCALARS: dict[type, tuple[Callable[[Any], bool], str]] = {
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+
 def coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; ints are accepted for floats, lists for tuples."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        others = [a for a in args if a is not type(None)]
-        if len(others) == 1:  # an optional value: the error names what it may be
-            return coerce(value, others[0], key)
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return coerce(value, arg, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"config key '{key}': {value!r} is not a valid {type_name(tp)}")
+        return _coerce_union(value, tp, key)
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -107,23 +104,28 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
         return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"config key '{key}': unsupported type {tp}")  # pragma: no cover
+    if tp not in _SCALARS:
+        raise ConfigError(f"config key '{key}': unsupported type {tp}")  # pragma: no cover
+    fits, expected = _SCALARS[tp]
+    if not fits(value):
+        raise ConfigError(f"config key '{key}': expected {expected}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _coerce_union(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as the first member of the union ``tp`` it fits (None for an optional one)."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    others = [a for a in args if a is not type(None)]
+    if len(others) == 1:  # an optional value: the error names what it may be
+        return coerce(value, others[0], key)
+    for arg in others:
+        try:
+            return coerce(value, arg, key)
+        except ConfigError:
+            pass
+    raise ConfigError(f"config key '{key}': {value!r} is not a valid {type_name(tp)}")
 
 
 def unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:

@@ -14,14 +14,17 @@ chain's parent is -1), which packs a micro-batch without padding waste.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from semrl.forward import final_hidden_states, head_logprobs
 from semrl.lm_head import DEFAULT_LOGITS_CHUNK
 from semrl.tree import ChainTree
 from semrl.tree_attention import NEVER, TreeLayout, mask_placeholder, use_tree_attention
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass

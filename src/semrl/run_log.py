@@ -11,15 +11,18 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from semrl.batch import RolloutBatch
 from semrl.jsonl import read_jsonl
 from semrl.reward import Scores
 from semrl.trackers import Tracker
 from semrl.tree_log import tree_records
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 

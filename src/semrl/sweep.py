@@ -125,9 +125,8 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={json.dumps(value)}"
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep file; every run's config is built, so errors surface here."""
-    path = Path(path)
+def _read_sweep_file(path: Path) -> dict[str, Any]:
+    """The sweep file's mapping, its keys checked against ``SWEEP_KEYS``."""
     if not path.is_file():
         raise SweepError(f"sweep file '{path}' does not exist")
     try:
@@ -143,56 +142,68 @@ def load_sweep(path: str | Path) -> Sweep:
             raise SweepError(
                 f"sweep file '{path}': unknown key '{key}'; the keys are {', '.join(SWEEP_KEYS)}"
             )
+    if "output_dir" not in raw or not isinstance(raw["output_dir"], str):
+        raise SweepError("sweep key 'output_dir' is missing: the directory that receives OUT/VARIANT/seed-S")
+    return raw
+
+
+def _seeds(raw: dict[str, Any]) -> list[int]:
+    seeds = raw.get("seeds", [0])
+    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    if not integers or not seeds:
+        raise SweepError(f"sweep key 'seeds' must be a non-empty list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"sweep key 'seeds' lists a seed twice: {seeds}")
+    return seeds
+
+
+def _settings(raw: dict[str, Any], path: Path) -> tuple[Path | None, dict[str, Any], bool]:
+    """(base config, slurm options, keep_checkpoints) of the sweep file at ``path``."""
     base = (path.parent / raw["base"]).resolve() if raw.get("base") else None
     if base is not None and not base.is_file():
         raise SweepError(
             f"sweep key 'base': config file '{base}' does not exist (paths are relative to the sweep file)"
         )
-    if "output_dir" not in raw or not isinstance(raw["output_dir"], str):
-        raise SweepError("sweep key 'output_dir' is missing: the directory that receives OUT/VARIANT/seed-S")
-    seeds = raw.get("seeds", [0])
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds)
-    ):
-        raise SweepError(f"sweep key 'seeds' must be a non-empty list of integers, got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
-        raise SweepError(f"sweep key 'seeds' lists a seed twice: {seeds}")
-    variants = raw.get("variants")
-    if not isinstance(variants, dict) or not variants:
-        raise SweepError("sweep key 'variants' must map at least one variant name to its overrides")
-    common = _flatten(raw.get("overrides"), "overrides")
     slurm = raw.get("slurm") or {}
     if not isinstance(slurm, dict) or any(k not in SLURM_KEYS for k in slurm):
         raise SweepError(f"sweep key 'slurm' takes {', '.join(SLURM_KEYS)}; got {slurm!r}")
     keep = raw.get("keep_checkpoints", True)
     if not isinstance(keep, bool):
         raise SweepError(f"sweep key 'keep_checkpoints' must be true or false, got {keep!r}")
+    return base, slurm, keep
+
+
+def _variant_overrides(name: Any, values: Any, common: dict[str, Any]) -> tuple[str, ...]:
+    """The overrides of variant ``name``: the sweep's common ones, then its own."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SweepError(f"variant name {name!r}: use letters, digits and _ . + - (it names a directory)")
+    own = _flatten(values, f"variants.{name}")
+    for key in (*common, *own):
+        if key in OWNED_KEYS:
+            raise SweepError(f"variant '{name}': '{key}' is set by the sweep for each run; remove it")
+    return tuple(_override(k, v) for k, v in {**common, **own}.items())
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate a sweep file; every run's config is built, so errors surface here."""
+    path = Path(path)
+    raw = _read_sweep_file(path)
+    seeds = _seeds(raw)
+    base, slurm, keep = _settings(raw, path)
+    variants = raw.get("variants")
+    if not isinstance(variants, dict) or not variants:
+        raise SweepError("sweep key 'variants' must map at least one variant name to its overrides")
+    common = _flatten(raw.get("overrides"), "overrides")
     out = Path(raw["output_dir"])
     runs, by_variant = [], {}
     for name, values in variants.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise SweepError(f"variant name {name!r}: use letters, digits and _ . + - (it names a directory)")
-        own = _flatten(values, f"variants.{name}")
-        for key in (*common, *own):
-            if key in OWNED_KEYS:
-                raise SweepError(f"variant '{name}': '{key}' is set by the sweep for each run; remove it")
-        overrides = tuple(_override(k, v) for k, v in {**common, **own}.items())
-        by_variant[name] = overrides
+        by_variant[name] = overrides = _variant_overrides(name, values, common)
         for seed in seeds:
             run_dir = out / name / f"seed-{seed}"
-            run = SweepRun(
-                name,
-                seed,
-                run_dir,
-                (
-                    *overrides,
-                    _override("trainer.seed", seed),
-                    _override("logging.output_dir", str(run_dir)),
-                    _override("logging.eval_cache", str(out / EVAL_CACHE)),
-                ),
-            )
+            run = SweepRun(name, seed, run_dir, (
+                *overrides, _override("trainer.seed", seed), _override("logging.output_dir", str(run_dir)),
+                _override("logging.eval_cache", str(out / EVAL_CACHE)),
+            ))
             try:
                 load_config(base, list(run.overrides))
             except ConfigError as err:
@@ -272,7 +283,7 @@ def execute_run(run: SweepRun, base: Path | None, keep_checkpoints: bool) -> int
     code = subprocess.call(train_command(run, base, state))
     if code == 0:
         if not keep_checkpoints:
-            from semrl.curriculum import stage_reference_dirs
+            from semrl.checkpoint import stage_reference_dirs
 
             for path in [run.run_dir / "checkpoints", *stage_reference_dirs(run.run_dir)]:
                 shutil.rmtree(path, ignore_errors=True)

@@ -15,14 +15,16 @@ ROSE's length discount starts inside it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from semrl.batch import RolloutBatch
 from semrl.reward import Scores
 from semrl.tree import chain_segments
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def tree_records(

@@ -6,6 +6,9 @@ Definitions: docs/algorithms.md, "ROSE: nodes and segment advantages" (ROSE pape
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from semrl.tree import ChainTree, code_compat_node_sets, exact_node_points, segments_between
@@ -38,51 +41,65 @@ def segment_advantages(
     rewards = rewards.float()
     if rewards.shape != (g,):
         raise ValueError(f"rewards must have shape ({g},), got {tuple(rewards.shape)}")
-    lengths = tree.lengths
+    nodes = _code_compat_nodes(tree, rewards) if code_compat else _exact_nodes(tree, rewards)
     adv = torch.zeros(g, width)
-    root_value = rewards.mean().item()
-
-    if code_compat:
-        sets = code_compat_node_sets(tree)
-        all_points = sorted(set().union(*sets))
-        value = {k: rewards[[b for b in range(g) if k in sets[b]]].mean().item() for k in all_points}
-        value[0] = root_value
-        chain_points = [sorted(k for k in s if k != 0) for s in sets]
-
-        def node_value(c: int, k: int) -> float:
-            return value[k]
-
-        def divergence_point(a: int, b: int) -> int:  # deepest common position in both sets
-            common = [k for k in sets[a] & sets[b] if k <= min(lengths[a], lengths[b])]
-            return max(common) if common else 0
-    else:
-        points, nodes = exact_node_points(tree)
-        chain_points = points
-        member_of = {
-            (c, k): members for (k, members) in nodes for c in members
-        }  # unique per (chain, position): shared-prefix lengths form an ultrametric
-
-        def node_value(c: int, k: int) -> float:
-            return root_value if k == 0 else rewards[sorted(member_of[(c, k)])].mean().item()
-
-        divergence_point = tree.shared_prefix
-
     for c in range(g):
-        for start, end in segments_between(chain_points[c], lengths[c]):
-            end_value = rewards[c].item() if end == lengths[c] else node_value(c, end)
-            adv[c, start:end] = end_value - node_value(c, start)
-
+        for start, end in segments_between(nodes.chain_points[c], tree.lengths[c]):
+            end_value = rewards[c].item() if end == tree.lengths[c] else nodes.value(c, end)
+            adv[c, start:end] = end_value - nodes.value(c, start)
     if alpha > 0:
         is_correct = rewards.abs() > correct_eps if correct is None else correct.bool()
         correct_chains = [c for c in range(g) if bool(is_correct[c])]
         if len(correct_chains) >= 2:
-            shortest = min(correct_chains, key=lambda c: (lengths[c], c))
+            shortest = min(correct_chains, key=lambda c: (tree.lengths[c], c))
             for c in correct_chains:
-                if c == shortest:
-                    continue
-                k = divergence_point(shortest, c)
-                adv[c] = length_discount(adv[c], lengths[c], lengths[shortest], k, alpha)
+                if c != shortest:
+                    k = nodes.divergence_point(shortest, c)
+                    adv[c] = length_discount(adv[c], tree.lengths[c], tree.lengths[shortest], k, alpha)
     return adv
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """A group's nodes as the segment advantages read them.
+
+    Attributes:
+        chain_points: per chain, its branch positions (the root's 0 left out).
+        value: (chain, position) -> the value of the chain's node at that position.
+        divergence_point: (chain a, chain b) -> the position where the two part.
+    """
+
+    chain_points: list[list[int]]
+    value: Callable[[int, int], float]
+    divergence_point: Callable[[int, int], int]
+
+
+def _exact_nodes(tree: ChainTree, rewards: torch.Tensor) -> _Nodes:
+    """Nodes by the exact tree: a position together with the chains sharing the prefix up to it."""
+    points, nodes = exact_node_points(tree)
+    root_value = rewards.mean().item()
+    # unique per (chain, position): shared-prefix lengths form an ultrametric
+    member_of = {(c, k): members for (k, members) in nodes for c in members}
+
+    def value(c: int, k: int) -> float:
+        return root_value if k == 0 else rewards[sorted(member_of[(c, k)])].mean().item()
+
+    return _Nodes(points, value, tree.shared_prefix)
+
+
+def _code_compat_nodes(tree: ChainTree, rewards: torch.Tensor) -> _Nodes:
+    """Nodes keyed by (prompt, position), as ROSE's code keys them (``rose.code_compat``)."""
+    sets = code_compat_node_sets(tree)
+    g, lengths = len(tree), tree.lengths
+    points = sorted(set().union(*sets))
+    values = {k: rewards[[b for b in range(g) if k in sets[b]]].mean().item() for k in points}
+    values[0] = rewards.mean().item()
+
+    def divergence_point(a: int, b: int) -> int:  # deepest common position in both sets
+        common = [k for k in sets[a] & sets[b] if k <= min(lengths[a], lengths[b])]
+        return max(common) if common else 0
+
+    return _Nodes([sorted(k for k in s if k != 0) for s in sets], lambda c, k: values[k], divergence_point)
 
 
 def length_discount(

@@ -6,10 +6,7 @@ engines are made."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from semrl.engines.base import (
     Engine,
@@ -23,10 +20,13 @@ from semrl.engines.base import (
     sampling_params,
     sequence_seed,
 )
-from semrl.engines.hf import HFEngine
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
-    "Engine", "Generation", "GenerationRequest", "HFEngine", "OnDone", "PrefixCache", "SamplingParams",
+    "Engine", "Generation", "GenerationRequest", "OnDone", "PrefixCache", "SamplingParams",
     "build_engine", "eos_token_ids", "request_budget", "sampling_params", "sequence_seed",
 ]
 
@@ -55,7 +55,9 @@ def build_engine(
             tensors); None: ``model``'s own.
     """
     eos = eos_token_ids(tokenizer, model)
-    if kind == "hf":
+    if kind == "hf":  # imported here: transformers' generation code loads only when an engine is made
+        from semrl.engines.hf import HFEngine
+
         return HFEngine(model, eos, tokenizer.pad_token_id, batch_size, compute_dtype)
     if kind == "vllm":
         from semrl.engines.vllm import VLLMEngine, VLLMSettings

@@ -125,6 +125,17 @@ class _Started:
 _ENGINES: dict[tuple[Any, ...], _Started] = {}
 
 
+def check_unfiltered_logprobs(top_p: float, top_k: int, setting: str, reader: str, fix: str) -> None:
+    """Refuse a vLLM sampler whose log-probs a consumer reads as the unfiltered distribution's: with
+    top-p < 1 or top-k > 0 vLLM returns those of the filtered, renormalised one (docs/engines.md).
+    ``setting`` names the settings, ``reader`` who reads them, ``fix`` what to change."""
+    if top_p < 1.0 or top_k > 0:
+        raise ConfigError(
+            f"{setting}: vLLM returns log-probs of the filtered, renormalised distribution, while "
+            f"{reader} (docs/engines.md); {fix}"
+        )
+
+
 def check_vllm_settings(cfg: Any) -> None:
     """Config-level checks for ``rollout.engine=vllm``; they run when the config is loaded."""
     r = cfg.rollout
@@ -133,13 +144,11 @@ def check_vllm_settings(cfg: Any) -> None:
             f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL_HINT}; or set "
             "rollout.engine=hf"
         )
-    if r.top_p < 1.0 or r.top_k > 0:
-        raise ConfigError(
-            f"rollout.engine=vllm with rollout.top_p={r.top_p}, "
-            f"rollout.top_k={r.top_k}: vLLM returns log-probs of "
-            "the filtered, renormalised distribution, while training uses the tempered unfiltered one "
-            "(docs/engines.md); set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf"
-        )
+    check_unfiltered_logprobs(
+        r.top_p, r.top_k, f"rollout.engine=vllm with rollout.top_p={r.top_p}, rollout.top_k={r.top_k}",
+        "training uses the tempered unfiltered one",
+        "set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf",
+    )
     if r.vllm_block_size < 1 or (not torch.cuda.is_available() and r.vllm_block_size % CPU_BLOCK_MULTIPLE):
         raise ConfigError(
             f"rollout.vllm_block_size={r.vllm_block_size}: vLLM's CPU backend needs a multiple of "

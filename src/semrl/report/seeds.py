@@ -92,50 +92,57 @@ def _config_value(run_dir: Path, dotted: str) -> Any:
     return node
 
 
+def _sweep_runs(root: Path) -> list[tuple[str, int, Path]]:
+    """(variant, seed, run directory) of a sweep directory's ``VARIANT/seed-S`` runs; while the
+    sweep still runs, only the finished ones (a half-run would bias the means)."""
+    if not root.exists():
+        raise FileNotFoundError(
+            f"'{root}' does not exist: give a sweep directory (the output_dir of a sweep file)"
+        )
+    children = sorted(root.iterdir()) if root.is_dir() else []
+    variant_dirs = [p for p in children if p.is_dir() and not p.name.startswith(".")]
+    found = [
+        (variant_dir.name, int(match.group(1)), run_dir)
+        for variant_dir in variant_dirs
+        for run_dir in sorted(variant_dir.iterdir())
+        if (match := SEED_DIR.match(run_dir.name)) and (run_dir / "metrics.jsonl").exists()
+    ]
+    if any((run_dir / DONE_FILE).exists() for _, _, run_dir in found):
+        unfinished = [r for r in found if not (r[2] / DONE_FILE).exists()]
+        if unfinished:
+            logger.warning(
+                "%d unfinished run(s) left out: %s", len(unfinished),
+                ", ".join(f"{v}/seed-{s}" for v, s, _ in unfinished),
+            )
+        found = [r for r in found if (r[2] / DONE_FILE).exists()]
+    if not found:
+        raise FileNotFoundError(
+            f"{root} holds no VARIANT/seed-S run with a metrics.jsonl: is it a sweep directory?"
+        )
+    return found
+
+
+def _grouped_runs(paths: Sequence[str | Path], group_by: str) -> list[tuple[str, int, Path]]:
+    """(variant, seed, run directory) of run directories, the variant read from the config key
+    ``group_by`` and the seed from ``trainer.seed``."""
+    found = []
+    for path in map(Path, paths):
+        if not (path / "metrics.jsonl").exists():
+            raise FileNotFoundError(
+                f"{path / 'metrics.jsonl'} does not exist: is '{path}' a semrl run directory?"
+            )
+        found.append((str(_config_value(path, group_by)), int(_config_value(path, "trainer.seed")), path))
+    return found
+
+
 def find_runs(paths: Sequence[str | Path], group_by: str | None = None) -> dict[str, list[Run]]:
     """Runs grouped into variants: one sweep directory (its ``VARIANT/seed-S`` runs), or run
     directories grouped by the config key ``group_by`` (seed: ``trainer.seed``)."""
-    found: list[tuple[str, int, Path]] = []
-    if group_by is None:
-        if len(paths) != 1:
-            raise ValueError(
-                "give one sweep directory, or run directories with --group-by KEY (e.g. algorithm.method)"
-            )
-        root = Path(paths[0])
-        if not root.exists():
-            raise FileNotFoundError(
-                f"'{root}' does not exist: give a sweep directory (the output_dir of a sweep file)"
-            )
-        for variant_dir in (
-            sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-            if root.is_dir()
-            else []
-        ):
-            for run_dir in sorted(variant_dir.iterdir()):
-                match = SEED_DIR.match(run_dir.name)
-                if match and (run_dir / "metrics.jsonl").exists():
-                    found.append((variant_dir.name, int(match.group(1)), run_dir))
-        # a sweep still running: only its finished runs (a half-run would bias the means)
-        if any((run_dir / DONE_FILE).exists() for _, _, run_dir in found):
-            unfinished = [r for r in found if not (r[2] / DONE_FILE).exists()]
-            if unfinished:
-                logger.warning(
-                    "%d unfinished run(s) left out: %s",
-                    len(unfinished),
-                    ", ".join(f"{v}/seed-{s}" for v, s, _ in unfinished),
-                )
-            found = [r for r in found if (r[2] / DONE_FILE).exists()]
-        if not found:
-            raise FileNotFoundError(
-                f"{root} holds no VARIANT/seed-S run with a metrics.jsonl: is it a sweep directory?"
-            )
-    else:
-        for path in map(Path, paths):
-            if not (path / "metrics.jsonl").exists():
-                raise FileNotFoundError(
-                    f"{path / 'metrics.jsonl'} does not exist: is '{path}' a semrl run directory?"
-                )
-            found.append((str(_config_value(path, group_by)), int(_config_value(path, "trainer.seed")), path))
+    if group_by is None and len(paths) != 1:
+        raise ValueError(
+            "give one sweep directory, or run directories with --group-by KEY (e.g. algorithm.method)"
+        )
+    found = _sweep_runs(Path(paths[0])) if group_by is None else _grouped_runs(paths, group_by)
     groups: dict[str, list[Run]] = {}
     for variant, seed, run_dir in found:
         if any(r.seed == seed for r in groups.get(variant, [])):
@@ -404,65 +411,167 @@ def mean_tokens_at_steps(runs: Sequence[Run]) -> dict[int, float]:
     return {s: float(np.mean([t[s] for t in by_run if s in t])) for s in steps}
 
 
+def _band(ax: Any, points: list[tuple[float, float, float, int]], label: str) -> None:
+    """One variant's mean line with a +- s.e. band, in the variant's colour."""
+    from semrl.report import method_color
+
+    x = np.array([p[0] for p in points], dtype=float)
+    m = np.array([p[1] for p in points])
+    se = np.array([p[2] for p in points])
+    color = method_color(label)
+    ax.plot(x, m, marker="o", markersize=2.5, label=label, color=color)
+    ax.fill_between(x, m - se, m + se, color=color, alpha=0.2, linewidth=0)
+
+
+def _figure(
+    plt: Any, path: Path, lines: dict[str, list[Any]], xlabel: str, ylabel: str, size: tuple[float, float],
+    log_x: bool = False,
+) -> Path:
+    """A figure of every variant's band, saved as ``path``."""
+    fig, ax = plt.subplots(figsize=size)
+    for variant, points in lines.items():
+        if points:
+            _band(ax, points, variant)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _plots(
     groups: dict[str, list[Run]], out: Path, metrics: Sequence[str], x_axis: str = "step"
 ) -> list[Path]:
-    from semrl.report import method_color, pyplot
+    from semrl.report import pyplot
 
     plt = pyplot()
     if plt is None:
         return []
     out.mkdir(parents=True, exist_ok=True)
     written = []
-
-    def band(ax: Any, points: list[tuple[int, float, float, int]], label: str) -> None:
-        x = np.array([p[0] for p in points], dtype=float)
-        m = np.array([p[1] for p in points])
-        se = np.array([p[2] for p in points])
-        color = method_color(label)
-        ax.plot(x, m, marker="o", markersize=2.5, label=label, color=color)
-        ax.fill_between(x, m - se, m + se, color=color, alpha=0.2, linewidth=0)
-
     for split in SPLITS:
         curves = pass_at_k_curves(groups, split)
-        if not curves:
-            continue
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for name, points in curves.items():
-            band(ax, points, name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("k (samples per problem)")
-        ax.set_ylabel(f"{'held-out' if split == 'eval' else 'transfer'} pass@k")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / f"pass_at_k_{split}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        if curves:
+            ylabel = f"{'held-out' if split == 'eval' else 'transfer'} pass@k"
+            written.append(_figure(
+                plt, out / f"pass_at_k_{split}.png", curves, "k (samples per problem)", ylabel, (5.5, 3.6),
+                log_x=True,
+            ))
     tokens = {v: mean_tokens_at_steps(runs) for v, runs in groups.items()}
+    xlabel = "step" if x_axis == "step" else "sampled tokens (cumulative, mean over seeds)"
     for metric in metrics:
         lines = {v: [p for p in per_step(runs, metric) if p[0] > 0] for v, runs in groups.items()}
         if x_axis == "tokens":  # x: the mean cumulative sampled tokens over seeds at that step
             lines = {
                 v: [(tokens[v][p[0]], *p[1:]) for p in pts if p[0] in tokens[v]] for v, pts in lines.items()
             }
-        if not any(lines.values()):
-            continue
-        fig, ax = plt.subplots(figsize=(5.5, 3.4))
-        for variant, points in lines.items():
-            if points:
-                band(ax, points, variant)
-        ax.set_xlabel("step" if x_axis == "step" else "sampled tokens (cumulative, mean over seeds)")
-        ax.set_ylabel(f"{metric} (mean ± s.e. over seeds)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / (metric.replace("/", "_").replace("@", "_at_") + ".png")
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        if any(lines.values()):
+            path = out / (metric.replace("/", "_").replace("@", "_at_") + ".png")
+            ylabel = f"{metric} (mean ± s.e. over seeds)"
+            written.append(_figure(plt, path, lines, xlabel, ylabel, (5.5, 3.4)))
     return written
+
+
+Section = tuple[str, list[str], list[list[str]]]  # (heading, table header, rows)
+
+
+def _split_sections(
+    groups: dict[str, list[Run]], split: str, pairs: list[tuple[str, str]], budget: float | None
+) -> list[Section]:
+    """The final tables of one evaluation split: the final metrics, pass@k for every k and the paired
+    differences, at equal steps and, with ``budget``, at equal sampled tokens."""
+    header, rows = final_table(groups, split)
+    if not rows:
+        return []
+    title = "Held-out problems" if split == "eval" else "Transfer split"
+    n = _num_samples(groups, split)
+    curve = pass_at_k_curves(groups, split)
+    sections: list[Section] = [
+        (f"{title}: final evaluation, mean ± s.e. (n seeds)", header, rows),
+        (
+            f"{title}: pass@k for k = 1..{n}, mean ± s.e.", ["k", *curve],
+            [[str(k), *(_fmt(*pts[k - 1][1:]) for pts in curve.values())] for k in range(1, n + 1)],
+        ),
+    ]
+    if rows := comparison_rows(groups, pairs, final_metrics(groups, split), prefix=f"{split}/"):
+        sections.append((
+            f"{title}: paired differences at equal steps (over seeds; 95% t-interval)",
+            COMPARISON_HEADER, rows,
+        ))
+    if budget is not None:
+        header, rows = final_table(groups, split, budget)
+        sections.append((f"{title}: at equal sampled tokens ({budget:,.0f}), mean ± s.e.", header, rows))
+        if rows := comparison_rows(groups, pairs, final_metrics(groups, split), budget, f"{split}/"):
+            sections.append((
+                f"{title}: paired differences at equal sampled tokens ({budget:,.0f}; 95% t-interval)",
+                COMPARISON_HEADER, rows,
+            ))
+    return sections
+
+
+def _training_sections(
+    groups: dict[str, list[Run]], pairs: list[tuple[str, str]], metrics: list[str], budget: float | None,
+    window: int,
+) -> list[Section]:
+    """Paired differences of the training metrics, the sampled tokens, and each metric per step."""
+    sections: list[Section] = []
+    last_step = [m for m in metrics if any(r.series(m) for runs in groups.values() for r in runs)]
+    if rows := comparison_rows(groups, pairs, last_step, window=window):
+        where = "at the last step" if window == 1 else f"over the last {window} steps (mean)"
+        heading = f"Training metrics {where}: paired differences (95% t-interval)"
+        sections.append((heading, COMPARISON_HEADER, rows))
+    if budget is not None:
+        tokens_row = [
+            [v, _fmt(*mean_se([max(cumulative_tokens(r).values()) for r in runs]), digits=0)]
+            for v, runs in groups.items()
+        ]
+        sections.append(("Sampled tokens in all, mean ± s.e. (n seeds)", ["variant", "tokens"], tokens_row))
+    for metric in metrics:
+        lines = {v: {p[0]: p for p in per_step(runs, metric) if p[0] > 0} for v, runs in groups.items()}
+        if steps := sorted({s for pts in lines.values() for s in pts}):
+            rows = [
+                [str(s), *(_fmt(*pts[s][1:]) if s in pts else "" for pts in lines.values())] for s in steps
+            ]
+            sections.append((f"{metric} per step, mean ± s.e. (n seeds)", ["step", *lines], rows))
+    return sections
+
+
+def _write_outputs(
+    out: Path, groups: dict[str, list[Run]], title: str, sections: list[Section], md: list[str],
+    metrics: list[str], x_axis: str,
+) -> list[str]:
+    """``results.md`` (``md`` and the figures), ``aggregate.json``, the PNG figures and a
+    self-contained ``index.html`` in ``out``; returns ``md`` with the figures and what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = _plots(groups, out / "figures", metrics, x_axis)
+    md = [*md, *(f"![{p.stem}](figures/{p.name})" for p in figures)]
+    (out / "results.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    aggregated = {
+        "seeds": {v: [r.seed for r in runs] for v, runs in groups.items()},
+        "per_step": aggregate(groups),
+        "pass_at_k": {s: pass_at_k_curves(groups, s) for s in SPLITS},
+    }
+    (out / "aggregate.json").write_text(json.dumps(aggregated, indent=1))
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    for heading, header, rows in sections:
+        body += [f"<h3>{html.escape(heading)}</h3>", _html_table(header, rows)]
+    for p in figures:
+        data = base64.b64encode(p.read_bytes()).decode()
+        body.append(f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,{data}"></figure>')
+    page = (
+        '<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
+        "content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
+        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"
+        "table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:2px 8px;"
+        "text-align:right}img{max-width:48%}</style></head><body>" + "".join(body) + "</body></html>"
+    )
+    (out / "index.html").write_text(page, encoding="utf-8")
+    return [*md, "", f"written: {out / 'results.md'}, {out / 'index.html'}, {out / 'aggregate.json'}"]
 
 
 def compare_seeds(
@@ -489,88 +598,13 @@ def compare_seeds(
     seeds = sorted({r.seed for runs in groups.values() for r in runs})
     pairs = comparison_pairs(groups, baseline)
     budget = equal_token_budget(groups)
-    sections: list[tuple[str, list[str], list[list[str]]]] = []
-    for split in SPLITS:
-        header, rows = final_table(groups, split)
-        if not rows:
-            continue
-        title = "Held-out problems" if split == "eval" else "Transfer split"
-        sections.append((f"{title}: final evaluation, mean ± s.e. (n seeds)", header, rows))
-        n = _num_samples(groups, split)
-        curve = pass_at_k_curves(groups, split)
-        sections.append((
-            f"{title}: pass@k for k = 1..{n}, mean ± s.e.",
-            ["k", *curve],
-            [[str(k), *(_fmt(*pts[k - 1][1:]) for pts in curve.values())] for k in range(1, n + 1)],
-        ))
-        if rows := comparison_rows(groups, pairs, final_metrics(groups, split), prefix=f"{split}/"):
-            sections.append((
-                f"{title}: paired differences at equal steps (over seeds; 95% t-interval)",
-                COMPARISON_HEADER, rows,
-            ))
-        if budget is not None:
-            header, rows = final_table(groups, split, budget)
-            sections.append((f"{title}: at equal sampled tokens ({budget:,.0f}), mean ± s.e.", header, rows))
-            if rows := comparison_rows(groups, pairs, final_metrics(groups, split), budget, f"{split}/"):
-                sections.append((
-                    f"{title}: paired differences at equal sampled tokens ({budget:,.0f}; 95% t-interval)",
-                    COMPARISON_HEADER, rows,
-                ))
-    last_step = [m for m in metrics if any(r.series(m) for runs in groups.values() for r in runs)]
-    if rows := comparison_rows(groups, pairs, last_step, window=window):
-        where = "at the last step" if window == 1 else f"over the last {window} steps (mean)"
-        sections.append((f"Training metrics {where}: paired differences (95% t-interval)",
-                         COMPARISON_HEADER, rows))
-    if budget is not None:
-        tokens_row = [[v, _fmt(*mean_se([max(cumulative_tokens(r).values()) for r in runs]), digits=0)]
-                      for v, runs in groups.items()]
-        sections.append(("Sampled tokens in all, mean ± s.e. (n seeds)", ["variant", "tokens"], tokens_row))
-    per_step_tables = []
-    for metric in metrics:
-        lines = {v: {p[0]: p for p in per_step(runs, metric) if p[0] > 0} for v, runs in groups.items()}
-        steps = sorted({s for pts in lines.values() for s in pts})
-        if steps:
-            rows = [
-                [str(s), *(_fmt(*pts[s][1:]) if s in pts else "" for pts in lines.values())] for s in steps
-            ]
-            per_step_tables.append((f"{metric} per step, mean ± s.e. (n seeds)", ["step", *lines], rows))
-    title = f"{len(groups)} variants x seeds {seeds}: " + ", ".join(
-        f"{v} ({len(r)})" for v, r in groups.items()
-    )
+    sections = [s for split in SPLITS for s in _split_sections(groups, split, pairs, budget)]
+    sections += _training_sections(groups, pairs, metrics, budget, window)
+    counts = ", ".join(f"{v} ({len(r)})" for v, r in groups.items())
+    title = f"{len(groups)} variants x seeds {seeds}: {counts}"
     md = [f"# {title}", ""]
-    for heading, header, rows in [*sections, *per_step_tables]:
+    for heading, header, rows in sections:
         md += [f"**{heading}**", "", *_markdown(header, rows), ""]
     if output is not None:
-        out = Path(output)
-        out.mkdir(parents=True, exist_ok=True)
-        figures = _plots(groups, out / "figures", metrics, x_axis)
-        md += [f"![{p.stem}](figures/{p.name})" for p in figures]
-        (out / "results.md").write_text("\n".join(md) + "\n", encoding="utf-8")
-        (out / "aggregate.json").write_text(
-            json.dumps(
-                {
-                    "seeds": {v: [r.seed for r in runs] for v, runs in groups.items()},
-                    "per_step": aggregate(groups),
-                    "pass_at_k": {s: pass_at_k_curves(groups, s) for s in SPLITS},
-                },
-                indent=1,
-            )
-        )
-        body = [f"<h1>{html.escape(title)}</h1>"]
-        for heading, header, rows in [*sections, *per_step_tables]:
-            body += [f"<h3>{html.escape(heading)}</h3>", _html_table(header, rows)]
-        for p in figures:
-            data = base64.b64encode(p.read_bytes()).decode()
-            body.append(
-                f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,{data}"></figure>'
-            )
-        page = (
-            '<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
-            "content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
-            f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"
-            "table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:2px 8px;"
-            "text-align:right}img{max-width:48%}</style></head><body>" + "".join(body) + "</body></html>"
-        )
-        (out / "index.html").write_text(page, encoding="utf-8")
-        md += ["", f"written: {out / 'results.md'}, {out / 'index.html'}, {out / 'aggregate.json'}"]
+        md = _write_outputs(Path(output), groups, title, sections, md, metrics, x_axis)
     return "\n".join(md)

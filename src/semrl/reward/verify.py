@@ -227,48 +227,57 @@ class VerifierPool:
             by_conn = {w.conn: w for w in self._workers if w.job is not None or not w.ready}
             deadlines = [w.deadline if w.ready else w.started + STARTUP_TIMEOUT_S for w in by_conn.values()]
             for conn in wait(list(by_conn), timeout=max(0.0, min(deadlines) - time.monotonic())):
-                w = by_conn[conn]  # type: ignore[index]
-                try:
-                    message = conn.recv()  # type: ignore[union-attr]
-                except (EOFError, OSError):  # the worker died (e.g. out of memory): score 0
-                    if not w.ready:
-                        script = unguarded_main_script()
-                        if script is not None:
-                            raise RuntimeError(
-                                f"a reward worker exited while starting because {script} has no "
-                                "'if __name__ == \"__main__\":' guard: reward workers are started with "
-                                "'spawn', which imports the script again in each worker, so its top-level "
-                                "code runs again there. Put the code that starts training (semrl.train, "
-                                "Trainer, VerifierPool) under 'if __name__ == \"__main__\":'"
-                            ) from None
-                        raise RuntimeError(
-                            "a reward worker exited while starting; check that "
-                            "'python -c \"import math_verify\"' works in this environment and that the "
-                            "reward functions import"
-                        ) from None
-                    if w.job is not None:
-                        out[w.job] = (None, "reward worker process died", False)
-                    self._replace(w)
-                    continue
-                if message == READY:
-                    w.ready = True
-                    continue
-                idx, result, error = message
-                out[idx] = (result, error, False)
-                w.job = None
-            now = time.monotonic()
-            for w in list(self._workers):
-                if w.job is not None and now >= w.deadline:
-                    out[w.job] = (None, None, True)
-                    self.num_timeouts += 1
-                    self._replace(w)
-                elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
-                    w.kill()
-                    raise RuntimeError(
-                        f"a reward worker did not start within {STARTUP_TIMEOUT_S:.0f} s; "
-                        "check that 'python -c \"import math_verify\"' works in this environment"
-                    )
+                self._receive(by_conn[conn], out)  # type: ignore[index]
+            self._expire(out)
         return [out[i] for i in range(len(jobs))]
+
+    def _receive(self, w: _Worker, out: dict[int, tuple[Any, str | None, bool]]) -> None:
+        """Take what worker ``w`` sent: ready, or its job's result. A worker that died while starting
+        stops the pool with the reason; one that died on a job scores it 0 and is replaced."""
+        try:
+            message = w.conn.recv()
+        except (EOFError, OSError):  # the worker died (e.g. out of memory): score 0
+            if not w.ready:
+                script = unguarded_main_script()
+                if script is not None:
+                    raise RuntimeError(
+                        f"a reward worker exited while starting because {script} has no "
+                        "'if __name__ == \"__main__\":' guard: reward workers are started with "
+                        "'spawn', which imports the script again in each worker, so its top-level "
+                        "code runs again there. Put the code that starts training (semrl.train, "
+                        "Trainer, VerifierPool) under 'if __name__ == \"__main__\":'"
+                    ) from None
+                raise RuntimeError(
+                    "a reward worker exited while starting; check that "
+                    "'python -c \"import math_verify\"' works in this environment and that the "
+                    "reward functions import"
+                ) from None
+            if w.job is not None:
+                out[w.job] = (None, "reward worker process died", False)
+            self._replace(w)
+            return
+        if message == READY:
+            w.ready = True
+            return
+        idx, result, error = message
+        out[idx] = (result, error, False)
+        w.job = None
+
+    def _expire(self, out: dict[int, tuple[Any, str | None, bool]]) -> None:
+        """Time out the jobs past their deadline (their workers are replaced); stop on a worker that
+        did not start in time."""
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.job is not None and now >= w.deadline:
+                out[w.job] = (None, None, True)
+                self.num_timeouts += 1
+                self._replace(w)
+            elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
+                w.kill()
+                raise RuntimeError(
+                    f"a reward worker did not start within {STARTUP_TIMEOUT_S:.0f} s; "
+                    "check that 'python -c \"import math_verify\"' works in this environment"
+                )
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()

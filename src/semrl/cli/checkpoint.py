@@ -1,0 +1,47 @@
+"""``semrl checkpoint``: verify or convert a run's checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from semrl.cli.common import SubParsers
+from semrl.errors import ConfigError
+
+
+def add_parser(sub: SubParsers) -> None:
+    ck = sub.add_parser(
+        "checkpoint", help="verify or convert a run's checkpoints",
+        description="verify: check every checkpoint of a run (and its curriculum references) against its "
+        "manifest (file sizes and SHA-256); exit 1 if one is damaged. convert: rewrite checkpoints written "
+        "by an older semrl (trainer_state.pt, a pickle) in the safe format; only for checkpoints you trust.",
+    )
+    ck.add_argument("checkpoint_command", choices=["verify", "convert"])
+    ck.add_argument("run_dir", help="run directory (logging.output_dir)")
+    ck.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from semrl.checkpoint import (
+        convert_legacy_checkpoints,
+        list_checkpoints,
+        stage_reference_dirs,
+        verify_checkpoint,
+    )
+
+    run_dir = Path(args.run_dir)
+    if args.checkpoint_command == "convert":
+        converted = convert_legacy_checkpoints(run_dir)
+        print(f"converted {len(converted)} checkpoint(s)" + "".join(f"\n  {c}" for c in converted))
+        return 0
+    references = [c for stage in stage_reference_dirs(run_dir) for c in list_checkpoints(stage)]
+    found = list_checkpoints(run_dir) + references
+    if not found:
+        raise ConfigError(f"no checkpoints in {run_dir / 'checkpoints'}")
+    bad = 0
+    for ckpt in found:
+        problems = verify_checkpoint(ckpt)
+        bad += bool(problems)
+        print(f"{ckpt}: " + ("OK" if not problems else "DAMAGED\n    " + "\n    ".join(problems)))
+    print(f"{len(found) - bad} of {len(found)} checkpoints valid")
+    return 1 if bad else 0

@@ -1,0 +1,108 @@
+"""What several commands share: the options of the commands that sample and verify, ``--plugin``,
+the prompt settings of a run's checkpoint, the engine and the problems they read."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from semrl.config import DEFAULT_SYSTEM_PROMPT, Config
+from semrl.errors import ConfigError
+
+# Defaults the config defines too are taken from it, so that a command and a run agree
+DEFAULTS = Config()
+
+SubParsers = Any  # argparse's private _SubParsersAction
+
+
+def add_model_io_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that sample from a model and verify its answers."""
+    parser.add_argument(
+        "--batch-size", type=int, default=DEFAULTS.rollout.generation_batch_size,
+        help="generation batch size (default %(default)s, as rollout.generation_batch_size)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULTS.reward.timeout_s,
+        help="verification timeout per answer in seconds (default %(default)s, as reward.timeout_s)",
+    )
+    parser.add_argument(
+        "--system-prompt",
+        help="system message of the chat template (default: the training run's when --model is "
+        "one of its checkpoints, else semrl's default)",
+    )
+    parser.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
+    parser.add_argument(
+        "--prompt-template", metavar="TEXT",
+        help="plain-text prompt with a {problem} field instead of the chat template, as data.prompt_template "
+        "(default: the training run's when --model is one of its checkpoints)",
+    )
+    parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
+    parser.add_argument(
+        "--engine", choices=["hf", "vllm"], default="hf",
+        help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm]'); "
+        "docs/engines.md",
+    )
+    parser.add_argument(
+        "--kv-cache-gib", type=float, default=DEFAULTS.rollout.vllm_kv_cache_gib,
+        help="vllm on CPU: KV-cache size in GiB (default %(default)s, as rollout.vllm_kv_cache_gib)",
+    )
+
+
+def add_plugin_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE",
+        help="a module of your own that registers methods or losses: a .py file or an importable name "
+        "(repeatable; docs/methods/adding.md)",
+    )
+
+
+def add_model_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=DEFAULTS.model.name,
+        help="alias, model/checkpoint dir, .gguf or hub id (default %(default)s)"
+    )
+
+
+def prompt_settings(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(system prompt, prompt template) as training used them: explicit flags first, then the
+    config of the run whose checkpoint ``--model`` names, then the defaults."""
+    run_config = Path(args.model).parent.parent / "config.yaml"
+    data: dict[str, Any] = {}
+    if run_config.is_file() and Path(args.model).parent.name == "checkpoints":
+        import yaml
+
+        data = (yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}).get("data") or {}
+    system = args.system_prompt if args.system_prompt is not None else data.get(
+        "system_prompt", DEFAULT_SYSTEM_PROMPT
+    )
+    template = args.prompt_template if args.prompt_template is not None else data.get("prompt_template")
+    if template is not None and (not isinstance(template, str) or "{problem}" not in template):
+        raise ConfigError(f"--prompt-template must contain a {{problem}} field, got {template!r}")
+    return (None if args.no_system_prompt else system), template
+
+
+def make_engine(
+    args: argparse.Namespace, model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int
+) -> Any:
+    """The engine of ``--engine`` for these prompts (vllm sizes its cache by the longest)."""
+    from dataclasses import replace
+
+    from semrl.engines import build_engine
+
+    # the rollout section's vllm defaults; no sleep mode: nothing trains between the calls
+    options = replace(DEFAULTS.rollout, vllm_kv_cache_gib=args.kv_cache_gib, vllm_sleep=False)
+    longest = max((len(p) for p in prompts), default=0)
+    return build_engine(
+        args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed,
+        vllm_options=options,
+    )
+
+
+def problems(name: str, args: argparse.Namespace, split: str, seed: int) -> list[Any]:
+    """Problems of a packaged benchmark, a data file or 'arithmetic' (those of a run's ``split``
+    with ``trainer.seed=seed``), cut to ``--limit``."""
+    from semrl.data import load_dataset
+
+    found = load_dataset(name, split=split, seed=seed, arithmetic_size=args.limit or 64, levels=args.levels)
+    return found[: args.limit] if args.limit else found

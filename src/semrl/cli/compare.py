@@ -1,0 +1,65 @@
+"""``semrl compare``: runs side by side, or a sweep's variants across seeds."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from semrl.cli.common import SubParsers
+from semrl.errors import ConfigError
+
+
+def add_parser(sub: SubParsers) -> None:
+    cmp = sub.add_parser(
+        "compare", help="compare runs side by side, or variants across seeds",
+        description="Run directories: final metrics side by side and per-step tables (Markdown), and with "
+        "--output one PNG per metric with all runs overlaid. A sweep directory (OUT/VARIANT/seed-S) or "
+        "--group-by KEY: each variant's seeds aggregated (mean +- s.e. per step and at the end, pass@k for "
+        "k = 1..n beside the base model's; paired differences at the seed level against --baseline, or "
+        "between every pair: a 95 percent t-interval over the per-seed differences, how many seeds agree, "
+        "the smallest difference detectable at 80 percent power and the seeds the observed one would need; "
+        "at equal steps and at equal sampled tokens); with --output also results.md, aggregate.json, PNG "
+        "figures and index.html (docs/sweeps.md, docs/evaluation.md).",
+    )
+    cmp.add_argument("run_dirs", nargs="+", help="run directories, or one sweep directory")
+    cmp.add_argument("--metric", nargs="+", help="metrics (default: reward, accuracy, entropy, ..., eval)")
+    cmp.add_argument("--output", help="directory for the tables and PNG plots")
+    cmp.add_argument(
+        "--group-by", metavar="KEY",
+        help="config key whose value names a run's variant, e.g. algorithm.method"
+    )
+    cmp.add_argument(
+        "--baseline", metavar="VARIANT",
+        help="variant the others are compared with, paired by seed (default: every pair)"
+    )
+    cmp.add_argument(
+        "--x-axis", choices=["step", "tokens"], default="step",
+        help="x axis of the per-step figures: training step, or cumulative sampled tokens (default step)",
+    )
+    cmp.add_argument(
+        "--window", type=int, default=1, metavar="N",
+        help="compare training metrics (entropy, accuracy, ...) as their mean over each run's last N steps "
+        "(default 1: the last step)",
+    )
+    cmp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from semrl.report import compare_runs
+    from semrl.report.seeds import compare_seeds
+
+    sweep_dir = len(args.run_dirs) == 1 and not (Path(args.run_dirs[0]) / "metrics.jsonl").exists()
+    if args.group_by or sweep_dir:
+        print(
+            compare_seeds(
+                args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.x_axis,
+                args.window,
+            )
+        )
+    elif args.baseline:
+        raise ConfigError(
+            "--baseline compares variants across seeds: give a sweep directory or --group-by KEY"
+        )
+    else:
+        print(compare_runs(args.run_dirs, args.metric, args.output))
+    return 0

@@ -1,0 +1,74 @@
+"""``semrl train``: one run from a YAML config plus overrides, on one or several processes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from semrl.cli.common import SubParsers, add_plugin_arg
+from semrl.errors import ConfigError
+
+
+def add_parser(sub: SubParsers) -> None:
+    train = sub.add_parser(
+        "train",
+        help="train a model",
+        description="Train with a YAML config plus section.key=value overrides, e.g. "
+        "'semrl train --config configs/demo.yaml trainer.lr=2e-6'.",
+    )
+    train.add_argument("--config", help="YAML config file (see 'semrl config' for every key)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    train.add_argument(
+        "--num-processes", type=int, default=1, metavar="N",
+        help="data-parallel processes on this machine, started through 'accelerate launch' (gloo on CPU, "
+        "NCCL on GPUs); the same as 'accelerate launch --multi_gpu --num_processes N -m semrl train ...'",
+    )
+    add_plugin_arg(train)
+    train.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    train.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from semrl.configure import load_config
+
+    if args.num_processes != 1:
+        return _launch(args)
+    if args.resume:
+        run_dir = Path(args.resume)
+        cfg = load_config(
+            args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"]
+        )
+    else:
+        cfg = load_config(args.config, args.overrides)
+    from semrl.run_summary import summary_of_run
+    from semrl.trainer import Trainer
+
+    trainer = Trainer(cfg, resume=bool(args.resume))
+    trainer.train()
+    trainer.procs.close()
+    if not trainer.procs.is_main:
+        return 0
+    print("\n" + summary_of_run(cfg.logging.output_dir))
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Re-run this ``semrl train`` command in ``args.num_processes`` processes through accelerate."""
+    import subprocess
+
+    from semrl.configure import load_config
+
+    if args.num_processes < 1:
+        raise ConfigError(f"--num-processes must be >= 1, got {args.num_processes}")
+    # a bad config fails here, once, instead of in every process
+    load_config(args.config or (Path(args.resume) / "config.yaml" if args.resume else None), args.overrides)
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+        "--num_processes", str(args.num_processes), "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "semrl", "train",
+    ]
+    command += ["--config", args.config] if args.config else []
+    command += ["--resume", args.resume] if args.resume else []
+    command += [flag for plugin in args.plugin for flag in ("--plugin", plugin)]
+    return subprocess.call(command + list(args.overrides))
