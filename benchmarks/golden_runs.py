@@ -3,6 +3,7 @@ that a refactor leaves behaviour bit-identical.
 
     python benchmarks/golden_runs.py --output before.json          # on the old code
     python benchmarks/golden_runs.py --output after.json --compare before.json
+    python benchmarks/golden_runs.py --engine vllm ...   # the same runs sampled by vLLM (head dim 32 only)
 
 Each run records the sha256 of every final weight tensor and every logged metric except timings;
 ``--compare`` lists the runs, metrics and tensors that differ and exits 1 when any does.
@@ -54,7 +55,7 @@ def _digest(path: Path) -> dict[str, str]:
     return {k: hashlib.sha256(v.float().numpy().tobytes()).hexdigest()[:16] for k, v in sorted(load_file(path).items())}
 
 
-def _run(name: str, model_dir: Path, task: Path, out: Path) -> dict[str, object]:
+def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") -> dict[str, object]:
     from semrl.configure import load_config
     from semrl.trainer import Trainer
 
@@ -69,7 +70,7 @@ def _run(name: str, model_dir: Path, task: Path, out: Path) -> dict[str, object]
         f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=8", "rollout.prompts_per_step=4",
         "rollout.max_new_tokens=4", "trainer.micro_batch_size=16", "trainer.lr=2e-3", "trainer.steps=2",
         "reward.num_workers=1", "logging.eval_samples=2", "logging.progress=false", "logging.report_to=[]",
-        f"logging.output_dir={out}", *RUNS[name], *extra,
+        f"logging.output_dir={out}", f"rollout.engine={engine}", *RUNS[name], *extra,
     ])
     trainer = Trainer(cfg)
     try:
@@ -110,6 +111,10 @@ def main() -> int:
     parser.add_argument("--compare", type=Path, help="a previous --output to compare with")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), help="a subset of the runs")
     parser.add_argument(
+        "--engine", choices=["hf", "vllm"], default="hf",
+        help="the rollout engine; vllm runs the head-dim-32 model only (vLLM's CPU attention needs it)",
+    )
+    parser.add_argument(
         "--allow-new-metrics", action="store_true", help="metrics only the new code logs are listed, not differences"
     )
     args = parser.parse_args()
@@ -120,14 +125,13 @@ def main() -> int:
         root = Path(tmp)
         task = write_seven_task(root / "seven.jsonl")
         tiny = _build_tiny_model(root / "tiny")
-        models = {
-            "hd16": _pretrain_digits(tiny, root / "digits"),
-            "hd32": _pretrain_digits(_build_tiny_model(root / "tiny32", hidden_size=128), root / "digits32"),
-        }
+        models = {"hd32": _pretrain_digits(_build_tiny_model(root / "tiny32", hidden_size=128), root / "digits32")}
+        if args.engine == "hf":
+            models = {"hd16": _pretrain_digits(tiny, root / "digits"), **models}
         for model, model_dir in models.items():
             for name in args.runs:
                 print(f"{model}/{name}", flush=True)
-                results[f"{model}/{name}"] = _run(name, model_dir, task, root / "runs" / model / name)
+                results[f"{model}/{name}"] = _run(name, model_dir, task, root / "runs" / model / name, args.engine)
     args.output.write_text(json.dumps(results, indent=1, sort_keys=True))
     print(f"{len(results)} runs -> {args.output}")
     if args.compare:

@@ -144,6 +144,18 @@ def test_at_most_three_functions_pass_the_complexity_limits():
     assert select and {"C901", "PLR0912", "PLR0915"} <= set(re.findall(r'"(\w+)"', select.group(1)))
 
 
+def test_methods_reach_no_training_forward_and_the_engine_exposes_no_model():
+    """A method's rollout gets the sampling entropy through its context (the trainer owns where it
+    is computed); the engine protocol offers sampling, not the model that trains."""
+    modules = _modules()
+    for name, path in modules.items():
+        if name.startswith("semrl.algos."):
+            assert "semrl.batch_forward" not in _imports(name, path, modules), f"{name} imports the forward"
+    from semrl.engines.base import Engine
+
+    assert "model" not in Engine.__annotations__
+
+
 def test_trainer_is_the_loop():
     lines = (PACKAGE / "trainer.py").read_text(encoding="utf-8").count("\n")
     assert lines < 450, f"trainer.py has {lines} lines; move set-up or helpers to their own modules"

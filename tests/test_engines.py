@@ -7,6 +7,7 @@ every later engine of that shape pushes its own weights into it.
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from semrl.algos.fr3e import select_anchors
 from semrl.algos.rose import RoseConfig
 from semrl.algos.rose_rollout import tree_rollout
 from semrl.algos.token_selection import high_entropy_mask, low_entropy_mask
-from semrl.batch_forward import fill_entropy
+from semrl.batch_forward import fill_sampling_entropy
 from semrl.config import ConfigError
 from semrl.configure import load_config
 from semrl.data import build_prompt_ids
@@ -332,7 +333,7 @@ def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
 
 
 def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_pass(setup):
-    """The vllm engine's entropies come from the trainer's forward (fill_entropy); on the same
+    """The vllm engine's entropies come from the trainer's forward (fill_sampling_entropy); on the same
     sequences they select the same SENT / 80-20 tokens and FR3E anchors as hf's sampling-time ones."""
     tok, model = setup
     engine = _engine("hf", model, tok)
@@ -340,7 +341,7 @@ def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_p
     gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(temperature=1.0, max_new_tokens=24),
                            torch.Generator().manual_seed(2))
     stripped = [Generation(g.token_ids, g.logprobs, g.top_logprobs, g.top_ids, None, g.finished) for g in gens]
-    fill_entropy(model, prompts, stripped, 1.0, micro_batch_size=3)
+    fill_sampling_entropy(model, prompts, stripped, 1.0, micro_batch_size=3)
     batch = make_sequence_batch(prompts, [g.token_ids.tolist() for g in gens], 0)
     mask = batch.response_mask.float()
     sampled = torch.nn.utils.rnn.pad_sequence([g.entropy for g in gens], batch_first=True)
@@ -359,8 +360,11 @@ def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup):
     emb = normalized_embeddings(model.get_input_embeddings().weight)
     prompts = _prompts(tok, 2)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    rollout = tree_rollout(engine, prompts, 4, params, emb, RoseConfig(epsilon=0.0, entropy_mode="full_vocab"),
-                           torch.Generator().manual_seed(0))
+    options = RoseConfig(epsilon=0.0, entropy_mode="full_vocab")
+    with pytest.raises(ValueError, match="computes no entropy: pass sampling_entropy"):
+        tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0))
+    fill = partial(fill_sampling_entropy, model, temperature=1.0)  # as the trainer binds it
+    rollout = tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0), fill)
     for p, group in zip(prompts, rollout.groups, strict=True):
         _, _, entropy = _forward(model, [p] * 4, group.generations, 1.0)
         for i, g in enumerate(group.generations):

@@ -71,7 +71,7 @@ def test_metrics_equal_a_direct_computation(seed):
     # entropy dynamics: padding holds junk that must not count
     adv = torch.randn(batch.sequences.response_mask.shape, generator=gen)
     pad = 1 - batch.sequences.response_mask
-    batch.rollout_entropy = batch.rollout_entropy - 3.0 * pad  # junk that would count as low entropy
+    batch.sampling_entropy = batch.sampling_entropy - 3.0 * pad  # junk that would count as low entropy
     batch.rollout_logprobs = batch.rollout_logprobs + 7.0 * pad
     adv = adv + 11.0 * pad
     threshold = 0.7

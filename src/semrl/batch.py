@@ -62,20 +62,20 @@ class RolloutBatch:
         self.group_ids = torch.arange(self.num_groups).repeat_interleave(self.group_size)  # (N,)
         shape = self.sequences.response_mask.shape
         self.rollout_logprobs = torch.zeros(shape)  # (N, T) behaviour log-probs of the sampled tokens
-        self.rollout_entropy = torch.zeros(shape)  # (N, T) full-vocabulary entropy at sampling time
+        self.sampling_entropy = torch.zeros(shape)  # (N, T) full-vocabulary entropy at sampling time
         # False on an engine that returns no entropy (vllm): the trainer fills it from its forward pass
-        self.has_rollout_entropy = all(g.entropy is not None for g in self.generations)
+        self.has_sampling_entropy = all(g.entropy is not None for g in self.generations)
         for i, g in enumerate(self.generations):
             self.rollout_logprobs[i, : len(g.logprobs)] = g.logprobs
             if g.entropy is not None:
-                self.rollout_entropy[i, : len(g.entropy)] = g.entropy
+                self.sampling_entropy[i, : len(g.entropy)] = g.entropy
 
-    def set_rollout_entropy(self, entropy: torch.Tensor) -> None:
-        """Entropies computed after sampling, (N, T): into ``rollout_entropy`` and each generation."""
-        self.rollout_entropy = entropy * self.sequences.response_mask
+    def set_sampling_entropy(self, entropy: torch.Tensor) -> None:
+        """Entropies computed after sampling, (N, T): into ``sampling_entropy`` and each generation."""
+        self.sampling_entropy = entropy * self.sequences.response_mask
         for i, g in enumerate(self.generations):
-            g.entropy = self.rollout_entropy[i, : len(g.token_ids)].clone()
-        self.has_rollout_entropy = True
+            g.entropy = self.sampling_entropy[i, : len(g.token_ids)].clone()
+        self.has_sampling_entropy = True
 
     @property
     def num_groups(self) -> int:

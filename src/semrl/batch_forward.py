@@ -73,7 +73,7 @@ class PolicyPasses:
         old_logp: the behaviour policy's log-probs (the weights that sampled), when the update takes
             more than one optimizer step; None: on-policy, the ratio is exactly 1.
         ref_logp: the reference model's log-probs, when a KL term or ``log_ref_kl`` needs them.
-        rollout_entropy: full-vocabulary entropies at the sampling weights, when the engine gave none
+        sampling_entropy: full-vocabulary entropies at the sampling weights, when the engine gave none
             (vllm) and the old-policy pass runs anyway or a token selection needs them before the
             update; otherwise the update's first forward measures them.
         first_forward_rows: (N,) bool, the rows whose ``old_logp`` (and entropy) the update's first
@@ -84,7 +84,7 @@ class PolicyPasses:
 
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
-    rollout_entropy: torch.Tensor | None = None
+    sampling_entropy: torch.Tensor | None = None
     first_forward_rows: torch.Tensor | None = None
 
 
@@ -98,14 +98,14 @@ def policy_passes(
     packed: bool,
     chunk_size: int,
     on_policy: bool,
-    entropy_before_update: bool,
+    sampling_entropy_before_update: bool,
     autocast: Callable[[], AbstractContextManager[Any]],
     reference_weights: Callable[[], AbstractContextManager[Any]],
     first_mini_batch: torch.Tensor | None = None,
 ) -> PolicyPasses:
     """Run the passes the step needs: old-policy log-probs unless ``on_policy`` (one optimizer step,
     pi_old = pi_theta), the reference's when there is a ``ref_model``, and rollout entropies when the
-    batch lacks them and ``entropy_before_update`` (a token selection reads them) or an old-policy
+    batch lacks them and ``sampling_entropy_before_update`` (a token selection reads them) or an old-policy
     pass runs anyway. ``row_batches(rows)`` gives the micro-batches (row indices) of ``rows``
     (called only when a pass runs); ``autocast`` enters the trained model's compute dtype;
     ``reference_weights`` makes ``ref_model`` the reference (under LoRA, the trained model with its
@@ -113,12 +113,12 @@ def policy_passes(
     old-policy pass leaves them to that step's forward, unless their entropies are needed before
     the update."""
     num_rows = len(batch.generations)
-    fill = not batch.has_rollout_entropy and (not on_policy or entropy_before_update)
+    fill = not batch.has_sampling_entropy and (not on_policy or sampling_entropy_before_update)
     passes = PolicyPasses()
     every_row = torch.arange(num_rows)
     if not on_policy or fill:
         old_rows = every_row
-        if not on_policy and first_mini_batch is not None and not (fill and entropy_before_update):
+        if not on_policy and first_mini_batch is not None and not (fill and sampling_entropy_before_update):
             skipped = torch.zeros(num_rows, dtype=torch.bool)
             skipped[first_mini_batch] = True
             old_rows, passes.first_forward_rows = every_row[~skipped], skipped
@@ -128,7 +128,7 @@ def policy_passes(
                 with_entropy=fill, chunk_size=chunk_size,
             )
         passes.old_logp = None if on_policy else logp
-        passes.rollout_entropy = entropy
+        passes.sampling_entropy = entropy
     if ref_model is not None:
         with reference_weights():
             passes.ref_logp = batch_logprobs(
@@ -172,14 +172,22 @@ class FirstForward:
 
     @classmethod
     def plan(cls, batch: RolloutBatch, passes: PolicyPasses) -> FirstForward:
-        """Rows the passes left; on-policy without entropies (vllm, one optimizer step), every row."""
+        """Rows the passes left; on-policy without entropies (vllm, one optimizer step) and no pass
+        that measured them, every row."""
         rows, entropy = passes.first_forward_rows, None
-        if not batch.has_rollout_entropy:
-            given = passes.rollout_entropy
-            entropy = torch.zeros(batch.sequences.response_mask.shape) if given is None else given
-            if rows is None:
+        if not batch.has_sampling_entropy:
+            mask = batch.sequences.response_mask
+            given = passes.sampling_entropy
+            entropy = torch.zeros(mask.shape) if given is None else given * mask
+            if rows is None and given is None:
                 rows = torch.ones(len(batch.generations), dtype=torch.bool)
         return cls(None if rows is None else rows.clone(), entropy)
+
+    def sampling_entropy(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N, T) sampling entropies as far as they are known: the engine's, or those the passes
+        and the forwards so far measured (complete wherever a token selection reads them before
+        the update, since the passes then measure every row)."""
+        return batch.sampling_entropy if self.entropy is None else self.entropy
 
     def old_log_probs(
         self, passes: PolicyPasses, idx: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor | None
@@ -277,7 +285,7 @@ def shuffled_rows(
 
 
 @torch.no_grad()
-def fill_entropy(
+def fill_sampling_entropy(
     model: Any,
     contexts: list[list[int]],
     generations: list[Generation],

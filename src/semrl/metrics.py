@@ -63,7 +63,7 @@ def entropy_metrics(
     advantages: (N, T).
     """
     mask = batch.sequences.response_mask.bool()
-    low = (batch.rollout_entropy < low_entropy_threshold) & mask
+    low = (batch.sampling_entropy < low_entropy_threshold) & mask
     cov = token_covariance(batch.rollout_logprobs, advantages, mask)
     n = max(1, int(mask.sum()))
     return {"entropy/low_frac": low.sum().item() / n, "entropy/cov_logp_adv": cov.sum().item() / n}

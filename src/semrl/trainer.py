@@ -33,6 +33,7 @@ from semrl.batch_forward import (
     MiniBatch,
     PolicyPasses,
     UpdateResult,
+    fill_sampling_entropy,
     micro_batches,
     policy_passes,
     rows_logprobs,
@@ -152,12 +153,10 @@ class Trainer:
                 # epoch 0's row order, drawn first: the passes leave its first mini-batch to the update
                 order = shuffled_rows(len(batch.generations), batch.group_size, self.packing, self.generator)
                 passes = self.policy_passes(batch, order[: self._mini_batch_size(batch)])
-                if passes.rollout_entropy is not None and passes.first_forward_rows is None:
-                    batch.set_rollout_entropy(passes.rollout_entropy)  # the engine gave none (vllm)
                 advantages, advantage_metrics = self.advantages(batch, scores)
                 update = self.update(batch, advantages, passes, order)
-                if update.sampling_entropy is not None:
-                    batch.set_rollout_entropy(update.sampling_entropy)
+                if update.sampling_entropy is not None:  # the engine gave none (vllm): the trainer's
+                    batch.set_sampling_entropy(update.sampling_entropy)  # forwards measured it
                 # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
                 # vllm takes them in place (a no-op for hf, which samples from the trained model)
                 self.engine.sync_weights(iter_full_parameters(self.model) if cfg.trainer.fsdp else None)
@@ -272,8 +271,12 @@ class Trainer:
         ]
         params = sampling_params(cfg.rollout, top_logprobs=self.method.reads_top_logprobs)
         if self.method.rollout_fn is not None:
+            entropy = partial(  # at the weights that sampled, in the engine's dtype
+                fill_sampling_entropy, self.rollout_model, temperature=params.temperature,
+                compute_dtype=self.engine.compute_dtype,
+            )
             context = RolloutContext(
-                self.engine, params, self.generator, self.method_config, self.method_state
+                self.engine, params, self.generator, self.method_config, entropy, self.method_state
             )
             out = self.method.rollout_fn(context, prompt_ids)
             gens, groups, metrics = out.generations, out.groups, out.metrics
@@ -323,7 +326,7 @@ class Trainer:
             lambda rows: [rows[p] for p in self._micro_batches(batch, rows)],
             temperature=self._temperature, packed=self.packing, chunk_size=t.logits_chunk_size,
             on_policy=t.ppo_epochs == 1 and self._mini_batch_size(batch) == len(batch.generations),
-            entropy_before_update=self.policy_loss.prepare_fn is not None,
+            sampling_entropy_before_update=self.policy_loss.prepare_fn is not None,
             autocast=lambda: self.precision.autocast(self.model), reference_weights=self.reference_weights,
             first_mini_batch=first_mini_batch if self.reuse_first_forward else None,
         )
@@ -352,7 +355,7 @@ class Trainer:
                 total, batch.group_size, self.packing, self.generator
             )
             for start in range(0, total, size):
-                mini = self._mini_batch(batch, advantages, order[start : start + size])
+                mini = self._mini_batch(batch, advantages, order[start : start + size], first)
                 for positions in mini.plan:
                     loss, metrics = self._micro_batch_loss(
                         batch, advantages, passes, mini, positions, first
@@ -370,7 +373,9 @@ class Trainer:
         out["actor/skipped_updates"] = float(np.sum(stats["actor/skipped_updates"]))
         return UpdateResult(out, first.entropy)
 
-    def _mini_batch(self, batch: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor) -> MiniBatch:
+    def _mini_batch(
+        self, batch: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor, first: FirstForward
+    ) -> MiniBatch:
         """The rows of one optimizer step: their global token count, the loss's token selection over
         all of them (from rollout-time tensors), and their micro-batches."""
         num_tokens = int(self.procs.sum(batch.sequences.response_mask[rows].sum().item()))
@@ -378,7 +383,7 @@ class Trainer:
         if self.policy_loss.prepare_fn is not None:
             mask = batch.sequences.response_mask[rows].float()
             inputs = MiniBatchInputs(
-                batch.rollout_logprobs[rows], batch.rollout_entropy[rows], advantages[rows], mask
+                batch.rollout_logprobs[rows], first.sampling_entropy(batch)[rows], advantages[rows], mask
             )
             selection = self.policy_loss.prepare_fn(inputs, self.loss_config)
         return MiniBatch(rows, self._micro_batches(batch, rows), selection, num_tokens)

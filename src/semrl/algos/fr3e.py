@@ -33,7 +33,6 @@ from semrl.algos.registry import (
     register_method,
 )
 from semrl.batch import GroupInfo
-from semrl.batch_forward import fill_entropy
 from semrl.engines import GenerationRequest
 from semrl.errors import ConfigError
 from semrl.options import AT_LEAST_1, option
@@ -131,9 +130,7 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         [GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True
     )
     if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
-        fill_entropy(
-            ctx.engine.model, prompt_ids, first, params.temperature, compute_dtype=ctx.engine.compute_dtype
-        )
+        ctx.sampling_entropy(prompt_ids, first)
     requests, sequence_prompts, states_per_group = [], [], []
     for ids, chain in zip(prompt_ids, first, strict=True):
         scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs

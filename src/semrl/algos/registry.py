@@ -54,6 +54,12 @@ def method_config(cfg: Config, section: str | None) -> MethodConfig[Any]:
     return MethodConfig(cfg.section(section) if section else None, cfg.algorithm, cfg.rollout)
 
 
+# (contexts, generations) -> None: fills ``Generation.entropy`` where it is None with the
+# full-vocabulary entropy at the weights that sampled them; contexts[i] holds the tokens before
+# generations[i] (``semrl.batch_forward.fill_sampling_entropy``, bound by the trainer)
+SamplingEntropyFn = Callable[[list[list[int]], list[Generation]], None]
+
+
 @dataclass(frozen=True)
 class RolloutContext:
     """What a method's rollout may use.
@@ -65,12 +71,16 @@ class RolloutContext:
         config: the method's options and the ``algorithm`` and ``rollout`` sections.
         state: the method's own state, made once per run by ``MethodSpec.new_state`` (or None); it is
             not checkpointed, so a method whose results depend on it does not resume exactly.
+        sampling_entropy: fills the full-vocabulary sampling entropy of generations an engine
+            left without it (vllm), with the trainer's forward at the sampling weights; a no-op
+            for generations that have it.
     """
 
     engine: Engine
     params: SamplingParams
     generator: torch.Generator
     config: MethodConfig[Any]
+    sampling_entropy: SamplingEntropyFn
     state: Any = None
 
     @property

@@ -108,7 +108,8 @@ def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     unit_embeddings = normalized_embeddings(ctx.engine.input_embeddings()).cpu()
     options: RoseConfig = ctx.config.options
     result = tree_rollout(
-        ctx.engine, prompt_ids, ctx.group_size, ctx.params, unit_embeddings, options, ctx.generator
+        ctx.engine, prompt_ids, ctx.group_size, ctx.params, unit_embeddings, options, ctx.generator,
+        ctx.sampling_entropy,
     )
     groups = result.groups
     gens = [g for group in groups for g in group.generations]

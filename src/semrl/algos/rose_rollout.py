@@ -17,13 +17,13 @@ prompt (``Engine.generate_dynamic``), and prefix caching does the KV reuse.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from semrl.algos.branching import BranchMetric, EntropyMode, SDMode, branch_scores
-from semrl.batch_forward import fill_entropy
 from semrl.engines import Engine, Generation, GenerationRequest, SamplingParams
 from semrl.tree import ChainTree
 
@@ -114,6 +114,7 @@ def tree_rollout(  # noqa: PLR0915
     unit_embeddings: torch.Tensor,
     options: TreeOptions,
     generator: torch.Generator | None = None,
+    sampling_entropy: Callable[[list[list[int]], list[Generation]], None] | None = None,
 ) -> TreeRollout:
     """G leaves per prompt from ROSE's iterative tree rollout.
 
@@ -121,7 +122,15 @@ def tree_rollout(  # noqa: PLR0915
         prompts: token ids of each prompt.
         unit_embeddings: (V, D) L2-normalised input embeddings for semantic divergence.
         options: the ``rose`` config section (epsilon, branch metric, modes, KV reuse).
+        sampling_entropy: fills the full-vocabulary entropy of a chain the engine sampled without
+            it (``RolloutContext.sampling_entropy``); needed with ``entropy_mode=full_vocab`` on an
+            engine that computes none (vllm).
     """
+    if options.entropy_mode == "full_vocab" and not engine.computes_entropy and sampling_entropy is None:
+        raise ValueError(
+            f"rose.entropy_mode=full_vocab on the {engine.name} engine, which computes no entropy: "
+            "pass sampling_entropy (the trainer's RolloutContext.sampling_entropy)"
+        )
     n, g = len(prompts), group_size
     is_fresh = torch.rand((n, g), generator=generator) < options.epsilon
     is_fresh[:, 0] = True
@@ -152,11 +161,9 @@ def tree_rollout(  # noqa: PLR0915
         """Store a finished chain; start the prompt's next branch once every chain before it is done."""
         t0 = time.perf_counter()
         p, k = job.prompt, job.position
-        if options.entropy_mode == "full_vocab":  # an engine without entropies (vllm): one forward pass
-            fill_entropy(
-                engine.model, [request.prompt_ids + request.prefix_ids], [out], params.temperature,
-                compute_dtype=engine.compute_dtype,
-            )
+        if options.entropy_mode == "full_vocab" and out.entropy is None:  # vllm: one forward pass
+            assert sampling_entropy is not None
+            sampling_entropy([request.prompt_ids + request.prefix_ids], [out])
         score, entropy, divergence = branch_scores(
             out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
             entropy_mode=options.entropy_mode, full_entropy=out.entropy,

@@ -92,7 +92,7 @@ class Generation:
         top_logprobs: (L, k) largest log-probs at each position, descending.
         top_ids: (L, k) their token ids.
         entropy: (L,) entropy of the full next-token distribution; None from an engine that does
-            not compute it (vllm): ``semrl.batch_forward.fill_entropy`` adds it.
+            not compute it (vllm): ``semrl.batch_forward.fill_sampling_entropy`` adds it.
         finished: ended with EOS.
         cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
     """
@@ -132,11 +132,11 @@ class Engine(Protocol):
         name: ``hf`` or ``vllm``.
         batch_size: sequences generated together (evaluation sizes its chunks by it).
         computes_entropy: whether ``Generation.entropy`` is filled at sampling time; when it is
-            not, consumers get full-vocabulary entropies from ``semrl.batch_forward.fill_entropy``.
-        model: the Hugging Face model whose weights the engine samples from (it also computes
-            the entropies and holds the input embeddings ROSE reads).
-        compute_dtype: the dtype sampling computes in (``model.dtype``; ``model`` may hold
-            float32 master weights).
+            not, the trainer measures the sampling entropy with its own forward
+            (``semrl.batch_forward.fill_sampling_entropy``; a method's rollout through
+            ``RolloutContext.sampling_entropy``).
+        compute_dtype: the dtype sampling computes in (the training model may hold float32
+            master weights).
         generated_tokens: new tokens sampled since the engine started, every call counted; a
             prefix given as ``prompt_ids`` or ``prefix_ids`` is not (tree branches share it). The
             trainer logs the difference over a step's rollout as ``rollout/sampled_tokens``.
@@ -145,7 +145,6 @@ class Engine(Protocol):
     name: str
     batch_size: int
     computes_entropy: bool
-    model: PreTrainedModel
     compute_dtype: torch.dtype
     generated_tokens: int
 
@@ -179,8 +178,8 @@ class Engine(Protocol):
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Make the engine sample from new weights: ``weights``, a stream of (name, full tensor)
         consumed one at a time (under FSDP, ``semrl.distributed.iter_full_parameters`` gathers each
-        when its turn comes) or, when None, the current weights of ``model``. Cached prefixes are
-        dropped."""
+        when its turn comes) or, when None, the current weights of the model it was built with.
+        Cached prefixes are dropped."""
         ...
 
     def release_memory(self) -> None:

@@ -15,7 +15,8 @@ What vLLM returns, and how it maps onto ``Generation``:
 - ``top_logprobs`` / ``top_ids``: the k entries of rank 1..k (vLLM adds the sampled token as a
   (k+1)-th entry when it is outside the top k; that entry is dropped here, and ROSE's
   ``rose.entropy_with_sampled`` puts it back from ``logprobs`` as the ROSE code does).
-- ``entropy``: None. vLLM never returns the full-vocabulary entropy; see ``semrl.batch_forward.fill_entropy``.
+- ``entropy``: None. vLLM never returns the full-vocabulary entropy; the trainer measures it
+  (``semrl.batch_forward.fill_sampling_entropy``).
 """
 
 from __future__ import annotations
@@ -321,7 +322,7 @@ class VLLMEngine:
     """Samples with vLLM from the weights of ``model`` (the trained Hugging Face model).
 
     ``model`` stays the source of truth: the engine starts from its directory, takes its current
-    weights at once, and again at every ``sync_weights``; ``fill_entropy`` and ROSE's embeddings
+    weights at once, and again at every ``sync_weights``; ``fill_sampling_entropy`` and ROSE's embeddings
     read it too.
     """
 
