@@ -157,6 +157,28 @@ def test_every_numeric_option_has_a_range():
     assert unranged == []
 
 
+def test_method_options_built_in_python_keep_their_declared_ranges():
+    """One mechanism: a method's option class checks the ranges its fields declare when it is
+    constructed, as loading a config does; a value just outside fails naming the key."""
+    import dataclasses
+
+    from semrl.configure import method_sections
+
+    checked = 0
+    for section, cls in method_sections().items():
+        for f in dataclasses.fields(cls):
+            valid = f.metadata.get("range")
+            if valid is None or valid.low is None:
+                continue
+            bad = valid.low if valid.low_open else valid.low - 1
+            if f.default is dataclasses.MISSING and isinstance(f.default_factory(), list):
+                bad = [bad]
+            with pytest.raises(ConfigError, match=rf"config key '{section}\.{f.name}' must be"):
+                cls(**{f.name: bad})
+            checked += 1
+    assert checked >= 10
+
+
 @pytest.mark.parametrize(("key", "valid", "annotation"), list(_ranged_options()), ids=lambda v: str(v)[:40])
 def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotation):
     """A value just outside the range fails with the key and the range in the message; the bounds

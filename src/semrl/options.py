@@ -166,6 +166,9 @@ def section_reference(name: str, cls: type) -> list[str]:
     return rows
 
 
-def check_fraction(key: str, value: float) -> None:
-    if not 0.0 < value <= 1.0:
-        raise ConfigError(f"config key '{key}' must be in (0, 1], got {value}")
+def check_ranges(section: Any, name: str) -> None:
+    """Every field of the options ``section`` (a dataclass instance) within its declared range: the
+    method option classes call it from ``__post_init__``, so that an option constructed in Python
+    is held to the ranges a loaded config is (``name``: the section's name in messages)."""
+    for f in dataclasses.fields(section):
+        check_range(f"{name}.{f.name}", getattr(section, f.name), f.metadata.get("range"))

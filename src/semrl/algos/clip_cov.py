@@ -21,7 +21,7 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import clip_cov_loss
-from semrl.options import FINITE, OPEN_FRACTION, check_fraction, option
+from semrl.options import FINITE, OPEN_FRACTION, check_ranges, option
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class ClipCovConfig:
     )
 
     def __post_init__(self) -> None:
-        check_fraction("clip_cov.ratio", self.ratio)
+        check_ranges(self, "clip_cov")
 
 
 def clip_cov(

@@ -22,7 +22,7 @@ from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInp
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import high_entropy_mask
 from semrl.errors import ConfigError
-from semrl.options import OPEN_FRACTION, check_fraction, option
+from semrl.options import OPEN_FRACTION, check_ranges, option
 
 if TYPE_CHECKING:
     from semrl.config import Config
@@ -41,7 +41,7 @@ class Entropy8020Config:
     )
 
     def __post_init__(self) -> None:
-        check_fraction("entropy_8020.top_quantile", self.top_quantile)
+        check_ranges(self, "entropy_8020")
 
 
 def check_8020(cfg: Config) -> None:

@@ -35,7 +35,7 @@ from semrl.algos.registry import (
 from semrl.batch import GroupInfo
 from semrl.engines import GenerationRequest
 from semrl.errors import ConfigError
-from semrl.options import AT_LEAST_1, option
+from semrl.options import AT_LEAST_1, check_ranges, option
 
 if TYPE_CHECKING:
     from semrl.config import Config
@@ -52,8 +52,7 @@ class FR3EConfig:
     sharpen: bool = option(True, "Sharpen the value changes: sign(d)|d|^1.5 / sum |d|^1.5 (code).")
 
     def __post_init__(self) -> None:
-        if self.num_anchors < 1:
-            raise ConfigError(f"config key 'fr3e.num_anchors' must be >= 1, got {self.num_anchors}")
+        check_ranges(self, "fr3e")
 
 
 def check_fr3e(cfg: Config) -> None:

@@ -18,7 +18,7 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import kl_cov_loss
-from semrl.options import NON_NEGATIVE, OPEN_FRACTION, check_fraction, option
+from semrl.options import NON_NEGATIVE, OPEN_FRACTION, check_ranges, option
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class KLCovConfig:
     )
 
     def __post_init__(self) -> None:
-        check_fraction("kl_cov.ratio", self.ratio)
+        check_ranges(self, "kl_cov")
 
 
 def kl_cov(

@@ -39,7 +39,7 @@ from semrl.algos.rose_rollout import tree_rollout
 from semrl.algos.rose_tree import segment_advantages
 from semrl.batch import GroupInfo
 from semrl.errors import ConfigError
-from semrl.options import AT_LEAST_1, FRACTION, NON_NEGATIVE, option
+from semrl.options import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_ranges, option
 from semrl.tree import ChainTree
 
 if TYPE_CHECKING:
@@ -80,8 +80,7 @@ class RoseConfig:
     )
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ConfigError(f"config key 'rose.epsilon' must be in [0, 1], got {self.epsilon}")
+        check_ranges(self, "rose")
 
 
 def check_rose(cfg: Config) -> None:

@@ -16,7 +16,7 @@ import torch
 from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
 from semrl.algos.registry import AdvantageInputs, MethodConfig, MethodSpec, register_method
 from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy, max_entropy
-from semrl.options import NON_NEGATIVE, option
+from semrl.options import NON_NEGATIVE, check_ranges, option
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class SeedConfig:
     likelihood: Literal["length_normalized", "frequency"] = option(
         "length_normalized", "Cluster mass: exp(mean token log-prob) per response, or counts."
     )
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "seed_grpo")
 
 
 def uncertainty_scale(x: torch.Tensor, scale_fn: str) -> torch.Tensor:

@@ -24,7 +24,7 @@ from semrl.algos.grpo import outcome_advantages
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInputs, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import sent_coefficients, sent_loss
-from semrl.options import NON_NEGATIVE, OPEN_FRACTION, check_fraction, option
+from semrl.options import NON_NEGATIVE, OPEN_FRACTION, check_ranges, option
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,7 @@ class SentConfig:
     clip_in_sent_loss: bool = option(False, "PPO-clip the SENT policy term (the code does not clip).")
 
     def __post_init__(self) -> None:
-        check_fraction("sent.entropy_quantile", self.entropy_quantile)
-        check_fraction("sent.cov_top_ratio", self.cov_top_ratio)
+        check_ranges(self, "sent")
 
 
 def _beta(
