@@ -342,6 +342,30 @@ def stage_reference_dirs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "curriculum").glob("stage-*"), key=lambda d: int(d.name.split("-")[1]))
 
 
+def advance_stage(
+    run_dir: Path, run: RunState, model: Any, rollout_model: Any, ref_model: Any | None, tokenizer: Any,
+    cfg: Config, procs: Any,
+) -> None:
+    """Checkpoint, then move the run to its curriculum's next stage (a collective). With
+    ``data.curriculum_reset_optimizer`` the new stage starts like a run from the previous stage's
+    final checkpoint: fresh optimizer and schedule, and those weights as the KL reference (kept in
+    the run directory for a resume)."""
+    save_run(run_dir, run, model, rollout_model, tokenizer, cfg, procs)
+    curriculum = run.curriculum
+    curriculum.enter(curriculum.stage + 1)
+    logger.info(
+        "curriculum: stage %d of %d from step %d", curriculum.stage + 1, len(curriculum.stages), run.step
+    )
+    if not cfg.data.curriculum_reset_optimizer:
+        return
+    run.optim.restart(curriculum.steps_left_in_stage(run.step))
+    if ref_model is not None:
+        save_stage_reference(
+            run_dir, curriculum.stage, run.step, model, rollout_model, ref_model, tokenizer,
+            cfg.trainer.fsdp, procs,
+        )
+
+
 def save_stage_reference(
     run_dir: Path, stage: int, step: int, model: Any, rollout_model: Any, ref_model: Any, tokenizer: Any,
     fsdp: bool, procs: Any,

@@ -2,10 +2,10 @@
 
 Read it top to bottom: ``Trainer.train`` is the loop, each stage is one method. Methods differ
 only through the registry (``semrl.algos.registry``): their rollout, advantage estimator, loss and
-options; nothing here names one. Set-up lives in ``semrl.run_setup``, checkpoints in
-``semrl.checkpoint``, the curriculum in ``semrl.curriculum``, the optimizer step in ``semrl.optim``,
-the no-gradient forwards in ``semrl.batch_forward``, metrics in ``semrl.metrics``, run files in
-``semrl.run_log``, DAPO's group filter in ``semrl.group_filter``.
+options; nothing here names one. Set-up lives in ``semrl.run_setup``, checkpoints and a
+curriculum's stage change in ``semrl.checkpoint``, the curriculum in ``semrl.curriculum``, the
+optimizer step in ``semrl.optim``, the no-gradient forwards in ``semrl.batch_forward``, metrics
+in ``semrl.metrics``, run files in ``semrl.run_log``, DAPO's group filter in ``semrl.group_filter``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from semrl.batch_forward import (
     rows_logprobs,
     shuffled_rows,
 )
-from semrl.checkpoint import RunState, load_stage_reference, restore_run, save_run, save_stage_reference
+from semrl.checkpoint import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.config import Config
 from semrl.curriculum import Curriculum
 from semrl.data import build_prompt_ids
@@ -143,8 +143,11 @@ class Trainer:
         stop = StopSignal().install()  # SIGTERM / SIGINT: finish this step, checkpoint, exit
         try:
             while run.step < cfg.trainer.steps:
-                if self.curriculum.advances(run.step):
-                    self.next_stage()
+                if self.curriculum.advances(run.step):  # checkpoint, next stage (and its reference)
+                    advance_stage(
+                        self.run_dir, run, self.model, self.rollout_model, self.ref_model, self.tokenizer,
+                        cfg, self.procs,
+                    )
                 t0 = time.perf_counter()
                 collected = self.collect()
                 batch, scores = collected.batch, collected.scores
@@ -213,29 +216,6 @@ class Trainer:
         if self.step < self.cfg.trainer.steps and not self.procs.all_true(stop.received is None):
             name = signal.Signals(stop.received).name if stop.received else "a stop signal (another process)"
             raise Preempted(name, self.step, saved or self.save(), self.run_dir)
-
-    # ------------------------------------------------------------------------------------------
-    # Curriculum stages
-
-    def next_stage(self) -> None:
-        """Checkpoint, then move to the curriculum's next stage. With ``data.curriculum_reset_optimizer``
-        the new stage starts like a run from the previous stage's final checkpoint: fresh optimizer and
-        schedule, and those weights as the reference (kept in the run directory for a resume)."""
-        self.save()
-        self.curriculum.enter(self.curriculum.stage + 1)
-        stage = self.curriculum.stage
-        logger.info(
-            "curriculum: stage %d of %d from step %d",
-            stage + 1, len(self.curriculum.stages), self.step
-        )
-        if not self.cfg.data.curriculum_reset_optimizer:
-            return
-        self.run.optim.restart(self.curriculum.steps_left_in_stage(self.step))
-        if self.ref_model is not None:
-            save_stage_reference(
-                self.run_dir, stage, self.step, self.model, self.rollout_model, self.ref_model,
-                self.tokenizer, self.cfg.trainer.fsdp, self.procs,
-            )
 
     # ------------------------------------------------------------------------------------------
     # Stages of a step
