@@ -1,9 +1,11 @@
 """What several commands share: the options of the commands that sample and verify, ``--plugin``,
-the prompt settings of a run's checkpoint, the engine and the problems they read."""
+the prompt settings of a run's checkpoint, the model and engine they sample with, the problems they
+read."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,21 +84,38 @@ def prompt_settings(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return (None if args.no_system_prompt else system), template
 
 
-def make_engine(
-    args: argparse.Namespace, model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int
-) -> Any:
-    """The engine of ``--engine`` for these prompts (vllm sizes its cache by the longest)."""
+@dataclass(frozen=True)
+class Sampler:
+    """What the sampling commands (``eval``, ``curriculum score``) work with."""
+
+    model_path: str  # --model resolved to a local directory
+    tokenizer: Any
+    engine: Any  # the engine of --engine
+    system_prompt: str | None
+    prompt_template: str | None
+
+
+def load_sampler(args: argparse.Namespace, problems: list[Any], max_new_tokens: int) -> Sampler:
+    """``--model`` loaded, the prompt settings training used (``prompt_settings``), and the engine of
+    ``--engine`` sized for these problems' prompts (vllm sizes its cache by the longest)."""
     from dataclasses import replace
 
+    from semrl.data import build_prompt_ids
     from semrl.engines import build_engine
+    from semrl.models import load_model, load_tokenizer, resolve_model_path
 
+    path = resolve_model_path(args.model)
+    tokenizer, model = load_tokenizer(path), load_model(path)
+    system, template = prompt_settings(args)
+    lengths = [len(build_prompt_ids(tokenizer, p.problem, system, template)) for p in problems]
+    longest = max(lengths, default=0)
     # the rollout section's vllm defaults; no sleep mode: nothing trains between the calls
     options = replace(DEFAULTS.rollout, vllm_kv_cache_gib=args.kv_cache_gib, vllm_sleep=False)
-    longest = max((len(p) for p in prompts), default=0)
-    return build_engine(
+    engine = build_engine(
         args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed,
         vllm_options=options,
     )
+    return Sampler(str(path), tokenizer, engine, system, template)
 
 
 def problems(name: str, args: argparse.Namespace, split: str, seed: int) -> list[Any]:

@@ -10,9 +10,8 @@ from semrl.cli.common import (
     SubParsers,
     add_model_arg,
     add_model_io_args,
-    make_engine,
+    load_sampler,
     problems,
-    prompt_settings,
 )
 
 
@@ -65,9 +64,7 @@ def run_score(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from semrl.curriculum import score_problems
-    from semrl.data import build_prompt_ids
     from semrl.engines import SamplingParams
-    from semrl.models import load_model, load_tokenizer, resolve_model_path
     from semrl.reward import VerifierPool
 
     if args.engine == "vllm" and args.estimator == "length_normalized":
@@ -80,18 +77,15 @@ def run_score(args: argparse.Namespace) -> int:
         )
     # the training problems of a run with trainer.seed
     found = problems(args.data, args, "train", seed=args.seed)
-    path = resolve_model_path(args.model)
-    tokenizer, model = load_tokenizer(path), load_model(path)
+    sampler = load_sampler(args, found, args.max_new_tokens)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens, logprobs_top_k=0)
-    system, template = prompt_settings(args)
-    prompts = [build_prompt_ids(tokenizer, p.problem, system, template) for p in found]
-    engine = make_engine(args, model, tokenizer, prompts, args.max_new_tokens)
     bar = tqdm(total=len(found), desc="score", disable=args.quiet)
     with VerifierPool(2, args.timeout) as pool, bar:
         written = score_problems(
-            engine, tokenizer, pool, found, Path(args.output), params, args.n, system,
-            not args.no_number_fallback, args.estimator, torch.Generator().manual_seed(args.seed), bar.update,
-            prompt_template=template,
+            sampler.engine, sampler.tokenizer, pool, found, Path(args.output), params, args.n,
+            sampler.system_prompt, not args.no_number_fallback, args.estimator,
+            torch.Generator().manual_seed(args.seed), bar.update,
+            prompt_template=sampler.prompt_template,
         )
     print(f"{args.output}: {written} problems scored, {len(found) - written} already there")
     return 0

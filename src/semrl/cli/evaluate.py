@@ -10,9 +10,8 @@ from semrl.cli.common import (
     SubParsers,
     add_model_arg,
     add_model_io_args,
-    make_engine,
+    load_sampler,
     problems,
-    prompt_settings,
 )
 
 
@@ -57,9 +56,7 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semrl.data import build_prompt_ids
     from semrl.evaluation import PRESETS, EvalSettings, evaluate_datasets, markdown_table
-    from semrl.models import load_model, load_tokenizer, resolve_model_path
     from semrl.reward import VerifierPool
 
     preset = PRESETS[args.preset] if args.preset else {}
@@ -70,15 +67,12 @@ def run(args: argparse.Namespace) -> int:
     datasets = {Path(d).stem if d.endswith((".jsonl", ".parquet")) else d: d for d in args.data}
     # fail early; arithmetic: the held-out problems of a run with trainer.seed=0
     found = {name: problems(source, args, "eval", seed=0) for name, source in datasets.items()}
-    path = resolve_model_path(args.model)
-    tokenizer, model = load_tokenizer(path), load_model(path)
-    system, template = prompt_settings(args)
-    prompts = [build_prompt_ids(tokenizer, p.problem, system, template) for ps in found.values() for p in ps]
-    engine = make_engine(args, model, tokenizer, prompts, max_new_tokens)
-    out = Path(args.output or Path("runs") / "eval" / Path(str(path)).name)
+    sampler = load_sampler(args, [p for ps in found.values() for p in ps], max_new_tokens)
+    path, system, template = sampler.model_path, sampler.system_prompt, sampler.prompt_template
+    out = Path(args.output or Path("runs") / "eval" / Path(path).name)
     settings = {
         name: EvalSettings(
-            model=str(path), dataset=source, num_samples=n, temperature=temperature, top_p=top_p,
+            model=path, dataset=source, num_samples=n, temperature=temperature, top_p=top_p,
             max_new_tokens=max_new_tokens, seed=args.seed, system_prompt=system, prompt_template=template,
             final_number_fallback=not args.no_number_fallback,
             problems_per_chunk=max(1, args.batch_size // n), batch_size=args.batch_size,
@@ -87,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     }
     with VerifierPool(2, args.timeout) as pool:
         summaries, reused = evaluate_datasets(
-            engine, tokenizer, pool, found, settings, out,
+            sampler.engine, sampler.tokenizer, pool, found, settings, out,
             f"{args.model}: n={n}, T={temperature}, top_p={top_p}", quiet=args.quiet,
         )
     for name, count in reused.items():
