@@ -6,8 +6,9 @@ beside ``python -c "import torch"`` (the floor of any command that imports a met
 The median wall time of each command over ``--repeats`` runs (page cache warm: one untimed run
 first). The parser, the config's own sections and their checks import neither torch nor a method
 (tests/test_architecture.py), so ``--help`` and a config error in the trainer's sections answer
-before anything heavy loads; listing the methods, or checking a config whose method sections and
-checks must be read, imports the methods and torch with them.
+before any method loads. The reference, the methods table and a check of the methods' sections
+import the method modules with torch and numpy deferred (``semrl.deferred``): they answer without
+loading either.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ COMMANDS: dict[str, list[str]] = {
         *SEMRL, "config", "--check", "configs/demo.yaml", "algorithm.method=rose", "rose.epsilon=2"
     ],
     "semrl config --check configs/demo.yaml (valid)": [*SEMRL, "config", "--check", "configs/demo.yaml"],
+    "config error (sent.beta_high=-1), semrl train": [
+        *SEMRL, "train", "--config", "configs/demo.yaml", "sent.beta_high=-1"
+    ],
+    "semrl config --methods": [*SEMRL, "config", "--methods"],
     "semrl config (the reference)": [*SEMRL, "config"],
 }
 

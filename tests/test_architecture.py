@@ -120,6 +120,34 @@ def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
     assert out.stdout.strip().splitlines()[-1] == f"{code} []", out.stdout[-500:] + out.stderr[-500:]
 
 
+@pytest.mark.parametrize(
+    "argv,code",
+    [
+        (["config"], 0), (["config", "--methods"], 0), (["config", "--check", "configs/demo.yaml"], 0),
+        (["config", "--check", "configs/demo.yaml", "algorithm.method=rose", "rose.epsilon=2"], 2),
+        (["train", "--config", "configs/demo.yaml", "sent.beta_high=-1"], 2),  # an error in a method's section
+        (["train", "--num-processes", "2", "--config", "configs/demo.yaml", "rose.sd_top_k=0"], 2),
+    ],
+)
+def test_commands_that_read_methods_answer_without_loading_torch(argv, code):
+    """The config reference, the methods table, a valid config check and an error in a method's
+    section import the method modules but never load torch, numpy or transformers: inside
+    ``cli.common.reading_config`` their ``import torch`` binds a stand-in (``semrl.deferred``). A
+    module-level read of a torch attribute on this path (a dtype table, a Function subclass, an
+    unquoted alias) loads torch and fails this test."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys\nfrom semrl.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'transformers'))\n"
+        "print(code, 'semrl.algos.rose' in sys.modules, loaded)"
+    )
+    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip().splitlines()[-1] == f"{code} True []", out.stdout[-500:] + out.stderr[-500:]
+
+
 def test_no_module_but_the_entry_points_reaches_the_trainer():
     modules = _modules()
     for name, path in modules.items():

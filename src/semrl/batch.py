@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from semrl.data import Problem
 from semrl.engines import Generation
-from semrl.forward import SequenceBatch, make_sequence_batch
 from semrl.reward import Scores
 from semrl.tree import BranchPoint, ChainTree
+
+if TYPE_CHECKING:
+    from semrl.forward import SequenceBatch
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class RolloutBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # imported here: forward's LM-head kernel subclasses torch.autograd.Function, and the method
+        # modules that import this one for GroupInfo must load without torch (semrl.deferred)
+        from semrl.forward import make_sequence_batch
+
         self.sequences: SequenceBatch = make_sequence_batch(
             self.prompt_ids, [g.token_ids.tolist() for g in self.generations], self.pad_token_id
         )

@@ -66,8 +66,9 @@ class MiniBatchInputs:
     mask: torch.Tensor
 
 
-LossFn = Callable[[PolicyLossInputs, MethodConfig[Any]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-PrepareFn = Callable[[MiniBatchInputs, MethodConfig[Any]], dict[str, torch.Tensor]]
+# quoted: reading a config imports this module without reading torch (semrl.deferred)
+LossFn = Callable[[PolicyLossInputs, MethodConfig[Any]], tuple["torch.Tensor", dict[str, "torch.Tensor"]]]
+PrepareFn = Callable[[MiniBatchInputs, MethodConfig[Any]], dict[str, "torch.Tensor"]]
 
 
 @dataclass(frozen=True)

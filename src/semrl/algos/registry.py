@@ -130,8 +130,8 @@ class AdvantageInputs:
     logprobs: torch.Tensor | None = None
 
 
-# (inputs, the method's config) -> ((N, T) advantages, metrics)
-AdvantageFn = Callable[[AdvantageInputs, MethodConfig[Any]], tuple[torch.Tensor, dict[str, float]]]
+# (inputs, the method's config) -> ((N, T) advantages, metrics); the quotes keep torch unread at import
+AdvantageFn = Callable[[AdvantageInputs, MethodConfig[Any]], tuple["torch.Tensor", dict[str, float]]]
 # (context, prompt token ids) -> the method's rollout
 RolloutFn = Callable[[RolloutContext, list[list[int]]], MethodRollout]
 

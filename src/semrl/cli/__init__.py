@@ -49,10 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("transformers", "httpx", "huggingface_hub", "vllm"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
-        if getattr(args, "plugin", None):
-            from semrl.algos.catalog import load_plugins
-
-            load_plugins(args.plugin)
         return args.func(args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"semrl: error: {err}", file=sys.stderr)

@@ -5,11 +5,14 @@ read."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from semrl.config import DEFAULT_SYSTEM_PROMPT, Config
+from semrl.deferred import Deferral, deferred_imports
 from semrl.errors import ConfigError
 
 # Defaults the config defines too are taken from it, so that a command and a run agree
@@ -57,6 +60,20 @@ def add_plugin_arg(parser: argparse.ArgumentParser) -> None:
         help="a module of your own that registers methods or losses: a .py file or an importable name "
         "(repeatable; docs/methods/adding.md)",
     )
+
+
+@contextmanager
+def reading_config(args: argparse.Namespace) -> Iterator[Deferral]:
+    """The block in which a command reads its config: the plugins named by ``--plugin`` load, and
+    torch and numpy are deferred (``semrl.deferred``), so that a config error or the reference
+    answers before they load (``benchmarks/bench_startup.py``). A command that goes on to run tensor
+    code calls ``resolve()`` on what it yields once the block is left."""
+    with deferred_imports("torch", "numpy") as deferral:
+        if args.plugin:
+            from semrl.algos.catalog import load_plugins
+
+            load_plugins(args.plugin)
+        yield deferral
 
 
 def add_model_arg(parser: argparse.ArgumentParser) -> None:

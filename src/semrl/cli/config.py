@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from semrl.cli.common import SubParsers, add_plugin_arg
+from semrl.cli.common import SubParsers, add_plugin_arg, reading_config
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -20,13 +20,14 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semrl.configure import config_reference, load_config, methods_table
+    with reading_config(args):
+        from semrl.configure import config_reference, load_config, methods_table
 
-    if args.methods:
-        print(methods_table())
-    elif args.check:
-        cfg = load_config(args.check, args.overrides)
-        print(f"{args.check}: OK (method {cfg.algorithm.method})")
-    else:
-        print(config_reference())
+        if args.methods:
+            print(methods_table())
+        elif args.check:
+            cfg = load_config(args.check, args.overrides)
+            print(f"{args.check}: OK (method {cfg.algorithm.method})")
+        else:
+            print(config_reference())
     return 0

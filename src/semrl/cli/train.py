@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from semrl.cli.common import SubParsers, add_plugin_arg
+from semrl.cli.common import SubParsers, add_plugin_arg, reading_config
 from semrl.errors import ConfigError
 
 
@@ -30,17 +30,19 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semrl.configure import load_config
-
     if args.num_processes != 1:
         return _launch(args)
-    if args.resume:
-        run_dir = Path(args.resume)
-        cfg = load_config(
-            args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"]
-        )
-    else:
-        cfg = load_config(args.config, args.overrides)
+    with reading_config(args) as deferral:
+        from semrl.configure import load_config
+
+        if args.resume:
+            run_dir = Path(args.resume)
+            cfg = load_config(
+                args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"]
+            )
+        else:
+            cfg = load_config(args.config, args.overrides)
+    deferral.resolve()
     from semrl.run_summary import summary_of_run
     from semrl.trainer import Trainer
 
@@ -57,12 +59,13 @@ def _launch(args: argparse.Namespace) -> int:
     """Re-run this ``semrl train`` command in ``args.num_processes`` processes through accelerate."""
     import subprocess
 
-    from semrl.configure import load_config
-
     if args.num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {args.num_processes}")
-    # a bad config fails here, once, instead of in every process
-    load_config(args.config or (Path(args.resume) / "config.yaml" if args.resume else None), args.overrides)
+    with reading_config(args):  # a bad config fails here, once, instead of in every process
+        from semrl.configure import load_config
+
+        config_file = args.config or (Path(args.resume) / "config.yaml" if args.resume else None)
+        load_config(config_file, args.overrides)
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
         "--num_processes", str(args.num_processes), "--num_machines", "1",
