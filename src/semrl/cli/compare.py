@@ -41,24 +41,32 @@ def add_parser(sub: SubParsers) -> None:
         help="compare training metrics (entropy, accuracy, ...) as their mean over each run's last N steps "
         "(default 1: the last step)",
     )
+    cmp.add_argument(
+        "--decide", metavar="RULES_YAML",
+        help="decision rules fixed before the study (metric, pair, expected direction, margin): each is "
+        "judged decided, decided against, ruled out or undecided from its t-interval (docs/evaluation.md)",
+    )
     cmp.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from semrl.report import compare_runs
+    from semrl.report.decide import load_hypotheses
     from semrl.report.seeds import compare_seeds
 
     sweep_dir = len(args.run_dirs) == 1 and not (Path(args.run_dirs[0]) / "metrics.jsonl").exists()
     if args.group_by or sweep_dir:
+        rules = load_hypotheses(args.decide) if args.decide else ()
         print(
             compare_seeds(
                 args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.x_axis,
-                args.window,
+                args.window, rules,
             )
         )
-    elif args.baseline:
+    elif args.baseline or args.decide:
+        flag = "--baseline" if args.baseline else "--decide"
         raise ConfigError(
-            "--baseline compares variants across seeds: give a sweep directory or --group-by KEY"
+            f"{flag} compares variants across seeds: give a sweep directory or --group-by KEY"
         )
     else:
         print(compare_runs(args.run_dirs, args.metric, args.output))

@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 
 from semrl.jsonl import read_jsonl
+from semrl.report.decide import DECISION_HEADER, Decision, Hypothesis, decide, decision_rows, decision_summary
 from semrl.report.stats import compare_paired
 
 DONE_FILE = (
@@ -239,6 +240,24 @@ def comparison_rows(
                 "" if c.seeds_needed is None else str(c.seeds_needed),
             ])
     return rows
+
+
+def decide_all(groups: dict[str, list[Run]], rules: Sequence[Hypothesis]) -> list[Decision]:
+    """Every pre-registered rule judged at equal steps, on the seeds both of its variants ran
+    (``semrl.report.decide``)."""
+    decisions = []
+    for rule in rules:
+        missing = [name for name in (rule.variant, rule.baseline) if name not in groups]
+        if missing:  # a study still running, or a misspelt name: the row says so, the others go on
+            variants = ", ".join(groups)
+            logger.warning("rule %s: no finished run of %s; the variants are %s", rule.id, missing, variants)
+        d = [] if missing else seed_differences(
+            groups[rule.variant], groups[rule.baseline], rule.metric, window=rule.window
+        )
+        comparison = compare_paired(d, tie=1e-9) if d else None
+        outcome = decide(comparison, rule.expect, rule.margin) if comparison else "undecided"
+        decisions.append(Decision(rule, comparison, outcome))
+    return decisions
 
 
 COMPARISON_HEADER = [
@@ -582,13 +601,15 @@ def compare_seeds(
     metrics: Sequence[str] | None = None,
     x_axis: str = "step",
     window: int = 1,
+    rules: Sequence[Hypothesis] = (),
 ) -> str:
     """Markdown comparison of variants across seeds; with ``output``, also ``results.md``,
     ``aggregate.json``, PNG figures and a self-contained ``index.html`` there. Paired comparisons
     (``comparison_rows``) are against ``baseline``, or between every pair without one; at equal
     steps and, when every run logged its sampled tokens, at equal tokens. ``x_axis``: ``step`` or
     ``tokens`` (cumulative sampled tokens) for the per-step figures. ``window``: training metrics
-    are compared as their mean over each run's last ``window`` steps (1: the last step)."""
+    are compared as their mean over each run's last ``window`` steps (1: the last step). ``rules``:
+    pre-registered decision rules (``semrl.report.decide``), judged in the first section."""
     if x_axis not in ("step", "tokens"):
         raise ValueError(f"x_axis must be 'step' or 'tokens', got '{x_axis}'")
     groups = find_runs(paths, group_by)
@@ -600,6 +621,10 @@ def compare_seeds(
     budget = equal_token_budget(groups)
     sections = [s for split in SPLITS for s in _split_sections(groups, split, pairs, budget)]
     sections += _training_sections(groups, pairs, metrics, budget, window)
+    if rules:
+        decisions = decide_all(groups, rules)
+        heading = f"Decision rules, at equal steps ({decision_summary(decisions)})"
+        sections.insert(0, (heading, DECISION_HEADER, decision_rows(decisions)))
     counts = ", ".join(f"{v} ({len(r)})" for v, r in groups.items())
     title = f"{len(groups)} variants x seeds {seeds}: {counts}"
     md = [f"# {title}", ""]

@@ -1,0 +1,181 @@
+"""Decision rules fixed before a study runs, applied to its paired seed-level comparisons.
+
+A hypothesis names one paired difference (``variant - baseline`` of one metric, per seed), the
+direction it expects and a margin δ. Its outcome, from the 95% paired t-interval of
+``semrl.report.stats`` (docs/evaluation.md, "Decision rules"):
+
+- ``expect: greater``: **decided** if the interval lies above 0, **decided against** if below 0,
+  **ruled out** if it lies inside (-δ, +δ), else **undecided**.
+- ``expect: less``: the same with the signs swapped.
+- ``expect: not_below`` (non-inferiority): **decided** if the interval's lower end is above -δ,
+  **decided against** if its upper end is below -δ, else **undecided**.
+
+An undecided outcome carries the seeds the observed difference would need at 80% power.
+
+The rules file is YAML, a list of entries such as::
+
+    - id: H1
+      claim: ROSE has a higher pass@16
+      metric: eval/pass@16
+      pair: [rose, grpo]          # rose - grpo, per seed
+      expect: greater
+      margin: 0.05
+      window: 1                   # training metrics: mean over each run's last N steps
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from semrl.errors import ConfigError
+from semrl.report.stats import MAX_SEEDS, PairedComparison
+
+Expectation = Literal["greater", "less", "not_below"]
+EXPECTATIONS: tuple[str, ...] = ("greater", "less", "not_below")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One pre-registered decision rule.
+
+    Attributes:
+        id: its name in the write-up (``H1``).
+        claim: what it says, in words.
+        metric: the metric compared (``eval/pass@16``, ``transfer/pass@1``, ``entropy``).
+        variant, baseline: the pair; the per-seed difference is variant - baseline.
+        expect: ``greater`` (the difference is > 0), ``less`` (< 0), or ``not_below`` (> -margin).
+        margin: δ > 0, in the metric's units.
+        window: compare a training metric as its mean over each run's last ``window`` steps.
+    """
+
+    id: str
+    claim: str
+    metric: str
+    variant: str
+    baseline: str
+    expect: Expectation
+    margin: float
+    window: int = 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A hypothesis, the comparison it was judged on, and the outcome."""
+
+    hypothesis: Hypothesis
+    comparison: PairedComparison | None  # None: no seed finished both variants
+    outcome: str
+
+
+def decide(comparison: PairedComparison, expect: Expectation, margin: float) -> str:
+    """The outcome of one rule: ``decided``, ``decided against``, ``ruled out`` or ``undecided``."""
+    if expect not in EXPECTATIONS:
+        raise ValueError(f"expect must be one of {', '.join(EXPECTATIONS)}, got '{expect}'")
+    low, high = comparison.low, comparison.high
+    if math.isnan(low) or math.isnan(high):  # one seed: no interval
+        return "undecided"
+    # every rule becomes "the interval lies above `bound`", with the interval turned to the claim
+    toward = (-high, -low) if expect == "less" else (low, high)
+    bound = -margin if expect == "not_below" else 0.0
+    if toward[0] > bound:
+        return "decided"
+    if toward[1] < bound:
+        return "decided against"
+    if expect != "not_below" and -margin < low and high < margin:
+        return "ruled out"
+    return "undecided"
+
+
+def _hypothesis(entry: Any, where: str) -> Hypothesis:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: each rule is a mapping with id, claim, metric, pair, expect, margin")
+    known = {f.name for f in fields(Hypothesis)} - {"variant", "baseline"} | {"pair"}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; the keys are {sorted(known)}")
+    missing = sorted({"id", "metric", "pair", "expect", "margin"} - set(entry))
+    if missing:
+        raise ConfigError(f"{where}: missing keys {missing}")
+    pair = entry["pair"]
+    if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+        raise ConfigError(f"{where}: 'pair' must be [variant, baseline], got {pair!r}")
+    if entry["expect"] not in EXPECTATIONS:
+        choices = ", ".join(EXPECTATIONS)
+        raise ConfigError(f"{where}: 'expect' must be one of {choices}, got {entry['expect']!r}")
+    margin = entry["margin"]
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not margin > 0:
+        raise ConfigError(f"{where}: 'margin' must be a number > 0, got {margin!r}")
+    window = entry.get("window", 1)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(f"{where}: 'window' must be an integer >= 1, got {window!r}")
+    return Hypothesis(
+        id=str(entry["id"]), claim=str(entry.get("claim", "")), metric=str(entry["metric"]),
+        variant=pair[0], baseline=pair[1], expect=entry["expect"], margin=float(margin), window=window,
+    )
+
+
+def load_hypotheses(path: str | Path) -> list[Hypothesis]:
+    """The rules of a YAML file (a list of entries, see the module's docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"decision rules file '{path}' does not exist")
+    entries = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{path}: expected a non-empty list of rules")
+    rules = [_hypothesis(entry, f"{path}, rule {i + 1}") for i, entry in enumerate(entries)]
+    ids = [r.id for r in rules]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: rule ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+    return rules
+
+
+DECISION_HEADER = [
+    "rule", "claim", "pair", "metric", "expect (δ)", "difference", "95% t-interval", "seeds",
+    "wins / ties / losses", "outcome",
+]
+
+
+def decision_rows(decisions: Sequence[Decision]) -> list[list[str]]:
+    """One Markdown row per decision; an undecided one names the seeds it would need."""
+    rows = []
+    for dec in decisions:
+        rule, c = dec.hypothesis, dec.comparison
+        expect = {"greater": "> 0", "less": "< 0", "not_below": "> -δ"}[rule.expect]
+        metric = rule.metric if rule.window == 1 else f"{rule.metric} (last {rule.window} steps)"
+        outcome = dec.outcome
+        if outcome == "undecided":
+            outcome += ": " + _seeds_needed(c)
+        rows.append([
+            rule.id, rule.claim, f"{rule.variant} - {rule.baseline}", metric, f"{expect} ({rule.margin:g})",
+            "" if c is None else f"{c.estimate:+.3f}",
+            "" if c is None or math.isnan(c.low) else f"[{c.low:+.3f}, {c.high:+.3f}]",
+            "0" if c is None else str(c.seeds),
+            "" if c is None else f"{c.wins} / {c.ties} / {c.losses}",
+            outcome,
+        ])
+    return rows
+
+
+def _seeds_needed(c: PairedComparison | None) -> str:
+    if c is None:
+        return "no seed finished both variants"
+    if c.seeds < 2:
+        return "1 seed, no interval"
+    if c.seeds_needed is None:
+        return f"no difference seen, or more than {MAX_SEEDS} seeds needed"
+    return f"{c.seeds_needed} seeds needed at 80% power"
+
+
+def decision_summary(decisions: Sequence[Decision]) -> str:
+    """How many rules ended in each outcome (the multiplicity line of a write-up)."""
+    counts: dict[str, int] = {}
+    for dec in decisions:
+        counts[dec.outcome] = counts.get(dec.outcome, 0) + 1
+    parts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    return f"{len(decisions)} rules: {parts}; none corrected for multiplicity"

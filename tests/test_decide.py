@@ -1,0 +1,162 @@
+"""Pre-registered decision rules (semrl.report.decide): the outcome against a literal reading of the
+rules on many random studies, the rules file's checks, and `semrl compare --decide` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from semrl.cli import main
+from semrl.errors import ConfigError
+from semrl.report.decide import EXPECTATIONS, decide, load_hypotheses
+from semrl.report.stats import compare_paired
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _reference(low: float, high: float, expect: str, margin: float) -> str:
+    """docs/results.md's rules read literally, one expectation at a time."""
+    ends = (low, high)
+    if expect == "not_below":
+        if low > -margin:
+            return "decided"
+        return "decided against" if high < -margin else "undecided"
+    claimed = (lambda x: x > 0) if expect == "greater" else (lambda x: x < 0)
+    opposite = (lambda x: x < 0) if expect == "greater" else (lambda x: x > 0)
+    if all(claimed(x) for x in ends):
+        return "decided"
+    if all(opposite(x) for x in ends):
+        return "decided against"
+    if all(-margin < x < margin for x in ends):
+        return "ruled out"
+    return "undecided"
+
+
+def test_outcomes_match_the_rules_read_literally_on_random_studies():
+    rng = np.random.default_rng(0)
+    seen = set()
+    for case in range(3000):
+        seeds = int(rng.integers(2, 11))
+        margin = float(rng.choice([0.02, 0.05, 0.5, 5.0]))
+        scale = margin * float(rng.choice([0.1, 1.0, 4.0]))
+        kind = case % 5
+        if kind == 0:  # every seed agrees exactly: s.d. 0, the interval is a point
+            d = np.full(seeds, float(rng.normal(0, scale)))
+        elif kind == 1:  # no difference at all
+            d = np.zeros(seeds)
+        elif kind == 2:  # differences on a grid, as pass@k over a fixed number of problems
+            d = rng.integers(-3, 4, seeds) / 32
+        else:
+            d = rng.normal(rng.normal(0, scale), scale, seeds)
+        c = compare_paired(d.tolist())
+        for expect in EXPECTATIONS:
+            outcome = decide(c, expect, margin)
+            assert outcome == _reference(c.low, c.high, expect, margin), (d, expect, margin)
+            seen.add((expect, outcome))
+    assert len(seen) == 11  # every outcome of every expectation (not_below has no "ruled out")
+
+
+def test_one_seed_is_undecided_and_a_bad_expectation_is_refused():
+    c = compare_paired([0.5])
+    assert math.isnan(c.low) and all(decide(c, e, 0.1) == "undecided" for e in EXPECTATIONS)
+    with pytest.raises(ValueError, match="expect must be one of"):
+        decide(compare_paired([0.1, 0.2]), "bigger", 0.1)  # type: ignore[arg-type]
+
+
+RULE = {"id": "H1", "claim": "x", "metric": "eval/pass@1", "pair": ["a", "b"], "expect": "greater", "margin": 0.05}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"expect": "bigger"}, "'expect' must be one of greater, less, not_below"),
+        ({"margin": 0}, "'margin' must be a number > 0"),
+        ({"margin": True}, "'margin' must be a number > 0"),
+        ({"pair": ["a"]}, "'pair' must be \\[variant, baseline\\]"),
+        ({"window": 0}, "'window' must be an integer >= 1"),
+        ({"metirc": "x"}, "unknown keys \\['metirc'\\]"),
+        ({"metric": None, "_drop": "metric"}, "missing keys \\['metric'\\]"),
+    ],
+)
+def test_a_bad_rule_names_the_rule_and_the_key(tmp_path, change, message):
+    rule = {**RULE, **change}
+    if "_drop" in rule:
+        del rule[rule.pop("_drop")]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump([RULE | {"id": "ok"}, rule]))
+    with pytest.raises(ConfigError, match=f"rule 2: {message}"):
+        load_hypotheses(path)
+
+
+def test_a_bad_rules_file_says_what_is_wrong(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_hypotheses(tmp_path / "none.yaml")
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    with pytest.raises(ConfigError, match="non-empty list"):
+        load_hypotheses(tmp_path / "empty.yaml")
+    (tmp_path / "twice.yaml").write_text(yaml.safe_dump([RULE, RULE]))
+    with pytest.raises(ConfigError, match="rule ids repeat: \\['H1'\\]"):
+        load_hypotheses(tmp_path / "twice.yaml")
+
+
+def test_study_2s_rules_file_holds_the_pre_registered_table():
+    """13 comparisons (C 1, H1 6, H2 2, H3 2, H4a 1, H4b 1) over the sweep's variants."""
+    rules = load_hypotheses(ROOT / "configs" / "study_sparse_rules.yaml")
+    variants = set(yaml.safe_load((ROOT / "configs" / "study_sparse.yaml").read_text())["variants"])
+    assert len(rules) == 13 and {name for r in rules for name in (r.variant, r.baseline)} <= variants
+    margins = {r.id.split("-")[0]: r.margin for r in rules}
+    assert margins == {"C": 0.02, "H1": 0.05, "H2": 0.5, "H3": 5.0, "H4a": 0.1, "H4b": 0.05}
+    assert [r.window for r in rules if r.id == "H4a"] == [10]
+
+
+def _sweep(root: Path) -> Path:
+    """5 seeds: `better` lifts pass@1 by 0.3 (+- 0.02), `same` differs by at most 0.002 and 0 on
+    average; the entropy is logged over 12 steps."""
+    rng = np.random.default_rng(3)
+    for seed, offset in enumerate((0.002, -0.002, 0.001, -0.001, 0.0)):
+        base = float(rng.uniform(0.1, 0.4))
+        for variant, lift, noise in (("base", 0.0, 0.0), ("better", 0.3, 0.02), ("same", offset, 0.0)):
+            run = root / variant / f"seed-{seed}"
+            run.mkdir(parents=True)
+            rows = [{"step": s, "entropy": 1.0 + (s / 10 if variant == "better" else 0.0)} for s in range(1, 13)]
+            rows[-1]["eval/pass@1"] = base + lift + float(rng.normal(0, noise))
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (run / "sweep_done.json").write_text("{}")
+    return root
+
+
+def test_compare_decide_judges_each_rule_end_to_end(tmp_path, capsys):
+    sweep = _sweep(tmp_path / "sweep")
+    rules = [
+        RULE | {"id": "lift", "pair": ["better", "base"]},
+        RULE | {"id": "reverse", "pair": ["base", "better"]},
+        RULE | {"id": "none", "pair": ["same", "base"]},
+        RULE | {"id": "noninf", "pair": ["same", "base"], "expect": "not_below"},
+        RULE | {"id": "ent", "metric": "entropy", "pair": ["better", "base"], "margin": 0.1, "window": 10},
+        RULE | {"id": "ent-last3", "metric": "entropy", "pair": ["better", "same"], "window": 3},
+        RULE | {"id": "later", "pair": ["better", "not_run_yet"]},
+    ]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(sweep), "--decide", str(path), "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): line for line in printed.splitlines() if line.startswith("| ")}
+    assert rows["lift"].endswith("| 5 | 5 / 0 / 0 | decided |")
+    assert rows["reverse"].endswith("| decided against |")
+    assert rows["none"].endswith("| ruled out |")
+    assert rows["noninf"].endswith("| decided |")
+    # better's entropy is 1 + step/10, the others' 1.0: over steps 3-12 the mean difference is 0.75,
+    # over steps 10-12 it is 1.1 (the last step alone: 1.2)
+    assert "| +0.750 |" in rows["ent"] and "(last 10 steps)" in rows["ent"] and rows["ent"].endswith("| decided |")
+    assert "| +1.100 |" in rows["ent-last3"]
+    assert rows["later"].endswith("| undecided: no seed finished both variants |")
+    assert "7 rules: 4 decided, 1 decided against, 1 ruled out, 1 undecided" in printed
+    assert "Decision rules" in (out / "results.md").read_text()
+    assert main(["compare", str(sweep / "base" / "seed-0"), "--decide", str(path)]) == 2
+    assert "--decide compares variants across seeds" in capsys.readouterr().err
