@@ -12,15 +12,17 @@ direction it expects and a margin δ. Its outcome, from the 95% paired t-interva
 
 An undecided outcome carries the seeds the observed difference would need at 80% power.
 
-The rules file is YAML, a list of entries such as::
+The rules file is YAML, a list of entries such as:
 
-    - id: H1
-      claim: ROSE has a higher pass@16
-      metric: eval/pass@16
-      pair: [rose, grpo]          # rose - grpo, per seed
-      expect: greater
-      margin: 0.05
-      window: 1                   # training metrics: mean over each run's last N steps
+```yaml
+- id: H1
+  claim: ROSE has a higher pass@16
+  metric: eval/pass@16
+  pair: [rose, grpo]          # rose - grpo, per seed
+  expect: greater
+  margin: 0.05
+  window: 1                   # training metrics: mean over each run's last N steps
+```
 """
 
 from __future__ import annotations
