@@ -106,7 +106,7 @@ def test_a_bad_rules_file_says_what_is_wrong(tmp_path):
 
 def test_study_2s_rules_file_holds_the_pre_registered_table():
     """13 comparisons (C 1, H1 6, H2 2, H3 2, H4a 1, H4b 1) over the sweep's variants."""
-    rules = load_hypotheses(ROOT / "configs" / "study_sparse_rules.yaml")
+    rules = load_hypotheses(ROOT / "configs" / "study" / "study_sparse_rules.yaml")
     variants = set(yaml.safe_load((ROOT / "configs" / "study_sparse.yaml").read_text())["variants"])
     assert len(rules) == 13 and {name for r in rules for name in (r.variant, r.baseline)} <= variants
     margins = {r.id.split("-")[0]: r.margin for r in rules}
