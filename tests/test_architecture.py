@@ -96,6 +96,23 @@ def test_the_config_is_data_importing_no_method_and_no_torch():
     assert out.stdout.strip() == "[]", f"semrl.config imports {out.stdout.strip()}"
 
 
+def _cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
+    """``semrl ARGV`` in a new interpreter: its exit code, the names in its ``sys.modules`` at the
+    end, and its stderr's tail (for a failure message)."""
+    import json
+    import subprocess
+    import sys
+
+    program = (
+        "import json, sys\nfrom semrl.cli import main\n"
+        "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
+        "print(json.dumps([code, sorted(sys.modules)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT, check=True)
+    code, modules = json.loads(out.stdout.strip().splitlines()[-1])
+    return code, modules, out.stderr[-500:]
+
+
 @pytest.mark.parametrize(
     "argv,code",
     [
@@ -107,17 +124,9 @@ def test_the_config_is_data_importing_no_method_and_no_torch():
 def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
     """``semrl --help`` and a config error in the trainer's sections answer before torch or a
     method loads (benchmarks/bench_startup.py times them)."""
-    import subprocess
-    import sys
-
-    program = (
-        "import sys\nfrom semrl.cli import main\n"
-        "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
-        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('semrl.algos', 'transformers')))\n"
-        "print(code, heavy)"
-    )
-    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.strip().splitlines()[-1] == f"{code} []", out.stdout[-500:] + out.stderr[-500:]
+    exit_code, modules, stderr = _cli_in_fresh_process(argv)
+    heavy = [m for m in modules if m == "torch" or m.startswith(("semrl.algos", "transformers"))]
+    assert (exit_code, heavy) == (code, []), stderr
 
 
 @pytest.mark.parametrize(
@@ -135,17 +144,9 @@ def test_commands_that_read_methods_answer_without_loading_torch(argv, code):
     ``cli.common.reading_config`` their ``import torch`` binds a stand-in (``semrl.deferred``). A
     module-level read of a torch attribute on this path (a dtype table, a Function subclass, an
     unquoted alias) loads torch and fails this test."""
-    import subprocess
-    import sys
-
-    program = (
-        "import sys\nfrom semrl.cli import main\n"
-        "code = main(sys.argv[1:])\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'transformers'))\n"
-        "print(code, 'semrl.algos.rose' in sys.modules, loaded)"
-    )
-    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.strip().splitlines()[-1] == f"{code} True []", out.stdout[-500:] + out.stderr[-500:]
+    exit_code, modules, stderr = _cli_in_fresh_process(argv)
+    loaded = [m for m in modules if m.split(".")[0] in ("torch", "numpy", "transformers")]
+    assert (exit_code, "semrl.algos.rose" in modules, loaded) == (code, True, []), stderr
 
 
 def test_no_module_but_the_entry_points_reaches_the_trainer():

@@ -53,11 +53,15 @@ class Deferral:
     def resolve(self) -> None:
         """Import the real modules behind the stand-ins and rebind every global of a module imported
         in the block that holds one (``import torch``, ``import numpy as np``) to its real module."""
+        # only the modules imported since the block began can hold a stand-in: listed before the real
+        # imports, which bring in their own submodules (torch: about a thousand)
+        since = [
+            module for name, module in sys.modules.items()
+            if name not in self.modules_before
+            and isinstance(module, types.ModuleType) and not isinstance(module, DeferredModule)
+        ]
         real = {id(stand_in): _load(stand_in) for stand_in in self.stand_ins.values()}
-        for name, module in list(sys.modules.items()):
-            imported_in_block = name not in self.modules_before and isinstance(module, types.ModuleType)
-            if not imported_in_block or isinstance(module, DeferredModule):
-                continue
+        for module in since:
             namespace = vars(module)
             for key, value in list(namespace.items()):
                 if id(value) in real and isinstance(value, DeferredModule):

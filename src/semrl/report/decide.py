@@ -156,9 +156,9 @@ def decision_rows(decisions: Sequence[Decision]) -> list[list[str]]:
         rows.append([
             rule.id, rule.claim, f"{rule.variant} - {rule.baseline}", metric, f"{expect} ({rule.margin:g})",
             "" if c is None else f"{c.estimate:+.3f}",
-            "" if c is None or math.isnan(c.low) else f"[{c.low:+.3f}, {c.high:+.3f}]",
+            "" if c is None else c.interval_text,
             "0" if c is None else str(c.seeds),
-            "" if c is None else f"{c.wins} / {c.ties} / {c.losses}",
+            "" if c is None else c.agreement_text,
             outcome,
         ])
     return rows

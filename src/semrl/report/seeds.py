@@ -231,11 +231,9 @@ def comparison_rows(
             if not d:
                 continue
             c = compare_paired(d, tie=1e-9)
-            interval = "" if math.isnan(c.low) else f"[{c.low:+.3f}, {c.high:+.3f}]"
             rows.append([
-                f"{variant} - {base}", metric.removeprefix(prefix), f"{c.estimate:+.3f}", interval,
-                str(c.seeds),
-                f"{c.wins} / {c.ties} / {c.losses}", "yes" if c.excludes_zero else "no",
+                f"{variant} - {base}", metric.removeprefix(prefix), f"{c.estimate:+.3f}", c.interval_text,
+                str(c.seeds), c.agreement_text, "yes" if c.excludes_zero else "no",
                 "" if math.isnan(c.mde) else f"{c.mde:.3f}",
                 "" if c.seeds_needed is None else str(c.seeds_needed),
             ])

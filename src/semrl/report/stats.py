@@ -58,6 +58,16 @@ class PairedComparison:
     def excludes_zero(self) -> bool:
         return self.low > 0 or self.high < 0
 
+    @property
+    def interval_text(self) -> str:
+        """``[low, high]`` with signs and 3 decimals, as the tables print it; "" with one seed."""
+        return "" if math.isnan(self.low) else f"[{self.low:+.3f}, {self.high:+.3f}]"
+
+    @property
+    def agreement_text(self) -> str:
+        """``wins / ties / losses``."""
+        return f"{self.wins} / {self.ties} / {self.losses}"
+
 
 def paired_t(differences: Sequence[float], level: float = 1 - ALPHA) -> tuple[float, float, float]:
     """(mean, low, high): the t-interval over the per-seed differences; (mean, nan, nan) for one."""
