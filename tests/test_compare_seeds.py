@@ -232,6 +232,29 @@ def test_cli_writes_markdown_html_json_and_figures(tmp_path, capsys):
     assert "is not a variant" in capsys.readouterr().err
 
 
+def test_seeds_keeps_only_the_seeds_named(tmp_path, capsys):
+    """--seeds 0 2 aggregates and pairs those seeds only: the means, the paired differences and the
+    title match a sweep that holds just seeds 0 and 2."""
+    sweep, truth = _study(tmp_path)
+    groups = find_runs([sweep], seeds=[0, 2])
+    assert {v: [r.seed for r in runs] for v, runs in groups.items()} == {"base_like": [0, 2], "better": [0, 2]}
+    d = seed_differences(groups["better"], groups["base_like"], "eval/pass@4")
+    assert d == pytest.approx([
+        _pass_at_k_by_comb(truth[("better", s)], 4) - _pass_at_k_by_comb(truth[("base_like", s)], 4)
+        for s in (0, 2)
+    ])
+    md = compare_seeds([sweep], seeds=[0, 2])
+    assert "seeds [0, 2]" in md and "base_like (2)" in md
+    better = [_pass_at_k_by_comb(truth[("better", s)], 1) for s in (0, 2)]
+    expected = f"{np.mean(better):.3f} ± {np.std(better, ddof=1) / math.sqrt(2):.3f} (2)"
+    assert expected in md
+    assert main(["compare", str(sweep), "--seeds", "0", "7"]) == 2
+    assert "no finished run has seed 7" in capsys.readouterr().err
+    run = sweep / "better" / "seed-0"
+    assert main(["compare", str(run), str(sweep / "base_like" / "seed-0"), "--seeds", "0"]) == 2
+    assert "--seeds compares variants across seeds" in capsys.readouterr().err
+
+
 def test_a_missing_sweep_directory_says_it_is_missing(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -42,6 +42,11 @@ def add_parser(sub: SubParsers) -> None:
         "(default 1: the last step)",
     )
     cmp.add_argument(
+        "--seeds", type=int, nargs="+", metavar="S",
+        help="only these seeds, e.g. those whose runs have all finished while the sweep goes on "
+        "(default: every seed with a finished run)",
+    )
+    cmp.add_argument(
         "--decide", metavar="RULES_YAML",
         help="decision rules fixed before the study (metric, pair, expected direction, margin): each is "
         "judged decided, decided against, ruled out or undecided from its t-interval (docs/evaluation.md)",
@@ -60,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
         print(
             compare_seeds(
                 args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.x_axis,
-                args.window, rules,
+                args.window, rules, args.seeds,
             )
         )
-    elif args.baseline or args.decide:
-        flag = "--baseline" if args.baseline else "--decide"
+    elif args.baseline or args.decide or args.seeds:
+        flag = "--baseline" if args.baseline else "--decide" if args.decide else "--seeds"
         raise ConfigError(
             f"{flag} compares variants across seeds: give a sweep directory or --group-by KEY"
         )

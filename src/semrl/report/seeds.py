@@ -136,14 +136,26 @@ def _grouped_runs(paths: Sequence[str | Path], group_by: str) -> list[tuple[str,
     return found
 
 
-def find_runs(paths: Sequence[str | Path], group_by: str | None = None) -> dict[str, list[Run]]:
+def find_runs(
+    paths: Sequence[str | Path], group_by: str | None = None, seeds: Sequence[int] | None = None
+) -> dict[str, list[Run]]:
     """Runs grouped into variants: one sweep directory (its ``VARIANT/seed-S`` runs), or run
-    directories grouped by the config key ``group_by`` (seed: ``trainer.seed``)."""
+    directories grouped by the config key ``group_by`` (seed: ``trainer.seed``). ``seeds``: keep
+    only these seeds, e.g. those whose runs have all finished while a sweep goes on."""
     if group_by is None and len(paths) != 1:
         raise ValueError(
             "give one sweep directory, or run directories with --group-by KEY (e.g. algorithm.method)"
         )
     found = _sweep_runs(Path(paths[0])) if group_by is None else _grouped_runs(paths, group_by)
+    if seeds is not None:
+        missing = sorted(set(seeds) - {seed for _, seed, _ in found})
+        if missing:
+            have = sorted({seed for _, seed, _ in found})
+            raise ValueError(
+                f"--seeds: no finished run has seed {', '.join(map(str, missing))}; the runs' seeds "
+                f"are {have}"
+            )
+        found = [r for r in found if r[1] in set(seeds)]
     groups: dict[str, list[Run]] = {}
     for variant, seed, run_dir in found:
         if any(r.seed == seed for r in groups.get(variant, [])):
@@ -600,6 +612,7 @@ def compare_seeds(
     x_axis: str = "step",
     window: int = 1,
     rules: Sequence[Hypothesis] = (),
+    seeds: Sequence[int] | None = None,
 ) -> str:
     """Markdown comparison of variants across seeds; with ``output``, also ``results.md``,
     ``aggregate.json``, PNG figures and a self-contained ``index.html`` there. Paired comparisons
@@ -607,10 +620,11 @@ def compare_seeds(
     steps and, when every run logged its sampled tokens, at equal tokens. ``x_axis``: ``step`` or
     ``tokens`` (cumulative sampled tokens) for the per-step figures. ``window``: training metrics
     are compared as their mean over each run's last ``window`` steps (1: the last step). ``rules``:
-    pre-registered decision rules (``semrl.report.decide``), judged in the first section."""
+    pre-registered decision rules (``semrl.report.decide``), judged in the first section.
+    ``seeds``: only these seeds (default: every seed found)."""
     if x_axis not in ("step", "tokens"):
         raise ValueError(f"x_axis must be 'step' or 'tokens', got '{x_axis}'")
-    groups = find_runs(paths, group_by)
+    groups = find_runs(paths, group_by, seeds)
     if baseline is not None and baseline not in groups:
         raise ValueError(f"--baseline '{baseline}' is not a variant; the variants are {', '.join(groups)}")
     metrics = list(metrics or CURVE_METRICS)
