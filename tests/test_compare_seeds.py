@@ -198,6 +198,11 @@ def test_equal_token_comparison_interpolates_at_the_smallest_budget(tmp_path):
     )
     md = compare_seeds([tmp_path / "s"], baseline="flat")
     assert "at equal sampled tokens (120)" in md and "| tree - flat | mean@4 | +0.030 |" in md
+    # training accuracy at 120 tokens: tree's step 2 (0.5), flat between steps 1 and 2 (0.28)
+    training = md.split("**Training metrics at equal sampled tokens (120), mean ± s.e. (n seeds)**")[1]
+    assert "| tree | 0.500 ± 0.000 (2) |" in training and "| flat | 0.280 ± 0.000 (2) |" in training
+    paired = md.split("**Training metrics at equal sampled tokens (120): paired differences")[1]
+    assert "| tree - flat | accuracy | +0.220 | [+0.220, +0.220] | 2 | 2 / 0 / 0 |" in paired
     # runs that never logged their tokens: no equal-token section
     _write_run(tmp_path / "s" / "old" / "seed-0", [{"step": 1, "accuracy": 0.1}])
     assert equal_token_budget(find_runs([tmp_path / "s"])) is None

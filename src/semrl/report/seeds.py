@@ -547,7 +547,8 @@ def _training_sections(
     groups: dict[str, list[Run]], pairs: list[tuple[str, str]], metrics: list[str], budget: float | None,
     window: int,
 ) -> list[Section]:
-    """Paired differences of the training metrics, the sampled tokens, and each metric per step."""
+    """Paired differences of the training metrics (at the last step or window, and with ``budget``
+    at equal sampled tokens), the sampled tokens, and each metric per step."""
     sections: list[Section] = []
     last_step = [m for m in metrics if any(r.series(m) for runs in groups.values() for r in runs)]
     if rows := comparison_rows(groups, pairs, last_step, window=window):
@@ -555,6 +556,20 @@ def _training_sections(
         heading = f"Training metrics {where}: paired differences (95% t-interval)"
         sections.append((heading, COMPARISON_HEADER, rows))
     if budget is not None:
+        at_budget = [
+            [v, *(
+                _fmt(*mean_se([x for r in runs if (x := value_at_tokens(r, m, budget)) is not None]))
+                for m in last_step
+            )]
+            for v, runs in groups.items()
+        ]
+        where = f"at equal sampled tokens ({budget:,.0f})"
+        sections.append(
+            (f"Training metrics {where}, mean ± s.e. (n seeds)", ["variant", *last_step], at_budget)
+        )
+        if rows := comparison_rows(groups, pairs, last_step, budget):
+            heading = f"Training metrics {where}: paired differences (95% t-interval)"
+            sections.append((heading, COMPARISON_HEADER, rows))
         tokens_row = [
             [v, _fmt(*mean_se([max(cumulative_tokens(r).values()) for r in runs]), digits=0)]
             for v, runs in groups.items()
