@@ -148,14 +148,13 @@ def find_runs(
         )
     found = _sweep_runs(Path(paths[0])) if group_by is None else _grouped_runs(paths, group_by)
     if seeds is not None:
-        missing = sorted(set(seeds) - {seed for _, seed, _ in found})
-        if missing:
-            have = sorted({seed for _, seed, _ in found})
+        wanted, have = set(seeds), {seed for _, seed, _ in found}
+        if missing := sorted(wanted - have):
             raise ValueError(
                 f"--seeds: no finished run has seed {', '.join(map(str, missing))}; the runs' seeds "
-                f"are {have}"
+                f"are {sorted(have)}"
             )
-        found = [r for r in found if r[1] in set(seeds)]
+        found = [r for r in found if r[1] in wanted]
     groups: dict[str, list[Run]] = {}
     for variant, seed, run_dir in found:
         if any(r.seed == seed for r in groups.get(variant, [])):
