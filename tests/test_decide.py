@@ -13,7 +13,7 @@ import yaml
 
 from semrl.cli import main
 from semrl.errors import ConfigError
-from semrl.report.decide import EXPECTATIONS, decide, load_hypotheses
+from semrl.report.decide import EXPECTATIONS, Decision, Hypothesis, decide, decision_rows, load_hypotheses
 from semrl.report.stats import compare_paired
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +66,51 @@ def test_one_seed_is_undecided_and_a_bad_expectation_is_refused():
     assert math.isnan(c.low) and all(decide(c, e, 0.1) == "undecided" for e in EXPECTATIONS)
     with pytest.raises(ValueError, match="expect must be one of"):
         decide(compare_paired([0.1, 0.2]), "bigger", 0.1)  # type: ignore[arg-type]
+
+
+def _fewest_seeds_by_power(effect: float, sd: float) -> int | None:
+    """Counted up one seed at a time from scipy's noncentral t: the two-sided paired t-test at 5%
+    rejects with probability >= 0.8."""
+    from scipy import stats as st
+
+    if effect == 0:
+        return None
+    for n in range(2, 200):
+        critical = st.t.ppf(0.975, n - 1)
+        shift = abs(effect) * math.sqrt(n) / sd
+        lower = st.nct.cdf(-critical, n - 1, shift)
+        if st.nct.sf(critical, n - 1, shift) + (0.0 if math.isnan(lower) else lower) >= 0.8:
+            return n
+    return None
+
+
+def test_an_undecided_rule_names_the_seeds_from_its_own_bound_and_which_way_they_would_decide():
+    rng = np.random.default_rng(1)
+    seen = set()
+    for _ in range(150):
+        seeds = int(rng.integers(3, 8))
+        margin = float(rng.choice([0.02, 0.05, 0.1]))
+        d = rng.normal(rng.normal(0, 0.05), 0.08, seeds)
+        c = compare_paired(d.tolist())
+        for expect in EXPECTATIONS:
+            if decide(c, expect, margin) != "undecided":
+                continue
+            rule = Hypothesis("H", "", "eval/pass@1", "a", "b", expect, margin)  # type: ignore[arg-type]
+            (row,) = decision_rows([Decision(rule, c, "undecided")])
+            # the distance that must be resolved is from 0, or from -δ for non-inferiority
+            distance = c.estimate + (margin if expect == "not_below" else 0.0)
+            needed = _fewest_seeds_by_power(distance, float(np.std(d, ddof=1)))
+            if needed is None:  # beyond 200 seeds: not counted here
+                continue
+            toward_claim = distance < 0 if expect == "less" else distance > 0
+            if toward_claim:
+                assert row[-1] == f"undecided: {needed} seeds needed at 80% power", (d, expect, margin)
+            else:
+                assert row[-1] == (
+                    f"undecided: points against the claim: {needed} seeds would decide it against at 80% power"
+                ), (d, expect, margin)
+            seen.add((expect, toward_claim))
+    assert len(seen) == 6  # both directions of every expectation
 
 
 RULE = {"id": "H1", "claim": "x", "metric": "eval/pass@1", "pair": ["a", "b"], "expect": "greater", "margin": 0.05}

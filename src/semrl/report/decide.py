@@ -10,7 +10,9 @@ direction it expects and a margin δ. Its outcome, from the 95% paired t-interva
 - ``expect: not_below`` (non-inferiority): **decided** if the interval's lower end is above -δ,
   **decided against** if its upper end is below -δ, else **undecided**.
 
-An undecided outcome carries the seeds the observed difference would need at 80% power.
+An undecided outcome carries the seeds at which the observed difference, taken as the truth with the
+observed s.d., would settle the rule 80% of the time: its distance from the rule's bound (0, or -δ for
+``not_below``), and whether that would decide for the claim or against it.
 
 The rules file is YAML, a list of entries such as:
 
@@ -36,7 +38,7 @@ from typing import Any, Literal
 import yaml
 
 from semrl.errors import ConfigError
-from semrl.report.stats import MAX_SEEDS, PairedComparison
+from semrl.report.stats import MAX_SEEDS, PairedComparison, seeds_needed
 
 Expectation = Literal["greater", "less", "not_below"]
 EXPECTATIONS: tuple[str, ...] = ("greater", "less", "not_below")
@@ -92,6 +94,18 @@ def decide(comparison: PairedComparison, expect: Expectation, margin: float) -> 
     if expect != "not_below" and -margin < low and high < margin:
         return "ruled out"
     return "undecided"
+
+
+def seeds_to_settle(
+    comparison: PairedComparison, expect: Expectation, margin: float
+) -> tuple[int | None, bool]:
+    """(seeds, for_the_claim): the fewest seeds at which the observed difference, with the observed
+    s.d., would carry the interval past the rule's bound (0, or -margin for ``not_below``) with
+    probability 0.8 (``stats.seeds_needed``; None when it lies on the bound or needs more than
+    MAX_SEEDS), and whether on the claim's side of it (decided) or the other (decided against)."""
+    distance = comparison.estimate - (-margin if expect == "not_below" else 0.0)
+    for_the_claim = distance < 0 if expect == "less" else distance > 0
+    return seeds_needed(distance, comparison.sd), for_the_claim
 
 
 def _hypothesis(entry: Any, where: str) -> Hypothesis:
@@ -152,7 +166,7 @@ def decision_rows(decisions: Sequence[Decision]) -> list[list[str]]:
         metric = rule.metric if rule.window == 1 else f"{rule.metric} (last {rule.window} steps)"
         outcome = dec.outcome
         if outcome == "undecided":
-            outcome += ": " + _seeds_needed(c)
+            outcome += ": " + _seeds_needed(c, rule)
         rows.append([
             rule.id, rule.claim, f"{rule.variant} - {rule.baseline}", metric, f"{expect} ({rule.margin:g})",
             "" if c is None else f"{c.estimate:+.3f}",
@@ -164,14 +178,17 @@ def decision_rows(decisions: Sequence[Decision]) -> list[list[str]]:
     return rows
 
 
-def _seeds_needed(c: PairedComparison | None) -> str:
+def _seeds_needed(c: PairedComparison | None, rule: Hypothesis) -> str:
     if c is None:
         return "no seed finished both variants"
     if c.seeds < 2:
         return "1 seed, no interval"
-    if c.seeds_needed is None:
-        return f"no difference seen, or more than {MAX_SEEDS} seeds needed"
-    return f"{c.seeds_needed} seeds needed at 80% power"
+    seeds, for_the_claim = seeds_to_settle(c, rule.expect, rule.margin)
+    if seeds is None:
+        return f"on the bound, or more than {MAX_SEEDS} seeds needed"
+    if for_the_claim:
+        return f"{seeds} seeds needed at 80% power"
+    return f"points against the claim: {seeds} seeds would decide it against at 80% power"
 
 
 def decision_summary(decisions: Sequence[Decision]) -> str:
