@@ -183,6 +183,9 @@ def test_hub_id_offline_says_to_pass_a_local_path(monkeypatch):
     from semrl.models import ModelNotFoundError, load_tokenizer, resolve_model_path
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once, at import: without this the lookup goes to the network
+    # and fails only after its retries (about 46 s on a machine without internet)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     name = "semrl-test-org/no-such-model"
     assert resolve_model_path(name) == name
     with pytest.raises(ModelNotFoundError, match="local path"):
