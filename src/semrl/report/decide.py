@@ -77,6 +77,11 @@ class Decision:
     outcome: str
 
 
+def _bound(expect: Expectation, margin: float) -> float:
+    """The value a rule's interval must clear: -margin for ``not_below``, 0 otherwise."""
+    return -margin if expect == "not_below" else 0.0
+
+
 def decide(comparison: PairedComparison, expect: Expectation, margin: float) -> str:
     """The outcome of one rule: ``decided``, ``decided against``, ``ruled out`` or ``undecided``."""
     if expect not in EXPECTATIONS:
@@ -86,7 +91,7 @@ def decide(comparison: PairedComparison, expect: Expectation, margin: float) -> 
         return "undecided"
     # every rule becomes "the interval lies above `bound`", with the interval turned to the claim
     toward = (-high, -low) if expect == "less" else (low, high)
-    bound = -margin if expect == "not_below" else 0.0
+    bound = _bound(expect, margin)
     if toward[0] > bound:
         return "decided"
     if toward[1] < bound:
@@ -103,7 +108,7 @@ def seeds_to_settle(
     s.d., would carry the interval past the rule's bound (0, or -margin for ``not_below``) with
     probability 0.8 (``stats.seeds_needed``; None when it lies on the bound or needs more than
     MAX_SEEDS), and whether on the claim's side of it (decided) or the other (decided against)."""
-    distance = comparison.estimate - (-margin if expect == "not_below" else 0.0)
+    distance = comparison.estimate - _bound(expect, margin)
     for_the_claim = distance < 0 if expect == "less" else distance > 0
     return seeds_needed(distance, comparison.sd), for_the_claim
 
