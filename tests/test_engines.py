@@ -332,6 +332,47 @@ def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
     assert branched >= (4 * 5 if epsilon == 0.0 else 1)
 
 
+@pytest.mark.parametrize("kind", ENGINES)
+def test_treepo_trees_keep_their_invariants(setup, kind):
+    """TreePO's segment trees on both engines: w leaves per prompt, leaves sharing node ids share those
+    tokens and log-probs, and on vllm the shared prefixes come from its prefix cache."""
+    from semrl.algos.treepo_rollout import SegmentTreeSettings, join_segments, segment_tree_rollout
+
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    # prompts over one 32-token KV block, which vLLM's prefix cache shares
+    prompts = [tok(f"Question {i}: " + "go on " * 20)["input_ids"] for i in range(4)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, logprobs_top_k=0)
+    settings = SegmentTreeSettings(width=6, segment_length=4, max_depth=3, branch=2)
+    before, cached, original = engine.generated_tokens, [], engine.generate
+
+    def counting(requests, *args, **kwargs):
+        gens = original(requests, *args, **kwargs)
+        cached.append((getattr(engine, "cached_prompt_tokens", 0), len(requests)))
+        return gens
+
+    engine.generate = counting
+    try:
+        out = segment_tree_rollout(engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(1))
+    finally:
+        engine.generate = original
+    total = 0
+    for leaves in out.leaves:
+        assert len(leaves) == 6
+        gens = [join_segments(leaf.segments) for leaf in leaves]
+        total += sum(len(g.token_ids) for g in gens)
+        for a in range(6):
+            assert len(gens[a].token_ids) <= 12 and gens[a].logprobs.shape == gens[a].token_ids.shape
+            for c in range(a):
+                n = 0
+                while n < min(len(leaves[a].nodes), len(leaves[c].nodes)) and leaves[a].nodes[n] == leaves[c].nodes[n]:
+                    n += 1
+                assert torch.equal(gens[a].token_ids[: 4 * n], gens[c].token_ids[: 4 * n])
+    assert out.steps >= 3 and engine.generated_tokens - before < total
+    if kind == "vllm":  # after the first step, every request's prompt block came from the prefix cache
+        assert all(n >= 32 * requests for n, requests in cached[1:]), cached
+
+
 def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_pass(setup):
     """The vllm engine's entropies come from the trainer's forward (fill_sampling_entropy); on the same
     sequences they select the same SENT / 80-20 tokens and FR3E anchors as hf's sampling-time ones."""

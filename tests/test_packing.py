@@ -95,8 +95,10 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, 
     torch.testing.assert_close(g_pack, g_pad, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["rose", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("method", ["rose", "grpo", "dr_grpo", "treepo"])
 def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, method):
+    """The packed loss and gradient (each shared prefix once) equal the padded ones (every chain
+    carries its own copy of the prefix), on the trees each method's rollout makes."""
     import json
 
     from semrl.configure import load_config
@@ -112,11 +114,13 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
             "rollout.group_size=6", "rollout.prompts_per_step=2", "rollout.max_new_tokens=10",
             "trainer.micro_batch_size=5", "trainer.steps=1", "trainer.lr=1e-2", "algorithm.kl_coef=0.01",
             f"trainer.packing={packing}", f"logging.output_dir={tmp_path / packing}", "logging.progress=false",
-            "logging.report_to=[]",
+            "logging.report_to=[]", *(["treepo.segment_length=2"] if method == "treepo" else []),
         ])
         trainer = Trainer(cfg)
         assert trainer.packing == (packing == "tree")
         metrics = trainer.train()
+        if method == "treepo":  # the trees shared prefixes, which packing computed once
+            assert metrics["treepo/sampled_vs_independent"] < 1
         # after one AdamW step, exp_avg = (1 - beta1) * the accumulated gradient: compare gradients,
         # not weights (Adam turns float noise on near-zero gradients into lr-sized steps)
         grads = [trainer.run.optim.optimizer.state[p]["exp_avg"] / 0.1 for p in trainer.model.parameters()]

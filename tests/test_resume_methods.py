@@ -27,6 +27,8 @@ METHODS = {
     "kl_cov": ["algorithm.method=kl_cov", "trainer.ppo_epochs=2", "kl_cov.ratio=0.1"],
     "clip_cov": ["algorithm.method=clip_cov", "trainer.ppo_epochs=2", "clip_cov.ratio=0.1", "clip_cov.lb=-1"],
     "entropy_8020": ["algorithm.method=entropy_8020"],
+    "treepo": ["algorithm.method=treepo", "rollout.max_new_tokens=6", "treepo.segment_length=2", "trainer.packing=tree",
+               "algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling_metric=accuracy", "trainer.lr=5e-3"],
 }
 
 

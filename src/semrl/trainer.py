@@ -256,7 +256,8 @@ class Trainer:
                 compute_dtype=self.engine.compute_dtype,
             )
             context = RolloutContext(
-                self.engine, params, self.generator, self.method_config, entropy, self.method_state
+                self.engine, params, self.generator, self.method_config, entropy, self.method_state,
+                decode=partial(self.tokenizer.decode, skip_special_tokens=True),
             )
             out = self.method.rollout_fn(context, prompt_ids)
             gens, groups, metrics = out.generations, out.groups, out.metrics

@@ -74,6 +74,8 @@ class RolloutContext:
         sampling_entropy: fills the full-vocabulary sampling entropy of generations an engine
             left without it (vllm), with the trainer's forward at the sampling weights; a no-op
             for generations that have it.
+        decode: token ids -> text with the run's tokenizer, special tokens skipped (TreePO's stop
+            tests read a segment's text).
     """
 
     engine: Engine
@@ -82,6 +84,7 @@ class RolloutContext:
     config: MethodConfig[Any]
     sampling_entropy: SamplingEntropyFn
     state: Any = None
+    decode: Callable[[list[int]], str] | None = None
 
     @property
     def group_size(self) -> int:

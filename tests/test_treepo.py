@@ -1,0 +1,421 @@
+"""TreePO: the tree advantage and whitening against a reference written from the official code
+(multimodal-art-projection/TreePO f055523) on random trees, rivals' hand-computed checks, the
+branching budget, the fallback, the repetition test, the scheduler's invariants over random stop
+patterns, and the rollout on a real model."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+import torch
+
+from semrl.algos.treepo_rollout import (
+    SegmentTree,
+    SegmentTreeSettings,
+    TreePath,
+    fallback_paths,
+    leaf_tree,
+    stop_reason,
+)
+from semrl.algos.treepo_tree import branch_budget, has_repetition, tree_outcome_advantages, whiten
+from semrl.engines import Generation
+
+# ------------------------------------------------------------------------------------------------
+# References written from the official code's logic (core_algos.py, torch_functional.py, the rollout)
+
+
+def _reference_advantage(scores, uids, remove_no_std_subgroup, weight):
+    """``compute_tree_reinforce_plus_plus_baseline_outcome_advantage`` before whitening: uids are
+    "prompt#node#node..." strings, levels grouped by their first depth + 1 parts."""
+    bsz = len(uids)
+    per_leaf = {i: [] for i in range(bsz)}
+    max_depth = max(len(u.split("#")) - 1 for u in uids)
+    for depth in range(max_depth):
+        by_id = defaultdict(list)
+        keys = ["#".join(u.split("#")[: depth + 1]) for u in uids]
+        for i in range(bsz):
+            by_id[keys[i]].append(scores[i])
+        mean, std = {}, {}
+        for k, v in by_id.items():
+            t = torch.tensor(v, dtype=torch.float64)
+            mean[k], std[k] = (t.mean(), t.std()) if len(v) > 1 else (torch.tensor(0.0), torch.tensor(0.0))
+        for i in range(bsz):
+            centred = scores[i] - mean[keys[i]]
+            size = len(by_id[keys[i]])
+            if size > 1 and depth > 0:
+                if not (remove_no_std_subgroup and std[keys[i]] == 0.0):
+                    per_leaf[i].append((centred, size))
+            elif depth == 0:
+                per_leaf[i].append((centred, size))
+    out = []
+    for i in range(bsz):
+        if weight == "group_size":
+            total = sum(s for _, s in per_leaf[i])
+            out.append(sum(float(c) * s / total for c, s in per_leaf[i]))
+        else:
+            out.append(sum(float(c) for c, _ in per_leaf[i]) / len(per_leaf[i]))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _reference_whiten(values, mask):
+    """verl's ``masked_whiten`` (shift_mean=True): masked mean, unbiased masked variance, eps 1e-8."""
+    mean = (values * mask).sum() / mask.sum()
+    var = (((values - mean) ** 2) * mask).sum() / mask.sum() * mask.sum() / (mask.sum() - 1)
+    return (values - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def _reference_budget(width, finished, finished_now, active, branch):
+    remaining_width_budget = max(width - finished, 0)
+    total_divergence = min(remaining_width_budget, finished_now * branch + branch * active)
+    total_divergence = max(total_divergence, active)
+    average, remainder = total_divergence // active, total_divergence % active
+    out = []
+    for path_idx in range(active):
+        n = average + remainder if path_idx + 1 == active else average
+        out.append(max(1, n))
+    return out
+
+
+def _reference_repetition(s, rep_length_thresh=32, rep_count_thresh=8):
+    if not s or len(s) < rep_length_thresh:
+        return False
+    count = {}
+    for i in range(len(s) - rep_length_thresh + 1):
+        sub = s[i : i + rep_length_thresh]
+        count[sub] = count.get(sub, 0) + 1
+        if count[sub] >= rep_count_thresh:
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------------
+# The advantage: rivals.md's hand-computed trees T1-T3
+
+
+def _paths(spec: list[str]) -> list[tuple[int, ...]]:
+    """'a/a1' -> node ids, one id per distinct prefix."""
+    ids: dict[str, int] = {}
+    out = []
+    for leaf in spec:
+        parts = leaf.split("/")
+        out.append(tuple(ids.setdefault("/".join(parts[: j + 1]), len(ids)) for j in range(len(parts))))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("leaves", "rewards", "average", "size", "whitened"),
+    [
+        (["a/a1", "a/a2", "b/b1", "b/b2"], [1, -1, -1, -1], [1.25, -0.75, -0.25, -0.25],
+         [4 / 3, -2 / 3, -1 / 3, -1 / 3], [1.4434, -0.8660, -0.2887, -0.2887]),
+        (["a/a1", "a/a2", "b"], [1, 1, -1], [1 / 3, 1 / 3, -4 / 3], [0.4, 0.4, -4 / 3], [0.5774, 0.5774, -1.1547]),
+        (["a/a'/x", "a/a'/y", "b"], [1, -1, -1], [10 / 9, -8 / 9, -2 / 3], [1.1429, -0.8571, -0.6667],
+         [1.1488, -0.6757, -0.4730]),
+    ],
+)
+def test_hand_computed_trees(leaves, rewards, average, size, whitened):
+    paths, r = _paths(leaves), torch.tensor(rewards, dtype=torch.float32)
+    groups = [0] * len(leaves)
+    avg = tree_outcome_advantages(r, groups, paths, "average")
+    torch.testing.assert_close(avg, torch.tensor(average), atol=1e-4, rtol=0)
+    torch.testing.assert_close(tree_outcome_advantages(r, groups, paths, "group_size"), torch.tensor(size), atol=1e-4, rtol=0)
+    one_token = torch.ones(len(leaves), 1)
+    torch.testing.assert_close(whiten(avg[:, None], one_token)[:, 0], torch.tensor(whitened), atol=1e-4, rtol=0)
+
+
+def test_whitening_is_token_weighted():
+    avg = tree_outcome_advantages(torch.tensor([1.0, -1, -1, -1]), [0] * 4, _paths(["a/a1", "a/a2", "b/b1", "b/b2"]))
+    mask = torch.zeros(4, 4)
+    for i, n in enumerate([2, 1, 1, 4]):
+        mask[i, :n] = 1
+    out = whiten(avg[:, None] * mask, mask)
+    torch.testing.assert_close(out[:, 0], torch.tensor([1.5771, -1.0791, -0.4150, -0.4150]), atol=1e-4, rtol=0)
+    assert bool((out[mask == 0] == 0).all())
+
+
+def _random_batch(rng: random.Random):
+    """Random trees over 1-4 prompts: leaves from random branching, with the degenerate cases."""
+    kind = rng.choice(["random", "random", "random", "one_leaf", "depth_one", "equal", "chain"])
+    paths, groups = [], []
+    for p in range(rng.randint(1, 4)):
+        node = 0
+        if kind == "one_leaf":
+            leaves = [(0,)]
+        elif kind == "depth_one":
+            leaves = [(i,) for i in range(rng.randint(1, 6))]
+        elif kind == "chain":  # a single path with a fork at the bottom: repeated levels
+            depth = rng.randint(1, 5)
+            leaves = [(*range(depth), 100 + i) for i in range(rng.randint(1, 3))]
+        else:
+            leaves, frontier = [], [()]
+            while frontier and len(leaves) < 12:
+                prefix = frontier.pop(rng.randrange(len(frontier)))
+                for _ in range(rng.randint(1, 3)):
+                    child = (*prefix, node)
+                    node += 1
+                    (leaves if rng.random() < 0.4 or len(child) >= 5 else frontier).append(child)
+            leaves += [(*f, 1000 + i) for i, f in enumerate(frontier)]
+        paths += leaves
+        groups += [p] * len(leaves)
+    rewards = [rng.choice([-1.0, 1.0, 0.0, 0.5]) for _ in paths]
+    if kind == "equal":
+        rewards = [1.0] * len(paths)
+    return paths, groups, rewards
+
+
+@pytest.mark.parametrize("weight", ["average", "group_size"])
+@pytest.mark.parametrize("drop", [False, True])
+def test_advantage_matches_the_official_estimator_on_random_trees(weight, drop):
+    rng = random.Random(1)
+    for _ in range(400):
+        paths, groups, rewards = _random_batch(rng)
+        uids = ["#".join([f"p{g}", *(str(n) for n in path)]) for path, g in zip(paths, groups, strict=True)]
+        ref = _reference_advantage(rewards, uids, drop, weight)
+        got = tree_outcome_advantages(torch.tensor(rewards), groups, paths, weight, drop)
+        torch.testing.assert_close(got.double(), ref, atol=1e-6, rtol=0)
+        lengths = [rng.randint(1, 6) for _ in paths]
+        mask = torch.zeros(len(paths), 6)
+        for i, n in enumerate(lengths):
+            mask[i, :n] = 1
+        if mask.sum() > 1:
+            torch.testing.assert_close(
+                whiten(got[:, None] * mask, mask), _reference_whiten(ref.float()[:, None] * mask, mask),
+                atol=2e-5, rtol=1e-5,
+            )
+
+
+def test_subtract_batch_mean_false_divides_only():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        values, mask = torch.randn(5, 4, generator=gen), (torch.rand(5, 4, generator=gen) < 0.7).float()
+        mask[0, 0] = mask[1, 0] = 1
+        mean = (values * mask).sum() / mask.sum()
+        var = (((values - mean) ** 2) * mask).sum() / (mask.sum() - 1)
+        torch.testing.assert_close(
+            whiten(values * mask, mask, subtract_mean=False), values * mask * torch.rsqrt(var + 1e-8)
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# Budget, fallback, repetition, stop reasons
+
+
+def test_budget_hand_checks_and_reference():
+    assert branch_budget(16, 1, 1, 3, 2) == [2, 2, 4]  # rivals T4
+    assert branch_budget(16, 13, 1, 2, 2) == [1, 2]
+    assert branch_budget(16, 0, 0, 2, 2) == [2, 2]
+    rng = random.Random(0)
+    for _ in range(2000):
+        w, b = rng.randint(2, 20), rng.randint(1, 4)
+        active = rng.randint(1, w)
+        finished = rng.randint(0, w - active)
+        now = rng.randint(0, finished)
+        got = branch_budget(w, finished, now, active, b)
+        assert got == _reference_budget(w, finished, now, active, b)
+        assert sum(got) + finished <= w  # the invariant that makes every prompt end with w leaves
+
+
+def test_repetition_hand_checks_and_reference():
+    assert not has_repetition("x" * 38) and has_repetition("x" * 39) and has_repetition("ab" * 200)
+    rng = random.Random(0)
+    for _ in range(500):
+        text = "".join(rng.choice("ab ") for _ in range(rng.randint(0, 120)))
+        window, count = rng.randint(1, 8), rng.randint(1, 10)
+        assert has_repetition(text, window, count) == _reference_repetition(text, window, count)
+
+
+def _gen(n: int, finished: bool = False) -> Generation:
+    return Generation(
+        token_ids=torch.arange(n), logprobs=torch.zeros(n), top_logprobs=torch.zeros(n, 0),
+        top_ids=torch.zeros(n, 0, dtype=torch.long), entropy=torch.zeros(n), finished=finished,
+    )
+
+
+def test_stop_reasons_in_the_code_order():
+    s = SegmentTreeSettings(width=4, segment_length=4, max_depth=3, branch=2, repetition_window=2, repetition_count=3)
+    assert stop_reason(_gen(4, True), "so \\boxed{3}", 8, 2, 64, s) == "finished"
+    assert stop_reason(_gen(1, True), "", 5, 2, 64, s) == "eos"  # EOS as the segment's only token counts
+    assert stop_reason(_gen(4), "\\boxed{3}", 8, 2, 64, s) is None  # boxed without EOS goes on (code)
+    assert stop_reason(_gen(4), "\\boxed{3}", 8, 2, 64, SegmentTreeSettings(4, 4, 3, 2, stop_on_boxed=True)) == "finished"
+    assert stop_reason(_gen(4), "ababab", 64, 3, 64, s) == "max_length"
+    assert stop_reason(_gen(4), "ababab", 12, 3, 64, s) == "max_depth"
+    assert stop_reason(_gen(4), "ababab", 12, 2, 64, s) == "repetition"
+    assert stop_reason(_gen(4), "abcdef", 12, 2, 64, s) is None
+
+
+def _leaf(prompt: int, lengths: list[int], nodes: list[int], reason: str) -> TreePath:
+    return TreePath(prompt, [_gen(n) for n in lengths], list(nodes), reason)
+
+
+def test_fallback_cuts_at_segment_boundaries_and_spends_the_budget():
+    gen = torch.Generator().manual_seed(0)
+    leaves = [_leaf(0, [4, 4, 2], [0, 1, 2], "eos"), _leaf(0, [4, 4, 4], [0, 1, 3], "max_length"),
+              _leaf(0, [3], [4], "finished")]
+    kept = defaultdict(int)
+    for _ in range(600):
+        paths = fallback_paths(leaves, 3, 2, 0, gen)
+        assert len(paths) == 3  # min(b, remaining) copies per candidate until 3 are made
+        for path in paths:
+            # a prefix of a candidate (answer or EOS), cut where a segment ends
+            source = next(leaf for leaf in leaves if leaf.nodes[: len(path.nodes)] == path.nodes and leaf.reason != "max_length")
+            assert path.segments == source.segments[: len(path.nodes)]
+            kept[len(path.nodes)] += 1
+        assert paths[0].nodes == paths[1].nodes  # the two copies of the first candidate
+    assert set(kept) == {0, 1, 2}  # every boundary of the 3-segment leaf, 0 = from the prompt
+    only_truncated = [_leaf(0, [4, 4], [0, 1], "max_length")]
+    paths = fallback_paths(only_truncated, 5, 2, 0, gen)
+    assert [p.nodes for p in paths] == [[], []]  # no answer or EOS leaf: regrow from the prompt, b copies
+
+
+def _random_outcomes(rng: random.Random, tree: SegmentTree, p_stop: float):
+    outs, texts = [], []
+    for budget in tree.budgets():
+        n = rng.randint(1, budget) if rng.random() < p_stop else budget
+        finished = n < budget or rng.random() < p_stop / 3
+        outs.append(_gen(n, finished))
+        texts.append(rng.choice(["", "", "\\boxed{1}", "aaaaaaaaaa"]))
+    return outs, texts
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_prompt_ends_with_width_leaves_under_random_stops(seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(50):
+        w, b, seg, d = rng.randint(2, 12), rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 6)
+        b = min(b, w)
+        settings = SegmentTreeSettings(
+            w, seg, d, b, first_branch_max=rng.choice([0, b + 2]), repetition_window=4, repetition_count=3,
+            stop_on_boxed=rng.random() < 0.5,
+        )
+        max_length = seg * d + rng.randint(-seg + 1, seg) if d > 1 else seg
+        prompts = rng.randint(1, 4)
+        tree = SegmentTree(prompts, settings, max(1, max_length), gen)
+        for p in range(prompts):
+            first = sum(1 for a in tree.active if a.prompt == p)
+            assert first == min(b, w) if not settings.first_branch_max else b <= first <= min(b + 2, w)
+        p_stop = rng.random()
+        steps = 0
+        while not tree.done:
+            before = {p: sum(1 for a in tree.active if a.prompt == p) for p in range(prompts)}
+            leaves_before = [len(x) for x in tree.leaves]
+            tree.advance(*_random_outcomes(rng, tree, p_stop))
+            steps += 1
+            assert steps < 1000
+            for p in range(prompts):
+                finished = len(tree.leaves[p])
+                active = [a for a in tree.active if a.prompt == p]
+                assert finished + len(active) <= w
+                survivors = before[p] - (finished - leaves_before[p])
+                if survivors:  # budget transfer: the survivors' copies are the reference budget
+                    per_parent = defaultdict(int)
+                    for a in active:
+                        per_parent[a.nodes[-1]] += 1
+                    want = _reference_budget(w, finished, finished - leaves_before[p], survivors, b)
+                    assert list(per_parent.values()) == want
+                elif finished < w:  # fallback: only a prompt with no survivor, never more than w
+                    assert 1 <= len(active) <= w - finished
+        for p in range(prompts):
+            leaves = tree.leaves[p]
+            assert len(leaves) == w
+            for leaf in leaves:
+                assert 1 <= len(leaf.nodes) <= d and leaf.length <= max(1, max_length)
+                # every segment but the last is a whole segment: cuts and shared prefixes are aligned
+                assert all(len(s.token_ids) == seg for s in leaf.segments[:-1])
+            ids = [tuple(leaf.nodes) for leaf in leaves]
+            assert len(set(ids)) == w
+
+
+def test_leaf_tree_shares_exactly_the_common_segments():
+    rng = random.Random(0)
+    for _ in range(300):
+        paths, groups, _ = _random_batch(rng)
+        paths = [path for path, g in zip(paths, groups, strict=True) if g == 0]
+        segments: dict[tuple[int, ...], Generation] = {}
+        leaves = []
+        for path in paths[:8]:
+            segs = [segments.setdefault(path[: j + 1], _gen(rng.randint(1, 3))) for j in range(len(path))]
+            leaves.append(TreePath(0, segs, list(path)))
+        tree = leaf_tree(leaves)
+        for a in range(len(leaves)):
+            for c in range(len(leaves)):
+                n = 0
+                while n < min(len(paths[a]), len(paths[c])) and paths[a][n] == paths[c][n]:
+                    n += 1
+                shared = sum(len(s.token_ids) for s in leaves[a].segments[:n]) if a != c else leaves[a].length
+                assert tree.shared_prefix(a, c) == shared
+
+
+# ------------------------------------------------------------------------------------------------
+# The rollout on the tiny model (hf engine)
+
+
+@pytest.fixture(scope="module")
+def hf_setup(tiny_model_dir):
+    from semrl.engines.hf import HFEngine
+    from semrl.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir))
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=16)
+    prompts = [tok(f"Question {i}: go on")["input_ids"] for i in range(3)]
+    return engine, tok, prompts
+
+
+@pytest.mark.parametrize("reuse_kv_cache", [True, False])
+def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
+    """Width leaves per prompt; leaves that share node ids share those tokens; every request held its
+    path's tokens and at most a segment's budget; shared segments are sampled once."""
+    from semrl.algos.treepo_rollout import join_segments, segment_tree_rollout
+    from semrl.engines import SamplingParams
+
+    engine, tok, prompts = hf_setup
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    settings = SegmentTreeSettings(width=6, segment_length=3, max_depth=4, branch=2, reuse_kv_cache=reuse_kv_cache)
+    requests, original = [], engine.generate
+
+    def spy(reqs, *args, **kwargs):
+        requests.extend(reqs)
+        return original(reqs, *args, **kwargs)
+
+    engine.generate = spy
+    try:
+        before = engine.generated_tokens
+        out = segment_tree_rollout(engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(0))
+    finally:
+        engine.generate = original
+    assert [len(leaves) for leaves in out.leaves] == [6, 6, 6]
+    assert all(r.max_new_tokens <= 3 and len(r.prefix_ids) % 3 == 0 for r in requests)
+    total = 0
+    for leaves in out.leaves:
+        tokens = [join_segments(leaf.segments).token_ids.tolist() for leaf in leaves]
+        total += sum(len(t) for t in tokens)
+        for a in range(6):
+            for c in range(6):
+                n = 0
+                while n < min(len(leaves[a].nodes), len(leaves[c].nodes)) and leaves[a].nodes[n] == leaves[c].nodes[n]:
+                    n += 1
+                assert tokens[a][: 3 * n] == tokens[c][: 3 * n]
+            assert len(tokens[a]) <= 12 and all(s.cache is None for s in leaves[a].segments)
+        assert leaf_tree(leaves).lengths == tuple(len(t) for t in tokens)
+    assert engine.generated_tokens - before < total  # the shared segments were sampled once
+
+
+def test_treepo_config_errors_name_the_key():
+    from semrl.configure import load_config
+    from semrl.errors import ConfigError
+
+    base = ["algorithm.method=treepo", "rollout.max_new_tokens=64"]
+    for overrides, key in [
+        (["treepo.segment_length=24"], "treepo.segment_length"),  # does not divide 64
+        ([], "treepo.segment_length"),  # the paper's 512 exceeds a 64-token budget
+        (["treepo.segment_length=16", "treepo.branch=0"], "treepo.branch"),
+        (["treepo.segment_length=16", "treepo.branch=9"], "treepo.branch"),
+        (["treepo.segment_length=16", "rollout.group_size=1"], "rollout.group_size"),
+        (["treepo.segment_length=16", "treepo.first_branch_max=1"], "treepo.first_branch_max"),
+    ]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(None, [*base, *overrides])
+    cfg = load_config(None, [*base, "treepo.segment_length=24", "treepo.max_depth=3"])
+    assert cfg.algorithm.loss_agg_mode == "token-mean" and cfg.algorithm.clip_ratio_high == 0.28
