@@ -41,6 +41,13 @@ RUNS: dict[str, list[str]] = {
     "kl_cov": ["algorithm.method=kl_cov", "trainer.ppo_epochs=2", "kl_cov.ratio=0.1"],
     "clip_cov": ["algorithm.method=clip_cov", "trainer.ppo_epochs=2", "clip_cov.ratio=0.1", "clip_cov.lb=-1"],
     "entropy_8020": ["algorithm.method=entropy_8020"],
+    "treepo": ["algorithm.method=treepo", "rollout.max_new_tokens=6", "treepo.segment_length=2", "trainer.packing=tree",
+               "algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling_metric=accuracy"],
+    "treepo_paper_options": ["algorithm.method=treepo", "rollout.max_new_tokens=6", "treepo.segment_length=2",
+                             "treepo.stop_on_boxed=true", "treepo.subtract_batch_mean=false", "treepo.weight=group_size",
+                             "treepo.drop_zero_std_subgroups=true", "treepo.first_branch_max=4"],
+    "entropy_bonus": ["algorithm.method=grpo", "algorithm.entropy_coeff=0.01", "algorithm.kl_coef=0.001"],
+    "entropy_bonus_adaptive": ["algorithm.entropy_coeff=0.02", "algorithm.entropy_target=1.0", "trainer.mini_batch_size=16"],
     # a 2-stage curriculum (scores written below), and one that restarts the optimizer and reference
     "sent_curriculum": ["algorithm.method=sent", "data.curriculum_stages=2", "trainer.ppo_epochs=2"],
     "grpo_curriculum_reset": ["algorithm.method=grpo", "algorithm.kl_coef=0.01", "data.curriculum_stages=2",

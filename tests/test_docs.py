@@ -84,7 +84,7 @@ def test_the_site_builds_strictly(tmp_path):
 
 def test_generated_tables_are_up_to_date():
     assert config_reference() in (ROOT / "docs" / "config-reference.md").read_text()
-    for name in ("rose", "sent", "treepo"):
+    for name in ("rose", "sent", "treepo", "latr"):
         rows = "\n".join(section_reference(name, _method_sections()[name]))
         assert rows in (ROOT / "docs" / "methods" / f"{name}.md").read_text(), f"regenerate docs/methods/{name}.md's options"
 

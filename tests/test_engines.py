@@ -373,6 +373,38 @@ def test_treepo_trees_keep_their_invariants(setup, kind):
         assert all(n >= 32 * requests for n, requests in cached[1:]), cached
 
 
+@pytest.mark.parametrize("kind", ENGINES)
+def test_latr_trees_keep_their_invariants(setup, kind):
+    """LATR on both engines: the top-2 of the raw distribution drive the forks (thresholds that fork
+    at every token), branches repeat their parent up to the fork and differ at it, and the rows are
+    finished by sampling within the budget."""
+    from functools import partial
+
+    from semrl.algos.catalog import get_method
+    from semrl.algos.registry import RolloutContext, method_config
+    from semrl.engines import sampling_params
+
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    cfg = load_config(None, [
+        "algorithm.method=latr", "rollout.max_new_tokens=12", "rollout.group_size=6", "latr.tau_abs=0.0",
+        "latr.tau_rel=1.0", "latr.lookahead=[3]", "latr.eta_values=[0.5]",
+    ])
+    ctx = RolloutContext(engine, sampling_params(cfg.rollout, top_logprobs=False), torch.Generator().manual_seed(1),
+                         method_config(cfg, "latr"), lambda *a: None, decode=partial(tok.decode, skip_special_tokens=True))
+    out = get_method("latr").rollout_fn(ctx, _prompts(tok, 4))
+    assert len(out.generations) == 24 and out.metrics["latr/forks"] >= 4 * 2
+    for p, group in enumerate(out.groups):
+        gens = out.generations[6 * p : 6 * p + 6]
+        for c in range(6):
+            tokens = gens[c].token_ids.tolist()
+            assert len(tokens) <= 12 and (gens[c].finished or len(tokens) == 12)
+            parent, k = group.tree.parents[c], group.tree.branch_positions[c]
+            assert (parent == -1) == (c == 0 or c >= 3)
+            if parent >= 0 and c < 3 and k < len(gens[parent].token_ids):
+                assert tokens[:k] == gens[parent].token_ids.tolist()[:k] and tokens[k] != gens[parent].token_ids[k]
+
+
 def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_pass(setup):
     """The vllm engine's entropies come from the trainer's forward (fill_sampling_entropy); on the same
     sequences they select the same SENT / 80-20 tokens and FR3E anchors as hf's sampling-time ones."""

@@ -41,16 +41,21 @@ def test_chunked_equals_full_values_and_gradients(seed: int) -> None:
         hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk
     )
     ref_logp, ref_entropy = full_reference(hidden, weight, bias, targets, temperature)
-    assert logp.dtype == torch.float32 and entropy is not None and not entropy.requires_grad
+    assert logp.dtype == torch.float32 and entropy is not None and entropy.requires_grad
     torch.testing.assert_close(logp.double(), ref_logp.detach(), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(entropy.double(), ref_entropy.detach(), rtol=1e-5, atol=1e-4)
 
     params = [hidden, weight] + ([bias] if bias is not None else [])
-    grads = torch.autograd.grad((logp * upstream).sum(), params)
-    ref_grads = torch.autograd.grad((ref_logp * upstream.double()).sum(), params)
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert got.dtype == torch.float32
-        torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-5)
+    # the entropy's own upstream gradient (the entropy bonus), signed, with other zero rows
+    upstream_h = torch.randn(rows, generator=gen) * (torch.rand(rows, generator=gen) > 0.3)
+    for w_logp, w_h in [(1.0, 0.0), (0.0, 1.0), (1.0, 1.0)]:  # log-probs only, entropy only, both
+        loss = (logp * upstream * w_logp).sum() + (entropy * upstream_h * w_h).sum()
+        ref_loss = (ref_logp * upstream.double() * w_logp).sum() + (ref_entropy * upstream_h.double() * w_h).sum()
+        grads = torch.autograd.grad(loss, params, retain_graph=True)
+        ref_grads = torch.autograd.grad(ref_loss, params, retain_graph=True)
+        for got, want in zip(grads, ref_grads, strict=True):
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-5)
 
 
 def test_large_vocabulary_and_no_entropy() -> None:

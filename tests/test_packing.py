@@ -95,7 +95,15 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, 
     torch.testing.assert_close(g_pack, g_pad, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["rose", "grpo", "dr_grpo", "treepo"])
+EXTRA = {
+    "treepo": ["treepo.segment_length=2"],
+    # every token forks until the width is full; windows short enough to prune in 10 tokens
+    "latr": ["latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.lookahead=[2,3]", "latr.keep_math_symbols=false",
+             "latr.eta_values=[0.5]"],
+}
+
+
+@pytest.mark.parametrize("method", ["rose", "grpo", "dr_grpo", "treepo", "latr"])
 def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, method):
     """The packed loss and gradient (each shared prefix once) equal the padded ones (every chain
     carries its own copy of the prefix), on the trees each method's rollout makes."""
@@ -114,13 +122,15 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
             "rollout.group_size=6", "rollout.prompts_per_step=2", "rollout.max_new_tokens=10",
             "trainer.micro_batch_size=5", "trainer.steps=1", "trainer.lr=1e-2", "algorithm.kl_coef=0.01",
             f"trainer.packing={packing}", f"logging.output_dir={tmp_path / packing}", "logging.progress=false",
-            "logging.report_to=[]", *(["treepo.segment_length=2"] if method == "treepo" else []),
+            "logging.report_to=[]", *EXTRA.get(method, []),
         ])
         trainer = Trainer(cfg)
         assert trainer.packing == (packing == "tree")
         metrics = trainer.train()
         if method == "treepo":  # the trees shared prefixes, which packing computed once
             assert metrics["treepo/sampled_vs_independent"] < 1
+        if method == "latr":
+            assert metrics["latr/forks"] > 0
         # after one AdamW step, exp_avg = (1 - beta1) * the accumulated gradient: compare gradients,
         # not weights (Adam turns float noise on near-zero gradients into lr-sized steps)
         grads = [trainer.run.optim.optimizer.state[p]["exp_avg"] / 0.1 for p in trainer.model.parameters()]

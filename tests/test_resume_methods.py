@@ -29,6 +29,12 @@ METHODS = {
     "entropy_8020": ["algorithm.method=entropy_8020"],
     "treepo": ["algorithm.method=treepo", "rollout.max_new_tokens=6", "treepo.segment_length=2", "trainer.packing=tree",
                "algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling_metric=accuracy", "trainer.lr=5e-3"],
+    # eta changes at step 3, after the resume: the rollout reads the step from the restored run
+    "latr": ["algorithm.method=latr", "rollout.max_new_tokens=6", "latr.lookahead=[2]", "latr.tau_abs=0.02",
+             "latr.tau_rel=0.9", "latr.eta_steps=[0,3]", "latr.eta_values=[1.0,0.5]", "trainer.packing=tree"],
+    # the adaptive coefficient moves every optimizer step: its state is in the checkpoint
+    "entropy_bonus": ["algorithm.entropy_coeff=0.02", "algorithm.entropy_target=1.0", "algorithm.entropy_coeff_delta=0.01",
+                      "trainer.mini_batch_size=16"],
 }
 
 

@@ -246,6 +246,8 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_di
         ("dapo", ["algorithm.clip_ratio_high=0.28", "reward.overlong_buffer_len=2"]),
         ("fr3e", ["fr3e.anchor_metric=surprisal"]),
         ("treepo", ["rollout.max_new_tokens=6", "treepo.segment_length=2", "treepo.weight=group_size"]),
+        ("latr", ["rollout.max_new_tokens=6", "latr.lookahead=[2,3]", "latr.tau_abs=0.02", "latr.tau_rel=0.9",
+                  "latr.host=dapo", "latr.eta_values=[0.5]"]),
     ],
 )
 def test_every_method_trains_and_logs_entropy_dynamics(digit_model_dir, seven_task, tmp_path, method, extra):
@@ -271,6 +273,8 @@ def test_every_method_trains_and_logs_entropy_dynamics(digit_model_dir, seven_ta
         assert 0 < last["fr3e/anchors_per_prompt"] <= 3
     if method == "entropy_8020":
         assert 0 < last["actor/high_entropy_frac"] <= 0.25
+    if method == "latr":
+        assert last["latr/width"] == 4 and last["latr/forks"] > 0
     if method == "treepo":
         assert 1 <= last["treepo/mean_depth"] <= 3
         assert sum(v for k, v in last.items() if k.startswith("treepo/stop_")) == pytest.approx(1.0)

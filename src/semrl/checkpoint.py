@@ -21,7 +21,7 @@ import os
 import random
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from semrl import __version__
+from semrl.algos.entropy_bonus import EntropyBonus
 from semrl.atomic import atomic_directory
 from semrl.distributed import (
     full_optimizer_state,
@@ -265,12 +266,14 @@ class RunState:
         curriculum: the curriculum stage and the data order within it.
         optim: optimizer, schedule, loss scaler and the count of consecutive skipped updates.
         generator: this process's random stream (saved with the global torch, numpy, python RNGs).
+        entropy_bonus: the entropy bonus's coefficient and, when adaptive, its state.
     """
 
     step: int
     curriculum: Curriculum
     optim: Optimization
     generator: torch.Generator
+    entropy_bonus: EntropyBonus = field(default_factory=EntropyBonus)
 
 
 def full_weights(model: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
@@ -296,6 +299,7 @@ def save_run(
         "consecutive_bad_updates": optim.consecutive_bad_updates,
         "grad_scaler": optim.scaler.state_dict(),
         "stage": run.curriculum.stage,
+        "entropy_bonus": run.entropy_bonus.state_dict(),
         "config": cfg.to_dict(),
     }
     path = checkpoint_dir(run_dir, run.step)
@@ -326,6 +330,8 @@ def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, procs: Any) 
     set_rng_state(process_rng_state(state, ckpt, procs.rank, procs.world), run.generator)
     run.step = state["step"]
     run.optim.consecutive_bad_updates = state.get("consecutive_bad_updates", 0)
+    if "entropy_bonus" in state:  # checkpoints from before the entropy bonus have none
+        run.entropy_bonus.load_state_dict(state["entropy_bonus"])
 
 
 # --------------------------------------------------------------------------------------------

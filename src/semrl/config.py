@@ -334,6 +334,32 @@ class AlgorithmConfig:
         "batch still short is filled with dropped, zero-advantage groups.",
         valid=AT_LEAST_1,
     )
+    entropy_coeff: float = option(
+        0.0, "Entropy bonus for every method (verl's actor.entropy_coeff, TRL's entropy_coef): the loss "
+        "becomes pg_loss - entropy_coeff x H, H the full-vocabulary entropy of the temperature-scaled "
+        "distribution, with its gradient, aggregated with algorithm.loss_agg_mode like the policy "
+        "term; > 0 raises the entropy. 0: off. SENT's 'w/ En' baseline: 0.001 "
+        "(configs/sent_entropy_bonus.yaml). docs/algorithms.md, Entropy bonus.",
+        valid=NON_NEGATIVE,
+    )
+    entropy_target: float | None = option(
+        None, "Adaptive entropy bonus (TRL's use_adaptive_entropy, after Skywork-OR1): after each "
+        "optimizer step the coefficient, starting at entropy_coeff, moves up by entropy_coeff_delta when "
+        "the step's mean token entropy is <= this target (nats) and down otherwise, within "
+        "[entropy_coeff_min, entropy_coeff_max]; the next step applies the bonus only when it was <= "
+        "target. null: a fixed coefficient.",
+        valid=NON_NEGATIVE,
+    )
+    entropy_coeff_delta: float = option(
+        0.005, "Adaptive entropy bonus: the coefficient's step per optimizer step (TRL's default).",
+        valid=NON_NEGATIVE,
+    )
+    entropy_coeff_min: float = option(
+        0.0, "Adaptive entropy bonus: lower bound of the coefficient.", valid=NON_NEGATIVE
+    )
+    entropy_coeff_max: float = option(
+        1.0, "Adaptive entropy bonus: upper bound of the coefficient.", valid=NON_NEGATIVE
+    )
     rollout_is: Literal["none", "token", "sequence"] = option(
         "none", "Correct the engine/trainer mismatch: weight each token's policy loss by pi_old / pi_engine "
         "of its token (token) or of its whole response (sequence), truncated at rollout_is_cap (verl: "
@@ -619,7 +645,18 @@ def check_fields(cfg: Config) -> None:
             f"config key 'trainer.mini_batch_size' ({mini}) must divide the rollout batch "
             f"of rollout.group_size * rollout.prompts_per_step = {total} sequences"
         )
+    _check_entropy_bonus(cfg)
     check_trackers(cfg.logging.report_to)
+
+
+def _check_entropy_bonus(cfg: Config) -> None:
+    a = cfg.algorithm
+    if a.entropy_target is not None and not a.entropy_coeff_min <= a.entropy_coeff <= a.entropy_coeff_max:
+        raise ConfigError(
+            f"config key 'algorithm.entropy_coeff' ({a.entropy_coeff}), the adaptive bonus's starting "
+            f"coefficient, must lie in [algorithm.entropy_coeff_min, algorithm.entropy_coeff_max] = "
+            f"[{a.entropy_coeff_min}, {a.entropy_coeff_max}]"
+        )
 
 
 def _check_reward(cfg: Config) -> None:

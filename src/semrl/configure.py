@@ -2,10 +2,11 @@
 model loads.
 
 ``semrl.config`` holds the sections as data and checks their own fields; this module adds what the
-methods know. The method named by ``algorithm.method`` fills the algorithm keys left null with its
-defaults, every registered method's section is built from its option class, and the method's own
-checks run (``semrl.algos.registry.MethodSpec.check``). Unknown keys and wrong types fail with the
-name of the key and the closest valid one. A loaded config is final: frozen, defaults filled in.
+methods know. The method named by ``algorithm.method`` (for LATR, the host it names) fills the
+algorithm keys left null with its defaults, every registered method's section is built from its
+option class, and the method's own checks run (``semrl.algos.registry.MethodSpec.check``).
+Unknown keys and wrong types fail with the name of the key and the closest valid one. A loaded
+config is final: frozen, defaults filled in.
 
 The trainer's sections are checked first, before the methods (and torch with them) are imported,
 so that most config errors answer at once (``benchmarks/bench_startup.py``).
@@ -53,6 +54,8 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     from semrl.algos.catalog import get_method
 
     spec = get_method(_method_name(values))
+    if spec.host is not None:  # LATR trains with its host method's loss and advantage defaults
+        spec = get_method(spec.host(values.get(spec.name)))
     algorithm = dict(values.get("algorithm") or {})
     for key, default in (
         ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode),

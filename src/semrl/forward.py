@@ -73,7 +73,7 @@ def response_logprobs(
     chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (N, R) of the response tokens and, optionally, the entropy (N, R) of the full
-    next-token distribution (no gradient through the entropy). Padding positions hold 0.
+    next-token distribution (differentiable, for the entropy bonus). Padding positions hold 0.
 
     Only response tokens go through the LM head, ``chunk_size`` of them at a time (``semrl.lm_head``).
     """

@@ -1,8 +1,8 @@
 """Log-probs and entropies of given tokens from last hidden states and the LM head, a bounded
 number of rows at a time, so that the full (tokens x vocabulary) logits never exist at once.
 
-The logits of a chunk of rows are computed, reduced to log-probs of the targets (with gradient) and
-entropies (without), and dropped; backward recomputes them chunk by chunk. Peak memory beyond the
+The logits of a chunk of rows are computed, reduced to log-probs of the targets and entropies (both
+with gradient), and dropped; backward recomputes them chunk by chunk. Peak memory beyond the
 inputs and gradients is two (chunk_size x V) fp32 buffers, whatever the micro-batch size
 (docs/training.md "Memory at the papers' scale").
 """
@@ -51,14 +51,15 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if with_entropy:  # -sum p log p; lse - sum p z would lose digits on peaked rows
                 logits -= chunk_lse[:, None]
                 entropy[start:end] = -torch.exp(logits).mul_(logits).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
-        ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logp: torch.Tensor, _grad_entropy: torch.Tensor) -> tuple[Any, ...]:
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+    def backward(ctx: Any, grad_logp: torch.Tensor, grad_entropy: torch.Tensor) -> tuple[Any, ...]:
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        # the entropy's gradient only when a loss reads it (the entropy bonus, algorithm.entropy_coeff)
+        with_entropy = entropy.numel() > 0 and bool(grad_entropy.any())
         temperature, chunk_size, cdtype = ctx.temperature, ctx.chunk_size, ctx.compute_dtype
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         w = weight.to(cdtype)
@@ -69,12 +70,20 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             end = min(start + chunk_size, hidden.shape[0])
             g = grad_logp[start:end].float()
-            if not bool(g.any()):  # padding rows, or tokens outside the loss
+            gh = grad_entropy[start:end].float() if with_entropy else None
+            if not bool(g.any()) and (gh is None or not bool(gh.any())):  # padding, tokens outside the loss
                 continue
             h = hidden[start:end].to(cdtype)
             logits = _chunk_logits(h, w, b, temperature)
-            # d logp_t / d z = onehot(target) - softmax(z), then / temperature
-            grad_logits = logits.sub_(lse[start:end, None]).exp_().mul_(-g[:, None])  # in place: one buffer
+            # d logp_t / d z = onehot(target) - softmax(z); d H / d z = -p (log p + H); then / temperature
+            if gh is None:
+                # in place: one buffer
+                grad_logits = logits.sub_(lse[start:end, None]).exp_().mul_(-g[:, None])
+            else:
+                log_p = logits.sub_(lse[start:end, None])
+                p = torch.exp(log_p)
+                coef = log_p.add_(entropy[start:end, None]).mul_(gh[:, None]).add_(g[:, None])
+                grad_logits = coef.mul_(p).neg_()
             grad_logits.scatter_add_(-1, targets[start:end, None], g[:, None])
             if temperature != 1.0:
                 grad_logits.div_(temperature)
@@ -114,13 +123,14 @@ def chunked_logprobs(
         weight: (V, H) the LM head; ``bias`` (V,) if it has one.
         targets: (M,) token ids.
         temperature: the logits are divided by it (the sampling temperature).
-        with_entropy: also return the entropies; they carry no gradient.
+        with_entropy: also return the entropies, differentiable like the log-probs (the entropy bonus's
+            gradient; a loss that reads them detached adds no work to backward).
         chunk_size: rows whose logits exist at once; besides the gradients, peak extra memory
             is about 2 x chunk_size x V x 4 bytes.
 
     Returns:
-        (M,) fp32 log-probs (differentiable in ``hidden``, ``weight`` and ``bias``) and (M,) fp32
-        entropies, or None. The logits are computed in the autocast dtype when autocast is on (as
+        (M,) fp32 log-probs and (M,) fp32 entropies (or None), both differentiable in ``hidden``,
+        ``weight`` and ``bias``. The logits are computed in the autocast dtype when autocast is on (as
         the model's own LM head would be), else in ``hidden``'s dtype; softmax is always fp32.
     """
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.shape[1] != hidden.shape[1]:

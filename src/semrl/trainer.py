@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 import semrl.run_setup as setup
 from semrl.algos.catalog import get_method, get_policy_loss
+from semrl.algos.entropy_bonus import EntropyBonus
 from semrl.algos.losses import masked_mean
 from semrl.algos.policy_losses import MiniBatchInputs, PolicyLossInputs, micro_batch_loss
 from semrl.algos.registry import AdvantageInputs, RolloutContext, method_config
@@ -111,7 +112,8 @@ class Trainer:
         optim = Optimization(
             self.model, cfg, self.procs, schedule_steps, self.precision.grad_scaler(self.procs.device)
         )
-        self.run = RunState(0, self.curriculum, optim, self.generator)
+        bonus = EntropyBonus.from_config(cfg.algorithm)
+        self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
         if ckpt is not None:
             restore_run(ckpt, self.run, self.model, cfg, self.procs)
             if self.curriculum.stage > 0 and reset and self.ref_model is not None:
@@ -257,7 +259,7 @@ class Trainer:
             )
             context = RolloutContext(
                 self.engine, params, self.generator, self.method_config, entropy, self.method_state,
-                decode=partial(self.tokenizer.decode, skip_special_tokens=True),
+                decode=partial(self.tokenizer.decode, skip_special_tokens=True), step=self.step,
             )
             out = self.method.rollout_fn(context, prompt_ids)
             gens, groups, metrics = out.generations, out.groups, out.metrics
@@ -337,17 +339,23 @@ class Trainer:
             )
             for start in range(0, total, size):
                 mini = self._mini_batch(batch, advantages, order[start : start + size], first)
+                bonus, entropy_sum = self.run.entropy_bonus, 0.0
                 for positions in mini.plan:
-                    loss, metrics = self._micro_batch_loss(
-                        batch, advantages, passes, mini, positions, first
+                    loss, metrics, micro_entropy = self._micro_batch_loss(
+                        batch, advantages, passes, mini, positions, first, bonus.current()
                     )
                     self.run.optim.scaler.scale(loss).backward()  # scaled for float16 compute only
                     kill_point("update", self.step + 1)
+                    entropy_sum += micro_entropy
                     for key, value in {"loss": loss.item(), **metrics}.items():
                         stats[key].append(value)
                 grad_norm, applied = self.run.optim.step(stats["loss"][-len(mini.plan) :])
                 stats["actor/grad_norm"].append(grad_norm)
                 stats["actor/skipped_updates"].append(float(not applied))
+                if bonus.enabled:
+                    stats["actor/entropy_coeff"].append(bonus.current())
+                if bonus.adaptive:  # the optimizer step's token-mean entropy over every process
+                    bonus.observe(self.procs.sum(entropy_sum) / max(1, mini.num_tokens))
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         # this process's share of the loss; mean_metrics makes it the global loss over processes
         out["loss"] = float(np.sum(stats["loss"])) * self.procs.world / len(stats["actor/grad_norm"])
@@ -371,11 +379,11 @@ class Trainer:
 
     def _micro_batch_loss(
         self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses, mini: MiniBatch,
-        positions: torch.Tensor, first: FirstForward,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of micro-batch ``mini.rows[positions]`` (forward with gradient) and its metrics;
-        ``first`` takes the old log-probs and entropies of rows whose forward this is at the sampling
-        weights."""
+        positions: torch.Tensor, first: FirstForward, entropy_coeff: float,
+    ) -> tuple[torch.Tensor, dict[str, float], float]:
+        """The loss of micro-batch ``mini.rows[positions]`` (forward with gradient, the entropy bonus
+        at ``entropy_coeff``), its metrics and the sum of its token entropies; ``first`` takes the old
+        log-probs and entropies of rows whose forward this is at the sampling weights."""
         idx, world = mini.rows[positions], self.procs.world
         with self.precision.autocast(self.model):
             logp, entropy, mask = rows_logprobs(
@@ -393,15 +401,18 @@ class Trainer:
             selection={k: v[positions, :r].to(dev) for k, v in mini.selection.items()},
             generator=self.generator, num_tokens=mini.num_tokens, num_micro_batches=len(mini.plan) * world,
             rollout_logp=batch.rollout_logprobs[idx, :r].to(dev),
+            entropy_coeff=entropy_coeff, bonus_entropy=entropy,
         )
         loss, loss_metrics, kl = micro_batch_loss(
             self.policy_loss, inputs, self.loss_config, len(mini.rows) * world
         )
         metrics = {} if kl is None else {"kl": kl.item()}
         metrics.update({f"actor/{k}": v.item() for k, v in loss_metrics.items()})
+        entropy_sum = 0.0
         if entropy is not None:
-            metrics["actor/entropy"] = masked_mean(entropy, mask).item()
-        return loss, metrics
+            metrics["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
+            entropy_sum = float((entropy.detach() * mask).sum())
+        return loss, metrics, entropy_sum
 
     def _mini_batch_size(self, batch: RolloutBatch) -> int:
         """This process's rows per optimizer step."""

@@ -41,6 +41,8 @@ class PolicyLossInputs:
         num_tokens: valid tokens of the whole mini-batch over every process (token-mean's denominator).
         num_micro_batches: micro-batches of the mini-batch over every process.
         rollout_logp: the sampling engine's log-probs of the tokens (rollout correction), or None.
+        entropy_coeff: the entropy bonus's coefficient at this optimizer step (0: none).
+        bonus_entropy: the current entropy with its gradient, read when ``entropy_coeff`` != 0.
     """
 
     logp: torch.Tensor
@@ -54,6 +56,8 @@ class PolicyLossInputs:
     num_tokens: int = 0
     num_micro_batches: int = 1
     rollout_logp: torch.Tensor | None = None
+    entropy_coeff: float = 0.0
+    bonus_entropy: torch.Tensor | None = None
 
 
 @dataclass
@@ -126,8 +130,10 @@ def micro_batch_loss(
     correction (``algorithm.rollout_is``) when ``x.rollout_logp`` is given, plus
     ``algorithm.kl_coef`` x the KL to the reference when ``x.ref_logp`` is given, aggregated with the
     mini-batch's denominators (``num_sequences`` and ``x.num_tokens`` over every process) so that
-    micro-batch gradients add up. Returns (loss, the policy loss's metrics and the correction's as
-    ``rollout_is/...``, masked-mean KL or None)."""
+    micro-batch gradients add up, minus ``x.entropy_coeff`` x the entropy aggregated the same way
+    (the entropy bonus, docs/algorithms.md "Entropy bonus"). Returns (loss, the policy loss's
+    metrics, the correction's as ``rollout_is/...`` and the bonus's aggregated entropy as
+    ``entropy_bonus``, masked-mean KL or None)."""
     a = config.algorithm
     token_loss, metrics = loss.loss_fn(x, config)
     if x.rollout_logp is not None:
@@ -143,8 +149,17 @@ def micro_batch_loss(
         if a.kl_coef > 0:
             token_loss = token_loss + a.kl_coef * kl
         kl_mean = masked_mean(kl.detach(), x.mask)
-    total = aggregate_loss(
-        token_loss, x.mask, a.loss_agg_mode, num_sequences=num_sequences, num_tokens=x.num_tokens,
-        max_response_length=config.rollout.max_new_tokens,
-    )
+    def aggregate(values: torch.Tensor) -> torch.Tensor:
+        return aggregate_loss(
+            values, x.mask, a.loss_agg_mode, num_sequences=num_sequences, num_tokens=x.num_tokens,
+            max_response_length=config.rollout.max_new_tokens,
+        )
+
+    total = aggregate(token_loss)
+    if x.entropy_coeff != 0:
+        if x.bonus_entropy is None:
+            raise ValueError("the entropy bonus needs PolicyLossInputs.bonus_entropy (with its gradient)")
+        bonus = aggregate(x.bonus_entropy)
+        total = total - x.entropy_coeff * bonus
+        metrics = {**metrics, "entropy_bonus": bonus.detach()}
     return total, metrics, kl_mean

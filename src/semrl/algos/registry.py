@@ -76,6 +76,7 @@ class RolloutContext:
             for generations that have it.
         decode: token ids -> text with the run's tokenizer, special tokens skipped (TreePO's stop
             tests read a segment's text).
+        step: the training step this rollout is for (rollouts whose settings follow a schedule).
     """
 
     engine: Engine
@@ -85,6 +86,7 @@ class RolloutContext:
     sampling_entropy: SamplingEntropyFn
     state: Any = None
     decode: Callable[[list[int]], str] | None = None
+    step: int = 0
 
     @property
     def group_size(self) -> int:
@@ -159,6 +161,8 @@ class MethodSpec:
         reads_top_logprobs: whether its rollout reads the ``rollout.logprobs_top_k`` largest
             log-probs of every position (ROSE's branching scores); otherwise the engine is asked
             for the sampled token's log-prob only.
+        host: for a method that trains with another's advantages and loss (LATR): (its raw config
+            section) -> the registered method whose defaults fill the ``algorithm`` keys left null.
     """
 
     name: str
@@ -175,6 +179,7 @@ class MethodSpec:
     new_state: Callable[[], Any] | None = None
     needs_entropy: Callable[[Any], str | None] | None = None
     reads_top_logprobs: bool = False
+    host: Callable[[Any], str] | None = None
 
     @property
     def section(self) -> str | None:

@@ -137,6 +137,7 @@ class Engine(Protocol):
             ``RolloutContext.sampling_entropy``).
         compute_dtype: the dtype sampling computes in (the training model may hold float32
             master weights).
+        eos_token_ids: the ids that end a response (a list or a 1-D tensor).
         generated_tokens: new tokens sampled since the engine started, every call counted; a
             prefix given as ``prompt_ids`` or ``prefix_ids`` is not (tree branches share it). The
             trainer logs the difference over a step's rollout as ``rollout/sampled_tokens``.
@@ -146,6 +147,7 @@ class Engine(Protocol):
     batch_size: int
     computes_entropy: bool
     compute_dtype: torch.dtype
+    eos_token_ids: Any
     generated_tokens: int
 
     def generate(

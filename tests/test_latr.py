@@ -1,0 +1,360 @@
+"""LATR: rivals.md's hand checks, the window metrics against references written from the official
+code (starreeze/latr 2adb0ed), the lookahead forest against a port of the code's loop on random
+token streams, the rollout on a real model, and the config's errors."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+
+import pytest
+import torch
+
+from semrl.algos.latr_tree import (
+    MATH_SYMBOLS,
+    ForestSettings,
+    LatrForest,
+    PruneRule,
+    edit_distance,
+    eta_at,
+    forks,
+    latr_width,
+    rouge_l,
+    suffix_match,
+)
+
+EOS = 2
+
+# ------------------------------------------------------------------------------------------------
+# References from the official code (model/metrics.py, model/sample_filter.py, model/generation.py)
+
+
+def _ref_edit_distance(a, b):
+    @cache
+    def d(i, j):
+        if i == 0 or j == 0:
+            return i + j
+        return min(d(i - 1, j) + 1, d(i, j - 1) + 1, d(i - 1, j - 1) + (a[i - 1] != b[j - 1]))
+
+    return d(len(a), len(b))
+
+
+def _longest_prefix_in_text(pattern, text):
+    """The code's KMP scan."""
+    m = len(pattern)
+    if m == 0:
+        return 0
+    pi, j = [0] * m, 0
+    for i in range(1, m):
+        while j > 0 and pattern[i] != pattern[j]:
+            j = pi[j - 1]
+        if pattern[i] == pattern[j]:
+            j += 1
+        pi[i] = j
+    q = best = 0
+    for t in text:
+        while q > 0 and pattern[q] != t:
+            q = pi[q - 1]
+        if pattern[q] == t:
+            q += 1
+        best = max(best, q)
+        if q == m:
+            q = pi[q - 1]
+    return best
+
+
+def _ref_suffix_match(a, b):
+    ra, rb = a[::-1], b[::-1]
+    return max(_longest_prefix_in_text(ra, rb), _longest_prefix_in_text(rb, ra)) / len(a)
+
+
+def _ref_rouge_l(a, b):
+    m, n = len(a), len(b)
+    if m > n:
+        a, b, m, n = b, a, n, m
+    prev, curr = [0] * (m + 1), [0] * (m + 1)
+    for i in range(n):
+        for j in range(m):
+            curr[j + 1] = prev[j] + 1 if b[i] == a[j] else max(prev[j + 1], curr[j])
+        prev, curr = curr, prev
+    lcs = prev[m]
+    prec, rec = lcs / len(a), lcs / len(b)
+    return 0.0 if prec + rec == 0 else 2 * prec * rec / (prec + rec)
+
+
+def test_hand_checks():
+    """rivals.md 3.5."""
+    assert not forks(0.5, 0.3, 0.25, 0.15) and forks(0.5, 0.3, 0.15, 0.25) and forks(0.45, 0.35, 0.25, 0.15)
+    a = [1, 2, 3, 4, 5]
+    assert edit_distance(a, [1, 2, 3, 4, 6]) / 5 == pytest.approx(0.2)
+    assert suffix_match(a, [1, 2, 3, 4, 6]) == 0.0 and rouge_l(a, [1, 2, 3, 4, 6]) == pytest.approx(0.8)
+    assert edit_distance(a, [6, 7, 8, 4, 5]) / 5 == pytest.approx(0.6)
+    assert suffix_match(a, [6, 7, 8, 4, 5]) == pytest.approx(0.4) and rouge_l(a, [6, 7, 8, 4, 5]) == pytest.approx(0.4)
+    assert edit_distance(a, [5, 1, 2, 3, 9]) / 5 == pytest.approx(0.6)
+    assert suffix_match(a, [5, 1, 2, 3, 9]) == pytest.approx(0.2) and rouge_l(a, [5, 1, 2, 3, 9]) == pytest.approx(0.6)
+    math_rule = PruneRule(edit_distance=None, suffix_match=0.2, rouge_l=0.5)
+    assert PruneRule(edit_distance=0.4).too_similar(a, [1, 2, 3, 4, 6])
+    assert math_rule.too_similar(a, [6, 7, 8, 4, 5]) and math_rule.too_similar(a, [5, 1, 2, 3, 9])
+    steps, values = [0, 10, 20, 80, 200], [1, 0.75, 0.5, 0.25, 0]
+    assert [eta_at(s, steps, values) for s in (15, 80, 250)] == [0.75, 0.25, 0]
+    assert latr_width(8, 0.75) == 6 and latr_width(8, 0.25) == 2 and latr_width(5, 0.5) == 2  # half to even
+    settings = ForestSettings(8, 0.25, 0.15, PruneRule(), (20, 30, 50), return_threshold=0.98, return_threshold_decay=0.05)
+    assert round(8 * 4 * (0.98 - 0.05 * 512 / 1024)) == 31
+    forest = LatrForest(4, settings, frozenset({EOS}), lambda ids: "x")
+    for tree in forest.trees:  # 30 rows of 32, all born long ago: not yet full; 31: full
+        tree += [tree[0]] * 7
+    forest.trees[0].pop()
+    forest.trees[1].pop()
+    assert not forest.full(512, 1024)
+    forest.trees[1].append(forest.trees[1][0])
+    assert forest.full(512, 1024)
+
+
+def test_window_metrics_match_the_code_on_random_windows():
+    rng = random.Random(0)
+    for _ in range(500):
+        r = rng.randint(1, 12)
+        a = [rng.randint(0, 4) for _ in range(r)]
+        b = [rng.randint(0, 4) for _ in range(r)] if rng.random() < 0.7 else a[:-1] + [9]
+        assert edit_distance(a, b) == _ref_edit_distance(tuple(a), tuple(b))
+        assert suffix_match(a, b) == pytest.approx(_ref_suffix_match(a, b))
+        assert rouge_l(a, b) == pytest.approx(_ref_rouge_l(a, b))
+
+
+# ------------------------------------------------------------------------------------------------
+# The lookahead forest against a port of the code's loop
+
+
+def _top2(seed, root, tokens, tau):
+    """A deterministic raw top-2 for a row's context: forks often, EOS sometimes."""
+    rng = random.Random(hash((seed, root, tuple(tokens))))
+    first = rng.choice([EOS, 10, 11, 12, 13, 14, 15, 16]) if rng.random() < 0.1 else rng.randint(10, 16)
+    second = rng.choice([t for t in range(2, 17) if t != first])
+    p1 = rng.uniform(0.3, 0.9)
+    p2 = rng.uniform(0.0, min(p1, 1 - p1)) if rng.random() < 0.5 else rng.uniform(tau[0], min(p1, 1 - p1) + 1e-9)
+    return (first, second), (float(torch.tensor(p1).log()), float(torch.tensor(max(p2, 1e-6)).log()))
+
+
+def _code_loop(seed, roots, k, settings, decode, limit, max_new):
+    """The code's generate(): one global row list; finished rows take EOS; capacity by
+    col * rows + row; new branches appended after every row; RolloutFilter; recursive removal."""
+    rows = [{"root": p, "toks": [], "parent": None, "birth": 0} for p in range(roots)]
+    steps = 0
+    for step in range(limit):
+        stopped = [bool(r["toks"]) and r["toks"][-1] == EOS for r in rows]
+        if rows and all(stopped):
+            break
+        keep = {}
+        for p in range(roots):
+            group = [i for i, r in enumerate(rows) if r["root"] == p]
+            kept = []
+            for local, i in enumerate(group):
+                kept.append((0, local, i))
+                if not stopped[i]:
+                    (t1, t2), (l1, l2) = _top2(seed, p, rows[i]["toks"], (settings.tau_abs,))
+                    p1, p2 = torch.tensor(l1).exp().item(), torch.tensor(l2).exp().item()
+                    if p2 > settings.tau_abs and p1 - p2 < settings.tau_rel:
+                        kept.append((1, local, i))
+            kept.sort(key=lambda x: x[0] * len(group) + x[1])
+            for col, _, i in kept[:k]:
+                keep.setdefault(i, []).append(col)
+        new = []
+        for i, r in enumerate(rows):
+            if stopped[i]:
+                r["toks"].append(EOS)
+                continue
+            (t1, t2), _ = _top2(seed, r["root"], r["toks"], (settings.tau_abs,))
+            if 1 in keep.get(i, []):
+                new.append({"root": r["root"], "toks": [*r["toks"], t2], "parent": i, "birth": step})
+            r["toks"].append(t1)
+        rows += new
+        current = step + 1
+        remove = set()
+        for length in settings.windows:
+            for i, r in enumerate(rows):
+                if r["birth"] != current - length or r["parent"] is None:
+                    continue
+                a, b = r["toks"][-length:], rows[r["parent"]]["toks"][-length:]
+                if EOS in a or EOS in b:
+                    continue
+                if settings.keep_math_symbols and decode([b[0]]).strip() in MATH_SYMBOLS:
+                    continue
+                if settings.prune.too_similar(a, b):
+                    remove.add(i)
+        grow = True
+        while grow:
+            grow = False
+            for i, r in enumerate(rows):
+                if i not in remove and r["parent"] in remove:
+                    remove.add(i)
+                    grow = True
+        old_to_new, kept_rows = {}, []
+        for i, r in enumerate(rows):
+            if i not in remove:
+                old_to_new[i] = len(kept_rows)
+                kept_rows.append(r)
+        for r in kept_rows:
+            r["parent"] = None if r["parent"] is None else old_to_new[r["parent"]]
+        rows = kept_rows
+        steps = step + 1
+        stop_now = [bool(r["toks"]) and r["toks"][-1] == EOS for r in rows]
+        eff = 0
+        for p in range(roots):
+            group = [i for i, r in enumerate(rows) if r["root"] == p]
+            eff += k if all(stop_now[i] for i in group) else len(group)
+        thres = settings.return_threshold - settings.return_threshold_decay * step / max_new
+        if eff >= round(k * roots * thres) and all(r["birth"] + max(settings.windows) < step for r in rows):
+            break
+    out = []
+    for p in range(roots):
+        group = []
+        for r in rows:
+            if r["root"] == p:
+                toks = r["toks"]
+                group.append(toks[: toks.index(EOS) + 1] if EOS in toks else toks)
+        out.append(group)
+    return out, steps
+
+
+def _forest_loop(seed, roots, settings, decode, limit, max_new):
+    forest = LatrForest(roots, settings, frozenset({EOS}), decode)
+    steps = 0
+    for step in range(limit):
+        rows = forest.active()
+        if not rows:
+            break
+        tops = [_top2(seed, b.root, b.tokens, (settings.tau_abs,)) for b in rows]
+        forest.advance(step, rows, [t for t, _ in tops], [lp for _, lp in tops])
+        steps = step + 1
+        if forest.full(step, max_new):
+            break
+    return forest, steps
+
+
+def _decode(ids):
+    return {10: " 1", 11: " +", 12: " the", 13: "x", 14: " ", 15: "=", 16: "cat"}.get(ids[0], "w")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_forest_matches_the_code_loop_on_random_streams(seed):
+    """On 60 random forests per seed (widths, thresholds, lookahead lengths, each pruning metric):
+    the same rows with the same tokens in the same order, after the same number of steps."""
+    rng = random.Random(seed)
+    seen = {"forks": 0, "pruned": 0, "suppressed": 0}
+    for case in range(60):
+        k = rng.randint(1, 6)
+        windows = tuple(sorted(rng.sample(range(1, 7), rng.randint(1, 3))))
+        prune = rng.choice([PruneRule(0.4), PruneRule(None, 0.2, 0.5), PruneRule(0.6, None, 0.3)])
+        settings = ForestSettings(
+            k, rng.choice([0.05, 0.15, 0.25]), rng.choice([0.15, 0.25, 0.6]), prune, windows,
+            keep_math_symbols=rng.random() < 0.5, return_threshold=rng.choice([0.98, 0.6]),
+            return_threshold_decay=rng.choice([0.0, 0.05]),
+        )
+        roots, max_new = rng.randint(1, 3), rng.randint(8, 24)
+        limit = rng.choice([max_new, max_new // 2])
+        want, want_steps = _code_loop(case * 100 + seed, roots, k, settings, _decode, limit, max_new)
+        forest, steps = _forest_loop(case * 100 + seed, roots, settings, _decode, limit, max_new)
+        assert [[b.tokens for b in tree] for tree in forest.trees] == want, (seed, case)
+        assert steps == want_steps
+        seen = {key: seen[key] + getattr(forest, key) for key in seen}
+        for tree in forest.trees:
+            assert 1 <= len(tree) <= k and tree[0].parent is None
+            for b in tree[1:]:
+                parent = b.parent
+                assert parent in tree and tree.index(parent) < tree.index(b)
+                assert b.tokens[: b.fork_position] == parent.tokens[: b.fork_position]
+                assert b.tokens[b.fork_position] != parent.tokens[b.fork_position]
+    assert seen["forks"] > 100 and seen["pruned"] > 20 and seen["suppressed"] > 100, seen  # each mechanism ran
+
+
+def test_pruning_removes_a_branch_with_its_descendants():
+    """A branch whose window repeats its parent's goes with the branch forked from it."""
+    settings = ForestSettings(4, 0.1, 0.9, PruneRule(0.5), (3,), keep_math_symbols=False)
+    forest = LatrForest(1, settings, frozenset({EOS}), lambda ids: "w")
+    fork = ((10, 11), (-0.5, -1.0))  # p1 0.61, p2 0.37: forks
+    plain = ((10, 11), (-0.01, -5.0))
+    rows = forest.active()
+    forest.advance(0, rows, [fork[0]], [fork[1]])  # the main row forks: [10] and [11]
+    main, child = forest.trees[0]
+    rows = forest.active()  # the child forks in turn, the main row does not
+    forest.advance(1, rows, [(12, 13), (12, 13)], [plain[1], fork[1]])
+    grandchild = forest.trees[0][2]
+    assert grandchild.parent is child
+    forest.advance(2, forest.active(), [(12, 13)] * 3, [plain[1]] * 3)
+    # after step 2 the child (born at 0) is 3 tokens old: [11, 12, 12] vs [10, 12, 12], distance 1/3
+    assert forest.trees[0] == [main] and forest.pruned == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# The rollout on the tiny model (hf engine), and the config
+
+
+def _context(tiny_model_dir, overrides, step=0):
+    from functools import partial
+
+    from semrl.algos.catalog import get_method
+    from semrl.algos.registry import RolloutContext, method_config
+    from semrl.configure import load_config
+    from semrl.engines import sampling_params
+    from semrl.engines.hf import HFEngine
+    from semrl.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir))
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=64)
+    cfg = load_config(None, ["algorithm.method=latr", "rollout.max_new_tokens=12", "rollout.group_size=6", *overrides])
+    ctx = RolloutContext(engine, sampling_params(cfg.rollout, top_logprobs=False), torch.Generator().manual_seed(0),
+                         method_config(cfg, "latr"), lambda *a: None, decode=partial(tok.decode, skip_special_tokens=True),
+                         step=step)
+    prompts = [tok(f"Question {i}: go on")["input_ids"] for i in range(3)]
+    return get_method("latr"), ctx, prompts
+
+
+@pytest.mark.parametrize(("eta", "width"), [("1.0", 6), ("0.5", 3), ("0.0", 0)])
+def test_rollout_on_a_real_model(tiny_model_dir, eta, width):
+    """k = round(n eta) tree rows then n - k ordinary rows per prompt; a branch repeats its parent
+    up to its fork; the group's prefix tree says so; every row is within the budget."""
+    method, ctx, prompts = _context(tiny_model_dir, [
+        "latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.lookahead=[3]", "latr.keep_math_symbols=false",
+        "latr.edit_distance_threshold=0.5", f"latr.eta_values=[{eta}]",
+    ])
+    out = method.rollout_fn(ctx, prompts)
+    assert len(out.generations) == 18 and out.metrics["latr/width"] == width
+    if width:
+        assert out.metrics["latr/forks"] >= 3 * (width - 1)  # every token forks until the tree is full
+    for p, group in enumerate(out.groups):
+        tree, gens = group.tree, out.generations[6 * p : 6 * p + 6]
+        for c in range(6):
+            tokens = gens[c].token_ids.tolist()
+            assert 1 <= len(tokens) <= 12 and gens[c].logprobs.shape == (len(tokens),)
+            parent, k = tree.parents[c], tree.branch_positions[c]
+            if c >= width:
+                assert parent == -1  # an ordinary sample
+            elif parent >= 0:
+                assert tokens[:k] == gens[parent].token_ids.tolist()[:k]
+
+
+def test_latr_config_errors_name_the_key():
+    from semrl.configure import load_config
+    from semrl.errors import ConfigError
+
+    base = ["algorithm.method=latr", "rollout.max_new_tokens=64"]
+    for overrides, key in [
+        (["latr.lookahead=[20,30,64]"], r"latr\.lookahead"),
+        (["latr.lookahead=[]"], r"latr\.lookahead"),
+        (["latr.tau_abs=1.5"], r"latr\.tau_abs"),
+        (["latr.tau_rel=-0.1"], r"latr\.tau_rel"),
+        (["latr.rouge_l_threshold=2"], r"latr\.rouge_l_threshold"),
+        (["latr.eta_steps=[0,10]"], r"latr\.eta_steps"),
+        (["latr.eta_steps=[5]"], r"latr\.eta_steps"),
+        (["latr.eta_values=[1.5]"], r"latr\.eta_values"),
+        (["latr.force_return_step=100"], r"latr\.force_return_step"),
+        (["rollout.logprobs_top_k=1"], r"rollout\.logprobs_top_k"),
+        (["rollout.group_size=1"], r"rollout\.group_size"),
+        (["latr.edit_distance_threshold=null"], "edit_distance_threshold"),
+    ]:
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [*base, *overrides])
+    cfg = load_config(None, [*base, "latr.host=dr_grpo"])
+    assert cfg.algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.algorithm.norm_adv_by_std is False
+    assert load_config(None, [*base, "latr.host=dapo"]).algorithm.loss_agg_mode == "token-mean"
