@@ -1,5 +1,5 @@
-"""Tree rollouts side by side: one demo-sized rollout step of independent sampling, FR3E, TreePO and
-ROSE on SmolLM2-135M, on the hf and vllm engines, the same prompts and seeds in one run.
+"""Tree rollouts side by side: one demo-sized rollout step of independent sampling, FR3E, TreePO, LATR
+and ROSE on SmolLM2-135M, on the hf and vllm engines, the same prompts and seeds in one run.
 
     python benchmarks/bench_tree_rollouts.py [--engines hf vllm] [--seeds 0 1 2] [--config configs/demo.yaml]
 
@@ -7,8 +7,9 @@ Per method and engine, averaged over the seeds: rollout seconds per step, tokens
 (every token the engine sampled, shared prefixes once, over the trained responses), prefix tokens
 reused per leaf (tokens of the trained responses, and of the prefixes they continue, that were not
 sampled for them) and the ratio of sampled tokens to independent sampling's. Each method runs with
-its registry rollout and its defaults, except TreePO's segment (rollout.max_new_tokens / 4: the demo
-scaling) and ROSE's epsilon (0.5, its default). Prints a Markdown table.
+its registry rollout and its defaults, except the demo scalings of configs/treepo_demo.yaml (segments of
+rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the math scripts' thresholds, lookahead
+[n/16, n/10, n/6], the lookahead phase ended by token n/2, eta 1). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.engines import GenerationRequest, build_engine, sampling_params
 from semrl.models import load_model, load_tokenizer, resolve_model_path
 
-METHODS = ["independent", "fr3e", "treepo", "rose"]
+METHODS = ["independent", "fr3e", "treepo", "latr", "rose"]
 
 
 def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN202
@@ -62,9 +63,13 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
-    base = load_config(args.config)
-    segment = base.rollout.max_new_tokens // 4
-    cfg = load_config(args.config, [f"treepo.segment_length={segment}"])
+    n = load_config(args.config).rollout.max_new_tokens
+    segment = n // 4
+    cfg = load_config(args.config, [
+        f"treepo.segment_length={segment}", "latr.tau_abs=0.15", "latr.tau_rel=0.25", "latr.edit_distance_threshold=null",
+        "latr.suffix_match_threshold=0.2", "latr.rouge_l_threshold=0.5", f"latr.lookahead=[{n // 16},{n // 10},{n // 6}]",
+        f"latr.force_return_step={n // 2}", "latr.return_threshold_decay=0.05",
+    ])
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
     problems = make_arithmetic_problems(cfg.rollout.prompts_per_step, cfg.data.arithmetic_levels, seed=123)

@@ -46,6 +46,11 @@ RUNS: dict[str, list[str]] = {
     "treepo_paper_options": ["algorithm.method=treepo", "rollout.max_new_tokens=6", "treepo.segment_length=2",
                              "treepo.stop_on_boxed=true", "treepo.subtract_batch_mean=false", "treepo.weight=group_size",
                              "treepo.drop_zero_std_subgroups=true", "treepo.first_branch_max=4"],
+    "latr": ["algorithm.method=latr", "rollout.max_new_tokens=6", "latr.lookahead=[2,3]", "latr.tau_abs=0.02",
+             "latr.tau_rel=0.9", "latr.eta_values=[0.5]", "trainer.packing=tree"],
+    "latr_dapo_math": ["algorithm.method=latr", "latr.host=dapo", "rollout.max_new_tokens=6", "latr.lookahead=[2]",
+                       "latr.tau_abs=0.02", "latr.tau_rel=0.9", "latr.edit_distance_threshold=null",
+                       "latr.suffix_match_threshold=0.2", "latr.rouge_l_threshold=0.5", "algorithm.dynamic_sampling=true"],
     "entropy_bonus": ["algorithm.method=grpo", "algorithm.entropy_coeff=0.01", "algorithm.kl_coef=0.001"],
     "entropy_bonus_adaptive": ["algorithm.entropy_coeff=0.02", "algorithm.entropy_target=1.0", "trainer.mini_batch_size=16"],
     # a 2-stage curriculum (scores written below), and one that restarts the optimizer and reference
