@@ -336,7 +336,8 @@ def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
 def test_treepo_trees_keep_their_invariants(setup, kind):
     """TreePO's segment trees on both engines: w leaves per prompt, leaves sharing node ids share those
     tokens and log-probs, and on vllm the shared prefixes come from its prefix cache."""
-    from semrl.algos.treepo_rollout import SegmentTreeSettings, join_segments, segment_tree_rollout
+    from semrl.algos.treepo_rollout import SegmentTreeSettings, segment_tree_rollout
+    from semrl.engines import join_generations
 
     tok, model = setup
     engine = _engine(kind, model, tok)
@@ -359,7 +360,7 @@ def test_treepo_trees_keep_their_invariants(setup, kind):
     total = 0
     for leaves in out.leaves:
         assert len(leaves) == 6
-        gens = [join_segments(leaf.segments) for leaf in leaves]
+        gens = [join_generations(leaf.segments) for leaf in leaves]
         total += sum(len(g.token_ids) for g in gens)
         for a in range(6):
             assert len(gens[a].token_ids) <= 12 and gens[a].logprobs.shape == gens[a].token_ids.shape

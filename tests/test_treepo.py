@@ -367,8 +367,8 @@ def hf_setup(tiny_model_dir):
 def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     """Width leaves per prompt; leaves that share node ids share those tokens; every request held its
     path's tokens and at most a segment's budget; shared segments are sampled once."""
-    from semrl.algos.treepo_rollout import join_segments, segment_tree_rollout
-    from semrl.engines import SamplingParams
+    from semrl.algos.treepo_rollout import segment_tree_rollout
+    from semrl.engines import SamplingParams, join_generations
 
     engine, tok, prompts = hf_setup
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
@@ -389,7 +389,7 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     assert all(r.max_new_tokens <= 3 and len(r.prefix_ids) % 3 == 0 for r in requests)
     total = 0
     for leaves in out.leaves:
-        tokens = [join_segments(leaf.segments).token_ids.tolist() for leaf in leaves]
+        tokens = [join_generations(leaf.segments).token_ids.tolist() for leaf in leaves]
         total += sum(len(t) for t in tokens)
         for a in range(6):
             for c in range(6):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
+from semrl.algos.grpo import outcome_advantages
 from semrl.algos.latr_tree import (
     Branch,
     ForestSettings,
@@ -36,15 +36,13 @@ from semrl.algos.latr_tree import (
     latr_width,
 )
 from semrl.algos.registry import (
-    AdvantageInputs,
-    MethodConfig,
     MethodRollout,
     MethodSpec,
     RolloutContext,
     register_method,
 )
 from semrl.batch import GroupInfo
-from semrl.engines import Generation, GenerationRequest
+from semrl.engines import Generation, GenerationRequest, join_generations
 from semrl.errors import ConfigError
 from semrl.options import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_ranges, option
 from semrl.tree import ChainTree
@@ -212,17 +210,6 @@ def _prefix_generation(branch: Branch, top_k: int) -> Generation:
     )
 
 
-def _join(prefix: Generation, rest: Generation | None) -> Generation:
-    if rest is None:
-        return prefix
-    return Generation(
-        token_ids=torch.cat([prefix.token_ids, rest.token_ids]),
-        logprobs=torch.cat([prefix.logprobs, rest.logprobs]),
-        top_logprobs=torch.cat([prefix.top_logprobs, rest.top_logprobs]),
-        top_ids=torch.cat([prefix.top_ids, rest.top_ids]), entropy=None, finished=rest.finished,
-    )
-
-
 def _finish_requests(
     ctx: RolloutContext, prompt_ids: list[list[int]], rows: list[list[Branch | None]]
 ) -> dict[tuple[int, int], Generation]:
@@ -274,11 +261,15 @@ def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         [*tree, *([tree[0]] * (width - len(tree)) if tree else []), *[None] * (n - width)] for tree in trees
     ]
     outs = _finish_requests(ctx, prompt_ids, rows)
+
+    def rest(key: tuple[int, int]) -> list[Generation]:  # a row's sampled continuation, if it had one
+        return [outs[key]] if key in outs else []
+
     gens, groups = [], []
     for p, group in enumerate(rows):
         mine = [
             outs[(p, j)] if branch is None
-            else _join(_prefix_generation(branch, params.logprobs_top_k), outs.get((p, j)))
+            else join_generations([_prefix_generation(branch, params.logprobs_top_k), *rest((p, j))])
             for j, branch in enumerate(group)
         ]
         gens += mine
@@ -297,20 +288,10 @@ def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     return MethodRollout(gens, groups=groups, metrics=metrics)
 
 
-def latr_advantages(
-    inputs: AdvantageInputs, config: MethodConfig[LatrConfig]
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The host's group-relative advantages (std-normalised for GRPO and DAPO, not for Dr.GRPO:
-    ``algorithm.norm_adv_by_std``, filled from the host)."""
-    normalize = bool(config.algorithm.norm_adv_by_std)
-    adv = group_centered_rewards(inputs.rewards, inputs.group_ids, normalize_std=normalize)
-    return broadcast_to_tokens(adv, inputs.response_mask), {}
-
-
 register_method(
     MethodSpec(
         name="latr",
-        advantage_fn=latr_advantages,
+        advantage_fn=outcome_advantages,  # the host's: algorithm.norm_adv_by_std is filled from it
         norm_adv_by_std=True,
         loss_agg_mode="seq-mean-token-mean",
         description="LATR: lookahead tree rollouts that fork at uncertain tokens and prune branches "

@@ -37,12 +37,12 @@ from semrl.algos.registry import (
 from semrl.algos.treepo_rollout import (
     STOP_REASONS,
     SegmentTreeSettings,
-    join_segments,
     leaf_tree,
     segment_tree_rollout,
 )
 from semrl.algos.treepo_tree import tree_outcome_advantages, whiten
 from semrl.batch import GroupInfo
+from semrl.engines import join_generations
 from semrl.errors import ConfigError
 from semrl.options import AT_LEAST_1, NON_NEGATIVE, check_ranges, option
 
@@ -158,7 +158,7 @@ def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRo
     reasons: dict[str, int] = dict.fromkeys(STOP_REASONS, 0)
     sampled = 0
     for leaves in result.leaves:
-        gens += [join_segments(leaf.segments) for leaf in leaves]
+        gens += [join_generations(leaf.segments) for leaf in leaves]
         paths = tuple(tuple(leaf.nodes) for leaf in leaves)
         groups.append(GroupInfo(tree=leaf_tree(leaves), method_data=paths))
         for leaf in leaves:

@@ -217,21 +217,6 @@ def fallback_paths(
     return out
 
 
-def join_segments(segments: list[Generation]) -> Generation:
-    """One leaf's segments as one response."""
-    entropy = None
-    if all(s.entropy is not None for s in segments):
-        entropy = torch.cat([s.entropy for s in segments])  # type: ignore[misc]
-    return Generation(
-        token_ids=torch.cat([s.token_ids for s in segments]),
-        logprobs=torch.cat([s.logprobs for s in segments]),
-        top_logprobs=torch.cat([s.top_logprobs for s in segments]),
-        top_ids=torch.cat([s.top_ids for s in segments]),
-        entropy=entropy,
-        finished=segments[-1].finished,
-    )
-
-
 def leaf_tree(leaves: list[TreePath]) -> ChainTree:
     """The prefix tree of a prompt's leaves for tree packing and the tree log: each leaf's parent is
     the earlier leaf it shares the most segments with, its branch position their shared tokens."""

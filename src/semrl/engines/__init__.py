@@ -16,6 +16,7 @@ from semrl.engines.base import (
     PrefixCache,
     SamplingParams,
     eos_token_ids,
+    join_generations,
     request_budget,
     sampling_params,
     sequence_seed,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Engine", "Generation", "GenerationRequest", "OnDone", "PrefixCache", "SamplingParams",
-    "build_engine", "eos_token_ids", "request_budget", "sampling_params", "sequence_seed",
+    "build_engine", "eos_token_ids", "join_generations", "request_budget", "sampling_params", "sequence_seed",
 ]
 
 

@@ -110,6 +110,22 @@ class Generation:
         return not self.finished
 
 
+def join_generations(parts: list[Generation]) -> Generation:
+    """Consecutive pieces of one response (a tree path's segments, a prefix and its continuation)
+    as one ``Generation``; its entropy only when every piece has one, its end the last piece's."""
+    entropy = None
+    if all(part.entropy is not None for part in parts):
+        entropy = torch.cat([part.entropy for part in parts])  # type: ignore[misc]
+    return Generation(
+        token_ids=torch.cat([part.token_ids for part in parts]),
+        logprobs=torch.cat([part.logprobs for part in parts]),
+        top_logprobs=torch.cat([part.top_logprobs for part in parts]),
+        top_ids=torch.cat([part.top_ids for part in parts]),
+        entropy=entropy,
+        finished=parts[-1].finished,
+    )
+
+
 def request_budget(request: GenerationRequest, params: SamplingParams) -> int:
     """The request's token budget, after checking that it has a context and a budget >= 1."""
     if not request.prompt_ids and not request.prefix_ids:
