@@ -178,3 +178,48 @@ def test_evaluation_judges_with_the_configured_correctness_function(digit_model_
     assert metrics["eval/mean@8"] == sum(s["correct"] for s in samples) / len(samples)
     with pytest.raises(Exception, match="reward.correctness.*not in reward.functions"):
         load_config(None, ["reward.correctness=math", f"reward.functions=['{name}']"])
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(digit32_model_dir, kind):
+    """Every request in flight at once (vllm refills its 64 slots; hf runs chunks) gives the samples of
+    chunks of 8 drawn from the same generator, on responses of widely different lengths; progress
+    counts each sample once, and every problem is judged as its own batch was."""
+    import torch
+
+    from semrl.data import Problem, build_prompt_ids
+    from semrl.engines import GenerationRequest, SamplingParams, build_engine
+    from semrl.evaluation import sample_and_verify
+    from semrl.models import load_model, load_tokenizer
+    from semrl.reward import VerifierPool, score_responses
+
+    from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
+
+    if kind == "vllm":
+        vllm_or_skip()
+    tok, model = load_tokenizer(str(digit32_model_dir)), load_model(str(digit32_model_dir))
+    engine = build_engine(kind, model, tok, 8, 512, logprobs_top_k=20)
+    problems = [Problem(f"p{i}", f"Pick a number ({i}).", str(i % 10)) for i in range(12)]
+    params = SamplingParams(temperature=2.0, top_p=1.0, max_new_tokens=40, logprobs_top_k=0)
+    counts: list[int] = []
+    with VerifierPool(1, 5.0) as pool:
+        sampled = sample_and_verify(
+            engine, tok, pool, problems, params, 8, DIGIT_SYSTEM_PROMPT, True, torch.Generator().manual_seed(3),
+            counts.append,
+        )
+        requests = [
+            GenerationRequest(build_prompt_ids(tok, p.problem, DIGIT_SYSTEM_PROMPT)) for p in problems for _ in range(8)
+        ]
+        chunked, generator = [], torch.Generator().manual_seed(3)
+        for start in range(0, len(requests), 8):
+            chunked += engine.generate(requests[start : start + 8], params, generator)
+        texts = [tok.decode(g.token_ids, skip_special_tokens=True) for g in chunked]
+        verdicts = score_responses(pool, texts, [p.answer for p in problems for _ in range(8)], final_number_fallback=True)
+    lengths = sorted(len(g.token_ids) for g in chunked)
+    assert lengths[0] <= 3 and lengths[-1] == 40  # EOS after a digit, and truncated rambling
+    assert [s.problem.id for s in sampled] == [p.id for p in problems]
+    continuous = [g for s in sampled for g in s.generations]
+    assert [g.token_ids.tolist() for g in continuous] == [g.token_ids.tolist() for g in chunked]
+    assert [r.correct for s in sampled for r in s.rewards] == [v.correct for v in verdicts]
+    assert [t for s in sampled for t in s.texts] == texts
+    assert counts == [1] * len(requests)

@@ -135,8 +135,9 @@ def test_hostile_answer_corpus(tmp_path):
     assert max(len(r["answer"]) for r in rows) >= 1 << 20
     times: dict[str, float] = {}
     with VerifierPool(num_workers=2, timeout_s=HOSTILE_TIMEOUT_S) as pool:
-        pool.verify_many([("1", r"\frac{2}{2}")])  # start the workers outside the timings
         for row in rows:
+            # the workers a previous answer's timeout killed restart outside this answer's time
+            pool.wait_ready()
             start = time.monotonic()
             (result,) = score_responses(pool, [row["answer"]], [row["gold"]], final_number_fallback=True)
             times[row["id"]] = time.monotonic() - start
@@ -151,6 +152,16 @@ def test_hostile_answer_corpus(tmp_path):
     assert not marker.exists(), "a hostile answer was executed"
 
 
+def test_wait_ready_waits_for_the_replacements_of_timed_out_workers():
+    with VerifierPool(num_workers=2, timeout_s=0.3) as pool:
+        pool.wait_ready()
+        assert len(pool._workers) == 2 and all(w.ready for w in pool._workers)
+        assert pool.verify_many([("3", HANG), ("3", HANG + " ")])[0].timed_out
+        assert not any(w.ready for w in pool._workers)  # both replaced, importing math-verify
+        pool.wait_ready()
+        assert all(w.ready and w.proc.is_alive() for w in pool._workers)
+
+
 def test_fresh_worker_imports_do_not_count_against_a_job():
     """A job's timeout starts when a worker is ready: right after a hang killed both workers, a
     quick job must not time out while their replacements are still importing math-verify."""
@@ -159,3 +170,17 @@ def test_fresh_worker_imports_do_not_count_against_a_job():
         verdict = pool.verify_many([("2", r"\frac{4}{2}")])[0]
         assert verdict.correct and not verdict.timed_out
         assert pool.num_timeouts == 1
+
+
+def test_reward_workers_start_without_torch():
+    """A worker imports semrl.reward and math-verify only: torch (about 2.3 s of a 3 s start) stays
+    out, so that the worker replacing a timed-out one is ready in under a second."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, math_verify, semrl.reward, semrl.reward.verify, semrl.reward.functions\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -34,3 +34,9 @@ def test_long_runs_show_every_nth_step_and_the_last():
     step_lines = [line for line in text.splitlines() if re.match(r"^\s+\d+\s+0\.\d{3}", line)]
     assert len(step_lines) <= MAX_STEP_ROWS + 1 and step_lines[-1].split()[0] == "45"
     assert "one step in 3" in text and "held-out" not in text
+
+
+def test_summary_gives_the_evaluation_time_beside_the_training_time():
+    rows = _rows(3)
+    rows[0]["time/eval_s"], rows[-1]["time/eval_s"] = 60.0, 30.0
+    assert "(3 steps, 1.5 min training, 1.5 min evaluation)" in run_summary(rows, "runs/x")

@@ -159,6 +159,8 @@ def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(
     assert run_state(first) == run_state(second) == "done"
     resumed = _steps(first.run_dir)
     assert [r["step"] for r in resumed] == [0, 1, 2]
+    evaluated = [r for r in resumed if "eval/mean@4" in r]
+    assert len(evaluated) == 2 and all(0 < r["time/eval_s/eval"] == r["time/eval_s"] for r in evaluated)
     assert "| dr/seed-0 | done |" in messages[-1] and "2 done" in messages[-1]
 
     # the resumed run equals an uninterrupted one
@@ -254,3 +256,23 @@ def test_a_sweep_file_given_to_train_names_semrl_sweep(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is a sweep file" in err and f"semrl sweep {sweep}" in err
     assert not (tmp_path / "out").exists() and not any(tmp_path.glob("runs"))
+
+
+def test_the_base_evaluation_can_be_left_out_or_cut_to_a_subset(digit_model_dir, seven_task, tmp_path):
+    """logging.eval_base=false: no step-0 evaluation; logging.eval_base_problems=2: the base model on
+    the first 2 held-out problems, the final evaluation on all 4, and compare's base row says so."""
+    from semrl.report.seeds import final_table, find_runs
+
+    path = _tiny_sweep(
+        tmp_path, digit_model_dir, seven_task,
+        {"none": {"algorithm.method": "dr_grpo", "logging.eval_base": False},
+         "subset": {"algorithm.method": "dr_grpo", "logging.eval_base_problems": 2}},
+        [0], keep_checkpoints=False,
+    )
+    assert run_local(load_sweep(path), print) == 0
+    none, subset = (_steps(tmp_path / "out" / v / "seed-0") for v in ("none", "subset"))
+    assert [(r["step"], r["eval/problems"]) for r in none if "eval/problems" in r] == [(2, 4.0)]
+    assert [(r["step"], r["eval/problems"]) for r in subset if "eval/problems" in r] == [(0, 2.0), (2, 4.0)]
+    _, rows = final_table(find_runs([tmp_path / "out"]), "eval")
+    assert rows[0][0] == "base model (step 0, 2 of 4 problems)"
+    assert [row[0] for row in rows[1:]] == ["none", "subset"]

@@ -440,6 +440,18 @@ class LoggingConfig:
         0, "Evaluate on data.eval every N steps (0: only before and after).", valid=NON_NEGATIVE
     )
     eval_samples: int = option(8, "Samples per held-out problem for mean@k / pass@k.", valid=AT_LEAST_1)
+    eval_base: bool = option(
+        True,
+        "Evaluate the model before any update (step 0). A comparison of two trained variants on the "
+        "same seed does not read it: false saves a study that evaluation (docs/evaluation.md, "
+        "'What to evaluate').",
+    )
+    eval_base_problems: int | None = option(
+        None,
+        "Problems of each split in the step-0 evaluation: the first N of the held-out (and transfer) "
+        "problems; null: all. 'semrl compare' labels a base row over fewer problems than the final one.",
+        valid=AT_LEAST_1,
+    )
     eval_temperature: float | None = option(
         None, "Evaluation temperature (null: the training temperature).",
         valid=NON_NEGATIVE,

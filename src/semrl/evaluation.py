@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -165,37 +166,64 @@ def sample_and_verify(
     """Sample ``num_samples`` responses per problem (prompts built as in training), judge them and
     cluster their answers: what evaluation and the SENT curriculum's scoring both need.
     ``functions``: the run's reward functions, whose correctness judge (``reward.correctness``)
-    decides each response's ``correct``; None: math-verify of the extracted answer. ``progress``
-    gets sample counts as generation batches finish."""
+    decides each response's ``correct``; None: math-verify of the extracted answer.
+
+    An engine that refills finished slots (``Engine.continuous_batching``: vllm) gets every request
+    at once (``Engine.generate_dynamic``); the others get chunks of ``engine.batch_size``. Either
+    way the requests take their seeds from ``generator`` in the same order, so the samples do not
+    depend on the path (docs/evaluation.md, "Continuous batching"). ``progress`` gets a count for
+    every finished sample; a problem is judged as soon as its last sample finishes."""
     prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template) for p in problems]
-    requests = [GenerationRequest(ids) for ids in prompt_ids for _ in range(num_samples)]
-    gens = []
-    step = engine.batch_size
-    for start in range(0, len(requests), step):
-        gens.extend(engine.generate(requests[start : start + step], params, generator))
+    tagged = [
+        ((i, j), GenerationRequest(ids)) for i, ids in enumerate(prompt_ids) for j in range(num_samples)
+    ]
+    gens: list[list[Generation | None]] = [[None] * num_samples for _ in problems]
+    waiting = [num_samples] * len(problems)
+    out: list[SampledProblem | None] = [None] * len(problems)
+
+    def finished(tag: tuple[int, int], request: GenerationRequest, generation: Generation) -> list[Any]:
+        i, j = tag
+        gens[i][j] = generation
+        waiting[i] -= 1
         if progress is not None:
-            progress(min(step, len(requests) - start))
+            progress(1)
+        if waiting[i] == 0:
+            done = [g for g in gens[i] if g is not None]
+            out[i] = _judge(problems[i], done, tokenizer, pool, final_number_fallback, functions)
+        return []
+
+    if engine.continuous_batching:
+        engine.generate_dynamic(tagged, params, generator, finished)
+    else:
+        for start in range(0, len(tagged), engine.batch_size):
+            chunk = tagged[start : start + engine.batch_size]
+            for (tag, request), generation in zip(
+                chunk, engine.generate([r for _, r in chunk], params, generator), strict=True
+            ):
+                finished(tag, request, generation)
+    return [s for s in out if s is not None]
+
+
+def _judge(
+    problem: Problem, gens: list[Generation], tokenizer: PreTrainedTokenizerBase, pool: VerifierPool,
+    final_number_fallback: bool, functions: RewardFunctions | None,
+) -> SampledProblem:
+    """One problem's samples decoded, judged and clustered by answer equivalence."""
     texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
-    golds = [p.answer for p in problems for _ in range(num_samples)]
     if functions is None:
+        golds = [problem.answer] * len(gens)
         rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
     else:
         from semrl.data import problem_columns
 
         rewards, _ = functions.score(
-            pool, [p.problem for p in problems for _ in range(num_samples)], texts,
-            [g.token_ids.tolist() for g in gens],
-            [problem_columns(p) for p in problems for _ in range(num_samples)],
-            final_number_fallback=final_number_fallback,
+            pool, [problem.problem] * len(gens), texts, [g.token_ids.tolist() for g in gens],
+            [problem_columns(problem)] * len(gens), final_number_fallback=final_number_fallback,
         )
-    out = []
-    for i, problem in enumerate(problems):
-        rows = slice(i * num_samples, (i + 1) * num_samples)
-        clusters = cluster_answers(
-            [r.answer for r in rewards[rows]], lambda a, b: pool.verify_many([(a, b)])[0].correct
-        )
-        out.append(SampledProblem(problem, gens[rows], texts[rows], rewards[rows], clusters))
-    return out
+    clusters = cluster_answers(
+        [r.answer for r in rewards], lambda a, b: pool.verify_many([(a, b)])[0].correct
+    )
+    return SampledProblem(problem, gens, texts, rewards, clusters)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,15 +499,23 @@ def evaluate_splits(
     splits: dict[str, Sequence[Problem]],
     cfg: Any, procs: Any, step: int, run_dir: str | Path, functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
-    """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged."""
+    """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged,
+    with the wall time of each split's evaluation (``time/eval_s/{split}``, a reused base evaluation
+    included) and of all (``time/eval_s``) on the main process."""
     out: dict[str, float] = {}
+    times: dict[str, float] = {}
     for split, problems in splits.items():
+        start = time.perf_counter()
         out.update(
             evaluate_held_out(
                 engine, tokenizer, pool, problems, cfg, procs, split=split, step=step, run_dir=run_dir,
                 functions=functions,
             )
         )
+        times[f"time/eval_s/{split}"] = time.perf_counter() - start
+    if procs.is_main and times:
+        out.update(times)
+        out["time/eval_s"] = sum(times.values())
     return out
 
 

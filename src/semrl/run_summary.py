@@ -29,8 +29,12 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
     steps = [r for r in rows if "reward" in r]
     evals = [r for r in rows if any(k.startswith("eval/mean@") for k in r)]
     minutes = sum(r.get("time/step_s", 0.0) for r in steps) / 60
+    eval_minutes = sum(r.get("time/eval_s", 0.0) for r in rows) / 60
     plural = "s" * (len(steps) != 1)
-    lines = [f"run finished: {run_dir}  ({len(steps)} step{plural}, {minutes:.1f} min training)"]
+    timing = f"{minutes:.1f} min training"
+    if any("time/eval_s" in r for r in rows):
+        timing += f", {eval_minutes:.1f} min evaluation"
+    lines = [f"run finished: {run_dir}  ({len(steps)} step{plural}, {timing})"]
     if evals:
         first, last = evals[0], evals[-1]
         problems = int(last.get("eval/problems", 0))

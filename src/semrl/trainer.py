@@ -135,7 +135,7 @@ class Trainer:
 
     def train(self) -> dict[str, float]:
         cfg, run = self.cfg, self.run
-        if run.step == 0 and self.eval_sets:
+        if run.step == 0 and self.eval_sets and cfg.logging.eval_base:
             self.log.metrics({"step": 0, **self.evaluate()})
         bar = tqdm(
             total=cfg.trainer.steps, initial=run.step, desc="train",
@@ -427,7 +427,10 @@ class Trainer:
         """mean@k / pass@k on the held-out problems and the transfer split (``eval/`` and
         ``transfer/`` metrics on the main process; problem records in ``RUN_DIR/eval``)."""
         kill_point("evaluate", self.step)
+        splits, first = self.eval_sets, self.cfg.logging.eval_base_problems
+        if self.step == 0 and first is not None:  # the base model on a subset (logging.eval_base_problems)
+            splits = {split: problems[:first] for split, problems in splits.items()}
         return evaluate_splits(
-            self.engine, self.tokenizer, self.pool, self.eval_sets, self.cfg, self.procs, self.step,
-            self.run_dir, self.rewards,
+            self.engine, self.tokenizer, self.pool, splits, self.cfg, self.procs, self.step, self.run_dir,
+            self.rewards,
         )

@@ -51,6 +51,12 @@ def add_parser(sub: SubParsers) -> None:
         help="decision rules fixed before the study (metric, pair, expected direction, margin): each is "
         "judged decided, decided against, ruled out or undecided from its t-interval (docs/evaluation.md)",
     )
+    cmp.add_argument(
+        "--variance", action="store_true",
+        help="for each compared pair, split the seed-to-seed variance of the final held-out differences "
+        "into the evaluation's draw of problems and samples and training, from the runs' problem records "
+        "(docs/results.md, 'Where the variance is')",
+    )
     cmp.set_defaults(func=run)
 
 
@@ -68,8 +74,15 @@ def run(args: argparse.Namespace) -> int:
                 args.window, rules, args.seeds,
             )
         )
-    elif args.baseline or args.decide or args.seeds:
-        flag = "--baseline" if args.baseline else "--decide" if args.decide else "--seeds"
+        if args.variance:
+            from semrl.report.seeds import comparison_pairs, find_runs
+            from semrl.report.variance import variance_section
+
+            groups = find_runs(args.run_dirs, args.group_by, args.seeds)
+            print(variance_section(groups, comparison_pairs(groups, args.baseline)))
+    elif args.baseline or args.decide or args.seeds or args.variance:
+        flag = next(f for f, v in (("--baseline", args.baseline), ("--decide", args.decide),
+                                   ("--seeds", args.seeds), ("--variance", args.variance)) if v)
         raise ConfigError(
             f"{flag} compares variants across seeds: give a sweep directory or --group-by KEY"
         )

@@ -147,6 +147,9 @@ class Engine(Protocol):
     Attributes:
         name: ``hf`` or ``vllm``.
         batch_size: sequences generated together (evaluation sizes its chunks by it).
+        continuous_batching: whether ``generate_dynamic`` starts a request as soon as a slot
+            frees (vllm) rather than in rounds of whole batches (hf); evaluation then hands it every
+            request at once.
         computes_entropy: whether ``Generation.entropy`` is filled at sampling time; when it is
             not, the trainer measures the sampling entropy with its own forward
             (``semrl.batch_forward.fill_sampling_entropy``; a method's rollout through
@@ -161,6 +164,7 @@ class Engine(Protocol):
 
     name: str
     batch_size: int
+    continuous_batching: bool
     computes_entropy: bool
     compute_dtype: torch.dtype
     eos_token_ids: Any

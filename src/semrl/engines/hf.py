@@ -83,6 +83,7 @@ class HFEngine:
 
     name = "hf"
     computes_entropy = True
+    continuous_batching = False
 
     def __init__(
         self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, batch_size: int = 64,

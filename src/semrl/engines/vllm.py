@@ -328,6 +328,7 @@ class VLLMEngine:
 
     name = "vllm"
     computes_entropy = False
+    continuous_batching = True
 
     def __init__(
         self, model: PreTrainedModel, eos_token_ids: list[int], settings: VLLMSettings,

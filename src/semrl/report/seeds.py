@@ -340,6 +340,22 @@ def _base_rows(groups: dict[str, list[Run]], split: str) -> dict[int, dict[str, 
     return base
 
 
+def _base_label(base: dict[int, dict[str, float]], groups: dict[str, list[Run]], split: str) -> str:
+    """"base model (step 0)", saying how many problems it covers where the final evaluations have
+    more (``logging.eval_base_problems``) and over how many seeds where not every seed has one
+    (``logging.eval_base``)."""
+    finals = [r for runs in groups.values() for r in _finished(runs, split)]
+    final_sizes = {int(r.final(f"{split}/problems") or 0) for r in finals}
+    base_sizes = {int(b.get(f"{split}/problems", 0)) for b in base.values()}
+    notes = []
+    if base_sizes and final_sizes and max(base_sizes) < max(final_sizes):
+        notes.append(f"{'/'.join(map(str, sorted(base_sizes)))} of {max(final_sizes)} problems")
+    seeds = {r.seed for r in finals}
+    if seeds - set(base):
+        notes.append(f"seeds {', '.join(map(str, sorted(base)))} only")
+    return "base model (step 0" + "".join(f", {n}" for n in notes) + ")"
+
+
 def _finished(runs: Sequence[Run], split: str) -> list[Run]:
     """The runs with an evaluation of ``split`` after training (their final one is read)."""
     return [r for r in runs if r.eval_steps(split) and r.eval_steps(split)[-1] > 0]
@@ -377,7 +393,7 @@ def final_table(
     if base:
         rows.append(
             [
-                "base model (step 0)",
+                _base_label(base, groups, split),
                 *(
                     _fmt(*mean_se([b[m] for b in base.values() if m in b]))
                     for m in metrics

@@ -1,4 +1,7 @@
-"""Verifiable rewards: answer extraction and math-verify in killable processes."""
+"""Verifiable rewards: answer extraction and math-verify in killable processes.
+
+Nothing here imports torch at module level: the reward workers import this package, and a worker
+that replaces a timed-out one starts in about 0.6 s instead of 3 s with torch."""
 
 from __future__ import annotations
 
@@ -9,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
 from semrl.reward.extract import extract_answer, extract_boxed, extract_last_number
 from semrl.reward.functions import CORRECTNESS_CHECKS, Scorer, check_signature, load_function, scorer
 from semrl.reward.verify import CallResult, Verdict, VerifierPool
 
 if TYPE_CHECKING:
+    import torch
+
     from semrl.config import RewardConfig
     from semrl.data import Problem
     from semrl.engines import Generation
@@ -207,6 +210,8 @@ class Scores:
 
     def grouped(self, group_size: int, metric: Literal["reward", "accuracy"] = "reward") -> torch.Tensor:
         """(num_groups, G) rewards, or correctness as 0/1 (without shaping) for ``accuracy``."""
+        import torch
+
         if metric == "reward":
             return self.rewards.view(-1, group_size)
         return torch.tensor([float(r.correct) for r in self.results]).view(-1, group_size)
@@ -226,6 +231,8 @@ def score(
 ) -> Scores:
     """Score every response with the ``reward`` section's functions and shaping (DAPO's overlong
     penalty): ``texts[i]`` and ``generations[i]`` answer ``problems[i]``."""
+    import torch
+
     from semrl.data import problem_columns
     from semrl.reward.shaping import overlong_penalty
 

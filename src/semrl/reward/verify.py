@@ -154,6 +154,18 @@ class VerifierPool:
         while len(self._workers) < self.num_workers:
             self._workers.append(_Worker(self._ctx, self.functions))
 
+    def wait_ready(self) -> None:
+        """Start the workers and wait until each has imported math-verify and the reward functions.
+        A timed-out job's worker is replaced in the background; this waits for the replacements too,
+        so what comes next is timed without another job's restart (e.g. before a timing)."""
+        self._ensure_workers()
+        while not all(w.ready for w in self._workers):
+            starting = {w.conn: w for w in self._workers if not w.ready}
+            deadline = min(w.started for w in starting.values()) + STARTUP_TIMEOUT_S
+            for conn in wait(list(starting), timeout=max(0.0, deadline - time.monotonic())):
+                self._receive(starting[conn], {})  # type: ignore[index]
+            self._expire({})
+
     def close(self) -> None:
         for w in self._workers:
             try:
