@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from semrl.cli import main
+from semrl.errors import ConfigError
 from semrl.sweep import DONE_FILE, SweepError, load_sweep, run_local, run_state
 
 from .conftest import DIGIT_SYSTEM_PROMPT
@@ -276,3 +277,77 @@ def test_the_base_evaluation_can_be_left_out_or_cut_to_a_subset(digit_model_dir,
     _, rows = final_table(find_runs([tmp_path / "out"]), "eval")
     assert rows[0][0] == "base model (step 0, 2 of 4 problems)"
     assert [row[0] for row in rows[1:]] == ["none", "subset"]
+
+
+def _forced_study(tmp_path: Path, model_dir: Path, task: Path, looks: list[int]) -> tuple[Path, Path]:
+    """A sweep whose per-seed outcome is forced by its correctness judges: 'always' marks every
+    held-out sample correct and 'never' none, so always - never of eval/mean@4 is 1 on every seed
+    (decided at the first look), and never - never is 0 (ruled out)."""
+    judges = tmp_path / "judges.py"
+    judges.write_text(
+        "def always(prompts, completions, **kwargs):\n    return [1.0] * len(completions)\n\n\n"
+        "def never(prompts, completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
+    variants = {
+        name: {"algorithm.method": "dr_grpo", "reward.functions": ["math", f"{judges}:{judge}"],
+               "reward.correctness": f"{judges}:{judge}"}
+        for name, judge in (("always", "always"), ("never", "never"), ("never2", "never"))
+    }
+    sweep = _tiny_sweep(tmp_path, model_dir, task, variants, [0, 1, 2, 3], keep_checkpoints=False)
+    rules = _write(tmp_path / "rules.yaml", {
+        "design": {"type": "group_sequential", "looks": looks, "boundary": "pocock"},
+        "families": {"primary": "holm"},
+        "rules": [
+            {"id": "up", "metric": "eval/mean@4", "pair": ["always", "never"], "expect": "greater", "margin": 0.1},
+            {"id": "same", "metric": "eval/mean@4", "pair": ["never2", "never"], "expect": "greater", "margin": 0.1},
+        ],
+    })
+    return sweep, rules
+
+
+def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_resumes_after_a_kill(
+    digit_model_dir, seven_task, tmp_path, monkeypatch, capsys
+):
+    from semrl.report.designs import load_rules
+    from semrl.sweep import run_until_decided
+
+    sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 4])
+    sweep, rules = load_sweep(sweep_file), load_rules(rules_file)
+    out = tmp_path / "out"
+    # killed in the first run: nothing judged yet, and the run resumes where it stopped
+    monkeypatch.setenv("SEMRL_FAULT_KILL", "rollout@2")  # the first run dies in its second step
+    assert run_until_decided(sweep, rules) != 0
+    assert not (out / "looks.jsonl").exists()
+    killed = [r.name for r in sweep.runs if run_state(r) == "resume"]
+    assert killed == ["always/seed-0"]
+    monkeypatch.delenv("SEMRL_FAULT_KILL")
+    assert run_until_decided(sweep, rules) == 0
+    looks = [json.loads(line) for line in (out / "looks.jsonl").read_text().splitlines()]
+    assert [(e["look"], e["seeds"]) for e in looks] == [(1, [0, 1])]
+    outcomes = {r["id"]: r["outcome"] for r in looks[0]["rules"]}
+    assert outcomes == {"up": "decided", "same": "ruled out"}
+    # stopped at look 1: seeds 2 and 3 never ran
+    assert {r.seed for r in sweep.runs if run_state(r) == "done"} == {0, 1}
+    assert not (out / "always" / "seed-2").exists()
+    # running it again changes nothing and says why it stopped
+    assert run_until_decided(sweep, rules) == 0
+    assert "every primary rule is settled" in capsys.readouterr().out
+    assert len((out / "looks.jsonl").read_text().splitlines()) == 1
+    # a look the design did not plan is refused; --descriptive shows it without outcomes
+    from semrl.report.seeds import compare_seeds
+
+    with pytest.raises(ConfigError, match="looks at 2, 4 seeds only"):
+        compare_seeds([out], rules=rules, seeds=[0])
+    assert "descriptive only" in compare_seeds([out], rules=rules, seeds=[0], descriptive=True)
+
+
+def test_until_decided_needs_a_design_and_enough_seeds(digit_model_dir, seven_task, tmp_path):
+    from semrl.report.designs import load_rules
+    from semrl.sweep import run_until_decided
+
+    sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 6])
+    with pytest.raises(SweepError, match="needs 6 seeds"):
+        run_until_decided(load_sweep(sweep_file), load_rules(rules_file))
+    plain = _write(tmp_path / "plain.yaml", yaml.safe_load(rules_file.read_text())["rules"])
+    with pytest.raises(SweepError, match="design"):
+        run_until_decided(load_sweep(sweep_file), load_rules(plain))

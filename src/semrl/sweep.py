@@ -424,3 +424,100 @@ def slurm_executor(sweep: Sweep, folder: Path, options: dict[str, Any], cluster:
                 params[key] = settings[key]
     executor.update_parameters(**params)
     return executor
+
+
+# ----------------------------------------------------------------------------------------------
+# Sequential studies
+
+
+def _check_design(sweep: Sweep, rules: Any) -> None:
+    design = rules.design
+    if design is None:
+        raise SweepError(
+            "--until-decided needs a rules file with a design (fixed or group_sequential looks, "
+            "docs/evaluation.md 'Designs'); a plain list of rules plans no looks"
+        )
+    if design.looks[-1] > len(sweep.seeds):
+        raise SweepError(
+            f"the design's last look needs {design.looks[-1]} seeds; the sweep file lists "
+            f"{len(sweep.seeds)} ({list(sweep.seeds)}): add seeds to 'seeds'"
+        )
+    named = {name for r in rules.rules for name in (r.variant, r.baseline)}
+    if missing := sorted(named - set(sweep.variants)):
+        raise SweepError(f"the rules compare variants the sweep does not run: {missing}")
+
+
+def _spent_hours(sweep: Sweep) -> float:
+    seconds = 0.0
+    for run in sweep.runs:
+        done = run.run_dir / DONE_FILE
+        if done.exists():
+            seconds += json.loads(done.read_text()).get("seconds", 0.0)
+    return seconds / 3600
+
+
+def _take_looks(sweep: Sweep, rules: Any, echo: Callable[[str], Any]) -> tuple[int, bool]:
+    """Judge the looks the finished seeds reach (each appended to ``OUT/looks.jsonl`` once); returns
+    (looks taken, whether every primary rule is settled or ruled out)."""
+    from semrl.report.designs import LOOKS_LOG, append_look, judge_looks, judged_rows, primary_done
+    from semrl.report.seeds import find_runs, rule_differences
+
+    finished = [s for s in sweep.seeds if all(run_state(r) == "done" for r in sweep.runs if r.seed == s)]
+    if not finished:
+        return 0, False
+    groups = find_runs([sweep.output_dir], seeds=finished)
+    diffs = rule_differences(groups, rules.rules)
+    complete = sorted(set.intersection(*(set(v) for v in diffs.values())))
+    looks = judge_looks(diffs, rules, complete)
+    for i, judged in enumerate(looks):
+        if append_look(sweep.output_dir / LOOKS_LOG, complete[: rules.design.looks[i]], i + 1, judged):
+            rows = "\n".join(f"  {row[0]}: {row[5]} {row[6]} -> {row[10]}" for row in judged_rows(judged))
+            echo(f"look {i + 1} at {rules.design.looks[i]} seeds:\n{rows}")
+    return len(looks), bool(looks) and primary_done(looks[-1])
+
+
+def run_until_decided(sweep: Sweep, rules: Any, echo: Callable[[str], Any] = print) -> int:
+    """``semrl sweep --until-decided RULES``: seeds one at a time in seed order (every variant of a
+    seed, then the next seed), the rules judged at each planned look of their design
+    (``semrl.report.designs``), stopping when every primary rule is decided, decided against or
+    ruled out, at the design's last look, or when the runs' hours pass ``design.max_hours``. Runs
+    again where it stopped, as ``run_local`` does. Returns 0 when the study stopped by its design."""
+    from semrl.preemption import EXIT_PREEMPTED
+
+    _check_design(sweep, rules)
+    design = rules.design
+    for run in sweep.runs:
+        check_run_config(sweep, run)
+    seeds = list(sweep.seeds)[: design.looks[-1]]
+    for index, seed in enumerate(seeds):
+        taken, settled = _take_looks(sweep, rules, echo)
+        if settled or taken == len(design.looks):
+            why = "every primary rule is settled" if settled else "the design's last look is taken"
+            echo(f"study stopped at look {taken} of {len(design.looks)}: {why} "
+                 f"({sweep.output_dir / 'looks.jsonl'})")
+            return 0
+        if design.max_hours is not None and (hours := _spent_hours(sweep)) >= design.max_hours:
+            echo(f"study stopped: its runs took {hours:.1f} h, the design's budget is {design.max_hours:g} h "
+                 f"(max_hours); looks taken: {taken}")
+            return 0
+        following = next((n for n in design.looks if n > index), None)
+        echo(f"seed {seed} ({index + 1} of at most {len(seeds)}); looks taken {taken}, "
+             f"next at {following} seeds")
+        for run in (r for r in sweep.runs if r.seed == seed):
+            if run_state(run) == "done":
+                continue
+            echo(f"\n=== {run.name} ({run_state(run)}) ===")
+            try:
+                code = execute_run(run, sweep.base, sweep.keep_checkpoints)
+            except KeyboardInterrupt:
+                code = EXIT_PREEMPTED
+            if code == EXIT_PREEMPTED or code < 0:
+                echo(f"{run.name}: stopped (exit {code}); run the same command again to continue")
+                return EXIT_PREEMPTED
+            if code != 0:
+                echo(f"{run.name}: failed with exit code {code}; see {run.run_dir}. A sequential study "
+                     "cannot skip a seed: fix the cause and run the same command again")
+                return 1
+    taken, settled = _take_looks(sweep, rules, echo)
+    echo(f"study stopped at look {taken} of {len(design.looks)} ({sweep.output_dir / 'looks.jsonl'})")
+    return 0

@@ -48,8 +48,15 @@ def add_parser(sub: SubParsers) -> None:
     )
     cmp.add_argument(
         "--decide", metavar="RULES_YAML",
-        help="decision rules fixed before the study (metric, pair, expected direction, margin): each is "
-        "judged decided, decided against, ruled out or undecided from its t-interval (docs/evaluation.md)",
+        help="decision rules fixed before the study (metric, pair, expected direction, margin), with the "
+        "study's design (fixed or group-sequential looks, alpha, multiplicity families): each is judged "
+        "decided, decided against, ruled out or undecided at the design's latest planned look, which is "
+        "appended to SWEEP_DIR/looks.jsonl (docs/evaluation.md, 'Designs')",
+    )
+    cmp.add_argument(
+        "--descriptive", action="store_true",
+        help="with --decide and --seeds: report a seed count the design did not plan, intervals without "
+        "outcomes",
     )
     cmp.add_argument(
         "--variance", action="store_true",
@@ -62,16 +69,16 @@ def add_parser(sub: SubParsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from semrl.report import compare_runs
-    from semrl.report.decide import load_hypotheses
+    from semrl.report.designs import load_rules
     from semrl.report.seeds import compare_seeds
 
     sweep_dir = len(args.run_dirs) == 1 and not (Path(args.run_dirs[0]) / "metrics.jsonl").exists()
     if args.group_by or sweep_dir:
-        rules = load_hypotheses(args.decide) if args.decide else ()
+        rules = load_rules(args.decide) if args.decide else ()
         print(
             compare_seeds(
                 args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.x_axis,
-                args.window, rules, args.seeds,
+                args.window, rules, args.seeds, args.descriptive,
             )
         )
         if args.variance:

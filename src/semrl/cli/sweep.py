@@ -31,6 +31,13 @@ def add_parser(sub: SubParsers) -> None:
     sw.add_argument("--timeout-min", type=int, help="time limit per job in minutes (default 240)")
     sw.add_argument("--array-parallelism", type=int, help="jobs of the array running at once")
     sw.add_argument("--wait", action="store_true", help="slurm: wait for every job to end")
+    sw.add_argument(
+        "--until-decided", metavar="RULES_YAML",
+        help="a sequential study: seeds one at a time in seed order, the rules file's design judged at "
+        "each planned look (appended to OUTPUT_DIR/looks.jsonl); stops when every primary rule is "
+        "decided, decided against or ruled out, at the last look, or at the design's max_hours "
+        "(local launcher; docs/sweeps.md)",
+    )
     sw.set_defaults(func=run)
 
 
@@ -41,6 +48,14 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(sweeps.dry_run(sweep))
         return 0
+    if args.until_decided:
+        if args.launcher != "local":
+            from semrl.errors import ConfigError
+
+            raise ConfigError("--until-decided runs seeds one after another: use the local launcher")
+        from semrl.report.designs import load_rules
+
+        return sweeps.run_until_decided(sweep, load_rules(args.until_decided))
     if args.launcher == "local":
         return sweeps.run_local(sweep)
     options = {

@@ -27,8 +27,19 @@ from typing import Any
 import numpy as np
 import yaml
 
+from semrl.errors import ConfigError
 from semrl.jsonl import read_jsonl
 from semrl.report.decide import DECISION_HEADER, Decision, Hypothesis, decide, decision_rows, decision_summary
+from semrl.report.designs import (
+    JUDGED_HEADER,
+    LOOKS_LOG,
+    RulesFile,
+    append_look,
+    judge_looks,
+    judged_rows,
+    primary_done,
+)
+from semrl.report.designs import descriptive as descriptive_rules
 from semrl.report.stats import compare_paired
 
 DONE_FILE = (
@@ -249,6 +260,64 @@ def comparison_rows(
                 "" if c.seeds_needed is None else str(c.seeds_needed),
             ])
     return rows
+
+
+def rule_differences(
+    groups: dict[str, list[Run]], rules: Sequence[Hypothesis]
+) -> dict[str, dict[int, float]]:
+    """rule id -> seed -> the rule's per-seed difference (final values, or the mean of the last
+    ``window`` steps), for the seeds where both of its variants have one."""
+    out: dict[str, dict[int, float]] = {}
+    for rule in rules:
+        theirs = {r.seed: r for r in groups.get(rule.baseline, [])}
+        values = {}
+        for run in groups.get(rule.variant, []):
+            other = theirs.get(run.seed)
+            if other is not None:
+                a, b = run.final(rule.metric, rule.window), other.final(rule.metric, rule.window)
+                if a is not None and b is not None:
+                    values[run.seed] = a - b
+        out[rule.id] = values
+    return out
+
+
+def design_section(
+    groups: dict[str, list[Run]], rules: RulesFile, chosen: bool, descriptive: bool, log: Path | None,
+) -> tuple[str, list[str], list[list[str]]]:
+    """The decision section of a rules file with a design: its latest planned look on the first
+    seeds that finished every variant the rules name (``semrl.report.designs``). ``chosen``: the
+    seeds were picked (``--seeds``), so they must form a planned look or be ``descriptive``."""
+    design = rules.design
+    assert design is not None
+    diffs = rule_differences(groups, rules.rules)
+    complete = sorted(set.intersection(*(set(v) for v in diffs.values()))) if diffs else []
+    planned = ", ".join(map(str, design.looks))
+    if chosen and len(complete) not in design.looks and not descriptive:
+        raise ConfigError(
+            f"--seeds gives {len(complete)} seeds with every variant finished; the design looks at {planned} "
+            "seeds only. A look it did not plan would spend error rate it does not have: pick a planned "
+            "look, or pass --descriptive for intervals without outcomes"
+        )
+    looks = judge_looks(diffs, rules, complete)
+    if not looks or (chosen and descriptive and len(complete) not in design.looks):
+        judged = descriptive_rules({k: [v[s] for s in complete] for k, v in diffs.items()}, rules)
+        heading = (
+            f"Decision rules: descriptive only, {len(complete)} seeds ({design.type} design, looks at "
+            f"{planned} seeds)"
+        )
+        return heading, JUDGED_HEADER, judged_rows(judged)
+    k, n = len(looks), design.looks[len(looks) - 1]
+    if log is not None:  # every look reached, in order (a look already logged is not written again)
+        for i, judged in enumerate(looks):
+            append_look(log, complete[: design.looks[i]], i + 1, judged)
+    nxt = f"; next look at {design.looks[k]} seeds" if k < len(design.looks) else "; the last look"
+    stop = "every primary rule settled: the study stops" if primary_done(looks[-1]) else "primary rules open"
+    heading = (
+        f"Decision rules, look {k} of {len(design.looks)} at {n} seeds ({design.type} design, "
+        f"{design.boundary if design.type != 'fixed' else 'one look'}, alpha {design.alpha:g} two-sided per "
+        f"family, {', '.join(f'{f}: {c}' for f, c in design.families.items())}; {stop}{nxt})"
+    )
+    return heading, JUDGED_HEADER, judged_rows(looks[-1])
 
 
 def decide_all(groups: dict[str, list[Run]], rules: Sequence[Hypothesis]) -> list[Decision]:
@@ -641,8 +710,9 @@ def compare_seeds(
     metrics: Sequence[str] | None = None,
     x_axis: str = "step",
     window: int = 1,
-    rules: Sequence[Hypothesis] = (),
+    rules: Sequence[Hypothesis] | RulesFile = (),
     seeds: Sequence[int] | None = None,
+    descriptive: bool = False,
 ) -> str:
     """Markdown comparison of variants across seeds; with ``output``, also ``results.md``,
     ``aggregate.json``, PNG figures and a self-contained ``index.html`` there. Paired comparisons
@@ -650,8 +720,10 @@ def compare_seeds(
     steps and, when every run logged its sampled tokens, at equal tokens. ``x_axis``: ``step`` or
     ``tokens`` (cumulative sampled tokens) for the per-step figures. ``window``: training metrics
     are compared as their mean over each run's last ``window`` steps (1: the last step). ``rules``:
-    pre-registered decision rules (``semrl.report.decide``), judged in the first section.
-    ``seeds``: only these seeds (default: every seed found)."""
+    pre-registered decision rules (``semrl.report.decide``), or a rules file with a design
+    (``semrl.report.designs``: judged at its planned looks, each planned look appended to the
+    sweep's ``looks.jsonl``), in the first section. ``seeds``: only these seeds (default: every
+    seed found). ``descriptive``: report a seed count the design did not plan, with no outcome."""
     if x_axis not in ("step", "tokens"):
         raise ValueError(f"x_axis must be 'step' or 'tokens', got '{x_axis}'")
     groups = find_runs(paths, group_by, seeds)
@@ -663,9 +735,16 @@ def compare_seeds(
     budget = equal_token_budget(groups)
     sections = [s for split in SPLITS for s in _split_sections(groups, split, pairs, budget)]
     sections += _training_sections(groups, pairs, metrics, budget, window)
-    if rules:
-        decisions = decide_all(groups, rules)
-        heading = f"Decision rules, at equal steps ({decision_summary(decisions)})"
+    if isinstance(rules, RulesFile) and rules.design is not None:
+        log = Path(paths[0]) / LOOKS_LOG if group_by is None else None
+        sections.insert(0, design_section(groups, rules, seeds is not None, descriptive, log))
+    elif rules:
+        listed = rules.rules if isinstance(rules, RulesFile) else rules
+        decisions = decide_all(groups, listed)
+        heading = (
+            f"Decision rules, at equal steps ({decision_summary(decisions)}; no design declared: one look "
+            "at 95% per rule assumed, docs/evaluation.md 'Designs')"
+        )
         sections.insert(0, (heading, DECISION_HEADER, decision_rows(decisions)))
     counts = ", ".join(f"{v} ({len(r)})" for v, r in groups.items())
     title = f"{len(groups)} variants x seeds {seeds}: {counts}"
