@@ -197,7 +197,20 @@ def test_equal_token_comparison_interpolates_at_the_smallest_budget(tmp_path):
         [0.4 - (0.1 + 0.4 * 0.6), 0.4 - (0.1 + 0.5 * 0.6)]
     )
     md = compare_seeds([tmp_path / "s"], baseline="flat")
-    assert "at equal sampled tokens (120)" in md and "| tree - flat | mean@4 | +0.030 |" in md
+    # evaluated only before and after training: no held-out table at equal tokens (a straight line)
+    assert "none at equal sampled tokens: the runs evaluated only before and after training" in md
+    assert "| tree - flat | mean@4 | +0.030 |" not in md
+    assert "at equal sampled tokens (120)" in md  # the training metrics are compared there
+    # with an evaluation during training, the held-out value at 120 tokens is read between real ones
+    for seed in range(2):
+        for variant in ("flat", "tree"):
+            path = tmp_path / "s" / variant / f"seed-{seed}" / "metrics.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            rows[1]["eval/mean@4"] = 0.1
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = compare_seeds([tmp_path / "s"], baseline="flat")
+    assert "(120; read linearly between the evaluations around it; 95% t-interval)" in md
+    assert "| tree - flat | mean@4 | " in md.split("read linearly between the evaluations around it; 95%")[1]
     # training accuracy at 120 tokens: tree's step 2 (0.5), flat between steps 1 and 2 (0.28)
     training = md.split("**Training metrics at equal sampled tokens (120), mean ± s.e. (n seeds)**")[1]
     assert "| tree | 0.500 ± 0.000 (2) |" in training and "| flat | 0.280 ± 0.000 (2) |" in training

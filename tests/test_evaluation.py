@@ -223,3 +223,32 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     assert [r.correct for s in sampled for r in s.rewards] == [v.correct for v in verdicts]
     assert [t for s in sampled for t in s.texts] == texts
     assert counts == [1] * len(requests)
+
+
+def test_base_evaluation_cache_misses_when_any_setting_that_decides_the_samples_changes(
+    tiny_model_dir, digit_model_dir, tmp_path
+):
+    """Model, seed, problems, number of samples, evaluation temperature (and the training temperature
+    it defaults to), top-p and maximum new tokens: each changed alone samples a fresh evaluation;
+    the unchanged settings hit the cache and sample nothing."""
+    from semrl.data.arithmetic import make_arithmetic_problems
+
+    cache = tmp_path / "cache"
+    problems = make_arithmetic_problems(3, [1], seed=0)
+    _, sampled = _cached_evaluation(tiny_model_dir, cache, problems)
+    assert sampled > 0
+    changes = [
+        ("model", digit_model_dir, problems, {}),
+        ("seed", tiny_model_dir, problems, {"trainer.seed": 1}),
+        ("problems", tiny_model_dir, make_arithmetic_problems(4, [1], seed=0), {}),
+        ("samples", tiny_model_dir, problems, {"logging.eval_samples": 3}),
+        ("eval temperature", tiny_model_dir, problems, {"logging.eval_temperature": 0.5}),
+        ("training temperature", tiny_model_dir, problems, {"rollout.temperature": 0.7}),
+        ("top-p", tiny_model_dir, problems, {"rollout.top_p": 0.9}),
+        ("max new tokens", tiny_model_dir, problems, {"rollout.max_new_tokens": 5}),
+    ]
+    for i, (name, model, probs, overrides) in enumerate(changes, start=2):
+        _, sampled = _cached_evaluation(model, cache, probs, **overrides)
+        assert sampled > 0 and len(list(cache.glob("eval-*.jsonl"))) == i, name
+    _, sampled = _cached_evaluation(tiny_model_dir, cache, problems)
+    assert sampled == 0

@@ -3,8 +3,11 @@ grouped by a config key.
 
 - per-step mean and standard error over seeds of every logged metric (``aggregate.json``);
 - final held-out (and transfer) metrics as mean +- s.e. (n seeds), with the base model's row;
-- paired differences against a baseline variant with a 95% bootstrap interval that resamples seeds
-  and, within each seed, problems (the runs of one seed share their held-out problems);
+- paired differences between variants at the seed level: a 95% t-interval over the per-seed
+  differences, how many seeds agree, the smallest detectable difference and the seeds the observed
+  one would need (``semrl.report.stats``), at equal steps and at equal sampled tokens (held-out
+  metrics at equal tokens only where the runs evaluated during training);
+- decision rules judged at a study design's planned looks (``semrl.report.designs``);
 - the pass@k-vs-k curve of the base model and every variant, and per-step curves with s.e. bands.
 
 Standard error: the sample standard deviation over seeds (ddof = 1) over sqrt(n); 0 for one seed.
@@ -611,20 +614,40 @@ def _split_sections(
             [[str(k), *(_fmt(*pts[k - 1][1:]) for pts in curve.values())] for k in range(1, n + 1)],
         ),
     ]
+    # a held-out value at equal tokens is read between two real evaluations: with only the ones
+    # before and after training it would be a straight line between them, so it is not shown
+    between = budget is not None and _evaluated_during_training(groups, split)
+    note = "" if budget is None or between else (
+        "; none at equal sampled tokens: the runs evaluated only before and after training"
+    )
     if rows := comparison_rows(groups, pairs, final_metrics(groups, split), prefix=f"{split}/"):
         sections.append((
-            f"{title}: paired differences at equal steps (over seeds; 95% t-interval)",
+            f"{title}: paired differences at equal steps (over seeds; 95% t-interval{note})",
             COMPARISON_HEADER, rows,
         ))
-    if budget is not None:
+    if between:
+        read = "read linearly between the evaluations around it"
         header, rows = final_table(groups, split, budget)
-        sections.append((f"{title}: at equal sampled tokens ({budget:,.0f}), mean ± s.e.", header, rows))
+        sections.append(
+            (f"{title}: at equal sampled tokens ({budget:,.0f}; {read}), mean ± s.e.", header, rows)
+        )
         if rows := comparison_rows(groups, pairs, final_metrics(groups, split), budget, f"{split}/"):
             sections.append((
-                f"{title}: paired differences at equal sampled tokens ({budget:,.0f}; 95% t-interval)",
+                f"{title}: paired differences at equal sampled tokens ({budget:,.0f}; {read}; "
+                "95% t-interval)",
                 COMPARISON_HEADER, rows,
             ))
     return sections
+
+
+def _evaluated_during_training(groups: dict[str, list[Run]], split: str) -> bool:
+    """Whether every run evaluated ``split`` at some step between its first and its last."""
+    runs = [r for group in groups.values() for r in group]
+
+    def steps(run: Run) -> set[Any]:
+        return {row.get("step") for row in run.rows if any(k.startswith(f"{split}/") for k in row)}
+
+    return bool(runs) and all(len(steps(r)) > 2 for r in runs)
 
 
 def _training_sections(
