@@ -160,6 +160,8 @@ def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(
     assert run_state(first) == run_state(second) == "done"
     resumed = _steps(first.run_dir)
     assert [r["step"] for r in resumed] == [0, 1, 2]
+    code = json.loads((first.run_dir / DONE_FILE).read_text())["code"]  # the code that ran, recorded
+    assert code["semrl"] and len(code["commit"]) == 40 and isinstance(code["modified"], bool)
     evaluated = [r for r in resumed if "eval/mean@4" in r]
     assert len(evaluated) == 2 and all(0 < r["time/eval_s/eval"] == r["time/eval_s"] for r in evaluated)
     assert "| dr/seed-0 | done |" in messages[-1] and "2 done" in messages[-1]

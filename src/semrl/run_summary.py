@@ -38,7 +38,8 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
     if evals:
         first, last = evals[0], evals[-1]
         problems = int(last.get("eval/problems", 0))
-        steps_row = f"step {first.get('step', 0):>3}  step {last.get('step', 0):>3}"
+        before = f"step {first.get('step', 0):>3}" if first is not last else " " * 8
+        steps_row = f"{before}  step {last.get('step', 0):>3}"
         lines += ["", f"held-out ({problems} problems)   {steps_row}"]
         lines += _held_out_rows(first if first is not last else {}, last)
     if steps:

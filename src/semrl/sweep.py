@@ -269,6 +269,30 @@ def set_aside(run: SweepRun) -> Path:
     return target
 
 
+def code_version() -> dict[str, Any]:
+    """The code that ran: semrl's version and, from a git checkout, its commit and whether tracked
+    files differed from it (a study's runs must all come from its pre-registered commit)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("semrl")
+    except PackageNotFoundError:
+        installed = None
+    source = Path(__file__).resolve().parent
+    info: dict[str, Any] = {"semrl": installed, "commit": None, "modified": None, "source": str(source)}
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode == 0:
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=source,
+                                    capture_output=True, text=True, timeout=10)
+            info["commit"], info["modified"] = commit.stdout.strip(), bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
 def execute_run(run: SweepRun, base: Path | None, keep_checkpoints: bool) -> int:
     """Run (or resume) one run to completion in a child process; on success mark it done. Returns
     the exit code of ``semrl train``. Used by both launchers (a submitit job calls it on its node)."""
@@ -292,6 +316,7 @@ def execute_run(run: SweepRun, base: Path | None, keep_checkpoints: bool) -> int
             "seed": run.seed,
             "seconds": round(time.time() - start, 1),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "code": code_version(),
         }
         (run.run_dir / DONE_FILE).write_text(json.dumps(record) + "\n")
     return code
