@@ -237,7 +237,9 @@ def test_rules_files_with_designs_are_read_and_checked(tmp_path):
         ({"design": {"type": "group_sequential", "looks": [8, 4]}}, "increase"),
         ({"design": {"type": "group_sequential", "looks": [4, 8], "boundary": "haybittle"}}, "boundary"),
         ({"families": {"secondary": "holm"}}, "primary"),
-        ({"families": {"primary": "bonferroni"}}, "correction"),
+        ({"families": {"primary": "sidak"}}, "correction"),
+        ({"design": {"type": "anytime", "looks": [4]}}, "max_seeds"),
+        ({"design": {"type": "anytime", "max_seeds": 12}}, "not valid for e-values"),
     ]:
         path.write_text(yaml.safe_dump({**body, **change}))
         with pytest.raises(ConfigError, match=message):
@@ -261,3 +263,67 @@ def test_the_looks_log_appends_each_look_once_and_refuses_a_look_taken_again(tmp
     assert entries[1]["rules"][0]["id"] == "H0" and "level" in entries[1]["rules"][0]
     with pytest.raises(ConfigError, match="already holds look 1"):
         append_look(log, [0, 2], 1, looks[0])
+
+
+def test_t_e_value_equals_the_bayes_factor_by_numerical_integration():
+    """The closed form against the ratio of marginal likelihoods integrated numerically on a grid:
+    effect delta ~ N(0, g) times the scale sigma, right-Haar prior 1/sigma on the scale (uniform in
+    log sigma), on random data."""
+    from semrl.report.sequential import t_e_value
+
+    rng = np.random.default_rng(4)
+    deltas = np.linspace(-10, 10, 2001)
+    log_s = np.linspace(-9, 7, 3201)
+    sigma = np.exp(log_s)
+    for n, g in ((2, 1.0), (3, 0.5), (5, 2.0), (4, 1.0)):
+        x = rng.normal(rng.uniform(-1, 1), rng.uniform(0.5, 2), n)
+        # log-likelihood of x given sigma and mean delta * sigma, on the (delta, log sigma) grid
+        loglik = -n * np.log(sigma)[None, :] - (
+            ((x[:, None, None] - deltas[None, :, None] * sigma[None, None, :]) ** 2).sum(0) / (2 * sigma**2)
+        )
+        prior = st.norm.pdf(deltas, 0, math.sqrt(g))[:, None]
+        h1 = np.trapezoid(np.trapezoid(np.exp(loglik) * prior, deltas, axis=0), log_s)
+        h0 = np.trapezoid(np.exp(-n * np.log(sigma) - (x**2).sum() / (2 * sigma**2)), log_s)
+        assert t_e_value(x, g) == pytest.approx(h1 / h0, rel=1e-4)
+
+
+def test_anytime_design_watched_at_every_seed_keeps_alpha_and_its_confidence_sequence_covers():
+    """Null studies read at every seed from 2 to 20: the e-value crosses 1 / alpha in fewer than
+    alpha of them (Ville's inequality), and the confidence sequence covers the true mean at every
+    seed count at once in at least 1 - alpha; with an effect of one s.d., most studies stop early."""
+    from semrl.report.sequential import confidence_sequence, t_e_value
+
+    rng = np.random.default_rng(9)
+    studies, alpha = 1500, 0.05
+    crossed = covered_always = stopped = 0
+    for _ in range(studies):
+        d = rng.standard_normal(20)
+        crossed += any(t_e_value(d[:n]) >= 1 / alpha for n in range(2, 21))
+        covered_always += all(
+            (lambda c: c[1] <= 0 <= c[2])(confidence_sequence(d[:n], alpha)) for n in range(5, 21, 5)
+        )
+        shifted = d + 1.0
+        stopped += any(t_e_value(shifted[:n]) >= 1 / alpha for n in range(2, 21))
+    assert crossed / studies < alpha + 2 * math.sqrt(alpha * (1 - alpha) / studies)
+    assert covered_always / studies >= 1 - alpha - 2 * math.sqrt(alpha * (1 - alpha) / studies)
+    assert stopped / studies > 0.8
+
+
+def test_anytime_rules_are_judged_at_every_seed_with_bonferroni(tmp_path):
+    import yaml
+
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({
+        "design": {"type": "anytime", "max_seeds": 10},
+        "rules": [{"id": f"H{i}", "metric": "m", "pair": ["a", "b"], "expect": "greater", "margin": 0.1}
+                  for i in range(2)],
+    }))
+    rf = load_rules(path)
+    assert rf.design.looks == tuple(range(2, 11)) and rf.design.families == {"primary": "bonferroni"}
+    diffs = {"H0": {s: 1.0 + 0.1 * (s % 3) for s in range(10)}, "H1": {s: (-1) ** s * 0.3 for s in range(10)}}
+    looks = judge_looks(diffs, rf, list(range(10)))
+    assert len(looks) == 9  # a look at every seed count from 2
+    first = next(k for k, look in enumerate(looks) if look[0].outcome == "decided")
+    assert looks[first][0].level == pytest.approx(0.025)  # alpha / 2 rules
+    assert all(look[0].outcome == "decided" for look in looks[first:])  # settled for good
+    assert all(look[1].outcome in ("undecided", "ruled out") for look in looks)

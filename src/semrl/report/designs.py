@@ -4,7 +4,7 @@
 A rules file with a design is a mapping::
 
     design:
-      type: group_sequential        # or fixed
+      type: group_sequential        # or fixed, or anytime (max_seeds: 20, prior_scale: 1)
       looks: [4, 8, 12]             # seeds at each look (fixed: one look)
       alpha: 0.05                   # two-sided, per family
       boundary: spending_obrien_fleming   # pocock, obrien_fleming, spending_pocock
@@ -31,6 +31,10 @@ look's nominal level (``semrl.report.sequential.nominal_levels``) for its family
 - ``bh``: the Benjamini-Hochberg step-up at the look's nominal level for alpha, on the rules' t-test
   p-values (false discovery rate, not family-wise error);
 - ``none``: alpha for each rule, uncorrected.
+
+``anytime`` designs look at every seed count from 2 to ``max_seeds``: each rule's interval is the
+confidence sequence of the t-test e-value (``semrl.report.sequential.t_e_value``), valid however
+often it is read, and a family is corrected by ``bonferroni`` (alpha / m for each of its m rules).
 
 A rule settled (decided, decided against) at a look keeps its outcome at later looks. A rule whose
 interval lies inside (-margin, +margin) is ruled out: for a primary rule that stops it (non-binding
@@ -67,6 +71,7 @@ from semrl.report.sequential import (
     CORRECTIONS,
     MAX_SIGN_FLIP_SEEDS,
     benjamini_hochberg,
+    confidence_sequence,
     nominal_levels,
     repeated_interval,
     sign_flip_p_value,
@@ -74,7 +79,8 @@ from semrl.report.sequential import (
 )
 from semrl.report.stats import seeds_needed
 
-DESIGN_TYPES = ("fixed", "group_sequential")
+DESIGN_TYPES = ("fixed", "group_sequential", "anytime")
+ANYTIME_CORRECTIONS = ("bonferroni", "none")
 SETTLED = ("decided", "decided against")
 STOPPING = (*SETTLED, "ruled out")
 LOOKS_LOG = "looks.jsonl"
@@ -90,6 +96,7 @@ class Design:
     boundary: str = "spending_obrien_fleming"
     families: dict[str, str] = field(default_factory=lambda: {"primary": "holm"})
     max_hours: float | None = None
+    prior_scale: float = 1.0  # anytime: the variance of the standardised effect under the alternative
 
     def levels(self, alpha: float) -> list[float]:
         """Each look's nominal two-sided level for a rule given ``alpha``."""
@@ -149,7 +156,7 @@ def outcome_of(low: float, high: float, rule: Hypothesis, decide_at_margin: bool
 def _design(entry: Any, where: str) -> Design:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: 'design' must be a mapping with type and looks")
-    known = {"type", "looks", "alpha", "boundary", "max_hours", "seeds"}
+    known = {"type", "looks", "alpha", "boundary", "max_hours", "seeds", "max_seeds", "prior_scale"}
     if unknown := sorted(set(entry) - known):
         raise ConfigError(f"{where}: unknown design keys {unknown}; the keys are {sorted(known)}")
     kind = entry.get("type")
@@ -157,6 +164,27 @@ def _design(entry: Any, where: str) -> Design:
         raise ConfigError(
             f"{where}: design 'type' must be one of {', '.join(DESIGN_TYPES)}, got {kind!r}"
         )
+    looks = _looks(entry, kind, where)
+    alpha = _number(entry, "alpha", 0.05, where, "in (0, 0.5)", lambda x: 0 < x < 0.5)
+    boundary = entry.get("boundary", "spending_obrien_fleming")
+    if boundary not in BOUNDARIES:
+        raise ConfigError(
+            f"{where}: design 'boundary' must be one of {', '.join(BOUNDARIES)}, got {boundary!r}"
+        )
+    hours = _number(entry, "max_hours", None, where, "> 0", lambda x: x > 0)
+    scale = _number(entry, "prior_scale", 1.0, where, "> 0", lambda x: x > 0)
+    assert alpha is not None and scale is not None
+    return Design(kind, tuple(looks), alpha, boundary, max_hours=hours, prior_scale=scale)
+
+
+def _looks(entry: dict[str, Any], kind: str, where: str) -> list[int]:
+    """The seed counts at which a design looks: ``looks`` (``seeds`` for a fixed design), or every
+    count from 2 to ``max_seeds`` for an anytime design."""
+    if kind == "anytime":
+        top = entry.get("max_seeds")
+        if isinstance(top, bool) or not isinstance(top, int) or top < 2:
+            raise ConfigError(f"{where}: an anytime design needs 'max_seeds', an integer >= 2, got {top!r}")
+        return list(range(2, top + 1))
     looks = entry.get("looks", [entry["seeds"]] if "seeds" in entry else None)
     if not (isinstance(looks, list) and looks and all(isinstance(n, int) and not isinstance(n, bool)
                                                        for n in looks)):
@@ -165,19 +193,19 @@ def _design(entry: Any, where: str) -> Design:
         raise ConfigError(f"{where}: design 'looks' must increase and start at >= 2 seeds, got {looks}")
     if kind == "fixed" and len(looks) != 1:
         raise ConfigError(f"{where}: a fixed design has one look; use type: group_sequential for {looks}")
-    alpha = entry.get("alpha", 0.05)
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
-        raise ConfigError(f"{where}: design 'alpha' must be in (0, 0.5), got {alpha!r}")
-    boundary = entry.get("boundary", "spending_obrien_fleming")
-    if boundary not in BOUNDARIES:
-        raise ConfigError(
-            f"{where}: design 'boundary' must be one of {', '.join(BOUNDARIES)}, got {boundary!r}"
-        )
-    hours = entry.get("max_hours")
-    if hours is not None and (isinstance(hours, bool) or not isinstance(hours, int | float) or hours <= 0):
-        raise ConfigError(f"{where}: design 'max_hours' must be a number > 0, got {hours!r}")
-    return Design(kind, tuple(looks), float(alpha), boundary,
-                  max_hours=None if hours is None else float(hours))
+    return looks
+
+
+def _number(
+    entry: dict[str, Any], key: str, default: float | None, where: str, rule: str, ok: Any
+) -> float | None:
+    """``entry[key]`` as a float checked by ``ok`` (``rule`` in words), or ``default`` when absent."""
+    value = entry.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+        raise ConfigError(f"{where}: design '{key}' must be a number {rule}, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -207,8 +235,10 @@ def load_rules(path: str | Path) -> RulesFile:
             )
         if "design" not in body:
             raise ConfigError(f"{path}: a rules mapping needs 'design' (or give a plain list of rules)")
-        families = _families(body.get("families", {"primary": "holm"}), path)
-        design = replace(_design(body["design"], f"{path}, design"), families=families)
+        design = _design(body["design"], f"{path}, design")
+        default = {"primary": "bonferroni" if design.type == "anytime" else "holm"}
+        families = _families(body.get("families", default), path, design.type)
+        design = replace(design, families=families)
         entries = body.get("rules")
     else:
         raise ConfigError(f"{path}: expected a list of rules or a mapping with design, families and rules")
@@ -236,11 +266,16 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path} is not a YAML rules file: {err}") from None
 
 
-def _families(families: Any, path: Path) -> dict[str, str]:
+def _families(families: Any, path: Path, kind: str) -> dict[str, str]:
     if not isinstance(families, dict) or not all(v in CORRECTIONS for v in families.values()):
         raise ConfigError(
             f"{path}: 'families' maps a family name to its correction ({', '.join(CORRECTIONS)}), "
             f"got {families!r}"
+        )
+    if kind == "anytime" and (bad := sorted(set(families.values()) - set(ANYTIME_CORRECTIONS))):
+        raise ConfigError(
+            f"{path}: an anytime design takes the corrections {', '.join(ANYTIME_CORRECTIONS)}, got "
+            f"{bad}: Holm's and BH's step-wise levels are not valid for e-values read at every seed"
         )
     if "primary" not in families:
         raise ConfigError(f"{path}: 'families' needs a 'primary' family: the rules that stop the study")
@@ -265,50 +300,69 @@ def _rule(entry: Any, families: dict[str, str], where: str) -> tuple[Hypothesis,
 # Judging
 
 
+def _judge_rule(
+    rule: Hypothesis, d: list[float], level: float, design: Design, family: str, look: int, at_margin: bool
+) -> Judged:
+    """One rule's interval at ``level`` (a repeated t-interval, or an anytime design's confidence
+    sequence), p-values and outcome at look ``look`` (0-based)."""
+    if design.type == "anytime":
+        mean, low, high = confidence_sequence(d, level, design.prior_scale)
+    else:
+        mean, low, high = repeated_interval(d, level)
+    flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
+    outcome = outcome_of(low, high, rule, at_margin)
+    sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
+    return Judged(rule, family, len(d), mean, low, high, level, t_p_value(d), flip, outcome,
+                  look + 1 if outcome in STOPPING else None, sd)
+
+
 def _judge_family(
     rules: Sequence[Hypothesis], diffs: dict[str, list[float]], design: Design, look: int, correction: str,
     settled: dict[str, Judged], family: str, at_margin: frozenset[str],
 ) -> list[Judged]:
     """The rules of one family at look ``look`` (0-based), the ones settled earlier carried over."""
-    out: dict[str, Judged] = {}
     open_rules = [r for r in rules if r.id not in settled]
     levels_for: dict[float, list[float]] = {}
 
     def judged(rule: Hypothesis, level: float) -> Judged:
-        d = diffs[rule.id]
-        mean, low, high = repeated_interval(d, level)
-        flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
-        outcome = outcome_of(low, high, rule, rule.id in at_margin)
-        sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
-        return Judged(rule, family, len(d), mean, low, high, level, t_p_value(d), flip, outcome,
-                      look + 1 if outcome in STOPPING else None, sd)
+        return _judge_rule(rule, diffs[rule.id], level, design, family, look, rule.id in at_margin)
 
     def level(alpha: float) -> float:
+        if design.type == "anytime":  # a confidence sequence is valid at every look at its own alpha
+            return alpha
         if alpha not in levels_for:
             levels_for[alpha] = design.levels(alpha)
         return levels_for[alpha][look]
 
-    if correction == "bh" and open_rules:
+    if correction == "bh":
         # BH at the look's level q rejects the k rules with the smallest p-values, where k is the
         # largest i with p_(i) <= i q / m: exactly the rules whose p is <= k q / m, so every interval
         # is shown at level k q / m (q / m when none is rejected)
-        q, m = level(design.alpha), len(open_rules)
+        q, m = level(design.alpha), max(len(open_rules), 1)
         adjusted = benjamini_hochberg([t_p_value(diffs[r.id]) for r in open_rules])
         k = max(sum(a <= q for a in adjusted), 1)
-        for rule in open_rules:
-            out[rule.id] = judged(rule, k * q / m)
+        out = {r.id: judged(r, k * q / m) for r in open_rules}
     else:
-        remaining = list(open_rules)
-        while remaining:
-            share = design.alpha / len(remaining) if correction == "holm" else design.alpha
-            results = {r.id: judged(r, level(share)) for r in remaining}
-            settled_now = [r for r in remaining if results[r.id].outcome in SETTLED]
-            for r in remaining:
-                out[r.id] = results[r.id]
-            if correction != "holm" or not settled_now:
-                break
-            remaining = [r for r in remaining if r.id not in {s.id for s in settled_now}]
+        out = _step_down(open_rules, len(rules), correction, design.alpha, judged, level)
     return [settled.get(r.id) or out[r.id] for r in rules]
+
+
+def _step_down(
+    open_rules: list[Hypothesis], family_size: int, correction: str, alpha: float, judged: Any, level: Any,
+) -> dict[str, Judged]:
+    """Holm: alpha / r for each of the r open rules, again with the rest while some settle;
+    Bonferroni: alpha / m for each of the family's m rules; none: alpha each."""
+    out: dict[str, Judged] = {}
+    remaining = list(open_rules)
+    while remaining:
+        share = {"holm": alpha / len(remaining), "bonferroni": alpha / family_size}.get(correction, alpha)
+        results = {r.id: judged(r, level(share)) for r in remaining}
+        out.update(results)
+        settled_now = {r.id for r in remaining if results[r.id].outcome in SETTLED}
+        if correction != "holm" or not settled_now:
+            break
+        remaining = [r for r in remaining if r.id not in settled_now]
+    return out
 
 
 def judge_looks(
