@@ -202,3 +202,46 @@ def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotat
         text = f"[{text}]" if listed else text
         with pytest.raises(ConfigError, match=rf"config key '{re.escape(key)}' must be .*got {re.escape(repr(value))}"):
             load_config(None, [*base, f"{key}={text}"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.group_size=1", "rollout.group_size' is 1"),
+    ("rollout.temperature=0", "rollout.temperature' is 0"),
+])
+def test_configs_that_cannot_learn_are_refused_before_anything_loads(override, message, tmp_path, capsys):
+    """One response per prompt, or greedy rollouts, give every group-relative advantage 0: refused by
+    load_config and by `semrl config --check` (exit 2), with no run directory written."""
+    from semrl.cli import main
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+    config = tmp_path / "c.yaml"
+    config.write_text(f"logging:\n  output_dir: {tmp_path / 'run'}\n")
+    assert main(["config", "--check", str(config), override]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["train", "--config", str(config), override]) == 2
+    assert not (tmp_path / "run").exists()
+    load_config(None, ["rollout.temperature=0.6", "logging.eval_temperature=0"])  # a greedy evaluation is fine
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"- a\n- b\n", "holds a list, not a mapping"),
+    (b"just a string\n", "holds a str, not a mapping"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "is not text"),
+])
+def test_a_config_file_that_is_not_a_mapping_is_named_with_the_fix(content, message, tmp_path, capsys):
+    from semrl.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(path), [])
+    assert main(["config", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and message in err
+    # the repository's own rules file, given by mistake, says where it belongs
+    from pathlib import Path
+
+    rules = Path(__file__).parents[1] / "configs" / "study" / "study_sparse_rules.yaml"
+    with pytest.raises(ConfigError, match="semrl compare --decide"):
+        load_config(str(rules), [])

@@ -168,3 +168,26 @@ def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monk
     assert (tmp_path / "runs" / "rose_demo" / "report" / "index.html").is_file()
     assert (tmp_path / "runs" / "demo" / "export" / "config.json").is_file()
     assert (tmp_path / "runs" / "eval" / "base" / "results.md").is_file()
+
+
+def test_the_docs_extra_installs_what_the_site_build_imports():
+    """`pip install -e ".[docs]" && mkdocs serve` (the README) must not stop on a missing module:
+    every third-party module the mkdocs hooks import is in the docs extra."""
+    import ast
+    import tomllib
+
+    root = Path(__file__).parents[1]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    listed = {re.split(r"[\[<>=!~ ]", req, maxsplit=1)[0].lower().replace("-", "_") for req in extra}
+    hooks = list((root / "docs" / "hooks").glob("*.py"))
+    assert hooks
+    for hook in hooks:
+        for node in ast.walk(ast.parse(hook.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("__future__", "mkdocs"):
+                    continue
+                assert top.lower() in listed, f"{hook.name} imports {top}, missing from the docs extra"

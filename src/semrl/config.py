@@ -591,7 +591,21 @@ def read_values(path: str | Path | None = None, overrides: list[str] | None = No
             values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from err
-        if isinstance(values, dict) and {"variants", "seeds"} & set(values):
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"config file '{path}' is not text (not UTF-8): give a YAML run config such as "
+                "configs/demo.yaml"
+            ) from None
+        if not isinstance(values, dict):
+            kind = "a list" if isinstance(values, list) else f"a {type(values).__name__}"
+            hint = ""
+            if isinstance(values, list):
+                hint = " (a list of decision rules goes to 'semrl compare --decide')"
+            raise ConfigError(
+                f"config file '{path}' holds {kind}, not a mapping of sections (model:, data:, rollout:, "
+                f"...){hint}; see configs/demo.yaml"
+            )
+        if {"variants", "seeds"} & set(values):
             raise ConfigError(
                 f"'{path}' is a sweep file (it has 'variants' / 'seeds'), not a run config: run it with "
                 f"'semrl sweep {path}' (docs/sweeps.md), or pass one run's config to --config"
@@ -658,7 +672,26 @@ def check_fields(cfg: Config) -> None:
             f"of rollout.group_size * rollout.prompts_per_step = {total} sequences"
         )
     _check_entropy_bonus(cfg)
+    _check_groups(cfg)
     check_trackers(cfg.logging.report_to)
+
+
+def _check_groups(cfg: Config) -> None:
+    """Configs that cannot learn: every method here scores a response against the other responses
+    to its prompt, so one response per prompt, or G identical ones, gives every advantage 0."""
+    r = cfg.rollout
+    if r.group_size < 2:
+        raise ConfigError(
+            f"config key 'rollout.group_size' is {r.group_size}: every method's advantage compares a "
+            "response with the others to its prompt, so with one response each advantage is 0 and "
+            "nothing is learned (TRL refuses num_generations < 2); set rollout.group_size >= 2"
+        )
+    if r.temperature == 0:
+        raise ConfigError(
+            "config key 'rollout.temperature' is 0: greedy sampling gives the G responses to a prompt "
+            "the same text, so every advantage is 0 and nothing is learned; use a temperature > 0 "
+            "(the papers sample at 0.6-1.0). A greedy evaluation is logging.eval_temperature=0"
+        )
 
 
 def _check_entropy_bonus(cfg: Config) -> None:
