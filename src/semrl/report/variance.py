@@ -5,9 +5,8 @@ A study's claim is judged on D_s = M_A(s) - M_B(s), the difference of two varian
 seed s. D_s varies across seeds for two reasons: how each seed's training went, and which problems
 (seeds draw their own held-out problems) and which samples the evaluation drew. The second part is
 measured inside each seed from its problem records, by a paired bootstrap over problems (the draw:
-problems and their samples) and a delete-one jackknife of samples within each problem (the samples
-alone);
-training's part is what the seed-to-seed variance has beyond the draw. With
+problems and their samples) and by each problem's variance over fresh samples (``samples_variance``:
+the samples alone); training's part is what the seed-to-seed variance has beyond the draw. With
 ``var_seed(P, n) = var_train + var_problems * P0 / P + var_samples * P0 * n0 / (P * n)`` (P0
 problems of n0 samples measured) a study of S seeds has the interval half-width
 ``t(0.975, S - 1) * sqrt(var_seed / S)``, and ``cheapest_designs`` searches (P, n, S) for the least
