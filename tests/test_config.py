@@ -245,3 +245,18 @@ def test_a_config_file_that_is_not_a_mapping_is_named_with_the_fix(content, mess
     rules = Path(__file__).parents[1] / "configs" / "study" / "study_sparse_rules.yaml"
     with pytest.raises(ConfigError, match="semrl compare --decide"):
         load_config(str(rules), [])
+
+
+def test_the_reference_gives_every_literal_key_its_allowed_values():
+    import typing
+
+    from semrl.configure import core_sections, method_sections
+
+    types = [row.split(" | ")[1] for row in config_reference().split("\n\nMethods")[0].splitlines()[2:]]
+    assert not [t for t in types if "Literal" in t or "Optional" in t or "typing" in t]
+    for name, cls in [*core_sections().items(), *method_sections().items()]:
+        for key, tp in typing.get_type_hints(cls).items():
+            literal = [a for a in (tp, *typing.get_args(tp)) if typing.get_origin(a) is typing.Literal]
+            if literal:
+                row = next(r for r in config_reference().splitlines() if r.startswith(f"| `{name}.{key}` |"))
+                assert all(repr(c) in row for c in typing.get_args(literal[0])), row

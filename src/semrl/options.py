@@ -152,13 +152,27 @@ def build_section(cls: type, values: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def reference_type(tp: Any) -> str:
+    """An annotation as the config reference writes it: a Literal's allowed values, "X or None"."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        parts = [a for a in typing.get_args(tp) if a is not type(None)]
+        named = " or ".join(reference_type(a) for a in parts)
+        return named + " or None" if len(parts) < len(typing.get_args(tp)) else named
+    if origin in (list, tuple):
+        return origin.__name__
+    return type_name(tp)
+
+
 def section_reference(name: str, cls: type) -> list[str]:
     """Markdown table rows (key, type, default, meaning) of one section."""
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        tp = type_name(hints[f.name]).replace("|", "or")
+        tp = reference_type(hints[f.name]).replace("|", "or")
         meaning = f.metadata.get("help", "").replace("|", "/")
         if f.metadata.get("range") is not None:
             meaning += f" Must be {f.metadata['range']}."
