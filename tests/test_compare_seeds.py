@@ -308,3 +308,33 @@ def test_each_variant_has_one_colour_in_every_figure(tmp_path, monkeypatch):
     assert all(colours[name] == {method_color(name)} for name in colours)
     assert method_color("base model") == METHOD_COLORS["base model"] and method_color("rose") == METHOD_COLORS["rose"]
     assert method_color("my_variant") == method_color("my_variant")  # stable, not drawn from a cycle
+
+
+def _lab(hex_colour: str, cvd: np.ndarray | None) -> np.ndarray:
+    """CIELAB (D65) of an sRGB colour, as seen with the colour-vision deficiency ``cvd`` (a linear-RGB
+    matrix of Machado, Oliveira & Fernandes 2009) or with normal vision."""
+    srgb = np.array([int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    linear = np.where(srgb <= 0.04045, srgb / 12.92, ((srgb + 0.055) / 1.055) ** 2.4)
+    if cvd is not None:
+        linear = np.clip(cvd @ linear, 0, 1)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    f = np.cbrt(xyz / np.array([0.95047, 1.0, 1.08883]))
+    f = np.where(f**3 > 0.008856, f, (xyz / np.array([0.95047, 1.0, 1.08883]) * 903.3 + 16) / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_method_colours_stay_apart_for_red_green_colour_blind_readers():
+    """The methods a study compares keep a CIE76 distance of at least 15 under simulated protanopia
+    and deuteranopia (severity 1) as well as normal vision; tab10's ROSE green and SENT red, which
+    this palette replaced, were 7 apart under deuteranopia."""
+    from semrl.report import METHOD_COLORS
+
+    protan = np.array([[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]])
+    deutan = np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]])
+    names = ["base model", "dr_grpo", "grpo", "rose", "sent", "treepo", "latr"]
+    for cvd in (None, protan, deutan):
+        labs = {n: _lab(METHOD_COLORS[n], cvd) for n in names}
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                assert np.linalg.norm(labs[a] - labs[b]) >= 15, (a, b)
+    assert np.linalg.norm(_lab("#2ca02c", deutan) - _lab("#d62728", deutan)) < 15  # what it replaced

@@ -77,11 +77,12 @@ def _curated_eval_metrics(names: list[str]) -> list[str]:
     return keep
 
 
-# One colour per method in every figure semrl draws (matplotlib's tab10 and tab20 colours).
+# One colour per method in every figure semrl draws: Okabe and Ito's palette, which readers with
+# red-green colour blindness tell apart (ROSE bluish green, SENT vermillion), then tab10's.
 METHOD_COLORS = {
-    "base model": "#7f7f7f", "dr_grpo": "#1f77b4", "grpo": "#ff7f0e", "rose": "#2ca02c", "sent": "#d62728",
-    "dapo": "#9467bd", "fr3e": "#8c564b", "seed_grpo": "#e377c2", "kl_cov": "#bcbd22", "clip_cov": "#17becf",
-    "entropy_8020": "#aec7e8",
+    "base model": "#000000", "dr_grpo": "#0072B2", "grpo": "#E69F00", "rose": "#009E73", "sent": "#D55E00",
+    "treepo": "#CC79A7", "latr": "#56B4E9", "dapo": "#7f7f7f", "fr3e": "#8c564b", "seed_grpo": "#F0E442",
+    "kl_cov": "#bcbd22", "clip_cov": "#17becf", "entropy_8020": "#9467bd",
 }
 OTHER_COLORS = ("#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
 
