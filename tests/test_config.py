@@ -260,3 +260,15 @@ def test_the_reference_gives_every_literal_key_its_allowed_values():
             if literal:
                 row = next(r for r in config_reference().splitlines() if r.startswith(f"| `{name}.{key}` |"))
                 assert all(repr(c) in row for c in typing.get_args(literal[0])), row
+
+
+def test_a_closed_pipe_ends_the_output_quietly():
+    """`semrl config | head -3` prints three lines and no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        f"{sys.executable} -m semrl config | head -3", shell=True, capture_output=True, text=True, timeout=60
+    )
+    assert len(out.stdout.splitlines()) == 3
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr

@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as err:
         print(f"semrl: stopped: {err}", file=sys.stderr)
         return 3
+    except BrokenPipeError:  # `semrl config | head`: the reader left; say nothing more
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # 128 + SIGPIPE, as a shell reports a command killed by it
 
 
 if __name__ == "__main__":
