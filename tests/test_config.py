@@ -272,3 +272,15 @@ def test_a_closed_pipe_ends_the_output_quietly():
     )
     assert len(out.stdout.splitlines()) == 3
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+def test_config_lists_the_sections_asked_for_and_refuses_unknown_ones(capsys):
+    from semrl.cli import main
+
+    assert main(["config", "rollout"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| `")]
+    assert rows and all(r.startswith("| `rollout.") for r in rows)
+    assert main(["config", "rolout"]) == 2
+    assert "Did you mean 'rollout'?" in capsys.readouterr().err
+    assert main(["config", "trainer.lr=1"]) == 2
+    assert "semrl config --check FILE trainer.lr=1" in capsys.readouterr().err
