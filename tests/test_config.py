@@ -284,3 +284,15 @@ def test_config_lists_the_sections_asked_for_and_refuses_unknown_ones(capsys):
     assert "Did you mean 'rollout'?" in capsys.readouterr().err
     assert main(["config", "trainer.lr=1"]) == 2
     assert "semrl config --check FILE trainer.lr=1" in capsys.readouterr().err
+
+
+def test_missing_run_directories_are_named_before_anything_heavy_loads(tmp_path, capsys):
+    from semrl.cli import main
+
+    assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert "no run directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["train", "--resume", str(tmp_path / "empty")]) == 2
+    assert "not a semrl run directory" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "nope")]) == 2
+    assert "no run directory" in capsys.readouterr().err

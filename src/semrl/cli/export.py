@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from semrl.cli.common import SubParsers
+from semrl.errors import ConfigError
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -22,6 +23,8 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.run_dir).is_dir():
+        raise ConfigError(f"no run directory '{args.run_dir}'; give the logging.output_dir of a finished run")
     from semrl.export import export_model
 
     output = export_model(

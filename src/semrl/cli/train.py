@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
         if args.resume:
             run_dir = Path(args.resume)
+            _check_run_dir(run_dir)
             cfg = load_config(
                 args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"]
             )
@@ -55,6 +56,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_run_dir(run_dir: Path) -> None:
+    """``--resume RUN_DIR`` names a run directory, before anything heavy loads."""
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"--resume: no run directory '{run_dir}'; give the logging.output_dir of the run to continue"
+        )
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(
+            f"--resume: '{run_dir}' holds no config.yaml, so it is not a semrl run directory (one that "
+            "'semrl train' wrote); give the run's logging.output_dir"
+        )
+
+
 def _launch(args: argparse.Namespace) -> int:
     """Re-run this ``semrl train`` command in ``args.num_processes`` processes through accelerate."""
     import subprocess
@@ -64,6 +78,8 @@ def _launch(args: argparse.Namespace) -> int:
     with reading_config(args):  # a bad config fails here, once, instead of in every process
         from semrl.configure import load_config
 
+        if args.resume:
+            _check_run_dir(Path(args.resume))
         config_file = args.config or (Path(args.resume) / "config.yaml" if args.resume else None)
         load_config(config_file, args.overrides)
     command = [
