@@ -317,7 +317,8 @@ def design_section(
     stop = "every primary rule settled: the study stops" if primary_done(looks[-1]) else "primary rules open"
     heading = (
         f"Decision rules, look {k} of {len(design.looks)} at {n} seeds ({design.type} design, "
-        f"{design.boundary if design.type != 'fixed' else 'one look'}, alpha {design.alpha:g} two-sided per "
+        f"{ {'fixed': 'one look', 'anytime': 't-test e-value'}.get(design.type, design.boundary)}, "
+        f"alpha {design.alpha:g} two-sided per "
         f"family, {', '.join(f'{f}: {c}' for f, c in design.families.items())}; {stop}{nxt})"
     )
     return heading, JUDGED_HEADER, judged_rows(looks[-1])
