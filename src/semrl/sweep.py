@@ -366,6 +366,17 @@ def dry_run(sweep: Sweep) -> str:
     return "\n".join(lines)
 
 
+def _run_with_header(run: SweepRun, sweep: Sweep, echo: Callable[[str], Any]) -> int:
+    """``execute_run`` with its header line; Ctrl-C counts as a preemption (exit EXIT_PREEMPTED)."""
+    from semrl.preemption import EXIT_PREEMPTED
+
+    echo(f"\n=== {run.name} ({run_state(run)}) ===")
+    try:
+        return execute_run(run, sweep.base, sweep.keep_checkpoints)
+    except KeyboardInterrupt:
+        return EXIT_PREEMPTED
+
+
 def run_local(sweep: Sweep, echo: Callable[[str], Any] = print) -> int:
     """Runs one after another in this machine's processes; finished runs are skipped, interrupted
     ones resumed. A run that fails is reported and the others go on; a preempted or interrupted
@@ -380,11 +391,7 @@ def run_local(sweep: Sweep, echo: Callable[[str], Any] = print) -> int:
             continue
         started = time.time()
         echo(status_table(sweep, run, started, failed))
-        echo(f"\n=== {run.name} ({run_state(run)}) ===")
-        try:
-            code = execute_run(run, sweep.base, sweep.keep_checkpoints)
-        except KeyboardInterrupt:
-            code = EXIT_PREEMPTED
+        code = _run_with_header(run, sweep, echo)
         if code == EXIT_PREEMPTED or code < 0:
             echo(f"{run.name}: stopped (exit {code}); run 'semrl sweep {sweep.path}' again to continue")
             return EXIT_PREEMPTED
@@ -484,20 +491,25 @@ def _spent_hours(sweep: Sweep) -> float:
 def _take_looks(sweep: Sweep, rules: Any, echo: Callable[[str], Any]) -> tuple[int, bool]:
     """Judge the looks the finished seeds reach (each appended to ``OUT/looks.jsonl`` once); returns
     (looks taken, whether every primary rule is settled or ruled out)."""
-    from semrl.report.designs import LOOKS_LOG, append_look, judge_looks, judged_rows, primary_done
+    from semrl.report.designs import (
+        LOOKS_LOG,
+        complete_seeds,
+        judge_looks,
+        judged_rows,
+        log_looks,
+        primary_done,
+    )
     from semrl.report.seeds import find_runs, rule_differences
 
     finished = [s for s in sweep.seeds if all(run_state(r) == "done" for r in sweep.runs if r.seed == s)]
     if not finished:
         return 0, False
-    groups = find_runs([sweep.output_dir], seeds=finished)
-    diffs = rule_differences(groups, rules.rules)
-    complete = sorted(set.intersection(*(set(v) for v in diffs.values())))
+    diffs = rule_differences(find_runs([sweep.output_dir], seeds=finished), rules.rules)
+    complete = complete_seeds(diffs)
     looks = judge_looks(diffs, rules, complete)
-    for i, judged in enumerate(looks):
-        if append_look(sweep.output_dir / LOOKS_LOG, complete[: rules.design.looks[i]], i + 1, judged):
-            rows = "\n".join(f"  {row[0]}: {row[5]} {row[6]} -> {row[10]}" for row in judged_rows(judged))
-            echo(f"look {i + 1} at {rules.design.looks[i]} seeds:\n{rows}")
+    for k in log_looks(sweep.output_dir / LOOKS_LOG, looks, rules.design, complete):
+        rows = "\n".join(f"  {row[0]}: {row[5]} {row[6]} -> {row[10]}" for row in judged_rows(looks[k - 1]))
+        echo(f"look {k} at {rules.design.looks[k - 1]} seeds:\n{rows}")
     return len(looks), bool(looks) and primary_done(looks[-1])
 
 
@@ -531,11 +543,7 @@ def run_until_decided(sweep: Sweep, rules: Any, echo: Callable[[str], Any] = pri
         for run in (r for r in sweep.runs if r.seed == seed):
             if run_state(run) == "done":
                 continue
-            echo(f"\n=== {run.name} ({run_state(run)}) ===")
-            try:
-                code = execute_run(run, sweep.base, sweep.keep_checkpoints)
-            except KeyboardInterrupt:
-                code = EXIT_PREEMPTED
+            code = _run_with_header(run, sweep, echo)
             if code == EXIT_PREEMPTED or code < 0:
                 echo(f"{run.name}: stopped (exit {code}); run the same command again to continue")
                 return EXIT_PREEMPTED

@@ -394,6 +394,21 @@ def judge_looks(
     return looks
 
 
+def complete_seeds(diffs_by_seed: dict[str, dict[int, float]]) -> list[int]:
+    """The seeds, in order, on which every rule has its per-seed difference."""
+    return sorted(set.intersection(*(set(v) for v in diffs_by_seed.values()))) if diffs_by_seed else []
+
+
+def log_looks(
+    log: Path, looks: Sequence[Sequence[Judged]], design: Design, seeds: Sequence[int]
+) -> list[int]:
+    """Append every look reached to the looks log (each once); returns the looks newly written
+    (1-based). ``seeds``: the complete seeds in order, the look at n seeds reading the first n."""
+    return [
+        i + 1 for i, judged in enumerate(looks) if append_look(log, seeds[: design.looks[i]], i + 1, judged)
+    ]
+
+
 def primary_done(judged: Sequence[Judged]) -> bool:
     """Whether every primary rule is decided, decided against or ruled out."""
     return all(j.outcome in STOPPING for j in judged if j.family == "primary")

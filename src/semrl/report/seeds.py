@@ -37,9 +37,10 @@ from semrl.report.designs import (
     JUDGED_HEADER,
     LOOKS_LOG,
     RulesFile,
-    append_look,
+    complete_seeds,
     judge_looks,
     judged_rows,
+    log_looks,
     primary_done,
 )
 from semrl.report.designs import descriptive as descriptive_rules
@@ -293,7 +294,7 @@ def design_section(
     design = rules.design
     assert design is not None
     diffs = rule_differences(groups, rules.rules)
-    complete = sorted(set.intersection(*(set(v) for v in diffs.values()))) if diffs else []
+    complete = complete_seeds(diffs)
     planned = ", ".join(map(str, design.looks))
     if chosen and len(complete) not in design.looks and not descriptive:
         raise ConfigError(
@@ -310,9 +311,8 @@ def design_section(
         )
         return heading, JUDGED_HEADER, judged_rows(judged)
     k, n = len(looks), design.looks[len(looks) - 1]
-    if log is not None:  # every look reached, in order (a look already logged is not written again)
-        for i, judged in enumerate(looks):
-            append_look(log, complete[: design.looks[i]], i + 1, judged)
+    if log is not None:
+        log_looks(log, looks, design, complete)
     nxt = f"; next look at {design.looks[k]} seeds" if k < len(design.looks) else "; the last look"
     stop = "every primary rule settled: the study stops" if primary_done(looks[-1]) else "primary rules open"
     heading = (
