@@ -6,6 +6,7 @@ import pytest
 
 from semrl.config import Config, ConfigError, parse_overrides
 from semrl.configure import config_reference, load_config
+from semrl.cli import main
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -180,7 +181,7 @@ def test_method_options_built_in_python_keep_their_declared_ranges():
 
 
 @pytest.mark.parametrize(("key", "valid", "annotation"), list(_ranged_options()), ids=lambda v: str(v)[:40])
-def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotation):
+def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotation, capsys):
     """A value just outside the range fails with the key and the range in the message; the bounds
     themselves pass when closed."""
     integer = "int" in str(annotation) and "float" not in str(annotation)
@@ -202,6 +203,9 @@ def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotat
         text = f"[{text}]" if listed else text
         with pytest.raises(ConfigError, match=rf"config key '{re.escape(key)}' must be .*got {re.escape(repr(value))}"):
             load_config(None, [*base, f"{key}={text}"])
+        # the command line too: `semrl config --check` exits 2 naming the key, and loads no model
+        assert main(["config", "--check", "demo", *base, f"{key}={text}"]) == 2
+        assert f"config key '{key}' must be" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override, message", [
@@ -252,7 +256,9 @@ def test_the_reference_gives_every_literal_key_its_allowed_values():
 
     from semrl.configure import core_sections, method_sections
 
-    types = [row.split(" | ")[1] for row in config_reference().split("\n\nMethods")[0].splitlines()[2:]]
+    rows = [row for row in config_reference().split("### Methods")[0].splitlines() if row.startswith("| `")]
+    types = [row.split(" | ")[1] for row in rows]
+    assert len(types) > 140
     assert not [t for t in types if "Literal" in t or "Optional" in t or "typing" in t]
     for name, cls in [*core_sections().items(), *method_sections().items()]:
         for key, tp in typing.get_type_hints(cls).items():

@@ -446,7 +446,11 @@ def test_sampled_tokens_match_the_logged_samples_and_trees(digit_model_dir, seve
 
 @pytest.mark.parametrize("bad", ["trainer.lr=-1", "rollout.temperature=-1", "algorithm.kl_coef=-0.1",
                                  "rollout.top_p=1.5", "trainer.micro_batch_size=0", "rose.epsilon=2"])
-def test_an_out_of_range_value_fails_before_the_run_directory_is_written(tmp_path, capsys, bad):
+def test_an_out_of_range_value_fails_before_the_run_directory_is_written(tmp_path, capsys, bad, monkeypatch):
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"training started with {bad}")  # fail at once, not after a whole run
+
+    monkeypatch.setattr("semrl.trainer.Trainer.__init__", started)
     out = tmp_path / "run"
     assert main(["train", bad, f"logging.output_dir={out}", "algorithm.method=rose"]) == 2
     key = bad.split("=")[0]

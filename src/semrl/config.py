@@ -580,13 +580,46 @@ def merge_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+PACKAGED_CONFIGS = Path(__file__).parent / "configs"
+
+
+def packaged_configs() -> list[str]:
+    """The names of the run configs shipped in the package (``demo``, ``rose_demo``, ...): the
+    ``configs/`` YAML files that are not sweeps."""
+    return sorted(
+        path.stem for path in PACKAGED_CONFIGS.glob("*.yaml")
+        if not path.stem.startswith("study")
+    )
+
+
+def config_file(path: str | Path) -> Path:
+    """The config file ``path`` names: a file, or else a packaged config by name (``demo`` or
+    ``demo.yaml`` is ``semrl/configs/demo.yaml``), so that an installed wheel runs
+    ``semrl train --config demo`` without a clone."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    named = PACKAGED_CONFIGS / (given.name if given.suffix in (".yaml", ".yml") else f"{given.name}.yaml")
+    if len(given.parts) == 1 and named.is_file():
+        return named
+    if given.exists():
+        raise ConfigError(f"config file '{path}' is a directory, not a YAML file; give one such as demo.yaml")
+    import difflib
+
+    names = packaged_configs()
+    hint = difflib.get_close_matches(given.stem, names, n=1)
+    extra = f" Did you mean '{hint[0]}'?" if hint else ""
+    raise ConfigError(
+        f"config file '{path}' does not exist, and no packaged config has that name.{extra} "
+        f"Give a YAML file's path, or one of the packaged configs: {', '.join(names)}"
+    )
+
+
 def read_values(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """The raw nested values of a YAML file (optional) with ``section.key=value`` overrides applied."""
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file '{path}' does not exist")
+        path = config_file(path)
         try:
             values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
@@ -594,7 +627,7 @@ def read_values(path: str | Path | None = None, overrides: list[str] | None = No
         except UnicodeDecodeError:
             raise ConfigError(
                 f"config file '{path}' is not text (not UTF-8): give a YAML run config such as "
-                "configs/demo.yaml"
+                "the packaged 'demo'"
             ) from None
         if not isinstance(values, dict):
             kind = "a list" if isinstance(values, list) else f"a {type(values).__name__}"
@@ -603,7 +636,7 @@ def read_values(path: str | Path | None = None, overrides: list[str] | None = No
                 hint = " (a list of decision rules goes to 'semrl compare --decide')"
             raise ConfigError(
                 f"config file '{path}' holds {kind}, not a mapping of sections (model:, data:, rollout:, "
-                f"...){hint}; see configs/demo.yaml"
+                f"...){hint}; see the packaged 'demo' (semrl/configs/demo.yaml)"
             )
         if {"variants", "seeds"} & set(values):
             raise ConfigError(

@@ -120,13 +120,66 @@ def methods_table() -> str:
     for name, spec in sorted(METHODS.items()):
         section = f"`{name}.*`" if spec.options is not None else "-"
         defaults = f"{spec.loss_agg_mode}, loss `{spec.policy_loss}`"
-        lines.append(f"| `{name}` | {defaults} | {section} | {spec.description.replace('|', '/')} |")
+        description = spec.description.replace("|", "\\|")
+        lines.append(f"| `{name}` | {defaults} | {section} | {description} |")
     return "\n".join(lines)
 
 
-def config_reference() -> str:
-    """Markdown table of every option, its type, default and meaning; then the methods."""
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for name, cls in [*core_sections().items(), *sorted(method_sections().items())]:
-        lines += section_reference(name, cls)
-    return "\n".join(lines) + "\n\nMethods (`algorithm.method`):\n\n" + methods_table()
+SECTION_SUMMARIES = {
+    "model": "The model trained and sampled: which one, its precision, LoRA.",
+    "data": "Training, held-out and transfer problems, the prompt, the curriculum.",
+    "rollout": "Sampling: group size, prompts per step, length, temperature, the engine.",
+    "reward": "Reward functions, their weights and the verifier's time limit.",
+    "algorithm": "The method and what every method shares: advantages, the loss, KL, dynamic sampling.",
+    "trainer": "Optimisation: steps, learning rate, batches, epochs, processes, FSDP.",
+    "logging": "Output directory, checkpoints, evaluation during training, trackers.",
+}
+
+
+def _sections(names: list[str] | None) -> list[tuple[str, type]]:
+    """(name, options class) of every section, or of ``names`` (checked, with did-you-mean)."""
+    every = [*core_sections().items(), *sorted(method_sections().items())]
+    if not names:
+        return every
+    known = [name for name, _ in every]
+    for name in names:
+        if name not in known:
+            hint = difflib.get_close_matches(name, known, n=1)
+            extra = f" Did you mean '{hint[0]}'?" if hint else ""
+            raise ConfigError(f"no config section '{name}'.{extra} The sections: {', '.join(known)}")
+    return [(name, cls) for name, cls in every if name in names]
+
+
+def _summary(name: str) -> str:
+    if name in SECTION_SUMMARIES:
+        return SECTION_SUMMARIES[name]
+    from semrl.algos.catalog import METHODS
+
+    return f"Options of `algorithm.method={name}`: {METHODS[name].description}"
+
+
+def config_reference(sections: list[str] | None = None, width: int | None = None) -> str:
+    """Every option (of ``sections``; all by default), its type, default and meaning, section by
+    section; then the methods. ``width`` None: Markdown, a table per section (the docs' config
+    reference); a terminal's width: plain text wrapped to it."""
+    import functools
+    import textwrap
+
+    chosen = _sections(sections)
+    if width is None:
+        parts = []
+        for name, cls in chosen:
+            table = ["| key | type | default | meaning |", "|---|---|---|---|", *section_reference(name, cls)]
+            parts += [f"### `{name}`", _summary(name), "\n".join(table)]
+        methods = "" if sections else "\n\n### Methods (`algorithm.method`)\n\n" + methods_table()
+        return "\n\n".join(parts) + methods
+    lines = []
+    for name, cls in chosen:
+        lines += [name.upper(), *textwrap.wrap(_summary(name).replace("`", ""), width), ""]
+        for row in section_reference(name, cls):
+            key, tp, default, meaning = (cell.strip().strip("`") for cell in row.strip("|").split(" | "))
+            wrap = functools.partial(textwrap.wrap, width=width, subsequent_indent=" " * 6)
+            lines += wrap(f"{key} = {default}  ({tp})", initial_indent="  ")
+            lines += wrap(meaning.replace("\\|", "|"), initial_indent=" " * 6)
+        lines.append("")
+    return "\n".join(lines).rstrip()

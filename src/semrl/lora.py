@@ -11,6 +11,9 @@ runs unchanged. What LoRA changes elsewhere:
   ``W + (alpha / r) B A`` under the base model's names, streamed (``sampling_weights``);
 * checkpoints hold the adapters (``adapter_model.safetensors``), and a run resumes by loading the
   base again and the adapters from the checkpoint; ``semrl export`` writes the merged model.
+
+torch is imported where it is used: ``semrl eval`` checks a ``--model`` directory
+(``is_adapter_checkpoint``) before torch loads.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from semrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_NAME = "default"
@@ -55,6 +59,8 @@ def add_adapters(
     """Give ``model`` the adapters of ``model.lora_*``: fresh ones (A drawn from ``seed``, the same on
     every process; B = 0, so the model starts as the base), or the trained ones of ``checkpoint``.
     Only the adapters are trainable."""
+    import torch
+
     embeddings = {model.get_input_embeddings(), model.get_output_embeddings()}  # type: ignore[operator]
     if checkpoint is not None:
         model.load_adapter(checkpoint, adapter_name=ADAPTER_NAME, is_trainable=True)  # type: ignore[operator]
@@ -97,6 +103,7 @@ def sampling_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
     if not has_adapters(model):
         yield from model.state_dict().items()
         return
+    import torch
     from peft.tuners.lora import LoraLayer
 
     layers = model.named_modules()

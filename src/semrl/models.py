@@ -9,7 +9,8 @@
 
 GGUF files are de-quantised once by transformers and cached as a safetensors directory. The cache
 is written to a temporary directory and renamed into place, so an interrupted conversion never
-leaves a broken cache behind.
+leaves a broken cache behind. torch and transformers are imported by the functions that load, so that
+a command checks ``--model`` (``check_model_name``) before they load.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from semrl.atomic import atomic_directory
 from semrl.lora import is_adapter_checkpoint
-from semrl.precision import DTYPES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ def convert_gguf(gguf: Path, cache_dir: str | None = None) -> Path:
     if gguf.stat().st_size < 1024:
         raise ModelNotFoundError(f"GGUF file {gguf} is truncated ({gguf.stat().st_size} bytes)")
     logger.info("converting %s to safetensors in %s (once)", gguf, target)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
@@ -99,15 +103,17 @@ def convert_gguf(gguf: Path, cache_dir: str | None = None) -> Path:
     return target
 
 
-def resolve_model_path(name: str, cache_dir: str | None = None) -> str:
-    """Turn ``model.name`` into something ``from_pretrained`` can load offline."""
+def check_model_name(name: str) -> str:
+    """Which kind of model ``name`` names (``alias``, ``gguf``, ``directory`` or ``hub``), checked
+    without loading anything; a ``ModelNotFoundError`` that says what to pass otherwise."""
     if name == SMOLLM2_ALIAS:
-        return str(convert_gguf(smollm2_gguf_path(), cache_dir))
+        smollm2_gguf_path()
+        return "alias"
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file '{name}' does not exist")
-        return str(convert_gguf(path, cache_dir))
+        return "gguf"
     if path.is_dir():
         if is_adapter_checkpoint(path) and not (path / "config.json").is_file():
             raise ModelNotFoundError(
@@ -119,13 +125,23 @@ def resolve_model_path(name: str, cache_dir: str | None = None) -> str:
                 f"'{name}' is a directory but has no config.json; point model.name at a Hugging "
                 "Face model directory (config.json + *.safetensors)"
             )
-        return str(path)
+        return "directory"
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ModelNotFoundError(
             f"model '{name}' is neither the alias '{SMOLLM2_ALIAS}', a .gguf file, a local model "
             "directory, nor a hub id of the form org/name"
         )
-    return name  # hub id; loading reports a clear error when offline
+    return "hub"  # loading reports a clear error when offline
+
+
+def resolve_model_path(name: str, cache_dir: str | None = None) -> str:
+    """Turn ``model.name`` into something ``from_pretrained`` can load offline."""
+    kind = check_model_name(name)
+    if kind == "alias":
+        return str(convert_gguf(smollm2_gguf_path(), cache_dir))
+    if kind == "gguf":
+        return str(convert_gguf(Path(name).expanduser(), cache_dir))
+    return str(Path(name).expanduser()) if kind == "directory" else name
 
 
 def _hub_error(name: str, err: Exception) -> ModelNotFoundError:
@@ -136,6 +152,8 @@ def _hub_error(name: str, err: Exception) -> ModelNotFoundError:
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as err:
@@ -148,6 +166,10 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 def load_model(
     path: str, dtype: str = "float32", attn_implementation: str = "sdpa"
 ) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM
+
+    from semrl.precision import DTYPES
+
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype], attn_implementation=attn_implementation

@@ -173,7 +173,7 @@ def section_reference(name: str, cls: type) -> list[str]:
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         tp = reference_type(hints[f.name]).replace("|", "or")
-        meaning = f.metadata.get("help", "").replace("|", "/")
+        meaning = f.metadata.get("help", "").replace("|", "\\|")
         if f.metadata.get("range") is not None:
             meaning += f" Must be {f.metadata['range']}."
         rows.append(f"| `{name}.{f.name}` | {tp} | `{default!r}` | {meaning} |")

@@ -41,8 +41,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit 2 naming the arguments ``command`` does not take, with the option each typo meant
+    (``--confg`` -> ``--config``)."""
+    import difflib
+
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    used = commands[command]
+    options = [o for action in used._actions for o in action.option_strings if o.startswith("--")]
+    hints = []
+    for word in unknown:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
+            hints += [(word, close[0])] if close else []
+    if len(hints) == 1:
+        extra = f". Did you mean '{hints[0][1]}'?"
+    elif hints:
+        extra = ". Did you mean " + ", ".join(f"'{meant}' for '{typo}'" for typo, meant in hints) + "?"
+    else:
+        extra = f"; see 'semrl {command} --help'"
+    used.error(f"unrecognized arguments: {' '.join(unknown)}{extra}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(parser, args.command, unknown)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

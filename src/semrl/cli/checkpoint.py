@@ -22,6 +22,8 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.run_dir).is_dir():
+        raise ConfigError(f"no run directory '{args.run_dir}'; give the logging.output_dir of a run")
     from semrl.checkpoint import (
         convert_legacy_checkpoints,
         list_checkpoints,

@@ -83,6 +83,13 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_model_arg(args: argparse.Namespace) -> None:
+    """``--model`` names something loadable, checked before torch and the data load."""
+    from semrl.models import check_model_name
+
+    check_model_name(args.model)
+
+
 def prompt_settings(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """(system prompt, prompt template) as training used them: explicit flags first, then the
     config of the run whose checkpoint ``--model`` names, then the defaults."""

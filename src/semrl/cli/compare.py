@@ -68,6 +68,12 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for given in args.run_dirs:  # before the statistics libraries load
+        if not Path(given).exists():
+            raise ConfigError(f"'{given}' does not exist: give run directories or a sweep directory (the "
+                              "output_dir of a sweep file)")
+    if args.decide and not Path(args.decide).is_file():
+        raise ConfigError(f"decision rules file '{args.decide}' does not exist")
     from semrl.report import compare_runs
     from semrl.report.designs import load_rules
     from semrl.report.seeds import compare_seeds

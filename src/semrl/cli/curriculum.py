@@ -10,6 +10,7 @@ from semrl.cli.common import (
     SubParsers,
     add_model_arg,
     add_model_io_args,
+    check_model_arg,
     load_sampler,
     problems,
 )
@@ -60,6 +61,7 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run_score(args: argparse.Namespace) -> int:
+    check_model_arg(args)
     import torch
     from tqdm.auto import tqdm
 

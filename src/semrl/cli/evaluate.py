@@ -10,6 +10,7 @@ from semrl.cli.common import (
     SubParsers,
     add_model_arg,
     add_model_io_args,
+    check_model_arg,
     load_sampler,
     problems,
 )
@@ -56,6 +57,11 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_model_arg(args)
+    datasets = {Path(d).stem if d.endswith((".jsonl", ".parquet")) else d: d for d in args.data}
+    # before torch loads, so that a missing file fails at once; arithmetic: the held-out problems of a
+    # run with trainer.seed=0
+    found = {name: problems(source, args, "eval", seed=0) for name, source in datasets.items()}
     from semrl.evaluation import PRESETS, EvalSettings, evaluate_datasets, markdown_table
     from semrl.reward import VerifierPool
 
@@ -64,9 +70,6 @@ def run(args: argparse.Namespace) -> int:
     temperature = args.temperature if args.temperature is not None else preset.get("temperature", 0.6)
     top_p = args.top_p if args.top_p is not None else preset.get("top_p", 0.95)
     max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 256)
-    datasets = {Path(d).stem if d.endswith((".jsonl", ".parquet")) else d: d for d in args.data}
-    # fail early; arithmetic: the held-out problems of a run with trainer.seed=0
-    found = {name: problems(source, args, "eval", seed=0) for name, source in datasets.items()}
     sampler = load_sampler(args, [p for ps in found.values() for p in ps], max_new_tokens)
     path, system, template = sampler.model_path, sampler.system_prompt, sampler.prompt_template
     out = Path(args.output or Path("runs") / "eval" / Path(path).name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from semrl.cli.common import SubParsers
 
@@ -42,6 +43,11 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from semrl.errors import ConfigError
+
+    for what, given in (("sweep file", args.sweep_file), ("decision rules file", args.until_decided)):
+        if given and not Path(given).is_file():  # before the sweep's imports load torch
+            raise ConfigError(f"{what} '{given}' does not exist")
     from semrl import sweep as sweeps
 
     sweep = sweeps.load_sweep(args.sweep_file)
