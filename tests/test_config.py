@@ -4,9 +4,9 @@ import re
 
 import pytest
 
+from semrl.cli import main
 from semrl.config import Config, ConfigError, parse_overrides
 from semrl.configure import config_reference, load_config
-from semrl.cli import main
 
 
 def test_defaults_and_overrides(tmp_path):

