@@ -244,3 +244,23 @@ def test_each_method_has_its_own_colour_in_every_docs_figure():
         for variant in variants + (["base model"] if "pass_at_k" in name else []):
             colour = np.array(to_rgb(method_color(variant))) * 255
             assert (np.abs(pixels - colour).max(axis=-1) <= 2).sum() >= 200, (name, variant)
+
+
+def test_the_site_builds_from_the_docs_extra_alone(tmp_path):
+    """`pip install -e ".[docs]" && mkdocs serve` (the README): a fresh virtual environment with the
+    docs extra's requirements and nothing else (no semrl, no torch) builds the site strictly."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    env_dir = tmp_path / "docs-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", *extra], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
+    built = subprocess.run(
+        [str(python), "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(env_dir / "bin")},
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert "compare_seeds" in (tmp_path / "site" / "api" / "index.html").read_text()

@@ -1,7 +1,7 @@
 """Data-parallel training across processes, on accelerate's process group (gloo on CPU, NCCL on
 GPU). Start it with ``semrl train --num-processes N`` or ``accelerate launch -m semrl train``.
 
-The split (docs: README "Multi-process training"): every process draws the same global batch of
+The split (docs/scale.md): every process draws the same global batch of
 ``prompts_per_step`` prompts and takes a contiguous share of whole prompts, so a group's chains
 are always on one process and group statistics (advantages, dynamic sampling) are exact. Each
 process computes the loss of its share with the *global* denominators and the gradients are

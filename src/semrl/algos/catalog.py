@@ -1,7 +1,7 @@
 """The methods semrl knows: every module of ``semrl.algos`` (each built-in method registers itself
 when its module is imported), and your own modules loaded with ``load_plugins``.
 
-Adding a method is adding one module (README, "Adding a method"): a file in ``src/semrl/algos/``
+Adding a method is adding one module (docs/methods/adding.md): a file in ``src/semrl/algos/``
 is found here by itself; a module elsewhere is named on the command line
 (``semrl train --plugin my_method.py``) or imported before the config is loaded (Python API).
 ``semrl.config`` imports this module, so every method and its config section are known before

@@ -23,7 +23,9 @@ class EntropyBonus:
     Attributes:
         coeff: the coefficient (the starting one when adaptive).
         target: the adaptive mode's target entropy in nats; None: a fixed coefficient.
-        delta, low, high: the adaptive step and the coefficient's bounds.
+        delta: the adaptive mode's step of the coefficient.
+        low: the coefficient's lower bound.
+        high: its upper bound.
         active: whether the last measured entropy was at or below the target (adaptive only).
     """
 

@@ -1,6 +1,6 @@
 """The method registry and the plug-in interface a method implements.
 
-A method is one module (see README, "Adding a method") that defines its pure functions and calls
+A method is one module (docs/methods/adding.md) that defines its pure functions and calls
 ``register_method`` with a ``MethodSpec``:
 
 * ``advantage_fn(inputs, config) -> (advantages, metrics)``: (N, T) per-token advantages from the
@@ -149,8 +149,11 @@ class MethodSpec:
         name: ``algorithm.method`` value, and the name of the method's config section.
         advantage_fn: its advantage estimator.
         description: one line for ``semrl config --methods`` and the docs, with the paper.
-        norm_adv_by_std, loss_agg_mode, policy_loss, clip_ratio_low, clip_ratio_high: defaults of
-            the ``algorithm`` keys left null.
+        norm_adv_by_std: default of ``algorithm.norm_adv_by_std`` when the config leaves it null.
+        loss_agg_mode: default of ``algorithm.loss_agg_mode`` when left null.
+        policy_loss: default of ``algorithm.policy_loss`` when left null.
+        clip_ratio_low: default of ``algorithm.clip_ratio_low`` when left null.
+        clip_ratio_high: default of ``algorithm.clip_ratio_high`` when left null.
         rollout_fn: its own sampling; None: G independent samples per prompt.
         options: frozen dataclass of its option fields (its config section), or None.
         check: checks of its options against other sections, run when the config is loaded with

@@ -52,7 +52,8 @@ class Hypothesis:
         id: its name in the write-up (``H1``).
         claim: what it says, in words.
         metric: the metric compared (``eval/pass@16``, ``transfer/pass@1``, ``entropy``).
-        variant, baseline: the pair; the per-seed difference is variant - baseline.
+        variant: the variant; the per-seed difference is variant - baseline.
+        baseline: what it is compared with.
         expect: ``greater`` (the difference is > 0), ``less`` (< 0), or ``not_below`` (> -margin).
         margin: δ > 0, in the metric's units.
         window: compare a training metric as its mean over each run's last ``window`` steps.

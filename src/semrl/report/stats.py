@@ -33,9 +33,12 @@ class PairedComparison:
 
     Attributes:
         estimate: mean of the per-seed differences.
-        low, high: the paired t-interval at level 1 - ALPHA (nan with one seed).
+        low: lower end of the paired t-interval at level 1 - ALPHA (nan with one seed).
+        high: its upper end.
         seeds: n, the number of paired seeds.
-        wins, ties, losses: seeds where the difference is > 0, == 0 (within ``tie``), < 0.
+        wins: seeds where the difference is > 0.
+        ties: seeds where it is 0 (within ``tie``).
+        losses: seeds where it is < 0.
         sd: sample standard deviation (ddof 1) of the per-seed differences.
         mde: the smallest true difference the two-sided t-test at ALPHA detects with probability
             POWER at n seeds, if the s.d. is ``sd`` (nan with one seed, 0 when sd is 0).
