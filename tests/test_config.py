@@ -211,13 +211,15 @@ def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotat
 @pytest.mark.parametrize("override, message", [
     ("rollout.group_size=1", "rollout.group_size' is 1"),
     ("rollout.temperature=0", "rollout.temperature' is 0"),
+    ("rollout.top_k=1", "rollout.top_k' is 1"),
+    ("reward.weights=[0]", "reward.weights' is [0.0]"),
 ])
 def test_configs_that_cannot_learn_are_refused_before_anything_loads(override, message, tmp_path, capsys):
     """One response per prompt, or greedy rollouts, give every group-relative advantage 0: refused by
     load_config and by `semrl config --check` (exit 2), with no run directory written."""
     from semrl.cli import main
 
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, [override])
     config = tmp_path / "c.yaml"
     config.write_text(f"logging:\n  output_dir: {tmp_path / 'run'}\n")
@@ -302,3 +304,41 @@ def test_missing_run_directories_are_named_before_anything_heavy_loads(tmp_path,
     assert "not a semrl run directory" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "nope")]) == 2
     assert "no run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides, inert", [
+    (["algorithm.method=sent"], "sent.kl_target=old_abs"),
+    (["algorithm.method=kl_cov"], "kl_cov.ppo_kl_coef=1.0"),
+    (["algorithm.method=dapo", "algorithm.clip_ratio_high=0.28"], "algorithm.clip_ratio_high=0.28"),
+])
+def test_an_option_that_cannot_act_on_policy_is_said_loudly(overrides, inert, caplog):
+    """SENT's |logp - old logp| penalty, KL-Cov's and clip-higher are identically 0 (never reached)
+    when the update is purely on-policy: a warning names the option and the keys that make it act;
+    with two mini-batches, two epochs, or SENT's k3 to the reference, none."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="semrl"):
+        load_config(None, overrides)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and inert in warned[0] and "trainer.mini_batch_size below" in warned[0], warned
+    for acting in (["trainer.mini_batch_size=32"], ["trainer.ppo_epochs=2"]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="semrl"):
+            load_config(None, [*overrides, *acting])
+        assert not caplog.records, acting
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="semrl"):
+        load_config(None, ["algorithm.method=sent", "sent.kl_target=ref_k3", "algorithm.kl_coef=0.01"])
+        load_config(None, ["algorithm.method=grpo"])
+    assert not caplog.records
+
+
+def test_no_packaged_config_has_an_option_that_cannot_act(caplog):
+    import logging
+
+    from semrl.config import packaged_configs
+
+    for name in packaged_configs():
+        with caplog.at_level(logging.WARNING, logger="semrl"):
+            load_config(name)
+        assert not caplog.records, (name, caplog.text)

@@ -720,6 +720,12 @@ def _check_groups(cfg: Config) -> None:
             "response with the others to its prompt, so with one response each advantage is 0 and "
             "nothing is learned (TRL refuses num_generations < 2); set rollout.group_size >= 2"
         )
+    if r.top_k == 1:
+        raise ConfigError(
+            "config key 'rollout.top_k' is 1: only the most likely token can be sampled, so the G "
+            "responses to a prompt are the same text, every advantage is 0 and nothing is learned; "
+            "use rollout.top_k=0 (off) or >= 2"
+        )
     if r.temperature == 0:
         raise ConfigError(
             "config key 'rollout.temperature' is 0: greedy sampling gives the G responses to a prompt "
@@ -755,6 +761,11 @@ def _check_reward(cfg: Config) -> None:
         raise ConfigError(
             f"config key 'reward.weights' has {len(cfg.reward.weights)} weights for "
             f"{len(cfg.reward.functions)} reward.functions; give one per function or null"
+        )
+    if cfg.reward.weights is not None and not any(cfg.reward.weights):
+        raise ConfigError(
+            f"config key 'reward.weights' is {cfg.reward.weights}: every reward is 0, so every advantage "
+            "is 0 and nothing is learned; give at least one function a non-zero weight"
         )
 
 

@@ -15,6 +15,7 @@ so that most config errors answer at once (``benchmarks/bench_startup.py``).
 from __future__ import annotations
 
 import difflib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -105,10 +106,41 @@ def validate(cfg: Config) -> None:
     entropy_setting = None
     if spec.needs_entropy and spec.section:
         entropy_setting = spec.needs_entropy(cfg.section(spec.name))
+    _warn_inert_terms(cfg, POLICY_LOSSES[cfg.algorithm.policy_loss])
     if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and entropy_setting:
         raise ConfigError(  # the forward would need the full weights, which FSDP keeps only sharded
             f"with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
             f"({entropy_setting}); change that option or use rollout.engine=hf"
+        )
+
+
+def purely_on_policy(cfg: Config) -> bool:
+    """Whether every optimizer step sees old log-probs equal to the current ones: one epoch over the
+    rollout batch in one mini-batch, so that ratios are exactly 1 (docs/algorithms.md "Old log-probs")."""
+    batch = cfg.rollout.group_size * cfg.rollout.prompts_per_step
+    one_mini_batch = cfg.trainer.mini_batch_size is None or cfg.trainer.mini_batch_size >= batch
+    return cfg.trainer.ppo_epochs == 1 and one_mini_batch
+
+
+def _warn_inert_terms(cfg: Config, loss: Any) -> None:
+    """Options that silently do nothing under this update schedule, said loudly when the config
+    loads: a term of the policy loss that only acts off-policy, and clip-higher (a clip range is
+    never reached at ratio 1)."""
+    if not purely_on_policy(cfg):
+        return
+    inert = []
+    if loss.section is not None and (term := loss.off_policy_term(cfg.section(loss.section))):
+        inert.append(term)
+    a = cfg.algorithm
+    if a.policy_loss == "ppo" and a.clip_ratio_high != a.clip_ratio_low:
+        inert.append(f"clip-higher (algorithm.clip_ratio_high={a.clip_ratio_high})")
+    if inert:
+        logging.getLogger("semrl").warning(
+            "%s has no effect: the update is purely on-policy (trainer.ppo_epochs=1 and one mini-batch), "
+            "so old log-probs equal the current ones and every ratio is exactly 1. To make it act, set "
+            "trainer.mini_batch_size below the rollout batch of %d sequences or trainer.ppo_epochs > 1 "
+            "(docs/troubleshooting.md, 'Configs that cannot learn')",
+            " and ".join(inert), cfg.rollout.group_size * cfg.rollout.prompts_per_step,
         )
 
 

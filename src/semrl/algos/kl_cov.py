@@ -44,7 +44,13 @@ def kl_cov(
     return kl_cov_loss(x.logp, x.old_logp, x.advantages, x.mask, o.ratio, o.ppo_kl_coef)
 
 
-register_policy_loss(PolicyLoss("kl_cov", kl_cov, section="kl_cov"))
+register_policy_loss(
+    PolicyLoss(
+        "kl_cov", kl_cov, section="kl_cov",
+        off_policy_term=lambda o: f"the |logp - old logp| penalty (kl_cov.ppo_kl_coef={o.ppo_kl_coef})"
+        if o.ppo_kl_coef > 0 else None,
+    )
+)
 register_method(
     MethodSpec(
         name="kl_cov",

@@ -85,6 +85,9 @@ class PolicyLoss:
         prepare_fn: (mini-batch, config) -> per-token selections, or None.
         section: the config section whose options it reads (``MethodConfig.options``), or None.
         needs_reference: (its options) -> whether it reads the reference model's log-probs.
+        off_policy_term: (its options) -> the setting of a term that is identically 0 when the
+            update is purely on-policy (old log-probs = current ones), e.g. a |logp - old logp|
+            penalty, or None; loading a config warns when such a term cannot act.
     """
 
     name: str
@@ -92,6 +95,7 @@ class PolicyLoss:
     prepare_fn: PrepareFn | None = None
     section: str | None = None
     needs_reference: Callable[[Any], bool] = lambda options: False
+    off_policy_term: Callable[[Any], str | None] = lambda options: None
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}

@@ -95,6 +95,8 @@ register_policy_loss(
     PolicyLoss(
         "sent", sent, prepare_fn=select_sent_tokens, section="sent",
         needs_reference=lambda options: options.kl_target == "ref_k3",
+        off_policy_term=lambda o: "the token penalty |logp - old logp| (sent.kl_target=old_abs)"
+        if o.kl_target == "old_abs" and (o.beta_high > 0 or o.beta_low > 0) else None,
     )
 )
 register_method(
