@@ -3,7 +3,6 @@ trainer state without pickle."""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -20,11 +19,9 @@ from semrl.checkpoint import (
     LEGACY_STATE,
     MANIFEST,
     STATE_DIR,
-    load_trainer_state,
     rng_state,
     trainer_state_dir,
     verify_checkpoint,
-    write_manifest,
 )
 from semrl.cli import main
 from semrl.configure import load_config
@@ -154,32 +151,13 @@ def test_a_pickle_in_a_checkpoint_never_runs(three_steps, tmp_path, capsys):
     for older in ("step-000001", "step-000002"):
         shutil.rmtree(run / "checkpoints" / older)
     assert main(["train", "--resume", str(run)]) == 2
-    assert "semrl checkpoint convert" in capsys.readouterr().err
+    assert "written by semrl 0.1" in capsys.readouterr().err
     # beside a valid checkpoint it is never read either
     good = tmp_path / "good"
     shutil.copytree(three_steps, good)
     (good / "checkpoints" / "step-000003" / LEGACY_STATE).write_bytes(pickle.dumps(_Payload(marker)))
     assert main(["train", "--resume", str(good)]) == 0
     assert not marker.exists()
-
-
-def test_legacy_checkpoints_convert_once_and_resume_exactly(three_steps, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(three_steps, run)
-    for step in (2, 3):  # step 2 as an old semrl wrote it; step 3 not written yet
-        ckpt = run / "checkpoints" / f"step-{step:06d}"
-        if step == 3:
-            shutil.rmtree(ckpt)
-            continue
-        torch.save(load_trainer_state(ckpt), ckpt / LEGACY_STATE)
-        shutil.rmtree(ckpt / STATE_DIR)
-        (ckpt / MANIFEST).unlink()
-    assert main(["checkpoint", "convert", str(run)]) == 0
-    assert not verify_checkpoint(run / "checkpoints" / "step-000002")
-    assert main(["train", "--resume", str(run)]) == 0
-    a, b = _weights(three_steps, 3), _weights(run, 3)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((run / "checkpoints" / "step-000003" / MANIFEST).read_text())["step"] == 3
 
 
 def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_dir, tmp_path):
@@ -212,26 +190,3 @@ def test_a_checkpoint_holds_only_weights_beside_its_config(three_steps, tmp_path
     assert (ckpt / STATE_DIR / STATE_JSON).is_file() and (ckpt / STATE_DIR / STATE_TENSORS).is_file()
     assert weights_view(ckpt) == str(ckpt)
     assert not verify_checkpoint(ckpt) and "trainer_state/trainer_state.safetensors" in (ckpt / MANIFEST).read_text()
-
-
-def test_a_checkpoint_of_the_older_flat_layout_resumes_and_converts(three_steps, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(three_steps, run)
-    shutil.rmtree(run / "checkpoints" / "step-000003")
-    ckpt = run / "checkpoints" / "step-000002"
-    for name in (STATE_JSON, STATE_TENSORS):  # as semrl wrote it before trainer_state/
-        (ckpt / STATE_DIR / name).rename(ckpt / name)
-    (ckpt / STATE_DIR).rmdir()
-    write_manifest(ckpt, 2)
-    assert not verify_checkpoint(ckpt) and load_trainer_state(ckpt)["step"] == 2
-    flat = tmp_path / "flat"
-    shutil.copytree(run, flat)
-    assert main(["train", "--resume", str(flat)]) == 0  # resumes as it is, exactly
-    a, b = _weights(three_steps, 3), _weights(flat, 3)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert main(["checkpoint", "convert", str(run)]) == 0
-    assert (ckpt / STATE_DIR / STATE_JSON).is_file() and not (ckpt / STATE_JSON).exists()
-    assert not verify_checkpoint(ckpt) and load_trainer_state(ckpt)["step"] == 2
-    assert main(["train", "--resume", str(run)]) == 0
-    b = _weights(run, 3)
-    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -103,8 +103,6 @@ def test_method_sections_belong_to_their_methods():
     with pytest.raises(KeyError, match="no method section 'nope'"):
         cfg.section("nope")
     assert {"rose", "sent", "fr3e", "seed_grpo", "kl_cov", "clip_cov", "entropy_8020"} <= set(cfg.to_dict())
-    with pytest.raises(ConfigError, match="'algorithm.kl_cov_ratio' moved to 'kl_cov.ratio'"):
-        load_config(None, ["algorithm.kl_cov_ratio=0.01"])
     with pytest.raises(ConfigError, match="'kl_cov.ratio' must be in"):
         load_config(None, ["kl_cov.ratio=2"])
     with pytest.raises(ConfigError, match="rose.sd_top_k"):  # a method's check runs when it is selected

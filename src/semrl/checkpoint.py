@@ -17,7 +17,6 @@ import errno
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -40,7 +39,7 @@ from semrl.distributed import (
 )
 from semrl.errors import ConfigError, TrainingError
 from semrl.faults import kill_point
-from semrl.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
+from semrl.safe_state import STATE_JSON, load_state, save_state
 
 if TYPE_CHECKING:
     from semrl.config import Config
@@ -51,8 +50,8 @@ logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 MANIFEST = "manifest.json"
-LEGACY_STATE = "trainer_state.pt"  # pickled trainer state of checkpoints written before the manifest
-STATE_DIR = "trainer_state"  # the trainer state's subfolder; older checkpoints keep it at the top level
+LEGACY_STATE = "trainer_state.pt"  # semrl 0.1's pickled trainer state: named in an error, never loaded
+STATE_DIR = "trainer_state"  # the trainer state's subfolder
 
 
 def _sha256(path: Path) -> str:
@@ -75,9 +74,8 @@ def verify_checkpoint(ckpt: Path) -> list[str]:
     """What is wrong with ``ckpt`` (empty: it is complete and every file matches its manifest)."""
     if (ckpt / LEGACY_STATE).exists() and not (ckpt / MANIFEST).exists():
         return [
-            f"written by an older semrl ({LEGACY_STATE}, a pickle "
-            "that can run code when loaded); convert it once "
-            f"with 'semrl checkpoint convert {ckpt.parent.parent}' if you trust where it came from"
+            f"written by semrl 0.1 ({LEGACY_STATE}, a pickle, which semrl never loads because it can run "
+            "code); resume it with semrl 0.1.0, or start the run again"
         ]
     try:
         manifest = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))
@@ -216,10 +214,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def trainer_state_dir(ckpt: Path) -> Path:
-    """Where a checkpoint keeps its trainer state: ``trainer_state/``, or the checkpoint itself in
-    checkpoints written before that subfolder (they resume as they are; ``semrl checkpoint convert``
-    moves it)."""
-    return ckpt / STATE_DIR if (ckpt / STATE_DIR / STATE_JSON).exists() else ckpt
+    """Where a checkpoint keeps its trainer state."""
+    return ckpt / STATE_DIR
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
@@ -227,34 +223,6 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
     if not (trainer_state_dir(ckpt) / STATE_JSON).exists():
         raise ConfigError(f"checkpoint {ckpt}: " + "; ".join(verify_checkpoint(ckpt) or ["no trainer state"]))
     return load_state(trainer_state_dir(ckpt))
-
-
-def convert_legacy_checkpoints(run_dir: Path) -> list[Path]:
-    """Bring every checkpoint of ``run_dir`` (and its curriculum references) to the current layout:
-    a pickled ``trainer_state.pt`` rewritten in the safe format (unpickling runs code: only for
-    checkpoints you trust), a top-level trainer state moved into ``trainer_state/``; the manifest
-    rewritten after either. Returns the converted directories."""
-    converted = []
-    for legacy in sorted(run_dir.rglob(LEGACY_STATE)):
-        ckpt = legacy.parent
-        state = torch.load(legacy, weights_only=False)
-        (ckpt / STATE_DIR).mkdir(exist_ok=True)
-        save_state(state, ckpt / STATE_DIR)
-        legacy.unlink()
-        write_manifest(ckpt, int(state.get("step", 0)) if isinstance(state, dict) else 0)
-        converted.append(ckpt)
-    for top_level in sorted(run_dir.rglob(STATE_JSON)):
-        ckpt = top_level.parent
-        if ckpt.name == STATE_DIR or not (ckpt / MANIFEST).exists() or verify_checkpoint(ckpt):
-            continue  # already converted, or not a complete checkpoint: left as it is
-        (ckpt / STATE_DIR).mkdir(exist_ok=True)
-        for name in (STATE_JSON, STATE_TENSORS):
-            if (ckpt / name).exists():
-                os.replace(ckpt / name, ckpt / STATE_DIR / name)
-        step = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8")).get("step", 0)
-        write_manifest(ckpt, int(step))
-        converted.append(ckpt)
-    return converted
 
 
 @dataclass

@@ -489,17 +489,6 @@ class LoggingConfig:
 
 
 
-# The algorithm section's keys that moved into a method's own section.
-MOVED_KEYS = {
-    "algorithm.kl_cov_ratio": "kl_cov.ratio",
-    "algorithm.ppo_kl_coef": "kl_cov.ppo_kl_coef",
-    "algorithm.clip_cov_ratio": "clip_cov.ratio",
-    "algorithm.clip_cov_lb": "clip_cov.lb",
-    "algorithm.clip_cov_ub": "clip_cov.ub",
-    "algorithm.top_entropy_quantile": "entropy_8020.top_quantile",
-}
-
-
 @dataclass(frozen=True)
 class Config:
     """The whole run configuration. ``cfg.section("rose")`` (any registered method's name) is that
@@ -647,29 +636,12 @@ def read_values(path: str | Path | None = None, overrides: list[str] | None = No
     return merge_values(values, parse_overrides(overrides or []))
 
 
-def upgrade_values(values: dict[str, Any]) -> dict[str, Any]:
-    """Refuse keys that moved to a method's section; read the old ``logging.tensorboard``."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"a config must be a mapping of sections, got {values!r}")
-    for old, new in MOVED_KEYS.items():
-        section, key = old.split(".")
-        if isinstance(values.get(section), dict) and key in values[section]:
-            raise ConfigError(f"config key '{old}' moved to '{new}' (the method's own section); rename it")
-    logging_section = values.get("logging")
-    if isinstance(logging_section, dict) and "tensorboard" in logging_section:  # before logging.report_to
-        logging_section = dict(logging_section)
-        if not logging_section.pop("tensorboard") and "report_to" not in logging_section:
-            logging_section["report_to"] = []
-        values = {**values, "logging": logging_section}
-    return values
-
-
 # --------------------------------------------------------------------------------------------
 # Building a config from values, and the checks across its own fields
 
 
 def build_config(values: dict[str, Any], method_sections: Mapping[str, type]) -> Config:
-    """A checked config from upgraded values. ``method_sections``: every registered method's option
+    """A checked config from raw values. ``method_sections``: every registered method's option
     class by section name; a section the values leave out takes its defaults."""
     core = core_sections()
     kwargs: dict[str, Any] = {}
@@ -687,7 +659,7 @@ def build_config(values: dict[str, Any], method_sections: Mapping[str, type]) ->
 
 
 def check_trainer_sections(values: dict[str, Any]) -> None:
-    """The trainer's sections of upgraded values built and checked alone, the method sections left
+    """The trainer's sections of raw values built and checked alone, the method sections left
     out: the errors a config can have without its method, found before any method (or torch) loads."""
     core = core_sections()
     check_fields(Config(**{n: build_section(core[n], v, f"{n}.") for n, v in values.items() if n in core}))

@@ -26,7 +26,6 @@ from semrl.config import (
     check_trainer_sections,
     core_sections,
     read_values,
-    upgrade_values,
 )
 from semrl.errors import ConfigError
 from semrl.options import section_reference
@@ -50,7 +49,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def config_from_dict(values: dict[str, Any]) -> Config:
     """A final config from nested values: the method's defaults fill the algorithm keys left null."""
-    values = upgrade_values(values)
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {values!r}")
     check_trainer_sections(values)
     from semrl.algos.catalog import get_method
 

@@ -30,8 +30,9 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="semrl",
-        description="RL with verifiable rewards for LLM reasoning: GRPO, Dr.GRPO and "
-        "semantic-entropy-guided methods, from a laptop CPU to a GPU cluster.",
+        description="RL with verifiable rewards for LLM reasoning: ROSE, SENT and their baselines on one "
+        "trainer, run and compared over seeds. Run so far on CPUs; the GPU paths are written and tested on "
+        "CPU, not yet run on a GPU (README, 'What has run where').",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")

@@ -1,4 +1,4 @@
-"""``semrl checkpoint``: verify or convert a run's checkpoints."""
+"""``semrl checkpoint verify``: check a run's checkpoints against their manifests."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from semrl.errors import ConfigError
 
 def add_parser(sub: SubParsers) -> None:
     ck = sub.add_parser(
-        "checkpoint", help="verify or convert a run's checkpoints",
+        "checkpoint", help="verify a run's checkpoints",
         description="verify: check every checkpoint of a run (and its curriculum references) against its "
-        "manifest (file sizes and SHA-256); exit 1 if one is damaged. convert: rewrite checkpoints written "
-        "by an older semrl (trainer_state.pt, a pickle) in the safe format; only for checkpoints you trust.",
+        "manifest (file sizes and SHA-256); exit 1 if one is damaged.",
     )
-    ck.add_argument("checkpoint_command", choices=["verify", "convert"])
+    ck.add_argument("checkpoint_command", choices=["verify"])
     ck.add_argument("run_dir", help="run directory (logging.output_dir)")
     ck.set_defaults(func=run)
 
@@ -25,17 +24,12 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.run_dir).is_dir():
         raise ConfigError(f"no run directory '{args.run_dir}'; give the logging.output_dir of a run")
     from semrl.checkpoint import (
-        convert_legacy_checkpoints,
         list_checkpoints,
         stage_reference_dirs,
         verify_checkpoint,
     )
 
     run_dir = Path(args.run_dir)
-    if args.checkpoint_command == "convert":
-        converted = convert_legacy_checkpoints(run_dir)
-        print(f"converted {len(converted)} checkpoint(s)" + "".join(f"\n  {c}" for c in converted))
-        return 0
     references = [c for stage in stage_reference_dirs(run_dir) for c in list_checkpoints(stage)]
     found = list_checkpoints(run_dir) + references
     if not found:
