@@ -264,3 +264,24 @@ def test_the_site_builds_from_the_docs_extra_alone(tmp_path):
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert "compare_seeds" in (tmp_path / "site" / "api" / "index.html").read_text()
+
+
+@pytest.mark.parametrize("method", ["rose", "treepo", "latr", "sent"])
+def test_a_method_page_has_a_quick_start_and_names_every_metric_its_code_logs(method):
+    """Each method page: a quick start (a command of a packaged config, and the table it prints),
+    then what it logs, where every metric key the method's modules write is named."""
+    page = (ROOT / "docs" / "methods" / f"{method}.md").read_text()
+    headings = re.findall(r"^## (.+)$", page, re.M)
+    assert headings[:3] == ["Quick start", "What it logs", "How semrl implements it"], headings
+    quick = page.split("## Quick start")[1].split("## What it logs")[0]
+    assert re.search(rf"semrl train --config {method}_demo", quick) and "run finished:" in quick
+    logs = page.split("## What it logs")[1].split("## How semrl implements it")[0]
+    source = "".join(p.read_text() for p in (ROOT / "src" / "semrl" / "algos").glob("*.py"))
+    written = set(re.findall(rf'"({method}/[a-z_]+)"', source))
+    if method == "treepo":
+        from semrl.algos.treepo_rollout import STOP_REASONS
+
+        written |= {f"treepo/stop_{reason}" for reason in STOP_REASONS}
+    if method == "sent":
+        written = {f"actor/{k}" for k in re.findall(r'metrics\["(sent_\w+)"\]', source)}
+    assert written and not [k for k in sorted(written) if f"`{k}`" not in logs], sorted(written)

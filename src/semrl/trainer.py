@@ -62,9 +62,13 @@ logger = logging.getLogger(__name__)
 
 class Trainer:
     def __init__(
-        self, cfg: Config, resume: bool = False, reward_callables: dict[str, Any] | None = None
+        self, cfg: Config, resume: bool = False, reward_callables: dict[str, Any] | None = None,
+        reuse_first_forward: bool = True,
     ) -> None:
         self.cfg = cfg
+        # the update's first mini-batch reuses the forward that gave its old log-probs (exact: it runs
+        # before any optimizer step); False runs it again, for the tests and benchmark that compare
+        self.reuse_first_forward = reuse_first_forward
         self.method = get_method(cfg.algorithm.method)
         self.policy_loss = get_policy_loss(cfg.algorithm.policy_loss)  # type: ignore[arg-type]
         self.method_config = method_config(cfg, self.method.section)
@@ -294,9 +298,6 @@ class Trainer:
             batch.problems, batch.texts, batch.generations, self.rewards, self.pool, cfg.reward,
             cfg.rollout.max_new_tokens,
         )
-
-    # Exact: the update's first forward runs before any optimizer step (tests flip it to compare).
-    reuse_first_forward = True
 
     def policy_passes(self, batch: RolloutBatch, first_mini_batch: torch.Tensor) -> PolicyPasses:
         """The no-gradient forwards before the update: old-policy and reference log-probs, and the
