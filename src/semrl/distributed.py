@@ -12,7 +12,7 @@ summed, so an update equals the single-process update on the global batch. With
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -140,7 +140,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     processes get {}): no process holds the whole model on its device (docs/engines.md, GPU)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], state)
 
 
 def iter_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -209,7 +209,7 @@ def _judge(
     final_number_fallback: bool, functions: RewardFunctions | None,
 ) -> SampledProblem:
     """One problem's samples decoded, judged and clustered by answer equivalence."""
-    texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
+    texts: list[str] = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]  # type: ignore[misc]
     if functions is None:
         golds = [problem.answer] * len(gens)
         rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
@@ -335,7 +335,7 @@ def evaluate_datasets(
     engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
     pool: VerifierPool,
-    problems: dict[str, Sequence[Problem]],
+    problems: Mapping[str, Sequence[Problem]],
     settings: dict[str, EvalSettings],
     output: Path,
     title: str,
@@ -496,7 +496,7 @@ def evaluate_held_out(
 
 def evaluate_splits(
     engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool,
-    splits: dict[str, Sequence[Problem]],
+    splits: Mapping[str, Sequence[Problem]],
     cfg: Any, procs: Any, step: int, run_dir: str | Path, functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
     """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged,

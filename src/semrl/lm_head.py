@@ -31,7 +31,7 @@ def _chunk_logits(
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         targets: torch.Tensor,
         temperature: float, chunk_size: int, compute_dtype: torch.dtype, with_entropy: bool,

@@ -107,7 +107,9 @@ def sampling_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
     from peft.tuners.lora import LoraLayer
 
     layers = model.named_modules()
-    adapted = {f"{name}.base_layer.weight": m for name, m in layers if isinstance(m, LoraLayer)}
+    adapted: dict[str, Any] = {  # LoRA layers by the name of the weight they adapt
+        f"{name}.base_layer.weight": m for name, m in layers if isinstance(m, LoraLayer)
+    }
     for key, tensor in model.state_dict().items():
         if ".lora_" in key:
             continue

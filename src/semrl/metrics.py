@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
@@ -44,7 +46,8 @@ def function_metrics(scores: list[Scores]) -> dict[str, float]:
 def rollout_metrics(batch: RolloutBatch, scores: Scores) -> dict[str, float]:
     """Sampling-time entropy and response lengths of the trained batch."""
     lengths = np.array([len(g.token_ids) for g in batch.generations], dtype=float)
-    entropy = torch.cat([g.entropy for g in batch.generations])
+    entropies = cast(list[torch.Tensor], [g.entropy for g in batch.generations])  # set by the rollout
+    entropy = torch.cat(entropies)
     correct = np.array([r.correct for r in scores.results])
     return {
         "entropy": entropy.mean().item() if entropy.numel() else 0.0,

@@ -20,7 +20,7 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from semrl.atomic import atomic_directory
 from semrl.lora import is_adapter_checkpoint
@@ -79,7 +79,7 @@ def convert_gguf(gguf: Path, cache_dir: str | None = None) -> Path:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
     except ImportError:

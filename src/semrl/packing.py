@@ -121,7 +121,9 @@ def pack_trees(
     """
     packed = [_pack_tree(p, r, t) for p, r, t in zip(prompts, responses, trees, strict=True)]
     budget = row_tokens if row_tokens is not None else max(len(t.ids) for t in packed)
-    row_of, offset_of, row_lengths = [], [], []
+    row_of: list[int] = []
+    offset_of: list[int] = []
+    row_lengths: list[int] = []
     for tree in packed:  # first fit, in order
         if not row_lengths or row_lengths[-1] + len(tree.ids) > budget:
             row_lengths.append(0)
@@ -138,15 +140,15 @@ def pack_trees(
     cutoff = torch.zeros((n_segments, n_segments), dtype=torch.long)
     cutoff[first_segment[-1] :, first_segment[-1] :].fill_diagonal_(NEVER)
     for b, tree in enumerate(packed):
-        row, at, first = row_of[b], offset_of[b], first_segment[b]
-        columns = slice(at, at + len(tree.ids))
-        input_ids[row, columns] = torch.tensor(tree.ids)
-        position_ids[row, columns] = torch.tensor(tree.positions)
-        segment[row, columns] = first + torch.tensor(tree.segments)
+        tree_row, at, first = row_of[b], offset_of[b], first_segment[b]
+        span = slice(at, at + len(tree.ids))
+        input_ids[tree_row, span] = torch.tensor(tree.ids)
+        position_ids[tree_row, span] = torch.tensor(tree.positions)
+        segment[tree_row, span] = first + torch.tensor(tree.segments)
         cutoff[first : first + len(tree.cutoff), first : first + len(tree.cutoff)] = torch.tensor(tree.cutoff)
     real = torch.arange(width)[None, :] < torch.tensor(row_lengths)[:, None]
-    for row, length in enumerate(row_lengths):
-        position_ids[row, length:] = torch.arange(width - length)
+    for tree_row, length in enumerate(row_lengths):
+        position_ids[tree_row, length:] = torch.arange(width - length)
     chains = [(b, c, r) for b, group in enumerate(responses) for c, r in enumerate(group)]
     r_width = max(1, max(len(r) for _, _, r in chains))
     row = torch.tensor([row_of[b] for b, _, _ in chains], dtype=torch.long)
@@ -205,7 +207,7 @@ def packed_response_logprobs(
     return logp, entropy
 
 
-def supports_packing(model: PreTrainedModel) -> bool:
+def supports_packing(model: torch.nn.Module) -> bool:
     """Whether tree attention is exact for the model: a decoder whose attention goes through
     transformers' attention interface with position ids, and uses neither a sliding window nor
     soft-capped scores (which ``semrl.tree_attention`` does not apply)."""

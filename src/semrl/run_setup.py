@@ -209,7 +209,8 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
             engine.name, str(engine.compute_dtype).removeprefix("torch."),
             str(precision.compute).removeprefix("torch."),
         )
-    ref_model, reference_weights = None, nullcontext
+    ref_model = None
+    reference_weights: Callable[[], AbstractContextManager[Any]] = nullcontext
     if needs_reference and lora:
         ref_model, reference_weights = model, partial(_base_weights, model, precision)
     elif needs_reference:

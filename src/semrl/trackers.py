@@ -192,13 +192,13 @@ def _open_each(
         elif tracker_name == "trackio":
             import trackio
 
-            run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
+            trackio_run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
 
             def stored_steps(project: str = project, name: str = name) -> list[int]:
                 logs = trackio.SQLiteStorage.get_logs(project, name)
                 return [int(row["step"]) for row in logs if "step" in row]
 
-            trackers.append(RunTracker(run, trackio.Table, stored_steps))
+            trackers.append(RunTracker(trackio_run, trackio.Table, stored_steps))
         elif tracker_name == "mlflow":
             mlflow_run = MlflowTracker(config, project, name, ids.get("mlflow"))
             ids["mlflow"] = mlflow_run.id

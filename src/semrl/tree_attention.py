@@ -191,7 +191,7 @@ def flex_tree_attention(
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    kernel = flex_attention
+    kernel: Callable[..., Any] = flex_attention
     if query.is_cuda:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
@@ -226,7 +226,8 @@ _PREFIX = "semrl_tree_"
 def _fallback(module: torch.nn.Module) -> Callable[..., Any]:
     from transformers import AttentionInterface
 
-    name = module.config._attn_implementation.removeprefix(_PREFIX)
+    config: Any = module.config
+    name = config._attn_implementation.removeprefix(_PREFIX)
     if name == "eager":
         return sys.modules[type(module).__module__].eager_attention_forward
     return AttentionInterface._global_mapping[name]
@@ -238,7 +239,8 @@ def use_tree_attention(model: torch.nn.Module) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    current = model.config._attn_implementation
+    config: Any = model.config
+    current = config._attn_implementation
     if current.startswith(_PREFIX):
         return
     if current not in ("sdpa", "eager"):
@@ -248,7 +250,7 @@ def use_tree_attention(model: torch.nn.Module) -> None:
         )
     AttentionInterface.register(_PREFIX + current, tree_attention_forward)
     AttentionMaskInterface.register(_PREFIX + current, ALL_MASK_ATTENTION_FUNCTIONS[current])
-    model.config._attn_implementation = _PREFIX + current
+    config._attn_implementation = _PREFIX + current
 
 
 def mask_placeholder(rows: int, device: torch.device) -> torch.Tensor:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from semrl.algos.grpo import outcome_advantages
-from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, register_policy_loss
+from semrl.algos.policy_losses import PolicyLoss, PolicyLossInputs, clip_range, register_policy_loss
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import clip_cov_loss
 from semrl.options import FINITE, OPEN_FRACTION, check_ranges, option
@@ -46,7 +46,7 @@ def clip_cov(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     a, c = config.algorithm, config.options
     return clip_cov_loss(
-        x.logp, x.old_logp, x.advantages, x.mask, a.clip_ratio_low, a.clip_ratio_high, c.ratio, c.lb, c.ub,
+        x.logp, x.old_logp, x.advantages, x.mask, *clip_range(a), c.ratio, c.lb, c.ub,
         x.generator
     )
 

@@ -133,6 +133,8 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     requests, sequence_prompts, states_per_group = [], [], []
     for ids, chain in zip(prompt_ids, first, strict=True):
         scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs
+        if scores is None:
+            raise ValueError("fr3e.anchor_metric=entropy needs the first-return chains' entropies")
         anchors = [0, *select_anchors(scores, opts.num_anchors)]
         sizes = state_sizes(group, len(anchors))
         states = []

@@ -117,11 +117,18 @@ def get_policy_loss(name: str) -> PolicyLoss:
         ) from None
 
 
+def clip_range(algorithm: Any) -> tuple[float, float]:
+    """(``clip_ratio_low``, ``clip_ratio_high``) of the ``algorithm`` section, which loading a config
+    fills from the method's defaults where it leaves them null."""
+    low, high = algorithm.clip_ratio_low, algorithm.clip_ratio_high
+    if low is None or high is None:
+        raise ValueError("algorithm.clip_ratio_low / _high are null: build the config with load_config")
+    return low, high
+
+
 def ppo(x: PolicyLossInputs, config: MethodConfig[Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     a = config.algorithm
-    return ppo_clip_loss(
-        x.logp, x.old_logp, x.advantages, x.mask, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c
-    )
+    return ppo_clip_loss(x.logp, x.old_logp, x.advantages, x.mask, *clip_range(a), a.clip_ratio_c)
 
 
 register_policy_loss(PolicyLoss("ppo", ppo))
@@ -153,9 +160,13 @@ def micro_batch_loss(
         if a.kl_coef > 0:
             token_loss = token_loss + a.kl_coef * kl
         kl_mean = masked_mean(kl.detach(), x.mask)
+    mode = a.loss_agg_mode
+    if mode is None:
+        raise ValueError("algorithm.loss_agg_mode is null: build the config with load_config")
+
     def aggregate(values: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(
-            values, x.mask, a.loss_agg_mode, num_sequences=num_sequences, num_tokens=x.num_tokens,
+            values, x.mask, mode, num_sequences=num_sequences, num_tokens=x.num_tokens,
             max_response_length=config.rollout.max_new_tokens,
         )
 

@@ -21,7 +21,13 @@ from typing import Literal
 import torch
 
 from semrl.algos.grpo import outcome_advantages
-from semrl.algos.policy_losses import MiniBatchInputs, PolicyLoss, PolicyLossInputs, register_policy_loss
+from semrl.algos.policy_losses import (
+    MiniBatchInputs,
+    PolicyLoss,
+    PolicyLossInputs,
+    clip_range,
+    register_policy_loss,
+)
 from semrl.algos.registry import MethodConfig, MethodSpec, register_method
 from semrl.algos.token_selection import sent_coefficients, sent_loss
 from semrl.options import NON_NEGATIVE, OPEN_FRACTION, check_ranges, option
@@ -85,7 +91,7 @@ def sent(
         if x.entropy is None:
             raise ValueError("sent.selection_scope='micro' needs the current entropy")
         beta = _beta(x.logp, x.entropy, x.advantages, x.mask, s)
-    clip = (a.clip_ratio_low, a.clip_ratio_high) if s.clip_in_sent_loss else None
+    clip = clip_range(a) if s.clip_in_sent_loss else None
     return sent_loss(
         x.logp, x.old_logp, x.advantages, x.mask, beta, s.kl_target, x.ref_logp, clip, s.beta_high
     )

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from semrl.config import DEFAULT_SYSTEM_PROMPT, Config
 from semrl.deferred import Deferral, deferred_imports
@@ -143,7 +143,7 @@ def load_sampler(args: argparse.Namespace, problems: list[Any], max_new_tokens: 
     return Sampler(str(path), tokenizer, engine, system, template)
 
 
-def problems(name: str, args: argparse.Namespace, split: str, seed: int) -> list[Any]:
+def problems(name: str, args: argparse.Namespace, split: Literal["train", "eval"], seed: int) -> list[Any]:
     """Problems of a packaged benchmark, a data file or 'arithmetic' (those of a run's ``split``
     with ``trainer.seed=seed``), cut to ``--limit``."""
     from semrl.data import load_dataset

@@ -22,7 +22,7 @@ class EpochSampler:
         return order
 
     def next_indices(self, n: int) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < n:
             if self.position >= self.size:
                 self.epoch += 1

@@ -17,6 +17,7 @@ distribution the trainer's forward pass computes with the same temperature.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -73,8 +74,9 @@ def _batched_cache(
 def _row_cache(cache: DynamicCache, row: int, row_attention: torch.Tensor) -> PrefixCache:
     """The unpadded cache of one batch row, as contiguous copies (the padding columns dropped)."""
     valid = row_attention.bool()
-    keys = [layer.keys[row][:, valid].clone() for layer in cache.layers]
-    values = [layer.values[row][:, valid].clone() for layer in cache.layers]
+    layers: list[Any] = list(cache.layers)  # attention layers, each with keys and values
+    keys = [layer.keys[row][:, valid].clone() for layer in layers]
+    values = [layer.values[row][:, valid].clone() for layer in layers]
     return PrefixCache(keys, values)
 
 
@@ -98,7 +100,8 @@ class HFEngine:
 
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the sampling model."""
-        return self.model.get_input_embeddings().weight.detach()
+        embeddings: Any = self.model.get_input_embeddings()
+        return embeddings.weight.detach()
 
     def release_memory(self) -> None:
         """Nothing to free: this engine keeps no cache between calls."""
@@ -244,7 +247,8 @@ class HFEngine:
                 next_pos, attention = next_pos[keep], attention[keep]
                 # Drop finished rows, then the leading columns that only they used.
                 first = int(attention.argmax(-1).min().item())
-                for layer in cache.layers:
+                layers: list[Any] = list(cache.layers)
+                for layer in layers:
                     layer.keys = layer.keys[keep.to(device), :, first:]
                     layer.values = layer.values[keep.to(device), :, first:]
                 attention = attention[:, first:]

@@ -153,7 +153,9 @@ def check_vllm_settings(cfg: Any) -> None:
         "training uses the tempered unfiltered one",
         "set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf",
     )
-    if r.vllm_block_size < 1 or (not torch.cuda.is_available() and r.vllm_block_size % CPU_BLOCK_MULTIPLE):
+    # the options' own ranges (rollout.vllm_*) are checked with the config's fields; here what depends
+    # on the machine
+    if not torch.cuda.is_available() and r.vllm_block_size % CPU_BLOCK_MULTIPLE:
         raise ConfigError(
             f"rollout.vllm_block_size={r.vllm_block_size}: vLLM's CPU backend needs a multiple of "
             f"{CPU_BLOCK_MULTIPLE}"
@@ -162,12 +164,6 @@ def check_vllm_settings(cfg: Any) -> None:
         raise ConfigError(
             "rollout.vllm_sleep=true: vLLM's sleep mode needs CUDA and this machine has no GPU; "
             "set rollout.vllm_sleep=null (on with CUDA only) or false"
-        )
-    if r.vllm_kv_cache_gib <= 0:
-        raise ConfigError(f"rollout.vllm_kv_cache_gib must be > 0, got {r.vllm_kv_cache_gib}")
-    if not 0.0 < r.vllm_gpu_memory_utilization < 1.0:
-        raise ConfigError(
-            f"rollout.vllm_gpu_memory_utilization must be in (0, 1), got {r.vllm_gpu_memory_utilization}"
         )
 
 
@@ -283,7 +279,7 @@ def weights_view(path: str | Path) -> str:
 def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any:
     on_gpu = model.device.type == "cuda"
     kwargs: dict[str, Any] = {
-        "model": weights_view(model.name_or_path),
+        "model": weights_view(str(model.name_or_path)),
         "skip_tokenizer_init": True,  # requests are token ids; nothing is detokenized
         "dtype": settings.engine_dtype(model),
         "seed": settings.seed,
@@ -347,7 +343,8 @@ class VLLMEngine:
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         self.asleep = False
-        embedding = model.get_input_embeddings().weight
+        embeddings: Any = model.get_input_embeddings()
+        embedding: torch.Tensor = embeddings.weight
         self._embedding_key = next(name for name, param in model.named_parameters() if param is embedding)
         self._embeddings = embedding
         on_gpu = model.device.type == "cuda"
@@ -387,7 +384,7 @@ class VLLMEngine:
         gathered = weights is not None
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in weights if gathered else sampling_weights(self.model):
+            for name, tensor in weights if weights is not None else sampling_weights(self.model):
                 if gathered and name == self._embedding_key:  # the model is sharded: ROSE reads these
                     self._embeddings = tensor
                 yield name, tensor.detach()

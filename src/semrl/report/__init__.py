@@ -205,7 +205,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, max_tre
     tmp = index.with_suffix(".html.tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(index)
-    curves = {c["metric"]: {run_dir.name: c["series"][0]["points"]} for c in train_curves + eval_curves}
+    drawn: list[Any] = train_curves + eval_curves
+    curves = {c["metric"]: {run_dir.name: c["series"][0]["points"]} for c in drawn}
     _plot_pngs(curves, out / "figures")
     return index
 

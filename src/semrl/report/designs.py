@@ -227,7 +227,8 @@ def load_rules(path: str | Path) -> RulesFile:
         raise ConfigError(f"decision rules file '{path}' does not exist")
     body = _read_yaml(path)
     if isinstance(body, list):
-        entries, design, families = body, None, {"primary": "none"}
+        entries: Any = body
+        design, families = None, {"primary": "none"}
     elif isinstance(body, dict):
         if unknown := sorted(set(body) - {"design", "families", "rules"}):
             raise ConfigError(

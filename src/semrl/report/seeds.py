@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import yaml
@@ -502,7 +502,8 @@ def pass_at_k_curves(
         finals = _finished(runs, split)
         if finals:
             curves[variant] = [
-                (k, *mean_se([r.final(f"{split}/pass@{k}") for r in finals])) for k in range(1, n + 1)
+                (k, *mean_se([cast(float, r.final(f"{split}/pass@{k}")) for r in finals]))
+                for k in range(1, n + 1)
             ]
     return curves
 
@@ -582,10 +583,11 @@ def _plots(
     tokens = {v: mean_tokens_at_steps(runs) for v, runs in groups.items()}
     xlabel = "step" if x_axis == "step" else "sampled tokens (cumulative, mean over seeds)"
     for metric in metrics:
-        lines = {v: [p for p in per_step(runs, metric) if p[0] > 0] for v, runs in groups.items()}
+        by_step = {v: [p for p in per_step(runs, metric) if p[0] > 0] for v, runs in groups.items()}
+        lines: dict[str, list[Any]] = dict(by_step)  # (x, mean, s.e., n), x a step or tokens
         if x_axis == "tokens":  # x: the mean cumulative sampled tokens over seeds at that step
             lines = {
-                v: [(tokens[v][p[0]], *p[1:]) for p in pts if p[0] in tokens[v]] for v, pts in lines.items()
+                v: [(tokens[v][p[0]], *p[1:]) for p in pts if p[0] in tokens[v]] for v, pts in by_step.items()
             }
         if any(lines.values()):
             path = out / (metric.replace("/", "_").replace("@", "_at_") + ".png")

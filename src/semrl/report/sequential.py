@@ -236,7 +236,9 @@ CORRECTIONS = {
 # Anytime-valid: the group-invariant t-test e-value and its confidence sequence
 
 
-def t_e_value(differences: Sequence[float], prior_scale: float = 1.0, mean0: float = 0.0) -> float:
+def t_e_value(
+    differences: Sequence[float] | np.ndarray, prior_scale: float = 1.0, mean0: float = 0.0
+) -> float:
     """The e-value of the one-sample t-test of mean ``mean0`` with unknown variance: the Bayes factor
     of the scale-invariant reduction of the data, with the standardised effect (mean - mean0) / sd
     ~ N(0, prior_scale) under the alternative and the right-Haar prior 1/sd on the scale (Lai 1976;

@@ -72,7 +72,9 @@ class PairedComparison:
         return f"{self.wins} / {self.ties} / {self.losses}"
 
 
-def paired_t(differences: Sequence[float], level: float = 1 - ALPHA) -> tuple[float, float, float]:
+def paired_t(
+    differences: Sequence[float] | np.ndarray, level: float = 1 - ALPHA
+) -> tuple[float, float, float]:
     """(mean, low, high): the t-interval over the per-seed differences; (mean, nan, nan) for one."""
     d = np.asarray(differences, dtype=float)
     if d.size == 0:
@@ -84,7 +86,7 @@ def paired_t(differences: Sequence[float], level: float = 1 - ALPHA) -> tuple[fl
     return mean, mean - half, mean + half
 
 
-def win_tie_loss(differences: Sequence[float], tie: float = 1e-12) -> tuple[int, int, int]:
+def win_tie_loss(differences: Sequence[float] | np.ndarray, tie: float = 1e-12) -> tuple[int, int, int]:
     """Seeds with a difference > tie, within +-tie, < -tie."""
     d = np.asarray(differences, dtype=float)
     return int((d > tie).sum()), int((np.abs(d) <= tie).sum()), int((d < -tie).sum())

@@ -163,7 +163,7 @@ def draw_variances(
         )
     draw = np.empty(reps)
     for r in range(reps):
-        idx = rng.integers(0, p, p)
+        idx = np.asarray(rng.integers(0, p, size=p))
         draw[r] = metric_value(metric, a.take(idx)) - metric_value(metric, b.take(idx))
     return float(draw.var(ddof=1)), samples_variance(metric, a) + samples_variance(metric, b)
 

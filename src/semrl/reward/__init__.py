@@ -131,7 +131,7 @@ class RewardFunctions:
             if name == "math":
                 verdicts = pool.verify_many([(c["answer"], a) for c, a in zip(columns, answers, strict=True)])
                 scores: list[float | None] = [float(v.correct) for v in verdicts]
-                errors = [None] * len(verdicts)
+                errors: list[str | None] = [None] * len(verdicts)
                 outs = [v.timed_out for v in verdicts]
             else:
                 calls = list(zip(prompts, responses, completion_ids, columns, strict=True))
@@ -159,13 +159,13 @@ class RewardFunctions:
                 correct = [s is not None and s >= 1.0 for s in scores]
         if correct is None:
             correct = [r > 0 for r in total]
-        results = []
+        rewarded: list[RewardResult] = []
         for i, answer in enumerate(answers):
             reward = total[i]
             if truncated is not None and truncated[i] and truncated_reward is not None:
                 reward = truncated_reward
-            results.append(RewardResult(reward, answer, correct[i], timed_out[i]))
-        return results, metrics
+            rewarded.append(RewardResult(reward, answer, correct[i], timed_out[i]))
+        return rewarded, metrics
 
 
 def _call_here(score: Scorer, call: tuple[str, str, list[int], dict[str, Any]]) -> CallResult:

@@ -88,7 +88,7 @@ def _worker_main(conn: Connection, functions: tuple[str, ...]) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx: mp.context.BaseContext, functions: tuple[str, ...]) -> None:
+    def __init__(self, ctx: mp.context.SpawnContext, functions: tuple[str, ...]) -> None:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, functions), daemon=True)
         self.proc.start()
