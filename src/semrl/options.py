@@ -171,7 +171,8 @@ def section_reference(name: str, cls: type) -> list[str]:
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]  # a field with no default has a factory
+        # a field without a default has a default_factory, which the checker cannot know
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         tp = reference_type(hints[f.name]).replace("|", "or")
         meaning = f.metadata.get("help", "").replace("|", "\\|")
         if f.metadata.get("range") is not None:
