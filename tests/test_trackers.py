@@ -172,10 +172,10 @@ def test_tracker_names_are_checked_when_the_config_loads(monkeypatch):
         load_config(None, ["logging.report_to=[wandb]"])
 
 
-def test_the_old_tensorboard_key_still_loads():
-    assert load_config(None, ["logging.tensorboard=false"]).logging.report_to == []
-    assert load_config(None, ["logging.tensorboard=true"]).logging.report_to == ["tensorboard"]
-    assert load_config(None, ["logging.tensorboard=false", "logging.report_to=[mlflow]"]).logging.report_to == ["mlflow"]
+def test_the_removed_tensorboard_key_is_an_unknown_key():
+    """0.1's `logging.tensorboard` is gone (0.2.0): an unknown key, whose message lists report_to."""
+    with pytest.raises(ConfigError, match="unknown config key 'logging.tensorboard'.*report_to"):
+        load_config(None, ["logging.tensorboard=false"])
 
 
 def test_mlflow_keys_keep_what_mlflow_allows():
