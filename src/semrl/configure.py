@@ -28,7 +28,7 @@ from semrl.config import (
     read_values,
 )
 from semrl.errors import ConfigError
-from semrl.options import section_reference
+from semrl.options import section_options, section_reference
 
 __all__ = [
     "config_from_dict", "config_reference", "load_config", "method_sections", "methods_table", "validate",
@@ -208,10 +208,9 @@ def config_reference(sections: list[str] | None = None, width: int | None = None
     lines = []
     for name, cls in chosen:
         lines += [name.upper(), *textwrap.wrap(_summary(name).replace("`", ""), width), ""]
-        for row in section_reference(name, cls):
-            key, tp, default, meaning = (cell.strip().strip("`") for cell in row.strip("|").split(" | "))
+        for key, tp, default, meaning in section_options(name, cls):
             wrap = functools.partial(textwrap.wrap, width=width, subsequent_indent=" " * 6)
-            lines += wrap(f"{key} = {default}  ({tp})", initial_indent="  ")
-            lines += wrap(meaning.replace("\\|", "|"), initial_indent=" " * 6)
+            lines += wrap(f"{key} = {default}  ({tp.replace('|', 'or')})", initial_indent="  ")
+            lines += wrap(meaning, initial_indent=" " * 6)
         lines.append("")
     return "\n".join(lines).rstrip()

@@ -166,18 +166,26 @@ def reference_type(tp: Any) -> str:
     return type_name(tp)
 
 
-def section_reference(name: str, cls: type) -> list[str]:
-    """Markdown table rows (key, type, default, meaning) of one section."""
+def section_options(name: str, cls: type) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) of every option of one section, as plain text."""
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
         # a field without a default has a default_factory, which the checker cannot know
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        tp = reference_type(hints[f.name]).replace("|", "or")
-        meaning = f.metadata.get("help", "").replace("|", "\\|")
+        meaning = f.metadata.get("help", "")
         if f.metadata.get("range") is not None:
             meaning += f" Must be {f.metadata['range']}."
-        rows.append(f"| `{name}.{f.name}` | {tp} | `{default!r}` | {meaning} |")
+        rows.append((f"{name}.{f.name}", reference_type(hints[f.name]), repr(default), meaning))
+    return rows
+
+
+def section_reference(name: str, cls: type) -> list[str]:
+    """Markdown table rows (key, type, default, meaning) of one section."""
+    rows = []
+    for key, tp, default, meaning in section_options(name, cls):
+        escaped = meaning.replace("|", "\\|")  # a bar inside a Markdown table cell
+        rows.append(f"| `{key}` | {tp.replace('|', 'or')} | `{default}` | {escaped} |")
     return rows
 
 
