@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-from semrl.algos.branching import normalized_embeddings
-from semrl.algos.rose_rollout import tree_rollout
-from semrl.configure import load_config
-from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import GenerationRequest, SamplingParams, build_engine
+from semrl.config.load import load_config
+from semrl.data import PromptFormat, build_prompt_ids, make_arithmetic_problems
 from semrl.evaluation import sample_and_verify
-from semrl.models import load_model, load_tokenizer, resolve_model_path
-from semrl.reward import VerifierPool
+from semrl.methods.rose.branching import normalized_embeddings
+from semrl.methods.rose.rollout import tree_rollout
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.reward import Judge, VerifierPool
+from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
 
 ENGINES = ("hf", "vllm")
 
@@ -99,7 +99,7 @@ def evaluation(engines: dict[str, Any], tok: Any, cfg: Any) -> list[str]:
         for name, engine in engines.items():
             _, seconds[name] = _timed(
                 lambda e=engine: sample_and_verify(
-                    e, tok, pool, problems, params, cfg.logging.eval_samples, cfg.data.system_prompt, True,
+                    e, tok, problems, params, cfg.logging.eval_samples, PromptFormat.of(cfg.data), Judge(pool),
                     torch.Generator().manual_seed(1),
                 )
             )
@@ -112,7 +112,7 @@ def evaluation(engines: dict[str, Any], tok: Any, cfg: Any) -> list[str]:
 
 
 def training_steps(config: str, steps: int) -> list[str]:
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     means = {}
     for name in ENGINES:

@@ -15,12 +15,12 @@ import time
 
 import torch
 
-from semrl.configure import load_config
+from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import GenerationRequest, SamplingParams
-from semrl.engines.hf import HFEngine
-from semrl.models import load_model, load_tokenizer, resolve_model_path
-from semrl.trainer import Trainer
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.rollout.engines import GenerationRequest, SamplingParams
+from semrl.rollout.engines.hf import HFEngine
+from semrl.runtime.trainer import Trainer
 
 
 def peak_rss_gib() -> float:

@@ -1,5 +1,5 @@
 """Log-probs + entropies + loss of one micro-batch from the last hidden states: full logits vs
-``semrl.lm_head.chunked_logprobs``, forward and backward, synthetic weights (CPU or GPU).
+``semrl.update.lm_head.chunked_logprobs``, forward and backward, synthetic weights (CPU or GPU).
 
     python benchmarks/bench_logprobs.py [--tokens 4096] [--hidden 2560] [--vocab 151936] [--repeats 3]
     python benchmarks/bench_logprobs.py --tokens 35200 --only chunked --repeats 1   # 8 x 4,400
@@ -32,8 +32,8 @@ def _rss() -> int:
 
 
 def run_once(variant: str, tokens: int, hidden: int, vocab: int, chunk: int, device: str) -> dict[str, float]:
-    from semrl.algos.losses import aggregate_loss, ppo_clip_loss
-    from semrl.lm_head import chunked_logprobs
+    from semrl.methods.losses import aggregate_loss, ppo_clip_loss
+    from semrl.update.lm_head import chunked_logprobs
 
     gen = torch.Generator().manual_seed(0)
     h = (torch.randn(tokens, hidden, generator=gen) * 0.5).to(device).requires_grad_()

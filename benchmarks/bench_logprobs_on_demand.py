@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from semrl.algos.branching import normalized_embeddings
-from semrl.algos.rose_rollout import tree_rollout
-from semrl.configure import load_config
+from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import Generation, GenerationRequest, SamplingParams, build_engine
-from semrl.engines.vllm import VLLMEngine
-from semrl.models import load_model, load_tokenizer, resolve_model_path
+from semrl.methods.rose.branching import normalized_embeddings
+from semrl.methods.rose.rollout import tree_rollout
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, build_engine
+from semrl.rollout.engines.vllm import VLLMEngine
 
 
 class DictLogprobsEngine(VLLMEngine):

@@ -5,7 +5,7 @@ mini-batches of 32, micro-batches of 8; configs/study_arith.yaml's shape).
     python benchmarks/bench_old_logprobs.py [--engine vllm] [--repeats 3]
 
 One rollout batch is sampled once; then, alternated ``--repeats`` times from the same weights and
-optimizer state, the no-gradient passes + advantages + update run with ``Trainer.reuse_first_forward``
+optimizer state, the no-gradient passes + advantages + update run with ``Actor.reuse_first_forward``
 off (``separate``: every row in the old-policy pass) and on (``reused``). Both give bit-identical
 weights (tests/test_training.py); the table gives the median seconds and their ratio, and the
 rollout's seconds once, for the whole step.
@@ -19,20 +19,20 @@ import statistics
 import tempfile
 import time
 
-from semrl.batch import Collected
-from semrl.batch_forward import shuffled_rows
-from semrl.configure import load_config
-from semrl.trainer import Trainer
+from semrl.config.load import load_config
+from semrl.rollout.batch import Collected
+from semrl.runtime.trainer import Trainer
 
 
 def _train_side(trainer: Trainer, collected: Collected, reuse: bool) -> float:
-    trainer.reuse_first_forward = reuse
+    actor = trainer.actor
+    actor.reuse_first_forward = reuse
     batch = collected.batch
     t0 = time.perf_counter()
-    order = shuffled_rows(len(batch.generations), batch.group_size, trainer.packing, trainer.generator)
-    passes = trainer.policy_passes(batch, order[: trainer._mini_batch_size(batch)])
+    order = actor.first_order(batch)
+    passes = actor.passes(batch, order)
     advantages, _ = trainer.advantages(batch, collected.scores)
-    trainer.update(batch, advantages, passes, order)
+    actor.update(batch, advantages, passes, order, trainer.step + 1)
     return time.perf_counter() - t0
 
 

@@ -4,7 +4,7 @@
 
 ROSE tree rollouts (the config's epsilon, G and token budget) give the groups. For each group the
 loss over every chain's response log-probs is computed and back-propagated twice: G padded rows
-(``semrl.forward``) and one packed row (``semrl.packing``), alternating, median of ``--repeats``.
+(``semrl.update.forward``) and one packed row (``semrl.update.packing``), alternating, median of ``--repeats``.
 Prints the share of unique tokens (packed / padded real tokens), both times, the time ratio, and
 the goal ratio 1.05 x unique share. Then the memory of the attention structure (``TreeLayout``:
 positions, segments, cutoffs and each query block's key indices) for one group at the ROSE
@@ -20,16 +20,17 @@ import time
 
 import torch
 
-from semrl.algos.branching import normalized_embeddings
-from semrl.algos.rose_rollout import tree_rollout
-from semrl.configure import load_config
+from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import SamplingParams
-from semrl.engines.hf import HFEngine
-from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.models import load_model, load_tokenizer, resolve_model_path
-from semrl.packing import pack_trees, packed_response_logprobs
-from semrl.tree import ChainTree
+from semrl.methods.rose.branching import normalized_embeddings
+from semrl.methods.rose.rollout import tree_rollout
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.rollout.engines import SamplingParams
+from semrl.rollout.engines.hf import HFEngine
+from semrl.rollout.sequences import make_sequence_batch
+from semrl.rollout.tree import ChainTree
+from semrl.update.forward import response_logprobs
+from semrl.update.packing import pack_trees, packed_response_logprobs
 
 
 def _time_backward(model: torch.nn.Module, fn, batch) -> float:  # noqa: ANN001

@@ -16,13 +16,13 @@ from dataclasses import replace
 
 import torch
 
-from semrl.algos.branching import normalized_embeddings
-from semrl.algos.rose_rollout import tree_rollout
-from semrl.configure import load_config
+from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import GenerationRequest, SamplingParams
-from semrl.engines.hf import HFEngine
-from semrl.models import load_model, load_tokenizer, resolve_model_path
+from semrl.methods.rose.branching import normalized_embeddings
+from semrl.methods.rose.rollout import tree_rollout
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.rollout.engines import GenerationRequest, SamplingParams
+from semrl.rollout.engines.hf import HFEngine
 
 
 def main() -> None:

@@ -19,15 +19,15 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from semrl.algos.policy_losses import PolicyLossInputs, get_policy_loss, micro_batch_loss
-from semrl.algos.registry import method_config
-from semrl.batch import RolloutBatch
-from semrl.batch_forward import micro_batches, rows_logprobs
-from semrl.configure import load_config
+from semrl.config.load import load_config
 from semrl.data import Problem
-from semrl.engines import Generation
-from semrl.optim import guarded_step
-from semrl.precision import Precision
+from semrl.methods.policy_loss import PolicyLossInputs, micro_batch_loss
+from semrl.methods.registry import get_policy_loss, method_config
+from semrl.models.precision import Precision
+from semrl.rollout.batch import RolloutBatch
+from semrl.rollout.engines import Generation
+from semrl.update.optim import guarded_step
+from semrl.update.passes import micro_batches, rows_logprobs
 
 # Qwen2.5-1.5B's shape (its config.json on the hub)
 QWEN25_15B = dict(

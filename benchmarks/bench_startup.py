@@ -4,11 +4,10 @@ beside ``python -c "import torch"`` (the floor of any command that imports a met
     python benchmarks/bench_startup.py [--repeats 5]
 
 The median wall time of each command over ``--repeats`` runs (page cache warm: one untimed run
-first). The parser, the config's own sections and their checks import neither torch nor a method
-(tests/test_architecture.py), so ``--help`` and a config error in the trainer's sections answer
-before any method loads. The reference, the methods table and a check of the methods' sections
-import the method modules with torch and numpy deferred (``semrl.deferred``): they answer without
-loading either.
+first). The parser, the config package and every method's package (its options, checks and
+registration) import no torch, numpy or transformers (tests/test_architecture.py counts every
+import), so ``--help``, the reference, the methods table and every config error answer without
+loading them, from the CLI and from the Python API alike.
 """
 
 from __future__ import annotations
@@ -42,6 +41,9 @@ COMMANDS: dict[str, list[str]] = {
     ],
     "semrl config --methods": [*SEMRL, "config", "--methods"],
     "semrl config (the reference)": [*SEMRL, "config"],
+    "Python API: semrl.load_config('configs/rose_demo.yaml')": [
+        sys.executable, "-c", "import semrl; semrl.load_config('configs/demo.yaml', ['algorithm.method=rose'])"
+    ],
 }
 
 

@@ -21,13 +21,14 @@ from functools import partial
 
 import torch
 
-from semrl.algos.catalog import get_method
-from semrl.algos.registry import RolloutContext, method_config
-from semrl.batch_forward import fill_sampling_entropy
-from semrl.configure import load_config
+from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
-from semrl.engines import GenerationRequest, build_engine, sampling_params
-from semrl.models import load_model, load_tokenizer, resolve_model_path
+from semrl.methods.catalog import get_method
+from semrl.methods.interface import RolloutContext
+from semrl.methods.registry import load, method_config
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.rollout.engines import GenerationRequest, build_engine, sampling_params
+from semrl.update.passes import fill_sampling_entropy
 
 METHODS = ["independent", "fr3e", "treepo", "latr", "rose"]
 
@@ -48,7 +49,7 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN
                           compute_dtype=engine.compute_dtype)
         ctx = RolloutContext(engine, params, generator, method_config(cfg, method.section), entropy,
                              decode=partial(tok.decode, skip_special_tokens=True))
-        out = method.rollout_fn(ctx, prompts)
+        out = load(method.rollout_fn)(ctx, prompts)
         gens = out.generations
         # FR3E trains continuations whose anchor prefix is part of their prompt
         prefixes = sum(len(s) - len(prompts[i // cfg.rollout.group_size])

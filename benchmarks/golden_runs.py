@@ -68,8 +68,8 @@ def _digest(path: Path) -> dict[str, str]:
 
 
 def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") -> dict[str, object]:
-    from semrl.configure import load_config
-    from semrl.trainer import Trainer
+    from semrl.config.load import load_config
+    from semrl.runtime.trainer import Trainer
 
     extra = []
     if name in CURRICULUM_RUNS:

@@ -30,10 +30,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.lm_head import chunked_logprobs
-from semrl.packing import pack_trees, packed_response_logprobs
-from semrl.tree import ChainTree
+from semrl.rollout.sequences import make_sequence_batch
+from semrl.rollout.tree import ChainTree
+from semrl.update.forward import response_logprobs
+from semrl.update.lm_head import chunked_logprobs
+from semrl.update.packing import pack_trees, packed_response_logprobs
 
 
 def _model(kind: str, device: torch.device) -> torch.nn.Module:
@@ -41,7 +42,7 @@ def _model(kind: str, device: torch.device) -> torch.nn.Module:
     with SmolLM2's vocabulary and head dim 64 (no download either way)."""
     if kind == "smollm2":
         try:
-            from semrl.models import resolve_model_path
+            from semrl.models.loading import resolve_model_path
 
             path = resolve_model_path("smollm2-135m", None)
             return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").to(device)

@@ -33,7 +33,7 @@ def _tiny_model(cache: Path) -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from semrl.models import smollm2_gguf_path
+    from semrl.models.loading import smollm2_gguf_path
 
     target = cache / "tiny-llama"
     if (target / "config.json").is_file():
@@ -52,7 +52,7 @@ def _tiny_model(cache: Path) -> str:
 
 
 def _model_path(name: str) -> str:
-    from semrl.models import resolve_model_path
+    from semrl.models.loading import resolve_model_path
 
     if name == "tiny":
         return _tiny_model(Path(tempfile.gettempdir()) / "semrl-bench")
@@ -115,8 +115,8 @@ def run_trl(model: str, steps: int, gradient_checkpointing: bool) -> list[float]
 
 
 def run_semrl(model: str, steps: int, packing: str, engine: str = "hf") -> list[float]:
-    from semrl.configure import load_config
-    from semrl.trainer import Trainer
+    from semrl.config.load import load_config
+    from semrl.runtime.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(None, [

@@ -1,5 +1,5 @@
 """Size a study's evaluation from a pilot sweep: split the pilot's seed-to-seed variance of one
-pair's final difference into the evaluation's draw and training (semrl.report.variance), then list
+pair's final difference into the evaluation's draw and training (semrl.studies.variance), then list
 the cheapest (problems, samples, seeds) whose 95% interval half-width reaches a target, at the
 estimated training variance and at the upper end of its range (docs/results.md, "Where the
 variance is"). Example, Study 3's sizing from Study 2:
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from semrl.report.seeds import find_runs
-from semrl.report.variance import cheapest_designs, decompose, final_samples
+from semrl.studies.seeds import find_runs
+from semrl.studies.variance import cheapest_designs, decompose, final_samples
 
 
 def main() -> None:

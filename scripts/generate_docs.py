@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from semrl.configure import config_reference, method_sections
-from semrl.options import section_reference
+from semrl.config.load import config_reference, method_sections
+from semrl.config.options import section_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 INTRO = """# Config reference

@@ -10,7 +10,7 @@
    seed 0 (``semrl report``, then headless Chromium through playwright), at twice the pixel density of
    a 760-pixel-wide page, so that the site shows its labels at their own size.
 
-Colours come from ``semrl.report.METHOD_COLORS``, one per method name, in every figure.
+Colours come from ``semrl.studies.runs.METHOD_COLORS``, one per method name, in every figure.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def compare_studies() -> None:
 def screenshot_viewer() -> None:
     from playwright.sync_api import sync_playwright
 
-    from semrl.jsonl import read_jsonl
-    from semrl.report import write_report
+    from semrl.studies.runs import write_report
+    from semrl.tracking.jsonl import read_jsonl
 
     tree = next(t for t in read_jsonl(ROOT / VIEWER_RUN / "trees.jsonl") if t["step"] == VIEWER_STEP)
     chains = [c for c in tree["chains"] if c["correct"] and c["parent"] >= 0] or tree["chains"]

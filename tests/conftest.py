@@ -22,7 +22,7 @@ def _save_atomically(model, tokenizer, target: Path) -> Path:  # noqa: ANN001
 def _build_tiny_model(target: Path, hidden_size: int = 64) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from semrl.models import smollm2_gguf_path
+    from semrl.models.loading import smollm2_gguf_path
 
     if (target / "config.json").is_file():
         return target
@@ -68,8 +68,9 @@ def _pretrain_digits(src: Path, target: Path) -> Path:
     """Teach the tiny model to answer any prompt with a uniformly random digit then EOS, so that
     an RL test starts from a policy with reward ~0.1 on 'the answer is 7' and can improve it."""
     from semrl.data import build_prompt_ids
-    from semrl.forward import make_sequence_batch, response_logprobs
-    from semrl.models import load_model, load_tokenizer
+    from semrl.models.loading import load_model, load_tokenizer
+    from semrl.rollout.sequences import make_sequence_batch
+    from semrl.update.forward import response_logprobs
 
     if (target / "config.json").is_file():
         return target

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
-from semrl.algos.catalog import METHODS, get_method
-from semrl.algos.registry import AdvantageInputs, method_config
-from semrl.configure import load_config
+from semrl.config.load import load_config
+from semrl.methods.advantages import broadcast_to_tokens, group_centered_rewards
+from semrl.methods.catalog import METHODS, get_method
+from semrl.methods.interface import AdvantageInputs
+from semrl.methods.registry import load, method_config
 
 
 def test_dr_grpo_centres_per_group():
@@ -48,10 +49,10 @@ def test_registry_methods_and_defaults():
     cfg = load_config(None, ["algorithm.method=dr_grpo"])  # the method's defaults fill the null keys
     assert cfg.algorithm.norm_adv_by_std is False and cfg.algorithm.loss_agg_mode == "seq-mean-token-sum-norm"
     inputs = AdvantageInputs(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 3))
-    adv, metrics = get_method("dr_grpo").advantage_fn(inputs, method_config(cfg, None))
+    adv, metrics = load(get_method("dr_grpo").advantage_fn)(inputs, method_config(cfg, None))
     assert adv.shape == (2, 3) and metrics == {}
     assert torch.allclose(adv[:, 0], torch.tensor([0.5, -0.5]))
     grpo_cfg = load_config(None, ["algorithm.method=grpo", "algorithm.loss_agg_mode=token-mean"])
     assert grpo_cfg.algorithm.norm_adv_by_std is True and grpo_cfg.algorithm.loss_agg_mode == "token-mean"
-    with pytest.raises(KeyError, match="available"):
+    with pytest.raises(KeyError, match="Available"):
         get_method("nope")

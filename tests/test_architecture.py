@@ -81,19 +81,99 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     assert _imports("semrl.c", modules["semrl.c"], modules) == {"semrl.a"}
 
 
+HEAVY = ("torch", "numpy", "transformers")
+
+
+def _third_party(path: Path) -> set[str]:
+    """Top-level names of every non-semrl module ``path`` imports anywhere (lazy and type-only too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names - {"semrl"}
+
+
+def _torch_free_roots(modules: dict[str, Path]) -> list[str]:
+    """The config package, the registry and catalog, and every method's package (its options,
+    checks and registration)."""
+    methods = PACKAGE / "methods"
+    return sorted(
+        name for name, path in modules.items()
+        if name.startswith("semrl.config") or name in ("semrl.methods", "semrl.methods.registry", "semrl.methods.catalog")
+        or (path.name == "__init__.py" and path.parent.parent == methods)
+    )
+
+
+def _heavy_reached(root: str, modules: dict[str, Path]) -> dict[str, set[str]]:
+    """The heavy packages each semrl module reachable from ``root`` imports (every import counted)."""
+    seen, todo, found = set(), [root], {}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if heavy := _third_party(modules[name]) & set(HEAVY):
+            found[name] = heavy
+        todo += _imports(name, modules[name], modules)
+    return found
+
+
+def test_the_config_and_the_methods_options_import_no_torch():
+    """Reading and checking a config needs the config package and every method's options; none of
+    them, nor anything they import (in functions and type-checking blocks too), imports torch, numpy
+    or transformers. A method's tensor code sits in its folder's other modules, named by string in
+    its ``MethodSpec`` and imported when training starts."""
+    modules = _modules()
+    roots = _torch_free_roots(modules)
+    assert {"semrl.config.load", "semrl.methods.rose", "semrl.methods.treepo", "semrl.methods.catalog"} <= set(roots)
+    offenders = {root: found for root in roots if (found := _heavy_reached(root, modules))}
+    assert not offenders, f"torch-free modules reach heavy imports: {offenders}"
+
+
+def test_the_torch_free_check_finds_a_lazy_torch_import(tmp_path):
+    package = tmp_path / "semrl"
+    (package / "methods" / "toy").mkdir(parents=True)
+    (package / "methods" / "toy" / "__init__.py").write_text("from semrl.methods import helper\n")
+    (package / "methods" / "helper.py").write_text("def f():\n    import torch.nn\n")
+    modules = {"semrl.methods.toy": package / "methods" / "toy" / "__init__.py",
+               "semrl.methods.helper": package / "methods" / "helper.py"}
+    assert _heavy_reached("semrl.methods.toy", modules) == {"semrl.methods.helper": {"torch"}}
+
+
+@pytest.mark.parametrize(
+    "importer,forbidden",
+    [("semrl.methods", ("semrl.update", "semrl.runtime")), ("semrl.rollout", ("semrl.update",)),
+     ("semrl.config", ("semrl.methods.",)), ("semrl.reward", ("semrl.update", "semrl.runtime", "semrl.methods"))],
+)
+def test_stages_import_only_what_they_may(importer, forbidden):
+    """The folders' import rules (docs/architecture.md): a method never imports the update or the
+    runtime, the rollout never imports the update, the config's sections know no method (the
+    catalog is read through ``semrl.config.load``), the reward imports no training stage."""
+    modules = _modules()
+    broken = {
+        name: sorted(d for d in _imports(name, path, modules) if d.startswith(forbidden))
+        for name, path in modules.items() if name == importer or name.startswith(importer + ".")
+    }
+    if importer == "semrl.config":  # the loader asks the registry for the methods' sections
+        broken.pop("semrl.config.load", None)
+    assert not {k: v for k, v in broken.items() if v}, broken
+
+
 def test_the_config_is_data_importing_no_method_and_no_torch():
-    """``semrl.config`` loads without the methods, the engines or torch: a config error, ``--help``
+    """``semrl.config.sections`` loads without the methods, the engines or torch: a config error, ``--help``
     and the config's own checks do not wait for them (docs/architecture.md)."""
     import subprocess
     import sys
 
     code = (
-        "import sys, semrl.config\n"
-        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('semrl.algos', 'semrl.engines')))\n"
+        "import sys, semrl.config.sections\n"
+        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('semrl.methods', 'semrl.rollout.engines')))\n"
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", f"semrl.config imports {out.stdout.strip()}"
+    assert out.stdout.strip() == "[]", f"semrl.config.sections imports {out.stdout.strip()}"
 
 
 def _cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
@@ -125,7 +205,7 @@ def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
     """``semrl --help`` and a config error in the trainer's sections answer before torch or a
     method loads (benchmarks/bench_startup.py times them)."""
     exit_code, modules, stderr = _cli_in_fresh_process(argv)
-    heavy = [m for m in modules if m == "torch" or m.startswith(("semrl.algos", "transformers"))]
+    heavy = [m for m in modules if m == "torch" or m.startswith(("semrl.methods", "transformers"))]
     assert (exit_code, heavy) == (code, []), stderr
 
 
@@ -140,21 +220,19 @@ def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
 )
 def test_commands_that_read_methods_answer_without_loading_torch(argv, code):
     """The config reference, the methods table, a valid config check and an error in a method's
-    section import the method modules but never load torch, numpy or transformers: inside
-    ``cli.common.reading_config`` their ``import torch`` binds a stand-in (``semrl.deferred``). A
-    module-level read of a torch attribute on this path (a dtype table, a Function subclass, an
-    unquoted alias) loads torch and fails this test."""
+    section import the methods' option packages but never load torch, numpy or transformers: the
+    packages import none of them (``test_the_config_and_the_methods_options_import_no_torch``)."""
     exit_code, modules, stderr = _cli_in_fresh_process(argv)
     loaded = [m for m in modules if m.split(".")[0] in ("torch", "numpy", "transformers")]
-    assert (exit_code, "semrl.algos.rose" in modules, loaded) == (code, True, []), stderr
+    assert (exit_code, "semrl.methods.rose" in modules, loaded) == (code, True, []), stderr
 
 
 def test_no_module_but_the_entry_points_reaches_the_trainer():
     modules = _modules()
     for name, path in modules.items():
-        if name in ("semrl.trainer", "semrl.cli.train", "semrl.api"):  # semrl train, semrl.train
+        if name in ("semrl.runtime.trainer", "semrl.cli.train", "semrl.api"):  # semrl train, semrl.train
             continue
-        assert "semrl.trainer" not in _imports(name, path, modules), f"{name} imports the trainer"
+        assert "semrl.runtime.trainer" not in _imports(name, path, modules), f"{name} imports the trainer"
         tree = ast.parse(path.read_text(encoding="utf-8"))
         args = {a.arg for node in ast.walk(tree) if isinstance(node, ast.arguments) for a in node.args + node.kwonlyargs}
         assert "trainer" not in args, f"{name} has a function that takes the trainer"
@@ -178,15 +256,15 @@ def test_methods_reach_no_training_forward_and_the_engine_exposes_no_model():
     is computed); the engine protocol offers sampling, not the model that trains."""
     modules = _modules()
     for name, path in modules.items():
-        if name.startswith("semrl.algos."):
-            assert "semrl.batch_forward" not in _imports(name, path, modules), f"{name} imports the forward"
-    from semrl.engines.base import Engine
+        if name.startswith("semrl.methods."):
+            assert "semrl.update.passes" not in _imports(name, path, modules), f"{name} imports the forward"
+    from semrl.rollout.engines.base import Engine
 
     assert "model" not in Engine.__annotations__
 
 
 def test_trainer_is_the_loop():
-    lines = (PACKAGE / "trainer.py").read_text(encoding="utf-8").count("\n")
+    lines = (PACKAGE / "runtime" / "trainer.py").read_text(encoding="utf-8").count("\n")
     assert lines < 450, f"trainer.py has {lines} lines; move set-up or helpers to their own modules"
 
 
@@ -211,17 +289,18 @@ def test_the_trainer_names_no_method_and_methods_see_only_their_config():
     import inspect
     import typing
 
-    from semrl.algos.catalog import METHODS, POLICY_LOSSES
+    from semrl.methods.catalog import METHODS, POLICY_LOSSES
+    from semrl.methods.registry import load
 
     names = set(METHODS) | {"dapo", "grpo", "rose", "sent", "fr3e"}
-    tree = ast.parse((PACKAGE / "trainer.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "runtime" / "trainer.py").read_text(encoding="utf-8"))
     words = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
         n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
     } | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert not names & words, f"trainer.py names {sorted(names & words)}"
     for spec in METHODS.values():
-        functions = [spec.advantage_fn] + ([spec.rollout_fn] if spec.rollout_fn else [])
-        for fn in [spec.advantage_fn]:
+        functions = [load(spec.advantage_fn)] + ([load(spec.rollout_fn)] if spec.rollout_fn else [])
+        for fn in functions[:1]:
             hints = typing.get_type_hints(fn)
             second = list(inspect.signature(fn).parameters)[1]
             assert "MethodConfig" in str(hints[second]), f"{spec.name}: {fn.__name__} takes {hints[second]}"
@@ -229,14 +308,15 @@ def test_the_trainer_names_no_method_and_methods_see_only_their_config():
             source = inspect.getsource(fn)
             assert "cfg." not in source, f"{spec.name}: {fn.__name__} reads the whole config"
     for loss in POLICY_LOSSES.values():
-        second = list(inspect.signature(loss.loss_fn).parameters)[1]
-        assert "MethodConfig" in str(typing.get_type_hints(loss.loss_fn)[second]), loss.name
+        loss_fn = load(loss.loss_fn)
+        second = list(inspect.signature(loss_fn).parameters)[1]
+        assert "MethodConfig" in str(typing.get_type_hints(loss_fn)[second]), loss.name
 
 
 def test_the_entropy_forward_rule_is_written_once():
-    hits = [p.name for p in (PACKAGE / "algos").glob("*.py") if "forward pass for entropies" in p.read_text()]
+    hits = [p.name for p in (PACKAGE / "methods").rglob("*.py") if "forward pass for entropies" in p.read_text()]
     assert hits == [], f"the FSDP + vllm entropy rule is written in {hits}; MethodSpec.needs_entropy says it"
-    assert (PACKAGE / "configure.py").read_text().count("forward pass for entropies") == 1
+    assert (PACKAGE / "config" / "load.py").read_text().count("forward pass for entropies") == 1
 
 
 def test_package_lines_keep_to_the_configured_length():

@@ -2,10 +2,10 @@
 
 import torch
 
-from semrl.batch import GroupInfo, RolloutBatch, gather_groups
 from semrl.data import Problem
-from semrl.engines import Generation
 from semrl.reward import RewardResult, Scores
+from semrl.rollout.batch import GroupInfo, RolloutBatch, gather_groups
+from semrl.rollout.engines import Generation
 
 
 def _batch(tag: str, rewards: list[float], group_size: int = 2) -> tuple[RolloutBatch, Scores]:

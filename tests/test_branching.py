@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from semrl.algos.branching import (
+from semrl.methods.rose.branching import (
     branch_scores,
     normalized_embeddings,
     pairwise_similarity_mass,
@@ -94,7 +94,7 @@ def test_matches_explicit_double_sum():
 def test_entropy_with_sampled_adds_the_21st_entry_like_the_rose_code():
     """Reference: the ROSE code's dictionary of top-k entries plus the sampled token's entry when it
     is outside them, summed as -p log p; random cases with the sampled token inside and outside."""
-    from semrl.algos.branching import branch_scores
+    from semrl.methods.rose.branching import branch_scores
 
     gen = torch.Generator().manual_seed(0)
     vocab, k = 50, 5

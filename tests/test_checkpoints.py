@@ -15,7 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from semrl.checkpoint import (
+from semrl.cli import main
+from semrl.config.load import load_config
+from semrl.runtime.checkpoint import (
     LEGACY_STATE,
     MANIFEST,
     STATE_DIR,
@@ -23,10 +25,8 @@ from semrl.checkpoint import (
     trainer_state_dir,
     verify_checkpoint,
 )
-from semrl.cli import main
-from semrl.configure import load_config
-from semrl.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
-from semrl.trainer import Trainer
+from semrl.runtime.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
+from semrl.runtime.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 
@@ -165,8 +165,8 @@ def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_d
     among them (it failed with "no module or parameter named 't0'")."""
     import torch
 
-    from semrl.engines.vllm import weights_view
-    from semrl.safe_state import STATE_TENSORS, save_state
+    from semrl.rollout.engines.vllm import weights_view
+    from semrl.runtime.safe_state import STATE_TENSORS, save_state
 
     ckpt = tmp_path / "step-000001"
     shutil.copytree(tiny_model_dir, ckpt)
@@ -183,7 +183,7 @@ def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_d
 def test_a_checkpoint_holds_only_weights_beside_its_config(three_steps, tmp_path):
     """Inference engines (vLLM, SGLang, ``vllm serve``) load every *.safetensors beside config.json:
     the optimizer state lives in trainer_state/, so the directory loads as it is."""
-    from semrl.engines.vllm import weights_view
+    from semrl.rollout.engines.vllm import weights_view
 
     ckpt = three_steps / "checkpoints" / "step-000003"
     assert sorted(p.name for p in ckpt.glob("*.safetensors")) == ["model.safetensors"]

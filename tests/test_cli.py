@@ -8,7 +8,7 @@ import time
 import pytest
 
 from semrl.cli import main
-from semrl.configure import config_reference
+from semrl.config.load import config_reference
 from tests.test_architecture import _cli_in_fresh_process
 
 MISSING = [
@@ -58,7 +58,7 @@ def test_a_mistyped_option_gets_the_option_it_meant(argv, meant, capsys):
 
 def test_packaged_configs_are_found_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
     """`--config demo` outside a clone: the wheel's semrl/configs/demo.yaml; a near miss is named."""
-    from semrl.config import config_file, packaged_configs
+    from semrl.config.sections import config_file, packaged_configs
 
     monkeypatch.chdir(tmp_path)
     names = packaged_configs()

@@ -12,7 +12,7 @@ import yaml
 
 from semrl.cli import main
 from semrl.evaluation import records_path, summarize_records
-from semrl.report.seeds import (
+from semrl.studies.seeds import (
     compare_paired,
     compare_seeds,
     cumulative_tokens,
@@ -288,7 +288,7 @@ def test_each_variant_has_one_colour_in_every_figure(tmp_path, monkeypatch):
     import matplotlib.axes
     from matplotlib.colors import to_hex
 
-    from semrl.report import METHOD_COLORS, method_color
+    from semrl.studies.runs import METHOD_COLORS, method_color
 
     drawn: list[tuple[str, str]] = []
     real = matplotlib.axes.Axes.plot
@@ -327,7 +327,7 @@ def test_method_colours_stay_apart_for_red_green_colour_blind_readers():
     """The methods a study compares keep a CIE76 distance of at least 15 under simulated protanopia
     and deuteranopia (severity 1) as well as normal vision; tab10's ROSE green and SENT red, which
     this palette replaced, were 7 apart under deuteranopia."""
-    from semrl.report import METHOD_COLORS
+    from semrl.studies.runs import METHOD_COLORS
 
     protan = np.array([[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]])
     deutan = np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]])

@@ -5,8 +5,8 @@ import re
 import pytest
 
 from semrl.cli import main
-from semrl.config import Config, ConfigError, parse_overrides
-from semrl.configure import config_reference, load_config
+from semrl.config.load import config_reference, load_config
+from semrl.config.sections import Config, ConfigError, parse_overrides
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -74,7 +74,7 @@ def test_shipped_configs_are_valid():
 
     import yaml
 
-    from semrl.sweep import load_sweep
+    from semrl.studies.sweep import load_sweep
 
     for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
         if "variants" in (yaml.safe_load(path.read_text()) or {}):  # a sweep file: every run's config is checked
@@ -127,8 +127,8 @@ def test_clip_cov_defaults_to_its_recipes_clip_range():
 def _ranged_options():
     import dataclasses
 
-    from semrl.config import core_sections as _core_sections
-    from semrl.configure import method_sections as _method_sections
+    from semrl.config.load import method_sections as _method_sections
+    from semrl.config.sections import core_sections as _core_sections
 
     for section, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
         for f in dataclasses.fields(cls):
@@ -142,8 +142,8 @@ def test_every_numeric_option_has_a_range():
     import dataclasses
     import typing
 
-    from semrl.config import core_sections as _core_sections
-    from semrl.configure import method_sections as _method_sections
+    from semrl.config.load import method_sections as _method_sections
+    from semrl.config.sections import core_sections as _core_sections
 
     unranged = []
     for section, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
@@ -161,7 +161,7 @@ def test_method_options_built_in_python_keep_their_declared_ranges():
     constructed, as loading a config does; a value just outside fails naming the key."""
     import dataclasses
 
-    from semrl.configure import method_sections
+    from semrl.config.load import method_sections
 
     checked = 0
     for section, cls in method_sections().items():
@@ -254,7 +254,7 @@ def test_a_config_file_that_is_not_a_mapping_is_named_with_the_fix(content, mess
 def test_the_reference_gives_every_literal_key_its_allowed_values():
     import typing
 
-    from semrl.configure import core_sections, method_sections
+    from semrl.config.load import core_sections, method_sections
 
     rows = [row for row in config_reference().split("### Methods")[0].splitlines() if row.startswith("| `")]
     types = [row.split(" | ")[1] for row in rows]
@@ -334,7 +334,7 @@ def test_an_option_that_cannot_act_on_policy_is_said_loudly(overrides, inert, ca
 def test_no_packaged_config_has_an_option_that_cannot_act(caplog):
     import logging
 
-    from semrl.config import packaged_configs
+    from semrl.config.sections import packaged_configs
 
     for name in packaged_configs():
         with caplog.at_level(logging.WARNING, logger="semrl"):

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from semrl.cli import main
-from semrl.configure import load_config
-from semrl.curriculum import curriculum_stages, load_curriculum, score_problems
-from semrl.data import DataError, Problem, load_problems
-from semrl.engines import SamplingParams
-from semrl.engines.hf import HFEngine
-from semrl.models import load_model, load_tokenizer
-from semrl.reward import VerifierPool
-from semrl.trainer import Trainer
+from semrl.config.load import load_config
+from semrl.data import DataError, Problem, PromptFormat, load_problems
+from semrl.data.curriculum import curriculum_stages, load_curriculum, score_problems
+from semrl.models.loading import load_model, load_tokenizer
+from semrl.reward import Judge, VerifierPool
+from semrl.rollout.engines import SamplingParams
+from semrl.rollout.engines.hf import HFEngine
+from semrl.runtime.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 
@@ -49,10 +49,10 @@ def test_score_problems_is_resumable(digit_model_dir, tmp_path):
     out = tmp_path / "scores.jsonl"
     params = SamplingParams(max_new_tokens=4)
     with VerifierPool(1, 5.0) as pool:
-        n = score_problems(engine, tok, pool, problems[:3], out, params, 4, DIGIT_SYSTEM_PROMPT,
+        n = score_problems(engine, tok, Judge(pool), problems[:3], out, params, 4, PromptFormat(DIGIT_SYSTEM_PROMPT),
                            generator=torch.Generator().manual_seed(0))
         assert n == 3
-        n = score_problems(engine, tok, pool, problems, out, params, 4, DIGIT_SYSTEM_PROMPT,
+        n = score_problems(engine, tok, Judge(pool), problems, out, params, 4, PromptFormat(DIGIT_SYSTEM_PROMPT),
                            generator=torch.Generator().manual_seed(0))
         assert n == 2  # the first three are skipped
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -64,7 +64,7 @@ def test_score_problems_is_resumable(digit_model_dir, tmp_path):
     assert len(load_problems(out)[0]) == 5  # the scores file is itself a dataset
     out.write_text(out.read_text() + "not json\n")
     with VerifierPool(1, 5.0) as pool, pytest.raises(DataError, match="scores.jsonl:6"):
-        score_problems(engine, tok, pool, problems, out, params, 4)
+        score_problems(engine, tok, Judge(pool), problems, out, params, 4)
 
 
 def test_two_stage_curriculum_trains_and_switches(digit_model_dir, tmp_path):
@@ -108,8 +108,8 @@ def test_resume_inside_the_second_stage_is_exact(digit_model_dir, tmp_path):
 
     import torch
 
-    from semrl.checkpoint import latest_checkpoint
-    from semrl.models import load_model
+    from semrl.models.loading import load_model
+    from semrl.runtime.checkpoint import latest_checkpoint
 
     rows = [{"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7", "semantic_entropy": float(i % 5)}
             for i in range(40)]

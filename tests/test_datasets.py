@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from semrl.config import ConfigError
-from semrl.configure import load_config
+from semrl.config.load import load_config
+from semrl.config.sections import ConfigError
 from semrl.data import Columns, DataError, build_prompt_ids, load_problems, problem_columns
 
 ROWS = [{"question": f"What is {i} + {i}?", "final": str(2 * i), "difficulty": i % 3, "source": "toy"} for i in range(7)]
@@ -89,7 +89,7 @@ def test_prompt_template(tiny_model_dir):
 
 
 def test_training_on_mapped_parquet_with_a_template(tiny_model_dir, tmp_path):
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), path)

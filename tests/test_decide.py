@@ -1,4 +1,4 @@
-"""Pre-registered decision rules (semrl.report.decide): the outcome against a literal reading of the
+"""Pre-registered decision rules (semrl.studies.decide): the outcome against a literal reading of the
 rules on many random studies, the rules file's checks, and `semrl compare --decide` end to end."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import yaml
 
 from semrl.cli import main
 from semrl.errors import ConfigError
-from semrl.report.decide import EXPECTATIONS, Decision, Hypothesis, decide, decision_rows, load_hypotheses
-from semrl.report.stats import compare_paired
+from semrl.studies.decide import EXPECTATIONS, Decision, Hypothesis, decide, decision_rows, load_hypotheses
+from semrl.studies.stats import compare_paired
 
 ROOT = Path(__file__).resolve().parents[1]
 

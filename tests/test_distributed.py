@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from semrl.checkpoint import load_trainer_state
-from semrl.config import ConfigError
-from semrl.trainer import Trainer
+from semrl.config.sections import ConfigError
+from semrl.runtime.checkpoint import load_trainer_state
+from semrl.runtime.trainer import Trainer
 
 from .conftest import write_seven_task
 from .test_training import _cfg, _metrics
@@ -157,9 +157,9 @@ with socket.socket() as s:
     port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
 dist.init_process_group("gloo")
-from semrl.configure import load_config
-from semrl.distributed import ProcessGroup
-from semrl.run_setup import load_models
+from semrl.config.load import load_config
+from semrl.runtime.distributed import ProcessGroup
+from semrl.runtime.setup import load_models
 moves = []
 original_to = torch.nn.Module.to
 def recording_to(self, *args, **kwargs):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from semrl.cli import build_parser, main
-from semrl.configure import config_reference, load_config
-from semrl.configure import method_sections as _method_sections
-from semrl.options import section_reference
+from semrl.config.load import config_reference, load_config
+from semrl.config.load import method_sections as _method_sections
+from semrl.config.options import section_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -123,12 +123,12 @@ def test_every_command_shown_parses_and_its_files_load(page, command, monkeypatc
         raise AssertionError(f"{page.name}: '{command}' does not parse") from err
     config = getattr(args, "config", None) or getattr(args, "check", None)
     if config:
-        from semrl.config import config_file
+        from semrl.config.sections import config_file
 
         config_file(config)  # a file, or a packaged config's name
         load_config(config, getattr(args, "overrides", []))
     if args.command == "sweep":
-        from semrl.sweep import load_sweep
+        from semrl.studies.sweep import load_sweep
 
         if Path(args.sweep_file).is_file():
             load_sweep(args.sweep_file)
@@ -228,14 +228,14 @@ def test_every_figure_in_the_docs_is_drawn_by_the_figures_command():
 
 def test_each_method_has_its_own_colour_in_every_docs_figure():
     """Every study figure in docs/ draws each of its study's variants in that method's colour
-    (semrl.report.METHOD_COLORS): a figure that gave a method another colour has none of its pixels."""
+    (semrl.studies.runs.METHOD_COLORS): a figure that gave a method another colour has none of its pixels."""
     pytest.importorskip("matplotlib")
     import numpy as np
     import yaml
     from matplotlib.colors import to_rgb
     from matplotlib.image import imread
 
-    from semrl.report import method_color
+    from semrl.studies.runs import method_color
 
     for name, source in _make_figures().SHOWN.items():
         study = source.split("/")[0]
@@ -276,10 +276,10 @@ def test_a_method_page_has_a_quick_start_and_names_every_metric_its_code_logs(me
     quick = page.split("## Quick start")[1].split("## What it logs")[0]
     assert re.search(rf"semrl train --config {method}_demo", quick) and "run finished:" in quick
     logs = page.split("## What it logs")[1].split("## How semrl implements it")[0]
-    source = "".join(p.read_text() for p in (ROOT / "src" / "semrl" / "algos").glob("*.py"))
+    source = "".join(p.read_text() for p in (ROOT / "src" / "semrl" / "methods").rglob("*.py"))
     written = set(re.findall(rf'"({method}/[a-z_]+)"', source))
     if method == "treepo":
-        from semrl.algos.treepo_rollout import STOP_REASONS
+        from semrl.methods.treepo.rollout import STOP_REASONS
 
         written |= {f"treepo/stop_{reason}" for reason in STOP_REASONS}
     if method == "sent":

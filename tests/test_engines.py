@@ -1,6 +1,6 @@
 """One contract for both sampling engines (hf and vllm), on a tiny model vLLM accepts (head dim 32).
 
-vLLM starts once per test session (``semrl.engines.vllm`` keeps one engine per model shape) and
+vLLM starts once per test session (``semrl.rollout.engines.vllm`` keeps one engine per model shape) and
 every later engine of that shape pushes its own weights into it.
 """
 
@@ -12,19 +12,20 @@ from functools import partial
 import pytest
 import torch
 
-from semrl.algos.branching import branch_scores, normalized_embeddings
-from semrl.algos.fr3e import select_anchors
-from semrl.algos.rose import RoseConfig
-from semrl.algos.rose_rollout import tree_rollout
-from semrl.algos.token_selection import high_entropy_mask, low_entropy_mask
-from semrl.batch_forward import fill_sampling_entropy
-from semrl.config import ConfigError
-from semrl.configure import load_config
+from semrl.config.load import load_config
+from semrl.config.sections import ConfigError
 from semrl.data import build_prompt_ids
-from semrl.engines import Generation, GenerationRequest, SamplingParams, build_engine, eos_token_ids
 from semrl.errors import EngineError
-from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.models import load_model, load_tokenizer
+from semrl.methods.fr3e.method import select_anchors
+from semrl.methods.rose import RoseConfig
+from semrl.methods.rose.branching import branch_scores, normalized_embeddings
+from semrl.methods.rose.rollout import tree_rollout
+from semrl.methods.token_losses import high_entropy_mask, low_entropy_mask
+from semrl.models.loading import load_model, load_tokenizer
+from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, build_engine, eos_token_ids
+from semrl.rollout.sequences import make_sequence_batch
+from semrl.update.forward import response_logprobs
+from semrl.update.passes import fill_sampling_entropy
 
 from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
 
@@ -254,9 +255,9 @@ if sys.argv[2] == "accelerate":  # a default group that exists before vLLM, as a
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
-from semrl.engines import GenerationRequest, SamplingParams, build_engine
-from semrl.engines.vllm import shutdown_engines
-from semrl.models import load_model, load_tokenizer
+from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
+from semrl.rollout.engines.vllm import shutdown_engines
+from semrl.models.loading import load_model, load_tokenizer
 tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])
 params, request = SamplingParams(max_new_tokens=4), [GenerationRequest([1, 2, 3])]
 first = build_engine("vllm", model, tok, 4, 128)
@@ -336,8 +337,8 @@ def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
 def test_treepo_trees_keep_their_invariants(setup, kind):
     """TreePO's segment trees on both engines: w leaves per prompt, leaves sharing node ids share those
     tokens and log-probs, and on vllm the shared prefixes come from its prefix cache."""
-    from semrl.algos.treepo_rollout import SegmentTreeSettings, segment_tree_rollout
-    from semrl.engines import join_generations
+    from semrl.methods.treepo.rollout import SegmentTreeSettings, segment_tree_rollout
+    from semrl.rollout.engines import join_generations
 
     tok, model = setup
     engine = _engine(kind, model, tok)
@@ -381,9 +382,10 @@ def test_latr_trees_keep_their_invariants(setup, kind):
     finished by sampling within the budget."""
     from functools import partial
 
-    from semrl.algos.catalog import get_method
-    from semrl.algos.registry import RolloutContext, method_config
-    from semrl.engines import sampling_params
+    from semrl.methods.catalog import get_method
+    from semrl.methods.interface import RolloutContext
+    from semrl.methods.registry import load, method_config
+    from semrl.rollout.engines import sampling_params
 
     tok, model = setup
     engine = _engine(kind, model, tok)
@@ -393,7 +395,7 @@ def test_latr_trees_keep_their_invariants(setup, kind):
     ])
     ctx = RolloutContext(engine, sampling_params(cfg.rollout, top_logprobs=False), torch.Generator().manual_seed(1),
                          method_config(cfg, "latr"), lambda *a: None, decode=partial(tok.decode, skip_special_tokens=True))
-    out = get_method("latr").rollout_fn(ctx, _prompts(tok, 4))
+    out = load(get_method("latr").rollout_fn)(ctx, _prompts(tok, 4))
     assert len(out.generations) == 24 and out.metrics["latr/forks"] >= 4 * 2
     for p, group in enumerate(out.groups):
         gens = out.generations[6 * p : 6 * p + 6]
@@ -459,11 +461,14 @@ def test_vllm_config_errors_name_the_setting(monkeypatch):
     vllm_or_skip()
     with pytest.raises(ConfigError, match="set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf"):
         load_config(None, ["rollout.engine=vllm", "rollout.top_p=0.9"])
+    # what depends on the machine is checked when training starts, before the models load
+    from semrl.runtime.setup import check_machine
+
     with pytest.raises(ConfigError, match="rollout.vllm_block_size=16"):
-        load_config(None, ["rollout.engine=vllm", "rollout.vllm_block_size=16"])
-    load_config(None, ["rollout.engine=vllm"])  # the defaults are valid
+        check_machine(load_config(None, ["rollout.engine=vllm", "rollout.vllm_block_size=16"]))
+    check_machine(load_config(None, ["rollout.engine=vllm"]))  # the defaults are valid
     with pytest.raises(ConfigError, match="rollout.vllm_sleep=true: vLLM's sleep mode needs CUDA"):
-        load_config(None, ["rollout.engine=vllm", "rollout.vllm_sleep=true"])
+        check_machine(load_config(None, ["rollout.engine=vllm", "rollout.vllm_sleep=true"]))
     with pytest.raises(ConfigError, match="'rollout.vllm_max_num_seqs' must be >= 1, got 0"):
         load_config(None, ["rollout.engine=vllm", "rollout.vllm_max_num_seqs=0"])
     with pytest.raises(ConfigError, match="'rollout.vllm_max_num_batched_tokens' must be >= 1, got -5"):
@@ -476,7 +481,7 @@ def test_vllm_settings_follow_the_batch_the_device_and_the_overrides(seed):
     batch is the caller's (one process's rollout) unless overridden; the step budget holds the whole
     batch's sequences up to 8192 tokens and at least one full sequence in whole blocks; sampling is bf16
     on a GPU, the model's dtype on CPU, unless set; sleep mode is on with a GPU unless set."""
-    from semrl.engines.vllm import VLLMSettings
+    from semrl.rollout.engines.vllm import VLLMSettings
 
     rng = torch.Generator().manual_seed(seed)
 
@@ -545,7 +550,7 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit3
     vllm_or_skip()
     import json
 
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     out = tmp_path / "run"
     cfg = _train_cfg(
@@ -577,7 +582,7 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit3
 def test_lora_on_vllm_samples_the_merged_weights(digit32_model_dir, seven_task, tmp_path):
     """model.lora_r: vLLM holds W + (alpha / r) B A, pushed after every update (the base would differ)."""
     vllm_or_skip()
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / "run", "trainer.steps=3", "model.lora_r=8", "trainer.lr=1e-2")
     trainer = Trainer(cfg)
@@ -599,7 +604,7 @@ def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_
     vllm_or_skip()
     from transformers import AutoModelForCausalLM
 
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     out = tmp_path / "run"  # with the rollout correction on: the bf16 engine's tokens are reweighted
     trainer = Trainer(_train_cfg(
@@ -646,7 +651,7 @@ def test_entropy_consumers_train_on_vllm(digit32_model_dir, seven_task, tmp_path
     vllm_or_skip()
     import math
 
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / method, "trainer.steps=2", f"algorithm.method={method}", *extra)
     last = Trainer(cfg).train()
@@ -708,7 +713,7 @@ def test_resume_on_vllm_is_exact(digit32_model_dir, seven_task, tmp_path, method
     from safetensors.torch import load_file
 
     from semrl.cli import main
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     from .test_training import _metrics
 
@@ -725,7 +730,7 @@ def test_resume_on_vllm_is_exact(digit32_model_dir, seven_task, tmp_path, method
 def test_a_streamed_weight_push_reaches_every_engine_weight(digit32_model_dir):
     """sync_weights takes a stream of (name, tensor), as FSDP's one-parameter-at-a-time gather gives
     it (tied weights under each name): after it both engines sample with the model's new weights."""
-    from semrl.distributed import iter_full_parameters
+    from semrl.runtime.distributed import iter_full_parameters
 
     tok = load_tokenizer(str(digit32_model_dir))
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from semrl.algos.entropy_bonus import EntropyBonus
-from semrl.algos.losses import aggregate_loss
-from semrl.algos.policy_losses import PolicyLossInputs, get_policy_loss, micro_batch_loss
-from semrl.algos.registry import MethodConfig
-from semrl.config import AlgorithmConfig, ConfigError, RolloutConfig
-from semrl.lm_head import chunked_logprobs
+from semrl.config.sections import AlgorithmConfig, ConfigError, RolloutConfig
+from semrl.methods.entropy_bonus import EntropyBonus
+from semrl.methods.losses import aggregate_loss
+from semrl.methods.policy_loss import PolicyLossInputs, micro_batch_loss
+from semrl.methods.registry import MethodConfig, get_policy_loss, load
+from semrl.update.lm_head import chunked_logprobs
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -54,13 +54,13 @@ def test_reference_aggregation_and_loss():
         logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), advantages=torch.full((2, 3), -0.1), mask=mask,
         num_tokens=4, entropy_coeff=0.001, bonus_entropy=entropy,
     )
-    total, metrics, _ = micro_batch_loss(get_policy_loss("ppo"), x, _config("token-mean"), num_sequences=2)
+    total, metrics, _ = micro_batch_loss(load(get_policy_loss("ppo").loss_fn), x, _config("token-mean"), num_sequences=2)
     assert float(total) == pytest.approx(0.0996, abs=1e-7)
     assert float(metrics["entropy_bonus"]) == pytest.approx(0.4, abs=1e-7)
 
 
 def _reference_aggregate(values, mask, mode, n_seq, n_tok, budget):
-    """Written out per sequence in float64, independently of semrl.algos.losses."""
+    """Written out per sequence in float64, independently of semrl.methods.losses."""
     rows = []
     for v, m in zip(values.double().tolist(), mask.double().tolist(), strict=True):
         s = sum(a * b for a, b in zip(v, m, strict=True))
@@ -89,8 +89,8 @@ def test_loss_is_policy_term_minus_coeff_times_aggregated_entropy(mode):
         n_tok, n_seq = int(mask.sum()) + rng.randint(0, 3), n + rng.randint(0, 2)
         x = PolicyLossInputs(logp, old, adv, mask, num_tokens=max(n_tok, 1), entropy_coeff=coeff, bonus_entropy=entropy)
         config = _config(mode, max_new_tokens=t)
-        total, _, _ = micro_batch_loss(get_policy_loss("ppo"), x, config, num_sequences=n_seq)
-        pg, _, _ = micro_batch_loss(get_policy_loss("ppo"), PolicyLossInputs(logp, old, adv, mask, num_tokens=max(n_tok, 1)),
+        total, _, _ = micro_batch_loss(load(get_policy_loss("ppo").loss_fn), x, config, num_sequences=n_seq)
+        pg, _, _ = micro_batch_loss(load(get_policy_loss("ppo").loss_fn), PolicyLossInputs(logp, old, adv, mask, num_tokens=max(n_tok, 1)),
                                     config, num_sequences=n_seq)
         agg = _reference_aggregate(entropy.detach(), mask, mode, n_seq, max(n_tok, 1), t)
         assert float(total.detach()) == pytest.approx(float(pg) - coeff * agg, abs=1e-5)
@@ -134,7 +134,7 @@ def test_adaptive_coefficient_follows_trls_rule():
 
 
 def test_config_errors_name_the_key():
-    from semrl.configure import load_config
+    from semrl.config.load import load_config
 
     with pytest.raises(ConfigError, match=r"algorithm\.entropy_coeff"):
         load_config(None, ["algorithm.entropy_coeff=-0.1"])
@@ -151,9 +151,9 @@ def test_config_errors_name_the_key():
 def test_the_bonus_raises_the_entropy_in_training(digit_model_dir, seven_task, tmp_path, packing):
     """One update with a bonus of 1 (the digit model's entropy is ~1.3 nats): the batch's entropy
     after it is well above that of the same update without a bonus (measured 3.2 vs 1.3 nats)."""
-    from semrl.batch_forward import batch_logprobs
-    from semrl.configure import load_config
-    from semrl.trainer import Trainer
+    from semrl.config.load import load_config
+    from semrl.runtime.trainer import Trainer
+    from semrl.update.passes import batch_logprobs
 
     from .conftest import DIGIT_SYSTEM_PROMPT
 

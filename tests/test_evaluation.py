@@ -4,7 +4,9 @@ from math import comb
 
 import pytest
 
+from semrl.data import PromptFormat
 from semrl.evaluation import maj_at_k, markdown_table, pass_at_k, report_ks, summarize_by, summarize_records
+from semrl.reward import Judge
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 16])
@@ -94,12 +96,12 @@ def _cached_evaluation(model_dir, cache, problems, **overrides):
     """evaluate_held_out at step 0 with ``logging.eval_cache``; returns (metrics, tokens sampled)."""
     import torch
 
-    from semrl.configure import load_config
-    from semrl.distributed import ProcessGroup
-    from semrl.engines.hf import HFEngine
+    from semrl.config.load import load_config
     from semrl.evaluation import evaluate_held_out
-    from semrl.models import load_model, load_tokenizer
+    from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool
+    from semrl.rollout.engines.hf import HFEngine
+    from semrl.runtime.distributed import ProcessGroup
 
     torch.manual_seed(0)
     values = {"model.name": str(model_dir), "logging.eval_cache": str(cache), "logging.eval_samples": 2,
@@ -141,13 +143,13 @@ def test_evaluation_judges_with_the_configured_correctness_function(digit_model_
 
     import torch
 
-    from semrl.configure import load_config
+    from semrl.config.load import load_config
     from semrl.data import load_problems
-    from semrl.distributed import ProcessGroup
-    from semrl.engines.hf import HFEngine
     from semrl.evaluation import evaluate_held_out, records_path
-    from semrl.models import load_model, load_tokenizer
+    from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool, reward_functions
+    from semrl.rollout.engines.hf import HFEngine
+    from semrl.runtime.distributed import ProcessGroup
 
     from .conftest import DIGIT_SYSTEM_PROMPT
 
@@ -188,10 +190,10 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     import torch
 
     from semrl.data import Problem, build_prompt_ids
-    from semrl.engines import GenerationRequest, SamplingParams, build_engine
     from semrl.evaluation import sample_and_verify
-    from semrl.models import load_model, load_tokenizer
+    from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool, score_responses
+    from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
 
     from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
 
@@ -204,8 +206,8 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     counts: list[int] = []
     with VerifierPool(1, 5.0) as pool:
         sampled = sample_and_verify(
-            engine, tok, pool, problems, params, 8, DIGIT_SYSTEM_PROMPT, True, torch.Generator().manual_seed(3),
-            counts.append,
+            engine, tok, problems, params, 8, PromptFormat(DIGIT_SYSTEM_PROMPT), Judge(pool),
+            torch.Generator().manual_seed(3), counts.append,
         )
         requests = [
             GenerationRequest(build_prompt_ids(tok, p.problem, DIGIT_SYSTEM_PROMPT)) for p in problems for _ in range(8)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from semrl.checkpoint import list_checkpoints, load_trainer_state, verify_checkpoint
 from semrl.cli import main
 from semrl.errors import TrainingError
-from semrl.trainer import Trainer
+from semrl.runtime.checkpoint import list_checkpoints, load_trainer_state, verify_checkpoint
+from semrl.runtime.trainer import Trainer
 
 from .conftest import write_seven_task
 from .test_training import _cfg, _metrics
@@ -123,3 +123,27 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(
     _assert_checkpoints_complete(run)
     assert _same(_weights(full / "checkpoints" / "step-000004"), _weights(run / "checkpoints" / "step-000004"))
     assert [m["reward"] for m in _metrics(full)] == [m["reward"] for m in _metrics(run)]
+
+
+def test_faults_are_read_from_the_environment_once_and_checked_there(monkeypatch):
+    """The fault points of a run come from one object built from ``SEMRL_FAULT_*``: a malformed
+    variable fails when it is read, not at the point; a disk-full fault fails only its checkpoint."""
+    import errno
+
+    from semrl.runtime.faults import Faults
+
+    monkeypatch.setenv("SEMRL_FAULT_KILL", "rollout@x")
+    with pytest.raises(ValueError, match="SEMRL_FAULT_KILL='rollout@x': expected POINT@STEP"):
+        Faults.from_env()
+    monkeypatch.delenv("SEMRL_FAULT_KILL")
+    monkeypatch.setenv("SEMRL_FAULT_SIGNAL", "update@3,evaluate@0")
+    monkeypatch.setenv("SEMRL_FAULT_ENOSPC", "2")
+    faults = Faults.from_env()
+    assert faults.terminate == {("update", 3), ("evaluate", 0)} and faults.kill == frozenset()
+    for point, step in [("checkpoint", 1), ("checkpoint", 3), ("update", 2)]:
+        faults.at(point, step)  # nothing asked for here
+    with pytest.raises(OSError) as err:
+        faults.at("checkpoint", 2)
+    assert err.value.errno == errno.ENOSPC
+    monkeypatch.setenv("SEMRL_FAULT_RANK", "1")  # only rank 1 is signalled; this process is rank 0
+    assert Faults.from_env().terminate == frozenset()

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from semrl.algos.fr3e import fr3e_modulation, select_anchors, state_sizes
-from semrl.config import ConfigError
-from semrl.configure import load_config
+from semrl.config.load import load_config
+from semrl.config.sections import ConfigError
+from semrl.methods.fr3e.method import fr3e_modulation, select_anchors, state_sizes
 
 
 def test_anchors_are_the_top_scores_after_position_zero_sorted():

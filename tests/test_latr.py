@@ -10,7 +10,7 @@ from functools import cache
 import pytest
 import torch
 
-from semrl.algos.latr_tree import (
+from semrl.methods.latr.tree import (
     MATH_SYMBOLS,
     ForestSettings,
     LatrForest,
@@ -22,6 +22,7 @@ from semrl.algos.latr_tree import (
     rouge_l,
     suffix_match,
 )
+from semrl.methods.registry import load
 
 EOS = 2
 
@@ -292,12 +293,13 @@ def test_pruning_removes_a_branch_with_its_descendants():
 def _context(tiny_model_dir, overrides, step=0):
     from functools import partial
 
-    from semrl.algos.catalog import get_method
-    from semrl.algos.registry import RolloutContext, method_config
-    from semrl.configure import load_config
-    from semrl.engines import sampling_params
-    from semrl.engines.hf import HFEngine
-    from semrl.models import load_model, load_tokenizer
+    from semrl.config.load import load_config
+    from semrl.methods.catalog import get_method
+    from semrl.methods.interface import RolloutContext
+    from semrl.methods.registry import method_config
+    from semrl.models.loading import load_model, load_tokenizer
+    from semrl.rollout.engines import sampling_params
+    from semrl.rollout.engines.hf import HFEngine
 
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
@@ -318,7 +320,7 @@ def test_rollout_on_a_real_model(tiny_model_dir, eta, width):
         "latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.lookahead=[3]", "latr.keep_math_symbols=false",
         "latr.edit_distance_threshold=0.5", f"latr.eta_values=[{eta}]",
     ])
-    out = method.rollout_fn(ctx, prompts)
+    out = load(method.rollout_fn)(ctx, prompts)
     assert len(out.generations) == 18 and out.metrics["latr/width"] == width
     if width:
         assert out.metrics["latr/forks"] >= 3 * (width - 1)  # every token forks until the tree is full
@@ -335,7 +337,7 @@ def test_rollout_on_a_real_model(tiny_model_dir, eta, width):
 
 
 def test_latr_config_errors_name_the_key():
-    from semrl.configure import load_config
+    from semrl.config.load import load_config
     from semrl.errors import ConfigError
 
     base = ["algorithm.method=latr", "rollout.max_new_tokens=64"]

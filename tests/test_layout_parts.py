@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from semrl.atomic import atomic_directory, write_text_atomic
-from semrl.config import ConfigError
-from semrl.configure import load_config
-from semrl.curriculum import Curriculum
+from semrl.config.load import load_config
+from semrl.config.sections import ConfigError
 from semrl.data import Problem
+from semrl.data.curriculum import Curriculum
+from semrl.runtime.atomic import atomic_directory, write_text_atomic
 
 
 def test_atomic_directory_appears_whole_or_not_at_all(tmp_path):
@@ -65,8 +65,8 @@ def test_curriculum_advances_at_the_stage_ends_and_restores_its_place():
 
 
 def test_optimization_skips_non_finite_updates_and_counts_them_in_a_row():
-    from semrl.distributed import ProcessGroup
-    from semrl.optim import Optimization
+    from semrl.runtime.distributed import ProcessGroup
+    from semrl.update.optim import Optimization
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)

@@ -1,11 +1,11 @@
-"""Chunked log-probs and entropies (semrl.lm_head) against the full-logits computation."""
+"""Chunked log-probs and entropies (semrl.update.lm_head) against the full-logits computation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from semrl.lm_head import chunked_logprobs
+from semrl.update.lm_head import chunked_logprobs
 
 
 def full_reference(
@@ -129,9 +129,10 @@ def test_model_forward_with_chunks_equals_full_logits(tiny_model_dir, layout):
     logits: log-probs, entropies and every parameter's gradient, padded rows and packed trees."""
     from transformers import AutoModelForCausalLM
 
-    from semrl.forward import make_sequence_batch, response_logprobs
-    from semrl.packing import pack_trees, packed_response_logprobs
-    from semrl.tree import ChainTree
+    from semrl.rollout.sequences import make_sequence_batch
+    from semrl.rollout.tree import ChainTree
+    from semrl.update.forward import response_logprobs
+    from semrl.update.packing import pack_trees, packed_response_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(5)

@@ -9,12 +9,13 @@ import torch
 from safetensors.torch import load_file
 
 from semrl.cli import main
-from semrl.config import ConfigError
-from semrl.configure import load_config
-from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.lora import adapters_disabled, add_adapters, sampling_weights
-from semrl.models import load_model
-from semrl.trainer import Trainer
+from semrl.config.load import load_config
+from semrl.config.sections import ConfigError
+from semrl.models.loading import load_model
+from semrl.models.lora import adapters_disabled, add_adapters, sampling_weights
+from semrl.rollout.sequences import make_sequence_batch
+from semrl.runtime.trainer import Trainer
+from semrl.update.forward import response_logprobs
 
 from .conftest import write_seven_task
 from .test_training import _cfg, _metrics

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from semrl.algos.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss
+from semrl.methods.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss
 
 
 def test_ppo_clip_unclipped_region_is_minus_a_ratio():

@@ -17,12 +17,13 @@ TOY_MODULE = textwrap.dedent(
 
     from dataclasses import dataclass
 
-    from semrl.algos.grpo import outcome_advantages
-    from semrl.algos.registry import MethodRollout, MethodSpec, register_method
-    from semrl.batch import GroupInfo
+    from semrl.methods.advantages import outcome_advantages
+    from semrl.methods.interface import MethodRollout
+    from semrl.methods.registry import MethodSpec, register_method
+    from semrl.rollout.batch import GroupInfo
     from semrl.errors import ConfigError
-    from semrl.options import option
-    from semrl.engines import GenerationRequest
+    from semrl.config.options import option
+    from semrl.rollout.engines import GenerationRequest
 
 
     @dataclass(frozen=True)
@@ -71,7 +72,7 @@ TOY_MODULE = textwrap.dedent(
 
 @pytest.fixture
 def toy_plugin(tmp_path):
-    from semrl.algos.catalog import METHODS, load_plugins
+    from semrl.methods.catalog import METHODS, load_plugins
 
     path = tmp_path / "toy_method.py"
     path.write_text(TOY_MODULE)
@@ -83,8 +84,8 @@ def toy_plugin(tmp_path):
 
 def test_a_plugin_method_is_configured_listed_and_checked(toy_plugin, capsys):
     from semrl.cli import main
-    from semrl.config import ConfigError
-    from semrl.configure import config_reference, load_config
+    from semrl.config.load import config_reference, load_config
+    from semrl.config.sections import ConfigError
 
     cfg = load_config(None, ["algorithm.method=toy", "toy.scale=0.5"])
     assert cfg.section("toy").scale == 0.5 and cfg.algorithm.loss_agg_mode == "token-mean"
@@ -107,8 +108,8 @@ def test_a_missing_plugin_fails_clearly(capsys):
 
 
 def test_a_plugin_method_trains_with_its_state_and_metrics(toy_plugin, digit_model_dir, seven_task, tmp_path):
-    from semrl.configure import load_config
-    from semrl.trainer import Trainer
+    from semrl.config.load import load_config
+    from semrl.runtime.trainer import Trainer
 
     out = tmp_path / "run"
     cfg = load_config(None, [

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from semrl.batch import RolloutBatch
-from semrl.config import AlgorithmConfig
-from semrl.curriculum import StageSchedule
+from semrl.config.sections import AlgorithmConfig
 from semrl.data import Problem
-from semrl.distributed import ProcessGroup
-from semrl.engines import Generation
-from semrl.group_filter import GroupFilter, choose_groups, split_groups
-from semrl.metrics import entropy_metrics, reward_metrics, rollout_metrics
+from semrl.data.curriculum import StageSchedule
 from semrl.reward import RewardResult, Scores
+from semrl.rollout.batch import RolloutBatch
+from semrl.rollout.engines import Generation
+from semrl.rollout.group_filter import GroupFilter, choose_groups, split_groups
+from semrl.runtime.distributed import ProcessGroup
+from semrl.tracking.metrics import entropy_metrics, reward_metrics, rollout_metrics
 
 
 def _random_batch(gen: torch.Generator, groups: int, group_size: int) -> tuple[RolloutBatch, Scores]:

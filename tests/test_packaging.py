@@ -26,7 +26,7 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     )
     (wheel,) = dist.glob("semrl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for packaged in ("semrl/report/template.html", "semrl/data/benchmarks/math500.jsonl", "semrl/report/stats.py",
+    for packaged in ("semrl/studies/template.html", "semrl/data/benchmarks/math500.jsonl", "semrl/studies/stats.py",
                      "semrl/py.typed", "semrl/configs/demo.yaml", "semrl/configs/rose_paper.yaml",
                      "semrl/configs/study/study3_rules.yaml"):
         assert packaged in names, packaged

@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.packing import pack_trees, packed_response_logprobs
-from semrl.tree import ChainTree
+from semrl.rollout.sequences import make_sequence_batch
+from semrl.rollout.tree import ChainTree
+from semrl.update.forward import response_logprobs
+from semrl.update.packing import pack_trees, packed_response_logprobs
 
 
 def _random_tree(gen: torch.Generator, g: int, vocab: int, max_len: int) -> tuple[list[list[int]], ChainTree]:
@@ -51,7 +52,7 @@ def test_pack_layout_on_a_hand_built_tree():
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("query_block", [7, 256])  # many query blocks per tree, one block per row
 def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, query_block, monkeypatch):
-    monkeypatch.setattr("semrl.tree_attention.CPU_QUERY_BLOCK", query_block)
+    monkeypatch.setattr("semrl.update.tree_attention.CPU_QUERY_BLOCK", query_block)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -109,8 +110,8 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
     carries its own copy of the prefix), on the trees each method's rollout makes."""
     import json
 
-    from semrl.configure import load_config
-    from semrl.trainer import Trainer
+    from semrl.config.load import load_config
+    from semrl.runtime.trainer import Trainer
 
     task = tmp_path / "task.jsonl"
     task.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"Say a number ({i}).", "answer": "7"}) + "\n"

@@ -8,15 +8,16 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from semrl.batch import RolloutBatch
-from semrl.batch_forward import micro_batches
-from semrl.checkpoint import load_trainer_state
 from semrl.cli import main
 from semrl.data import Problem
-from semrl.engines import Generation
-from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.precision import Precision
-from semrl.trainer import Trainer
+from semrl.models.precision import Precision
+from semrl.rollout.batch import RolloutBatch
+from semrl.rollout.engines import Generation
+from semrl.rollout.sequences import make_sequence_batch
+from semrl.runtime.checkpoint import load_trainer_state
+from semrl.runtime.trainer import Trainer
+from semrl.update.forward import response_logprobs
+from semrl.update.passes import micro_batches
 
 from .test_training import _cfg, _metrics
 
@@ -153,14 +154,14 @@ def test_micro_batches_by_tokens_cover_every_row_within_the_budget(seed):
         # every process runs as many micro-batches as the one that needs the most
         most = len(plan) + 2
         if most <= len(rows) // (group_size if packed else 1):
-            agreed = micro_batches(batch, rows, 4, budget, packed, agree=lambda n, most=most: max(n, most))
+            agreed = micro_batches(batch, rows, 4, budget, packed, count=most)
             assert len(agreed) == most and sorted(torch.cat(agreed).tolist()) == list(range(total))
     plan = micro_batches(batch, rows, 3, None, False)  # no budget: fixed rows, in order
     assert torch.cat(plan).tolist() == list(range(total)) and all(len(mb) <= 3 for mb in plan)
 
 
 def test_bad_precision_and_budget_options_are_named(digit_model_dir, seven_task, tmp_path):
-    from semrl.config import ConfigError
+    from semrl.config.sections import ConfigError
 
     with pytest.raises(ConfigError, match="trainer.logits_chunk_size"):
         _cfg(digit_model_dir, seven_task, tmp_path / "x", "trainer.logits_chunk_size=0")

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from semrl.checkpoint import list_checkpoints, verify_checkpoint
-from semrl.preemption import EXIT_PREEMPTED
+from semrl.runtime.checkpoint import list_checkpoints, verify_checkpoint
+from semrl.runtime.preemption import EXIT_PREEMPTED
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 

@@ -10,18 +10,19 @@ import math
 import pytest
 import torch
 
-from semrl.algos.advantages import broadcast_to_tokens, group_centered_rewards
-from semrl.algos.losses import aggregate_loss, kl_penalty, ppo_clip_loss
-from semrl.algos.registry import AdvantageInputs, method_config
-from semrl.algos.seed_grpo import seed_grpo_advantages
-from semrl.algos.token_selection import (
+from semrl.config.load import load_config
+from semrl.methods.advantages import broadcast_to_tokens, group_centered_rewards
+from semrl.methods.interface import AdvantageInputs
+from semrl.methods.losses import aggregate_loss, kl_penalty, ppo_clip_loss
+from semrl.methods.registry import method_config
+from semrl.methods.seed_grpo.advantages import seed_grpo_advantages
+from semrl.methods.token_losses import (
     clip_cov_loss,
     high_entropy_mask,
     kl_cov_loss,
     sent_coefficients,
     sent_loss,
 )
-from semrl.configure import load_config
 from semrl.reward.shaping import overlong_penalty
 
 CASES = 300
@@ -292,8 +293,8 @@ def test_seed_grpo_equals_the_definition(likelihood, scale_fn):
 def test_8020_code_compat_averages_over_each_micro_batchs_selected_tokens():
     """The official 80/20 code: per micro-batch, the top-entropy tokens of the current entropies,
     the PPO loss averaged over them (token-mean), then averaged over the micro-batches."""
-    from semrl.algos.entropy_8020 import high_entropy
-    from semrl.algos.policy_losses import PolicyLossInputs
+    from semrl.methods.entropy_8020.loss import high_entropy
+    from semrl.methods.policy_loss import PolicyLossInputs
 
     cfg = load_config(None, ["algorithm.method=entropy_8020", "entropy_8020.code_compat=true"])
     gen = torch.Generator().manual_seed(10)

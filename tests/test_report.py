@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from semrl.cli import main
-from semrl.configure import load_config
-from semrl.report import compare_runs, read_jsonl, write_report
-from semrl.trainer import Trainer
+from semrl.config.load import load_config
+from semrl.runtime.trainer import Trainer
+from semrl.studies.runs import compare_runs, read_jsonl, write_report
 
 HOSTILE = "Pick </script><script>window.pwned = 1</script> & <b>bold</b> \u2028 a number"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from semrl.cli import main
-from semrl.configure import load_config
-from semrl.trainer import Trainer
+from semrl.config.load import load_config
+from semrl.runtime.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 

@@ -155,8 +155,8 @@ def test_bad_functions_fail_before_training(user_module, name, message):
 
 
 def test_training_reward_is_the_custom_function(tiny_model_dir, tmp_path, user_module):
-    from semrl.configure import load_config
-    from semrl.trainer import Trainer
+    from semrl.config.load import load_config
+    from semrl.runtime.trainer import Trainer
 
     task = tmp_path / "task.jsonl"
     task.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"Say {i}.", "answer": "7"}) + "\n" for i in range(8)))

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from semrl.engines import GenerationRequest, SamplingParams
-from semrl.engines.hf import HFEngine, filter_logits
-from semrl.forward import make_sequence_batch, response_logprobs
-from semrl.models import load_model, load_tokenizer
+from semrl.models.loading import load_model, load_tokenizer
+from semrl.rollout.engines import GenerationRequest, SamplingParams
+from semrl.rollout.engines.hf import HFEngine, filter_logits
+from semrl.rollout.sequences import make_sequence_batch
+from semrl.update.forward import response_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from semrl.algos.losses import rollout_correction
+from semrl.methods.losses import rollout_correction
 
 
 def _reference(old, rollout, lengths, level, cap, mode):
@@ -72,11 +72,11 @@ def test_weights_carry_no_gradient_and_equal_one_without_mismatch():
 def test_every_method_loss_is_weighted_by_the_correction(level):
     """micro_batch_loss with the correction equals the loss aggregated over weighted tokens, for
     every registered policy loss; with rollout_is=none it is the plain loss, metrics included."""
-    from semrl.algos.catalog import POLICY_LOSSES
-    from semrl.algos.losses import aggregate_loss
-    from semrl.algos.policy_losses import PolicyLossInputs, micro_batch_loss
-    from semrl.algos.registry import method_config
-    from semrl.configure import load_config
+    from semrl.config.load import load_config
+    from semrl.methods.catalog import POLICY_LOSSES
+    from semrl.methods.losses import aggregate_loss
+    from semrl.methods.policy_loss import PolicyLossInputs, micro_batch_loss
+    from semrl.methods.registry import load, method_config
 
     gen = torch.Generator().manual_seed(0)
     n, width = 6, 5
@@ -97,9 +97,9 @@ def test_every_method_loss_is_weighted_by_the_correction(level):
                 ref_logp=old, generator=torch.Generator().manual_seed(3), num_tokens=int(mask.sum()),
                 rollout_logp=rollout,
             )
-            total, metrics, _ = micro_batch_loss(loss, x, config, n)
+            total, metrics, _ = micro_batch_loss(load(loss.loss_fn), x, config, n)
             x.generator = torch.Generator().manual_seed(3)  # Clip-Cov draws from it: the same draws again
-            token_loss, _ = loss.loss_fn(x, config)
+            token_loss, _ = load(loss.loss_fn)(x, config)
             weights, _ = rollout_correction(old, rollout, mask, setting, 1.5)
             expected = aggregate_loss(token_loss * weights, mask, "token-mean", num_sequences=n, num_tokens=int(mask.sum()),
                                       max_response_length=width)

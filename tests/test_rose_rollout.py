@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from semrl.algos.branching import branch_scores, normalized_embeddings
-from semrl.algos.rose import RoseConfig
-from semrl.algos.rose_rollout import tree_rollout
-from semrl.engines import SamplingParams
-from semrl.engines.hf import HFEngine
-from semrl.models import load_model, load_tokenizer
+from semrl.methods.rose import RoseConfig
+from semrl.methods.rose.branching import branch_scores, normalized_embeddings
+from semrl.methods.rose.rollout import tree_rollout
+from semrl.models.loading import load_model, load_tokenizer
+from semrl.rollout.engines import SamplingParams
+from semrl.rollout.engines.hf import HFEngine
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from semrl.algos.advantages import group_centered_rewards
-from semrl.algos.rose_tree import length_discount, segment_advantages
-from semrl.tree import ChainTree, code_compat_node_sets, exact_node_points
+from semrl.methods.advantages import group_centered_rewards
+from semrl.methods.rose.advantages import length_discount, segment_advantages
+from semrl.rollout.tree import ChainTree, code_compat_node_sets, exact_node_points
 
 # Tree A: 0 root (L 30); 1 from 0 at 10 (L 25); 2 fresh (L 20); 3 from 1 at 20 (L 28).
 TREE_A = ChainTree(parents=(-1, 0, -1, 1), branch_positions=(-1, 10, 0, 20), lengths=(30, 25, 20, 28))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from semrl.run_summary import MAX_STEP_ROWS, run_summary
+from semrl.tracking.run_summary import MAX_STEP_ROWS, run_summary
 
 
 def _rows(steps: int, with_eval: bool = True):

@@ -5,11 +5,12 @@ import math
 import pytest
 import torch
 
-from semrl.algos.catalog import get_method
-from semrl.algos.registry import AdvantageInputs, method_config
-from semrl.algos.seed_grpo import uncertainty_scale
-from semrl.algos.semantic_entropy import cluster_answers, cluster_entropy
-from semrl.configure import load_config
+from semrl.config.load import load_config
+from semrl.methods.catalog import get_method
+from semrl.methods.interface import AdvantageInputs
+from semrl.methods.registry import load, method_config
+from semrl.methods.seed_grpo.advantages import uncertainty_scale
+from semrl.methods.semantic_entropy import cluster_answers, cluster_entropy
 from semrl.reward.shaping import overlong_penalty
 
 
@@ -51,13 +52,13 @@ def test_seed_grpo_scales_advantages_by_group_semantic_entropy():
         rewards, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), torch.ones(8, 2),
         answers=["3", "3", "3", "3", "1", "2", "4", None],
     )
-    adv, metrics = spec.advantage_fn(inputs, method_config(cfg, "seed_grpo"))
+    adv, metrics = load(spec.advantage_fn)(inputs, method_config(cfg, "seed_grpo"))
     assert torch.allclose(adv[:4, 0], torch.tensor([0.5, 0.5, -0.5, -0.5]))
     assert torch.allclose(adv[4:], torch.zeros(4, 2))
     assert metrics["seed/semantic_entropy"] == pytest.approx(math.log(4) / 2)
     # half the answers shared: SE = log 2 (frequency), x = log 2 / log 4 = 0.5 -> scale 0.5
     inputs.answers = ["3", "3", "3", "3", "1", "1", "2", "2"]
-    adv, _ = spec.advantage_fn(inputs, method_config(cfg, "seed_grpo"))
+    adv, _ = load(spec.advantage_fn)(inputs, method_config(cfg, "seed_grpo"))
     assert torch.allclose(adv[4:, 0], 0.5 * torch.tensor([0.75, -0.25, -0.25, -0.25]))
 
 

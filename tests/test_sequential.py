@@ -1,4 +1,4 @@
-"""Group-sequential designs (semrl.report.sequential, semrl.report.designs): boundaries against
+"""Group-sequential designs (semrl.studies.sequential, semrl.studies.designs): boundaries against
 published tables and simulation, error rates and power of the t-calibrated looks by simulation,
 Holm and BH against statsmodels, the sign-flip p against enumeration, the outcome precedence over
 every region, multiplicity within a look, and the looks log."""
@@ -14,8 +14,8 @@ import pytest
 from scipy import stats as st
 
 from semrl.errors import ConfigError
-from semrl.report.decide import Hypothesis
-from semrl.report.designs import (
+from semrl.studies.decide import Hypothesis
+from semrl.studies.designs import (
     Design,
     RulesFile,
     append_look,
@@ -23,7 +23,7 @@ from semrl.report.designs import (
     load_rules,
     outcome_of,
 )
-from semrl.report.sequential import (
+from semrl.studies.sequential import (
     _crossing_probabilities,
     benjamini_hochberg,
     boundaries,
@@ -269,7 +269,7 @@ def test_t_e_value_equals_the_bayes_factor_by_numerical_integration():
     """The closed form against the ratio of marginal likelihoods integrated numerically on a grid:
     effect delta ~ N(0, g) times the scale sigma, right-Haar prior 1/sigma on the scale (uniform in
     log sigma), on random data."""
-    from semrl.report.sequential import t_e_value
+    from semrl.studies.sequential import t_e_value
 
     rng = np.random.default_rng(4)
     deltas = np.linspace(-10, 10, 2001)
@@ -291,7 +291,7 @@ def test_anytime_design_watched_at_every_seed_keeps_alpha_and_its_confidence_seq
     """Null studies read at every seed from 2 to 20: the e-value crosses 1 / alpha in fewer than
     alpha of them (Ville's inequality), and the confidence sequence covers the true mean at every
     seed count at once in at least 1 - alpha; with an effect of one s.d., most studies stop early."""
-    from semrl.report.sequential import confidence_sequence, t_e_value
+    from semrl.studies.sequential import confidence_sequence, t_e_value
 
     rng = np.random.default_rng(9)
     studies, alpha = 1500, 0.05

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from semrl.models import load_model, load_tokenizer, resolve_model_path
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 
 pytestmark = pytest.mark.slow
 
 
 def test_alias_converts_once_and_generates_a_boxed_sum():
     from semrl.data import build_prompt_ids
-    from semrl.engines import GenerationRequest, SamplingParams
-    from semrl.engines.hf import HFEngine
+    from semrl.rollout.engines import GenerationRequest, SamplingParams
+    from semrl.rollout.engines.hf import HFEngine
 
     path = resolve_model_path("smollm2-135m")
     assert resolve_model_path("smollm2-135m") == path  # cached

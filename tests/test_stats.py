@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semrl.report.seeds import Run, comparison_rows, seed_differences
-from semrl.report.stats import (
+from semrl.studies.seeds import Run, comparison_rows, seed_differences
+from semrl.studies.stats import (
     compare_paired,
     min_detectable_effect,
     paired_t,

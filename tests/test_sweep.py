@@ -14,7 +14,7 @@ import yaml
 
 from semrl.cli import main
 from semrl.errors import ConfigError
-from semrl.sweep import DONE_FILE, SweepError, load_sweep, run_local, run_state
+from semrl.studies.sweep import DONE_FILE, SweepError, load_sweep, run_local, run_state
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 
@@ -73,7 +73,7 @@ def test_grid_expands_variants_times_seeds_seed_by_seed(tmp_path):
     assert sweep.base == base.resolve()
     assert [r.name for r in sweep.runs] == ["a/seed-3", "b/seed-3", "a/seed-1", "b/seed-1"]
     assert sweep.runs[1].run_dir == Path("study/b/seed-3")
-    from semrl.configure import load_config
+    from semrl.config.load import load_config
 
     cfg = load_config(sweep.base, list(sweep.runs[1].overrides))
     assert (cfg.algorithm.method, cfg.trainer.seed, cfg.trainer.steps) == ("rose", 3, 3)
@@ -264,7 +264,7 @@ def test_a_sweep_file_given_to_train_names_semrl_sweep(tmp_path, capsys):
 def test_the_base_evaluation_can_be_left_out_or_cut_to_a_subset(digit_model_dir, seven_task, tmp_path):
     """logging.eval_base=false: no step-0 evaluation; logging.eval_base_problems=2: the base model on
     the first 2 held-out problems, the final evaluation on all 4, and compare's base row says so."""
-    from semrl.report.seeds import final_table, find_runs
+    from semrl.studies.seeds import final_table, find_runs
 
     path = _tiny_sweep(
         tmp_path, digit_model_dir, seven_task,
@@ -310,8 +310,8 @@ def _forced_study(tmp_path: Path, model_dir: Path, task: Path, looks: list[int])
 def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_resumes_after_a_kill(
     digit_model_dir, seven_task, tmp_path, monkeypatch, capsys
 ):
-    from semrl.report.designs import load_rules
-    from semrl.sweep import run_until_decided
+    from semrl.studies.designs import load_rules
+    from semrl.studies.sweep import run_until_decided
 
     sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 4])
     sweep, rules = load_sweep(sweep_file), load_rules(rules_file)
@@ -336,7 +336,7 @@ def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_res
     assert "every primary rule is settled" in capsys.readouterr().out
     assert len((out / "looks.jsonl").read_text().splitlines()) == 1
     # a look the design did not plan is refused; --descriptive shows it without outcomes
-    from semrl.report.seeds import compare_seeds
+    from semrl.studies.seeds import compare_seeds
 
     with pytest.raises(ConfigError, match="looks at 2, 4 seeds only"):
         compare_seeds([out], rules=rules, seeds=[0])
@@ -344,8 +344,8 @@ def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_res
 
 
 def test_until_decided_needs_a_design_and_enough_seeds(digit_model_dir, seven_task, tmp_path):
-    from semrl.report.designs import load_rules
-    from semrl.sweep import run_until_decided
+    from semrl.studies.designs import load_rules
+    from semrl.studies.sweep import run_until_decided
 
     sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 6])
     with pytest.raises(SweepError, match="needs 6 seeds"):

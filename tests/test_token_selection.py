@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from semrl.algos.token_selection import (
+from semrl.methods.token_losses import (
     clip_cov_loss,
     high_entropy_mask,
     kl_cov_loss,

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from semrl.cli import main
-from semrl.config import ConfigError
-from semrl.configure import load_config
-from semrl.trackers import mlflow_key
-from semrl.trainer import Trainer
+from semrl.config.load import load_config
+from semrl.config.sections import ConfigError
+from semrl.runtime.trainer import Trainer
+from semrl.tracking.trackers import mlflow_key
 
 from .test_training import _cfg, _metrics
 

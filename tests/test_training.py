@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from semrl.algos.fr3e import state_sizes
 from semrl.cli import main
-from semrl.config import ConfigError
-from semrl.configure import load_config
-from semrl.trainer import Trainer
+from semrl.config.load import load_config
+from semrl.config.sections import ConfigError
+from semrl.methods.fr3e.method import state_sizes
+from semrl.runtime.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 
@@ -180,7 +180,7 @@ def test_eval_cli_resumes_with_the_same_samples(digit_model_dir, seven_task, tmp
 
 
 def test_hub_id_offline_says_to_pass_a_local_path(monkeypatch):
-    from semrl.models import ModelNotFoundError, load_tokenizer, resolve_model_path
+    from semrl.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # huggingface_hub reads the variable once, at import: without this the lookup goes to the network
@@ -329,13 +329,13 @@ def test_held_out_and_transfer_evaluations_keep_their_problem_records(digit_mode
 
 
 def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_dir, seven_task, tmp_path, monkeypatch):
-    import semrl.evaluation
+    import semrl.data.prompts
 
     template = "Question: {problem}\nAnswer:"
     out = tmp_path / "run"
     Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=1", f"data.prompt_template={json.dumps(template)}")).train()
     seen: list[tuple[str | None, str | None]] = []
-    for module in (semrl.evaluation,):  # curriculum scoring samples through evaluation's sample_and_verify
+    for module in (semrl.data.prompts,):  # evaluation and curriculum scoring build prompts through PromptFormat
         real = module.build_prompt_ids
 
         def spy(tokenizer, problem, system=None, prompt_template=None, _real=real):  # noqa: ANN001
@@ -368,16 +368,16 @@ def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_di
 def _train_counting_old_pass_rows(cfg, monkeypatch, reuse: bool) -> tuple[list[dict], dict, int]:
     """Train with or without reusing the first mini-batch's forward for its old log-probs; returns
     (metrics without timings, final weights, rows that went through the no-gradient passes)."""
-    import semrl.batch_forward as batch_forward
+    import semrl.update.actor as actor
 
     rows = []
-    real = batch_forward.batch_logprobs
+    real = actor.batch_logprobs
 
     def counting(model, batch, temperature, micro_batches, **kwargs):  # noqa: ANN001, ANN202
         rows.append(sum(len(m) for m in micro_batches))
         return real(model, batch, temperature, micro_batches, **kwargs)
 
-    monkeypatch.setattr(batch_forward, "batch_logprobs", counting)
+    monkeypatch.setattr(actor, "batch_logprobs", counting)
     Trainer(cfg, reuse_first_forward=reuse).train()
     out = cfg.logging.output_dir
     metrics = [
@@ -452,7 +452,7 @@ def test_an_out_of_range_value_fails_before_the_run_directory_is_written(tmp_pat
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"training started with {bad}")  # fail at once, not after a whole run
 
-    monkeypatch.setattr("semrl.trainer.Trainer.__init__", started)
+    monkeypatch.setattr("semrl.runtime.trainer.Trainer.__init__", started)
     out = tmp_path / "run"
     assert main(["train", bad, f"logging.output_dir={out}", "algorithm.method=rose"]) == 2
     key = bad.split("=")[0]

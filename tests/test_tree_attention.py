@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from semrl.packing import pack_trees
-from semrl.tree import ChainTree
-from semrl.tree_attention import blockwise_tree_attention, flex_tree_attention
+from semrl.rollout.tree import ChainTree
+from semrl.update.packing import pack_trees
+from semrl.update.tree_attention import blockwise_tree_attention, flex_tree_attention
 from tests.test_packing import _random_tree
 
 

@@ -11,7 +11,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from semrl.algos.treepo_rollout import (
+from semrl.methods.treepo.advantages import branch_budget, has_repetition, tree_outcome_advantages, whiten
+from semrl.methods.treepo.rollout import (
     SegmentTree,
     SegmentTreeSettings,
     TreePath,
@@ -19,8 +20,7 @@ from semrl.algos.treepo_rollout import (
     leaf_tree,
     stop_reason,
 )
-from semrl.algos.treepo_tree import branch_budget, has_repetition, tree_outcome_advantages, whiten
-from semrl.engines import Generation
+from semrl.rollout.engines import Generation
 
 # ------------------------------------------------------------------------------------------------
 # References written from the official code's logic (core_algos.py, torch_functional.py, the rollout)
@@ -353,8 +353,8 @@ def test_leaf_tree_shares_exactly_the_common_segments():
 
 @pytest.fixture(scope="module")
 def hf_setup(tiny_model_dir):
-    from semrl.engines.hf import HFEngine
-    from semrl.models import load_model, load_tokenizer
+    from semrl.models.loading import load_model, load_tokenizer
+    from semrl.rollout.engines.hf import HFEngine
 
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
@@ -367,8 +367,8 @@ def hf_setup(tiny_model_dir):
 def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     """Width leaves per prompt; leaves that share node ids share those tokens; every request held its
     path's tokens and at most a segment's budget; shared segments are sampled once."""
-    from semrl.algos.treepo_rollout import segment_tree_rollout
-    from semrl.engines import SamplingParams, join_generations
+    from semrl.methods.treepo.rollout import segment_tree_rollout
+    from semrl.rollout.engines import SamplingParams, join_generations
 
     engine, tok, prompts = hf_setup
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
@@ -403,7 +403,7 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
 
 
 def test_treepo_config_errors_name_the_key():
-    from semrl.configure import load_config
+    from semrl.config.load import load_config
     from semrl.errors import ConfigError
 
     base = ["algorithm.method=treepo", "rollout.max_new_tokens=64"]

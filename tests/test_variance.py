@@ -1,4 +1,4 @@
-"""The variance decomposition of per-seed differences (semrl.report.variance): metrics against
+"""The variance decomposition of per-seed differences (semrl.studies.variance): metrics against
 summarize_records, bootstrap variances and the training share against simulated studies whose
 variances are known, and the design search against brute force."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from semrl.evaluation import summarize_records
-from semrl.report.variance import (
+from semrl.studies.variance import (
     Decomposition,
     Samples,
     cheapest_designs,
@@ -111,7 +111,7 @@ def test_pass_at_k_sampling_variance_against_simulation(n, population):
     from scipy import stats
 
     from semrl.evaluation import pass_at_k
-    from semrl.report.variance import pass_at_k_sampling_variance
+    from semrl.studies.variance import pass_at_k_sampling_variance
 
     rng = np.random.default_rng(n)
     ps = rng.beta(*population, size=4000)
@@ -169,7 +169,7 @@ def test_designs_are_the_cheapest_that_reach_the_target():
 
 def test_compare_variance_reads_the_study_records():
     study = Path(__file__).parents[1] / "results" / "study_sparse"
-    from semrl.report.seeds import find_runs
+    from semrl.studies.seeds import find_runs
 
     groups = find_runs([study], seeds=[0, 1, 2])
     text = variance_section(groups, [("rose", "dr_grpo")], metrics=("pass@16",), reps=50)

@@ -14,11 +14,11 @@ def __getattr__(name: str) -> Any:
     # Loaded on first use: loading a config imports every method (and torch); the verifier's
     # worker processes import semrl.reward only and must start fast.
     if name in ("Config", "ConfigError"):
-        import semrl.config
+        import semrl.config.sections
 
-        return getattr(semrl.config, name)
+        return getattr(semrl.config.sections, name)
     if name == "load_config":
-        from semrl.configure import load_config
+        from semrl.config.load import load_config
 
         return load_config
     if name == "train":

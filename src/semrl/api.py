@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from semrl.config import Config
-from semrl.configure import load_config, validate
+from semrl.config.load import load_config, validate
+from semrl.config.sections import Config
 
 RewardFunction = str | Callable[..., Any]
 
@@ -45,7 +45,7 @@ def train(
     reward workers like a named one; one defined in a notebook or a script's ``__main__`` runs in
     the training process, without the hard ``reward.timeout_s`` limit (put it in a module to get it).
     """
-    from semrl.trainer import Trainer
+    from semrl.runtime.trainer import Trainer
 
     if isinstance(config, Config):
         if overrides:

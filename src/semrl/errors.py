@@ -30,7 +30,7 @@ class EngineError(ValueError):
 
 
 class Preempted(TrainingError):
-    """The run stopped on a signal after a complete step, with a checkpoint (``semrl.preemption``)."""
+    """The run stopped on a signal after a complete step, with a checkpoint (``semrl.runtime.preemption``)."""
 
     def __init__(self, signal_name: str, step: int, checkpoint: Path, run_dir: Path) -> None:
         super().__init__(

@@ -6,7 +6,7 @@ A *problem record* (one JSON line of ``problems.jsonl``) holds a problem's n sam
      "samples": [{"response", "answer", "correct", "length", "truncated", "timed_out", "cluster"}]}
 
 ``cluster`` numbers the sample's answer-equivalence class within the problem (math-verify, as the
-semantic entropy of ``semrl.algos.semantic_entropy``); a sample without an answer is its own class.
+semantic entropy of ``semrl.methods.semantic_entropy``); a sample without an answer is its own class.
 Metric definitions: docs/algorithms.md "Evaluation metrics".
 """
 
@@ -24,12 +24,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from semrl.algos.semantic_entropy import cluster_answers
-from semrl.atomic import write_text_atomic
-from semrl.data import Problem, build_prompt_ids
-from semrl.engines import Engine, Generation, GenerationRequest, SamplingParams, sampling_params
-from semrl.jsonl import read_jsonl
-from semrl.reward import RewardFunctions, RewardResult, VerifierPool, score_responses
+from semrl.data import Problem
+from semrl.data.prompts import PromptFormat
+from semrl.methods.semantic_entropy import cluster_answers
+from semrl.reward import Judge, RewardFunctions, RewardResult, VerifierPool, score_responses
+from semrl.rollout.engines import Engine, Generation, GenerationRequest, SamplingParams, sampling_params
+from semrl.runtime.atomic import write_text_atomic
+from semrl.tracking.jsonl import read_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -129,7 +130,7 @@ class SampledProblem:
     generations: list[Generation]
     texts: list[str]
     rewards: list[RewardResult]  # extracted answer and correctness of each response
-    clusters: list[int]  # each answer's equivalence class (semrl.algos.semantic_entropy.cluster_answers)
+    clusters: list[int]  # each answer's equivalence class (semrl.methods.semantic_entropy.cluster_answers)
 
     def record(self) -> dict[str, Any]:
         """Its problem record (module docstring)."""
@@ -152,28 +153,24 @@ class SampledProblem:
 def sample_and_verify(
     engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
-    pool: VerifierPool,
     problems: Sequence[Problem],
     params: SamplingParams,
     num_samples: int,
-    system_prompt: str | None,
-    final_number_fallback: bool,
+    prompt: PromptFormat,
+    judge: Judge,
     generator: torch.Generator | None = None,
     progress: Callable[[int], Any] | None = None,
-    prompt_template: str | None = None,
-    functions: RewardFunctions | None = None,
 ) -> list[SampledProblem]:
-    """Sample ``num_samples`` responses per problem (prompts built as in training), judge them and
-    cluster their answers: what evaluation and the SENT curriculum's scoring both need.
-    ``functions``: the run's reward functions, whose correctness judge (``reward.correctness``)
-    decides each response's ``correct``; None: math-verify of the extracted answer.
+    """Sample ``num_samples`` responses per problem (prompts in ``prompt``'s format, as in training),
+    judge them with ``judge`` and cluster their answers: what evaluation and the SENT curriculum's
+    scoring both need.
 
     An engine that refills finished slots (``Engine.continuous_batching``: vllm) gets every request
     at once (``Engine.generate_dynamic``); the others get chunks of ``engine.batch_size``. Either
     way the requests take their seeds from ``generator`` in the same order, so the samples do not
     depend on the path (docs/evaluation.md, "Continuous batching"). ``progress`` gets a count for
     every finished sample; a problem is judged as soon as its last sample finishes."""
-    prompt_ids = [build_prompt_ids(tokenizer, p.problem, system_prompt, prompt_template) for p in problems]
+    prompt_ids = [prompt.ids(tokenizer, p.problem) for p in problems]
     tagged = [
         ((i, j), GenerationRequest(ids)) for i, ids in enumerate(prompt_ids) for j in range(num_samples)
     ]
@@ -189,7 +186,7 @@ def sample_and_verify(
             progress(1)
         if waiting[i] == 0:
             done = [g for g in gens[i] if g is not None]
-            out[i] = _judge(problems[i], done, tokenizer, pool, final_number_fallback, functions)
+            out[i] = _judged(problems[i], done, tokenizer, judge)
         return []
 
     if engine.continuous_batching:
@@ -204,11 +201,12 @@ def sample_and_verify(
     return [s for s in out if s is not None]
 
 
-def _judge(
-    problem: Problem, gens: list[Generation], tokenizer: PreTrainedTokenizerBase, pool: VerifierPool,
-    final_number_fallback: bool, functions: RewardFunctions | None,
+def _judged(
+    problem: Problem, gens: list[Generation], tokenizer: PreTrainedTokenizerBase, judge: Judge
 ) -> SampledProblem:
     """One problem's samples decoded, judged and clustered by answer equivalence."""
+    pool, functions, final_number_fallback = judge.pool, judge.functions, judge.final_number_fallback
+    # decode is typed str | list[str]; one sequence of ids gives a str
     texts: list[str] = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]  # type: ignore[misc]
     if functions is None:
         golds = [problem.answer] * len(gens)
@@ -311,8 +309,9 @@ def evaluate_dataset(
             todo = list(problems[start : start + size])  # a partly written chunk: redo it whole
         generator = torch.Generator().manual_seed(settings.seed + chunk)
         records = [s.record() for s in sample_and_verify(
-            engine, tokenizer, pool, todo, params, settings.num_samples, settings.system_prompt,
-            settings.final_number_fallback, generator, prompt_template=settings.prompt_template,
+            engine, tokenizer, todo, params, settings.num_samples,
+            PromptFormat(settings.system_prompt, settings.prompt_template),
+            Judge(pool, settings.final_number_fallback), generator,
         )]
         new = [r for r in records if r["id"] not in done]
         with records_file.open("a", encoding="utf-8") as fh:
@@ -431,7 +430,7 @@ def evaluation_key(cfg: Any, problems: Sequence[Problem], split: str, world: int
 def weights_fingerprint(name: str) -> list[tuple[str, int, int]]:
     """(file name, size, modification time in ns) of each file that holds the weights of ``model.name``
     (the alias's GGUF, a .gguf file, or a model directory's files); [] for a hub id."""
-    from semrl.models import SMOLLM2_ALIAS, smollm2_gguf_path
+    from semrl.models.loading import SMOLLM2_ALIAS, smollm2_gguf_path
 
     path = smollm2_gguf_path() if name == SMOLLM2_ALIAS else Path(name).expanduser()
     if path.is_dir():
@@ -478,10 +477,9 @@ def evaluate_held_out(
     with tqdm(total=len(share) * log.eval_samples, desc=split, unit="sample", leave=False,
               disable=not (log.progress and procs.is_main)) as bar:
         records = [s.record() for s in sample_and_verify(
-            engine, tokenizer, pool, share,
-            sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
-            log.eval_samples, cfg.data.system_prompt, cfg.reward.final_number_fallback, gen, bar.update,
-            prompt_template=cfg.data.prompt_template, functions=functions,
+            engine, tokenizer, share, sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
+            log.eval_samples, PromptFormat.of(cfg.data),
+            Judge(pool, cfg.reward.final_number_fallback, functions), gen, bar.update,
         )]
     shares = procs.gather(records)
     # back in the problems' order (process r sampled problems r, r + world, ...)

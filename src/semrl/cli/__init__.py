@@ -11,7 +11,7 @@ import sys
 
 from semrl.cli import checkpoint, compare, config, curriculum, evaluate, export, report, sweep, train
 from semrl.errors import ConfigError, Preempted, TrainingError
-from semrl.preemption import EXIT_PREEMPTED
+from semrl.runtime.preemption import EXIT_PREEMPTED
 
 COMMANDS = (train, evaluate, report, compare, sweep, config, checkpoint, export, curriculum)
 

@@ -23,7 +23,7 @@ def add_parser(sub: SubParsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if not Path(args.run_dir).is_dir():
         raise ConfigError(f"no run directory '{args.run_dir}'; give the logging.output_dir of a run")
-    from semrl.checkpoint import (
+    from semrl.runtime.checkpoint import (
         list_checkpoints,
         stage_reference_dirs,
         verify_checkpoint,

@@ -5,14 +5,11 @@ read."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from semrl.config import DEFAULT_SYSTEM_PROMPT, Config
-from semrl.deferred import Deferral, deferred_imports
+from semrl.config.sections import DEFAULT_SYSTEM_PROMPT, Config
 from semrl.errors import ConfigError
 
 # Defaults the config defines too are taken from it, so that a command and a run agree
@@ -63,18 +60,12 @@ def add_plugin_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@contextmanager
-def reading_config(args: argparse.Namespace) -> Iterator[Deferral]:
-    """The block in which a command reads its config: the plugins named by ``--plugin`` load, and
-    torch and numpy are deferred (``semrl.deferred``), so that a config error or the reference
-    answers before they load (``benchmarks/bench_startup.py``). A command that goes on to run tensor
-    code calls ``resolve()`` on what it yields once the block is left."""
-    with deferred_imports("torch", "numpy") as deferral:
-        if args.plugin:
-            from semrl.algos.catalog import load_plugins
+def load_plugins_of(args: argparse.Namespace) -> None:
+    """Load the plugins named by ``--plugin``, so that the config may name their methods and losses."""
+    if args.plugin:
+        from semrl.methods.catalog import load_plugins
 
-            load_plugins(args.plugin)
-        yield deferral
+        load_plugins(args.plugin)
 
 
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +77,7 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
 
 def check_model_arg(args: argparse.Namespace) -> None:
     """``--model`` names something loadable, checked before torch and the data load."""
-    from semrl.models import check_model_name
+    from semrl.models.loading import check_model_name
 
     check_model_name(args.model)
 
@@ -126,8 +117,8 @@ def load_sampler(args: argparse.Namespace, problems: list[Any], max_new_tokens: 
     from dataclasses import replace
 
     from semrl.data import build_prompt_ids
-    from semrl.engines import build_engine
-    from semrl.models import load_model, load_tokenizer, resolve_model_path
+    from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+    from semrl.rollout.engines import build_engine
 
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)

@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
                               "output_dir of a sweep file)")
     if args.decide and not Path(args.decide).is_file():
         raise ConfigError(f"decision rules file '{args.decide}' does not exist")
-    from semrl.report import compare_runs
-    from semrl.report.designs import load_rules
-    from semrl.report.seeds import compare_seeds
+    from semrl.studies.designs import load_rules
+    from semrl.studies.runs import compare_runs
+    from semrl.studies.seeds import compare_seeds
 
     sweep_dir = len(args.run_dirs) == 1 and not (Path(args.run_dirs[0]) / "metrics.jsonl").exists()
     if args.group_by or sweep_dir:
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         if args.variance:
-            from semrl.report.seeds import comparison_pairs, find_runs
-            from semrl.report.variance import variance_section
+            from semrl.studies.seeds import comparison_pairs, find_runs
+            from semrl.studies.variance import variance_section
 
             groups = find_runs(args.run_dirs, args.group_by, args.seeds)
             print(variance_section(groups, comparison_pairs(groups, args.baseline)))

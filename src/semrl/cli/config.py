@@ -6,7 +6,7 @@ import argparse
 import shutil
 import sys
 
-from semrl.cli.common import SubParsers, add_plugin_arg, reading_config
+from semrl.cli.common import SubParsers, add_plugin_arg, load_plugins_of
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -31,26 +31,26 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with reading_config(args):
-        from semrl.configure import config_reference, load_config, methods_table
-        from semrl.errors import ConfigError
+    load_plugins_of(args)
+    from semrl.config.load import config_reference, load_config, methods_table
+    from semrl.errors import ConfigError
 
-        target = args.check or args.config
-        if args.methods:
-            print(methods_table())
-        elif args.check is not None or args.config:
-            if not target:
-                raise ConfigError("--check needs a config file: semrl config --check FILE [overrides]")
-            if args.check and args.config:
-                raise ConfigError(f"two config files, --check {args.check} and --config {args.config}: one")
-            cfg = load_config(target, args.overrides)
-            print(f"{target}: OK (method {cfg.algorithm.method})")
-        else:
-            if overrides := [s for s in args.overrides if "=" in s]:
-                raise ConfigError(
-                    f"overrides {overrides} need a config to apply to: "
-                    f"semrl config --check FILE {' '.join(overrides)}"
-                )
-            width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-            print(config_reference(args.overrides, width=width and max(60, min(width, 100))))
+    target = args.check or args.config
+    if args.methods:
+        print(methods_table())
+    elif args.check is not None or args.config:
+        if not target:
+            raise ConfigError("--check needs a config file: semrl config --check FILE [overrides]")
+        if args.check and args.config:
+            raise ConfigError(f"two config files, --check {args.check} and --config {args.config}: one")
+        cfg = load_config(target, args.overrides)
+        print(f"{target}: OK (method {cfg.algorithm.method})")
+    else:
+        if overrides := [s for s in args.overrides if "=" in s]:
+            raise ConfigError(
+                f"overrides {overrides} need a config to apply to: "
+                f"semrl config --check FILE {' '.join(overrides)}"
+            )
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        print(config_reference(args.overrides, width=width and max(60, min(width, 100))))
     return 0

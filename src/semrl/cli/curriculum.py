@@ -65,12 +65,13 @@ def run_score(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from semrl.curriculum import score_problems
-    from semrl.engines import SamplingParams
-    from semrl.reward import VerifierPool
+    from semrl.data import PromptFormat
+    from semrl.data.curriculum import score_problems
+    from semrl.reward import Judge, VerifierPool
+    from semrl.rollout.engines import SamplingParams
 
     if args.engine == "vllm" and args.estimator == "length_normalized":
-        from semrl.engines.vllm import check_unfiltered_logprobs
+        from semrl.config.engine_checks import check_unfiltered_logprobs
 
         check_unfiltered_logprobs(
             args.top_p, 0, f"--engine vllm with --top-p {args.top_p}",
@@ -84,10 +85,9 @@ def run_score(args: argparse.Namespace) -> int:
     bar = tqdm(total=len(found), desc="score", disable=args.quiet)
     with VerifierPool(2, args.timeout) as pool, bar:
         written = score_problems(
-            sampler.engine, sampler.tokenizer, pool, found, Path(args.output), params, args.n,
-            sampler.system_prompt, not args.no_number_fallback, args.estimator,
-            torch.Generator().manual_seed(args.seed), bar.update,
-            prompt_template=sampler.prompt_template,
+            sampler.engine, sampler.tokenizer, Judge(pool, not args.no_number_fallback), found,
+            Path(args.output), params, args.n, PromptFormat(sampler.system_prompt, sampler.prompt_template),
+            args.estimator, torch.Generator().manual_seed(args.seed), bar.update,
         )
     print(f"{args.output}: {written} problems scored, {len(found) - written} already there")
     return 0

@@ -19,7 +19,7 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semrl.report import write_report
+    from semrl.studies.runs import write_report
 
     index = write_report(args.run_dir, args.output)
     print(f"report: {index}  (open it in a browser; figures in {index.parent / 'figures'})")

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     for what, given in (("sweep file", args.sweep_file), ("decision rules file", args.until_decided)):
         if given and not Path(given).is_file():  # before the sweep's imports load torch
             raise ConfigError(f"{what} '{given}' does not exist")
-    from semrl import sweep as sweeps
+    from semrl.studies import sweep as sweeps
 
     sweep = sweeps.load_sweep(args.sweep_file)
     if args.dry_run:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             from semrl.errors import ConfigError
 
             raise ConfigError("--until-decided runs seeds one after another: use the local launcher")
-        from semrl.report.designs import load_rules
+        from semrl.studies.designs import load_rules
 
         return sweeps.run_until_decided(sweep, load_rules(args.until_decided))
     if args.launcher == "local":

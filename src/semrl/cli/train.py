@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from semrl.cli.common import SubParsers, add_plugin_arg, reading_config
+from semrl.cli.common import SubParsers, add_plugin_arg, load_plugins_of
 from semrl.errors import ConfigError
 
 
@@ -32,20 +32,19 @@ def add_parser(sub: SubParsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.num_processes != 1:
         return _launch(args)
-    with reading_config(args) as deferral:
-        from semrl.configure import load_config
+    load_plugins_of(args)
+    from semrl.config.load import load_config
 
-        if args.resume:
-            run_dir = Path(args.resume)
-            _check_run_dir(run_dir)
-            cfg = load_config(
-                args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"]
-            )
-        else:
-            cfg = load_config(args.config, args.overrides)
-    deferral.resolve()
-    from semrl.run_summary import summary_of_run
-    from semrl.trainer import Trainer
+    if args.resume:
+        run_dir = Path(args.resume)
+        _check_run_dir(run_dir)
+        cfg = load_config(
+            args.config or run_dir / "config.yaml", [*args.overrides, f"logging.output_dir={run_dir}"]
+        )
+    else:
+        cfg = load_config(args.config, args.overrides)
+    from semrl.runtime.trainer import Trainer
+    from semrl.tracking.run_summary import summary_of_run
 
     trainer = Trainer(cfg, resume=bool(args.resume))
     trainer.train()
@@ -75,13 +74,14 @@ def _launch(args: argparse.Namespace) -> int:
 
     if args.num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {args.num_processes}")
-    with reading_config(args):  # a bad config fails here, once, instead of in every process
-        from semrl.configure import load_config
+    # a bad config fails here, once, instead of in every process
+    load_plugins_of(args)
+    from semrl.config.load import load_config
 
-        if args.resume:
-            _check_run_dir(Path(args.resume))
-        config_file = args.config or (Path(args.resume) / "config.yaml" if args.resume else None)
-        load_config(config_file, args.overrides)
+    if args.resume:
+        _check_run_dir(Path(args.resume))
+    config_file = args.config or (Path(args.resume) / "config.yaml" if args.resume else None)
+    load_config(config_file, args.overrides)
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
         "--num_processes", str(args.num_processes), "--num_machines", "1",

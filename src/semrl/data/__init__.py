@@ -10,7 +10,7 @@ from semrl.data.loader import (
     problem_columns,
     resolve_dataset,
 )
-from semrl.data.prompts import build_prompt_ids
+from semrl.data.prompts import PromptFormat, build_prompt_ids
 from semrl.data.sampler import EpochSampler
 from semrl.data.sources import ARITHMETIC, EVAL_SEED_OFFSET, load_dataset
 
@@ -23,6 +23,7 @@ __all__ = [
     "DataError",
     "EpochSampler",
     "Problem",
+    "PromptFormat",
     "build_prompt_ids",
     "load_problems",
     "problem_columns",

@@ -24,6 +24,9 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Problem:
+    """One problem: its id, text and gold answer, and what the dataset says of it (solution, level,
+    subject, its other columns in ``extra``, handed to reward functions)."""
+
     id: str
     problem: str
     answer: str

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a problem becomes a prompt: the chat template with ``system_prompt`` (None: no system
+    turn), or the plain-text ``template`` with a ``{problem}`` field (``data.prompt_template``, for
+    base models)."""
+
+    system_prompt: str | None = None
+    template: str | None = None
+
+    @classmethod
+    def of(cls, data: Any) -> PromptFormat:
+        """The format of a config's ``data`` section (``data.system_prompt``, ``data.prompt_template``)."""
+        return cls(data.system_prompt, data.prompt_template)
+
+    def ids(self, tokenizer: PreTrainedTokenizerBase, problem: str) -> list[int]:
+        """Token ids of ``problem``'s prompt (``build_prompt_ids``)."""
+        return build_prompt_ids(tokenizer, problem, self.system_prompt, self.template)
 
 
 def build_prompt_ids(

@@ -7,6 +7,9 @@ from typing import Any
 
 
 class EpochSampler:
+    """Problem indices in a fresh seeded order every epoch, resumable (``state_dict``): the same on
+    every process."""
+
     def __init__(self, size: int, seed: int) -> None:
         if size < 1:
             raise ValueError("cannot sample from an empty dataset")

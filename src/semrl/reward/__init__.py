@@ -19,13 +19,14 @@ from semrl.reward.verify import CallResult, Verdict, VerifierPool
 if TYPE_CHECKING:
     import torch
 
-    from semrl.config import RewardConfig
+    from semrl.config.sections import RewardConfig
     from semrl.data import Problem
-    from semrl.engines import Generation
+    from semrl.rollout.engines import Generation
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "Judge",
     "RewardFunctions",
     "RewardResult",
     "Scores",
@@ -42,6 +43,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RewardResult:
+    """One response's reward, its extracted answer, whether it was judged correct and whether the
+    verifier timed out."""
+
     reward: float
     answer: str | None
     correct: bool
@@ -223,6 +227,18 @@ class Scores:
         groups with a learning signal under group-relative advantages (DAPO's dynamic sampling)."""
         grouped = self.grouped(group_size, metric)
         return grouped.max(1).values > grouped.min(1).values
+
+
+@dataclass(frozen=True)
+class Judge:
+    """Who decides whether a response is correct, outside training's reward: math-verify of the
+    extracted answer in ``pool``'s workers, or the run's reward functions (``functions``: their
+    ``reward.correctness`` judge), with ``final_number_fallback`` (a last number counts as the answer
+    when there is no ``\\boxed{}``)."""
+
+    pool: VerifierPool
+    final_number_fallback: bool = True
+    functions: RewardFunctions | None = None
 
 
 def score(

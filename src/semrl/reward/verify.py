@@ -26,6 +26,8 @@ MAX_ANSWER_CHARS = 2000  # longer "answers" are hostile or degenerate: scored 0 
 
 @dataclass(frozen=True)
 class Verdict:
+    """math-verify's answer for one (gold, answer) pair: correct or not, a time-out, or the error raised."""
+
     correct: bool
     timed_out: bool = False
     error: str | None = None
@@ -162,6 +164,7 @@ class VerifierPool:
         while not all(w.ready for w in self._workers):
             starting = {w.conn: w for w in self._workers if not w.ready}
             deadline = min(w.started for w in starting.values()) + STARTUP_TIMEOUT_S
+            # wait() is typed to return any waitable; it returns the connections it was given
             for conn in wait(list(starting), timeout=max(0.0, deadline - time.monotonic())):
                 self._receive(starting[conn], {})  # type: ignore[index]
             self._expire({})
@@ -238,6 +241,7 @@ class VerifierPool:
                     w.conn.send((w.job, *jobs[w.job]))
             by_conn = {w.conn: w for w in self._workers if w.job is not None or not w.ready}
             deadlines = [w.deadline if w.ready else w.started + STARTUP_TIMEOUT_S for w in by_conn.values()]
+            # wait() is typed to return any waitable; it returns the connections it was given
             for conn in wait(list(by_conn), timeout=max(0.0, min(deadlines) - time.monotonic())):
                 self._receive(by_conn[conn], out)  # type: ignore[index]
             self._expire(out)

@@ -1,0 +1,1 @@
+"""Run configuration: the sections, their options and loading; imports no torch."""

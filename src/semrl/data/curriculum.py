@@ -1,0 +1,185 @@
+"""SENT's semantic-entropy curriculum (docs/algorithms.md "SENT: curriculum").
+
+``score_problems`` samples M answers per problem from a model, clusters them by answer equivalence
+(math-verify through the verifier pool; an answer that cannot be extracted is its own cluster) and
+writes one jsonl row per problem with its semantic entropy. The file is resumable: a re-run skips
+the ids already in it, and rows are appended and flushed one problem at a time, so an interrupted
+run loses at most the problems in flight. ``curriculum_stages`` sorts by entropy, easy (low) first,
+and splits into equal stages that the trainer runs in order (``Curriculum``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from semrl.data import DataError, EpochSampler, Problem, load_problems
+from semrl.data.prompts import PromptFormat
+from semrl.evaluation import sample_and_verify
+from semrl.methods.semantic_entropy import Estimator, cluster_entropy
+from semrl.reward import Judge
+from semrl.rollout.engines import Engine, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+SCORE_FIELD = "semantic_entropy"
+
+
+def _done_ids(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    ids = set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(json.loads(line)["id"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise DataError(
+                f"{path}:{number}: not a curriculum row; delete the "
+                "line (it is re-scored) or pick another --output"
+            ) from None
+    return ids
+
+
+def score_problems(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    judge: Judge,
+    problems: list[Problem],
+    output: Path,
+    params: SamplingParams,
+    num_samples: int = 8,
+    prompt: PromptFormat | None = None,
+    estimator: Estimator = "length_normalized",
+    generator: torch.Generator | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> int:
+    """Append a semantic-entropy row for every problem not yet in ``output``; returns rows written.
+    Prompts are built as in training (``prompt``: ``data.system_prompt``, or ``data.prompt_template``;
+    None: the chat template without a system prompt); ``judge`` decides which answers are correct."""
+    prompt = prompt or PromptFormat()
+    done = _done_ids(output)
+    todo = [p for p in problems if p.id not in done]
+    if progress is not None and len(problems) > len(todo):
+        progress(len(problems) - len(todo))
+    per_batch = max(1, engine.batch_size // num_samples)
+    written = 0
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("a", encoding="utf-8") as fh:
+        for start in range(0, len(todo), per_batch):
+            chunk = todo[start : start + per_batch]
+            sampled = sample_and_verify(
+                engine, tokenizer, chunk, params, num_samples, prompt, judge, generator
+            )
+            for s in sampled:
+                problem = s.problem
+                mean_logp = torch.stack([g.logprobs.mean() for g in s.generations])
+                row = {
+                    "id": problem.id, "problem": problem.problem, "answer": problem.answer,
+                    "level": problem.level,
+                    SCORE_FIELD: cluster_entropy(s.clusters, mean_logp, estimator),
+                    "num_clusters": len(set(s.clusters)),
+                    "accuracy": float(np.mean([r.correct for r in s.rewards])),
+                    "num_samples": num_samples,
+                    "estimator": estimator,
+                }
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                written += 1
+            if progress is not None:
+                progress(len(chunk))
+    return written
+
+
+def load_curriculum(path: str | Path) -> list[tuple[Problem, float]]:
+    """(problem, semantic entropy) pairs from a file written by ``score_problems``."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(
+            f"curriculum file '{path}' does not exist; write it with "
+            f"'semrl curriculum score --output {path}' (see configs/sent_demo.yaml)"
+        )
+    scored = []
+    for problem in load_problems(path)[0]:
+        value = problem.extra.get(SCORE_FIELD)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value):
+            raise DataError(
+                f"{path}: problem '{problem.id}': field '{SCORE_FIELD}' must be a finite number; "
+                "score the file with 'semrl curriculum score'"
+            )
+        scored.append((problem, float(value)))
+    return scored
+
+
+def curriculum_stages(scored: list[tuple[Problem, float]], num_stages: int) -> list[list[Problem]]:
+    """Sort by semantic entropy ascending (ties by id) and split into ``num_stages`` stages whose
+    sizes differ by at most one."""
+    if len(scored) < num_stages:
+        raise DataError(
+            f"a {num_stages}-stage curriculum needs at least {num_stages} problems, got {len(scored)}"
+        )
+    ordered = [p for p, _ in sorted(scored, key=lambda x: (x[1], x[0].id))]
+    bounds = np.linspace(0, len(ordered), num_stages + 1).round().astype(int)
+    return [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+@dataclass(frozen=True)
+class StageSchedule:
+    """Which steps each curriculum stage trains: stage k trains steps [ends[k-1], ends[k])."""
+
+    ends: tuple[int, ...]
+
+    @classmethod
+    def even(cls, num_stages: int, steps: int) -> StageSchedule:
+        """``steps`` split as evenly as possible over ``num_stages`` stages."""
+        return cls(tuple(round((k + 1) * steps / num_stages) for k in range(num_stages)))
+
+    def steps_of(self, stage: int) -> int:
+        return self.ends[stage] - (self.ends[stage - 1] if stage > 0 else 0)
+
+    def advances_at(self, stage: int, step: int) -> bool:
+        """Whether a run in ``stage`` that has done ``step`` steps moves to the next stage."""
+        return stage + 1 < len(self.ends) and step >= self.ends[stage]
+
+
+class Curriculum:
+    """The training problems stage by stage, and the data order within the current stage (one
+    stage for a run without a curriculum). The loop asks ``advances`` after every step.
+
+    Args:
+        stages: the problems of each stage, in training order.
+        steps: the run's rollout steps, split evenly over the stages (``StageSchedule.even``).
+        seed: ``trainer.seed``; stage k's order is drawn with seed + k.
+    """
+
+    def __init__(self, stages: list[list[Problem]], steps: int, seed: int) -> None:
+        self.stages, self.seed = stages, seed
+        self.schedule = StageSchedule.even(len(stages), steps)
+        self.enter(0)
+
+    def enter(self, stage: int) -> None:
+        self.stage = stage
+        self.problems = self.stages[stage]
+        self.sampler = EpochSampler(len(self.problems), self.seed + stage)
+
+    def advances(self, step: int) -> bool:
+        """Whether the run, having done ``step`` steps, moves to the next stage now."""
+        return self.schedule.advances_at(self.stage, step)
+
+    def steps_left_in_stage(self, step: int) -> int:
+        return self.schedule.ends[self.stage] - step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.enter(state.get("stage", 0))
+        self.sampler.load_state_dict(state["sampler"])

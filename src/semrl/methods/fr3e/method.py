@@ -1,0 +1,126 @@
+"""FR3E's rollout (anchors at the highest-entropy positions of a base response, continuations
+from each) and its advantages (GRPO's, modulated by the anchors' states), as the trainer calls them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from semrl.methods.advantages import broadcast_to_tokens
+from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
+from semrl.methods.registry import MethodConfig
+from semrl.rollout.batch import GroupInfo
+from semrl.rollout.engines import GenerationRequest
+
+if TYPE_CHECKING:
+    pass
+from semrl.methods.fr3e import FR3EConfig
+
+
+def select_anchors(scores: torch.Tensor, num_anchors: int) -> list[int]:
+    """Sorted positions of the ``num_anchors`` largest scores, excluding position 0 (the prompt is S_0).
+
+    scores: (L,) one per generated token of the first-return chain.
+    """
+    if len(scores) <= 1:
+        return []
+    k = min(num_anchors, len(scores) - 1)
+    return sorted((torch.topk(scores[1:], k).indices + 1).tolist())
+
+
+def state_sizes(group_size: int, num_states: int) -> list[int]:
+    """Continuations per state: as even as possible, earlier states first."""
+    base, extra = divmod(group_size, num_states)
+    return [base + (1 if j < extra else 0) for j in range(num_states)]
+
+
+def fr3e_modulation(rewards: torch.Tensor, states: torch.Tensor, sharpen: bool = True) -> torch.Tensor:
+    """(G,) FR3E advantages of one prompt's continuations.
+
+    A state whose continuations all got the same reward (all correct, all wrong, or a single
+    continuation) has zero advantages and no value: as FR3E's code, which drops such state groups
+    (its dynamic sampling) before computing the values, the value chain runs over the other
+    states only, in order.
+
+    Args:
+        rewards: (G,) reward of each continuation.
+        states: (G,) state index j of each continuation (0 = from the prompt), states ascending.
+    """
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    kept: list[int] = []
+    values: list[torch.Tensor] = []
+    for j in range(int(states.max()) + 1):
+        rows = states == j
+        group = rewards[rows].float()
+        if group.numel() < 2 or bool(group.max() == group.min()):
+            continue
+        centred = group - group.mean()
+        adv[rows] = centred
+        kept.append(j)
+        values.append((centred > 0).float().mean())
+    if not kept:
+        return adv
+    value = torch.stack(values)
+    delta = torch.cat([1.0 - value[:1], value[1:] - value[:-1]])
+    if sharpen:
+        powered = delta.abs() ** 1.5
+        delta = torch.sign(delta) * powered / powered.sum().clamp(min=1e-12)
+    for j, d in zip(kept, delta, strict=True):
+        adv[states == j] /= torch.exp(d)
+    return adv
+
+
+def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
+    """A first-return chain per prompt, then G continuations spread over its anchor states."""
+    opts: FR3EConfig = ctx.config.options
+    params, group = ctx.params, ctx.group_size
+    first = ctx.engine.generate(
+        [GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True
+    )
+    if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
+        ctx.sampling_entropy(prompt_ids, first)
+    requests, sequence_prompts, states_per_group = [], [], []
+    for ids, chain in zip(prompt_ids, first, strict=True):
+        scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs
+        if scores is None:
+            raise ValueError("fr3e.anchor_metric=entropy needs the first-return chains' entropies")
+        anchors = [0, *select_anchors(scores, opts.num_anchors)]
+        sizes = state_sizes(group, len(anchors))
+        states = []
+        for j, (anchor, size) in enumerate(zip(anchors, sizes, strict=True)):
+            prefix = chain.token_ids[:anchor].tolist()
+            for _ in range(size):
+                requests.append(
+                    GenerationRequest(
+                        ids, prefix, params.max_new_tokens - anchor, cache=chain.cache if anchor else None
+                    )
+                )
+                sequence_prompts.append(ids + prefix)
+                states.append(j)
+        states_per_group.append(states)
+        chain.cache = None
+    gens = ctx.engine.generate(requests, params, ctx.generator)
+    first_tokens = sum(len(c.token_ids) for c in first)
+    metrics = {
+        "fr3e/anchors_per_prompt": sum(max(s) for s in states_per_group) / len(states_per_group),
+        "fr3e/first_return_tokens": float(first_tokens),
+    }
+    return MethodRollout(
+        gens, groups=[GroupInfo(method_data=tuple(states)) for states in states_per_group],
+        sequence_prompt_ids=sequence_prompts, metrics=metrics,
+    )
+
+
+def fr3e_advantages(
+    inputs: AdvantageInputs, config: MethodConfig[FR3EConfig]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(N, T) advantages; each group's ``method_data`` holds the state of each continuation."""
+    out, start = [], 0
+    for group in inputs.groups:
+        states = torch.tensor(group.method_data)
+        g = len(states)
+        out.append(fr3e_modulation(inputs.rewards[start : start + g], states, config.options.sharpen))
+        start += g
+    return broadcast_to_tokens(torch.cat(out), inputs.response_mask), {}

@@ -1,0 +1,156 @@
+"""LATR's rollout as the trainer calls it: the lookahead phase over candidate branches, pruned
+by ``semrl.methods.latr.tree``, then every kept branch finished by the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from semrl.methods.interface import MethodRollout, RolloutContext
+from semrl.methods.latr.tree import (
+    Branch,
+    ForestSettings,
+    LatrForest,
+    PruneRule,
+    eta_at,
+    latr_width,
+)
+from semrl.rollout.batch import GroupInfo
+from semrl.rollout.engines import Generation, GenerationRequest, join_generations
+from semrl.rollout.tree import ChainTree
+
+if TYPE_CHECKING:
+    pass
+from semrl.methods.latr import LatrConfig
+
+
+def _forest_settings(o: LatrConfig, width: int) -> ForestSettings:
+    return ForestSettings(
+        width=width, tau_abs=o.tau_abs, tau_rel=o.tau_rel,
+        prune=PruneRule(o.edit_distance_threshold, o.suffix_match_threshold, o.rouge_l_threshold),
+        windows=tuple(o.lookahead), keep_math_symbols=o.keep_math_symbols,
+        return_threshold=o.return_threshold, return_threshold_decay=o.return_threshold_decay,
+    )
+
+
+def lookahead_phase(
+    ctx: RolloutContext, prompt_ids: list[list[int]], width: int
+) -> tuple[LatrForest, int]:
+    """Grow the LATR trees of every prompt token by token; returns the forest and its loop steps."""
+    o: LatrConfig = ctx.config.options
+    assert ctx.decode is not None, "LATR's rollout needs RolloutContext.decode (keep_math_symbols)"
+    eos = frozenset(int(t) for t in ctx.engine.eos_token_ids)
+    forest = LatrForest(len(prompt_ids), _forest_settings(o, width), eos, ctx.decode)
+    # the raw distribution's two best tokens: temperature 1, no top-p / top-k
+    raw = replace(ctx.params, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1, logprobs_top_k=2)
+    limit = o.force_return_step or ctx.params.max_new_tokens
+    steps = 0
+    for step in range(limit):
+        rows = forest.active()
+        if not rows:
+            break
+        requests = [
+            GenerationRequest(prompt_ids[b.root], list(b.tokens), max_new_tokens=1, cache=b.cache)
+            for b in rows
+        ]
+        outs = ctx.engine.generate(requests, raw, ctx.generator, return_cache=True)
+        top_ids = [(int(g.top_ids[0, 0]), int(g.top_ids[0, 1])) for g in outs]
+        top_logprobs = [(float(g.top_logprobs[0, 0]), float(g.top_logprobs[0, 1])) for g in outs]
+        forest.advance(
+            step, rows, top_ids, top_logprobs,
+            [g.cache for g in outs],
+        )
+        steps = step + 1
+        if forest.full(step, ctx.params.max_new_tokens):
+            break
+    return forest, steps
+
+
+def _prefix_generation(branch: Branch, top_k: int) -> Generation:
+    n = len(branch.tokens)
+    return Generation(
+        token_ids=torch.tensor(branch.tokens, dtype=torch.long), logprobs=torch.tensor(branch.logprobs),
+        top_logprobs=torch.zeros(n, top_k), top_ids=torch.zeros(n, top_k, dtype=torch.long), entropy=None,
+        finished=branch.finished,
+    )
+
+
+def _finish_requests(
+    ctx: RolloutContext, prompt_ids: list[list[int]], rows: list[list[Branch | None]]
+) -> dict[tuple[int, int], Generation]:
+    """Sample every unfinished LATR row to the end and every ordinary row (None) from its prompt,
+    in one batched call; keyed by (prompt, row)."""
+    params, requests, where = ctx.params, [], []
+    for p, group in enumerate(rows):
+        for j, branch in enumerate(group):
+            if branch is None:
+                requests.append(GenerationRequest(prompt_ids[p]))
+            elif branch.finished or len(branch.tokens) >= params.max_new_tokens:
+                continue
+            else:
+                budget = params.max_new_tokens - len(branch.tokens)
+                prefix = list(branch.tokens)
+                requests.append(GenerationRequest(prompt_ids[p], prefix, budget, cache=branch.cache))
+            where.append((p, j))
+    return dict(zip(where, ctx.engine.generate(requests, params, ctx.generator), strict=True))
+
+
+def _group_tree(group: list[Branch | None], grown: int, lengths: list[int]) -> ChainTree:
+    """The prefix tree of a prompt's rows: ``grown`` tree rows (each under its parent from its fork),
+    then pads (copies of the main row's lookahead), then ordinary rows."""
+    tree = [b for b in group if b is not None]
+    parents, positions = [], []
+    for j, branch in enumerate(group):
+        if branch is None:  # an ordinary sample
+            parents.append(-1)
+            positions.append(0 if j else -1)
+        elif j < grown:
+            parent = next((i for i, b in enumerate(tree) if b is branch.parent), -1)
+            parents.append(parent)
+            positions.append(-1 if parent < 0 else branch.fork_position)
+        else:  # a pad, sampled on from the main row's lookahead
+            parents.append(0)
+            positions.append(len(branch.tokens))
+    return ChainTree(tuple(parents), tuple(positions), tuple(lengths))
+
+
+def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
+    """n rows per prompt, prompt-major: its k LATR rows (padded with copies of the main row), then
+    n - k ordinary samples."""
+    o: LatrConfig = ctx.config.options
+    n, params = ctx.group_size, ctx.params
+    width = latr_width(n, eta_at(ctx.step, o.eta_steps, o.eta_values))
+    forest, steps = lookahead_phase(ctx, prompt_ids, width) if width else (None, 0)
+    trees = forest.trees if forest is not None else [[] for _ in prompt_ids]
+    rows: list[list[Branch | None]] = [  # per prompt: tree rows, pads, then None = ordinary rows
+        [*tree, *([tree[0]] * (width - len(tree)) if tree else []), *[None] * (n - width)] for tree in trees
+    ]
+    outs = _finish_requests(ctx, prompt_ids, rows)
+
+    def rest(key: tuple[int, int]) -> list[Generation]:  # a row's sampled continuation, if it had one
+        return [outs[key]] if key in outs else []
+
+    gens, groups = [], []
+    for p, group in enumerate(rows):
+        mine = [
+            outs[(p, j)] if branch is None
+            else join_generations([_prefix_generation(branch, params.logprobs_top_k), *rest((p, j))])
+            for j, branch in enumerate(group)
+        ]
+        gens += mine
+        groups.append(GroupInfo(tree=_group_tree(group, len(trees[p]), [len(g.token_ids) for g in mine])))
+    for branch in (b for tree in trees for b in tree):
+        branch.cache = None
+    metrics = {
+        "latr/width": float(width),
+        "latr/lookahead_steps": float(steps),
+        "latr/forks": float(forest.forks if forest else 0),
+        "latr/pruned": float(forest.pruned if forest else 0),
+        "latr/suppressed_forks": float(forest.suppressed if forest else 0),
+        "latr/padded_rows": float(sum(width - len(t) for t in trees) if forest else 0),
+        "latr/lookahead_tokens": float(sum(len(b.tokens) for t in trees for b in t)),
+    }
+    return MethodRollout(gens, groups=groups, metrics=metrics)

@@ -1,0 +1,85 @@
+"""TreePO's rollout and advantages as the trainer calls them: the segment tree sampling of
+``semrl.methods.treepo.rollout`` and the subgroup advantages of ``semrl.methods.treepo.advantages``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
+from semrl.methods.registry import MethodConfig
+from semrl.methods.treepo.advantages import tree_outcome_advantages, whiten
+from semrl.methods.treepo.rollout import (
+    STOP_REASONS,
+    SegmentTreeSettings,
+    leaf_tree,
+    segment_tree_rollout,
+)
+from semrl.rollout.batch import GroupInfo
+from semrl.rollout.engines import join_generations
+
+if TYPE_CHECKING:
+    pass
+from semrl.methods.treepo import TreePOConfig, treepo_depth
+
+
+def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
+    """A segment tree of ``rollout.group_size`` leaves per prompt, prompt-major."""
+    options: TreePOConfig = ctx.config.options
+    if ctx.decode is None:
+        raise ValueError("TreePO's rollout needs RolloutContext.decode (its stop tests read segment text)")
+    settings = SegmentTreeSettings(
+        width=ctx.group_size, segment_length=options.segment_length,
+        max_depth=treepo_depth(options, ctx.params.max_new_tokens), branch=options.branch,
+        first_branch_max=options.first_branch_max, stop_on_boxed=options.stop_on_boxed,
+        repetition_window=options.repetition_window, repetition_count=options.repetition_count,
+        reuse_kv_cache=options.reuse_kv_cache,
+    )
+    result = segment_tree_rollout(
+        ctx.engine, prompt_ids, ctx.params, settings, ctx.decode, ctx.generator
+    )
+    gens, groups = [], []
+    reasons: dict[str, int] = dict.fromkeys(STOP_REASONS, 0)
+    sampled = 0
+    for leaves in result.leaves:
+        gens += [join_generations(leaf.segments) for leaf in leaves]
+        paths = tuple(tuple(leaf.nodes) for leaf in leaves)
+        groups.append(GroupInfo(tree=leaf_tree(leaves), method_data=paths))
+        for leaf in leaves:
+            reasons[leaf.reason or ""] += 1
+        # every sampled segment lies on some leaf: count each node once
+        sizes = {n: len(s.token_ids) for x in leaves for n, s in zip(x.nodes, x.segments, strict=True)}
+        sampled += sum(sizes.values())
+    total = sum(len(g.token_ids) for g in gens)
+    leaves_total = len(gens)
+    metrics = {
+        "treepo/mean_depth": sum(len(leaf.nodes) for ls in result.leaves for leaf in ls) / leaves_total,
+        "treepo/fallback_paths": float(result.fallbacks),
+        "treepo/segment_steps": float(result.steps),
+        "treepo/sampled_tokens": float(sampled),
+        # leaves' total length = what independent sampling of the same responses would generate
+        "treepo/sampled_vs_independent": sampled / max(1, total),
+        **{f"treepo/stop_{reason}": count / leaves_total for reason, count in reasons.items()},
+    }
+    return MethodRollout(gens, groups=groups, metrics=metrics)
+
+
+def treepo_advantages(
+    inputs: AdvantageInputs, config: MethodConfig[TreePOConfig]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(N, T) tree advantages whitened over this process's batch (each group's ``method_data``
+    holds its leaves' node paths)."""
+    options = config.options
+    paths = [path for group in inputs.groups for path in group.method_data]
+    if len(paths) != len(inputs.rewards):
+        raise ValueError(
+            f"{len(paths)} TreePO paths for {len(inputs.rewards)} rewards: the batch lost its trees"
+        )
+    raw = tree_outcome_advantages(
+        inputs.rewards, inputs.group_ids.tolist(), paths, options.weight, options.drop_zero_std_subgroups
+    )
+    mask = inputs.response_mask.float()
+    adv = whiten(raw[:, None] * mask, mask, subtract_mean=options.subtract_batch_mean)
+    return adv, {"treepo/raw_advantage_abs": float(raw.abs().mean())}

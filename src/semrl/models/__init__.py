@@ -1,0 +1,1 @@
+"""Loading, adapting (LoRA), precision and exporting models."""

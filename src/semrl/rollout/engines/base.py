@@ -1,0 +1,224 @@
+"""What every sampling engine shares: the request and result types and the ``Engine`` interface
+(docs/engines.md).
+
+Two engines implement ``Engine``: ``hf`` (``semrl.rollout.engines.hf.HFEngine``, semrl's batched
+transformers sampler, the reference) and ``vllm`` (``semrl.rollout.engines.vllm.VLLMEngine``, vLLM in
+the training process). The trainer, ROSE, FR3E, evaluation and curriculum scoring only call this
+interface, so they run unchanged on either engine; ``semrl.rollout.engines.build_engine`` makes one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def sequence_seed(seed: int, step: int, round_index: int, prompt: int, sample: int) -> int:
+    """The seed of one sampled sequence under ``rollout.seed_per_sequence``: sample ``sample`` of
+    prompt ``prompt`` (its index in the step's global batch) in rollout round ``round_index``."""
+    key = [seed, step, round_index, prompt, sample]
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
+
+
+@dataclass
+class PrefixCache:
+    """Key/value states of one sequence's first ``length`` context tokens, for every layer.
+
+    keys[l], values[l]: (num_kv_heads, length, head_dim). A continuation from a prefix hands the
+    cache of its parent chain to the engine, which then feeds only the last context token instead
+    of re-encoding prompt + prefix (what vLLM's prefix caching does for the ROSE code).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[-2] if self.keys else 0
+
+    def truncate(self, length: int) -> PrefixCache:
+        return PrefixCache([k[:, :length] for k in self.keys], [v[:, :length] for v in self.values])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How an engine samples: temperature, top-p, top-k (0: off), the response budget and how many of the
+    largest log-probs of every position it returns (0: the sampled token's only)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    logprobs_top_k: int = 20
+
+
+def sampling_params(rollout: Any, temperature: float | None = None, *, top_logprobs: bool) -> SamplingParams:
+    """The sampler of the ``rollout`` config section; ``temperature`` replaces its temperature
+    (evaluation's ``logging.eval_temperature``). ``top_logprobs``: whether the caller reads the
+    ``rollout.logprobs_top_k`` largest log-probs of every position (ROSE's branching does); without
+    them an engine returns the sampled token's log-prob only (k = 0), which is cheaper."""
+    return SamplingParams(
+        temperature=rollout.temperature if temperature is None else temperature,
+        top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
+        logprobs_top_k=rollout.logprobs_top_k if top_logprobs else 0,
+    )
+
+
+@dataclass
+class GenerationRequest:
+    """One continuation to sample: the prompt, tokens already chosen after it (a tree branch's prefix),
+    its own budget, the KV cache of a leading part, and its own seed."""
+
+    prompt_ids: list[int]
+    prefix_ids: list[int] = field(default_factory=list)
+    max_new_tokens: int | None = None  # overrides SamplingParams.max_new_tokens (branch budgets)
+    cache: PrefixCache | None = None  # KV of a leading part of prompt_ids + prefix_ids
+    # Own random stream: the sample then does not depend on the other rows of its batch, the
+    # generation batch size or the number of processes (rollout.seed_per_sequence).
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """One sampled continuation; tensors have length L = number of new tokens.
+
+    Attributes:
+        token_ids: (L,) new tokens, including the final EOS if there is one.
+        logprobs: (L,) log-prob of each sampled token.
+        top_logprobs: (L, k) largest log-probs at each position, descending.
+        top_ids: (L, k) their token ids.
+        entropy: (L,) entropy of the full next-token distribution; None from an engine that does
+            not compute it (vllm): ``semrl.update.passes.fill_sampling_entropy`` adds it.
+        finished: ended with EOS.
+        cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
+    """
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    top_logprobs: torch.Tensor
+    top_ids: torch.Tensor
+    entropy: torch.Tensor | None
+    finished: bool
+    cache: PrefixCache | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return not self.finished
+
+
+def join_generations(parts: list[Generation]) -> Generation:
+    """Consecutive pieces of one response (a tree path's segments, a prefix and its continuation)
+    as one ``Generation``; its entropy only when every piece has one, its end the last piece's."""
+    pieces = [part.entropy for part in parts if part.entropy is not None]
+    entropy = torch.cat(pieces) if len(pieces) == len(parts) else None
+    return Generation(
+        token_ids=torch.cat([part.token_ids for part in parts]),
+        logprobs=torch.cat([part.logprobs for part in parts]),
+        top_logprobs=torch.cat([part.top_logprobs for part in parts]),
+        top_ids=torch.cat([part.top_ids for part in parts]),
+        entropy=entropy,
+        finished=parts[-1].finished,
+    )
+
+
+def request_budget(request: GenerationRequest, params: SamplingParams) -> int:
+    """The request's token budget, after checking that it has a context and a budget >= 1."""
+    if not request.prompt_ids and not request.prefix_ids:
+        raise ValueError("a generation request has an empty prompt")
+    budget = request.max_new_tokens if request.max_new_tokens is not None else params.max_new_tokens
+    if budget < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
+    return budget
+
+
+Tag = TypeVar("Tag")
+# (tag, request, its generation) -> the requests to start next, each with its tag
+OnDone = Callable[[Tag, GenerationRequest, Generation], list[tuple[Tag, GenerationRequest]]]
+
+
+class Engine(Protocol):
+    """What every sampling engine offers.
+
+    Attributes:
+        name: ``hf`` or ``vllm``.
+        batch_size: sequences generated together (evaluation sizes its chunks by it).
+        continuous_batching: whether ``generate_dynamic`` starts a request as soon as a slot
+            frees (vllm) rather than in rounds of whole batches (hf); evaluation then hands it every
+            request at once.
+        computes_entropy: whether ``Generation.entropy`` is filled at sampling time; when it is
+            not, the trainer measures the sampling entropy with its own forward
+            (``semrl.update.passes.fill_sampling_entropy``; a method's rollout through
+            ``RolloutContext.sampling_entropy``).
+        compute_dtype: the dtype sampling computes in (the training model may hold float32
+            master weights).
+        eos_token_ids: the ids that end a response (a list or a 1-D tensor).
+        generated_tokens: new tokens sampled since the engine started, every call counted; a
+            prefix given as ``prompt_ids`` or ``prefix_ids`` is not (tree branches share it). The
+            trainer logs the difference over a step's rollout as ``rollout/sampled_tokens``.
+    """
+
+    name: str
+    batch_size: int
+    continuous_batching: bool
+    computes_entropy: bool
+    compute_dtype: torch.dtype
+    eos_token_ids: Any
+    generated_tokens: int
+
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        return_cache: bool = False,
+    ) -> list[Generation]:
+        """One ``Generation`` per request, in request order."""
+        ...
+
+    def generate_dynamic(
+        self,
+        requests: list[tuple[Tag, GenerationRequest]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: OnDone,
+        return_cache: bool = False,
+    ) -> int:
+        """Sample tagged requests; each finished one goes to ``on_done(tag, request, generation)``,
+        which returns requests to start next (tree rollouts: a prompt's next branch). Returns the
+        number of batched generation calls (1 for an engine that adds requests to its running batch)."""
+        ...
+
+    def input_embeddings(self) -> torch.Tensor:
+        """(V, D) input embeddings of the weights the engine samples from (ROSE's divergence)."""
+        ...
+
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Make the engine sample from new weights: ``weights``, a stream of (name, full tensor)
+        consumed one at a time (under FSDP, ``semrl.runtime.distributed.iter_full_parameters`` gathers each
+        when its turn comes) or, when None, the current weights of the model it was built with.
+        Cached prefixes are dropped."""
+        ...
+
+    def release_memory(self) -> None:
+        """The rollout is over: free what sampling holds (vllm's sleep mode on CUDA: KV cache, and
+        weights that the next ``sync_weights`` pushes anyway) until the next ``sync_weights``."""
+        ...
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the generation config's EOS ids
+    (chat models often name their end-of-turn token only in the generation config)."""
+    ids = [tokenizer.eos_token_id]
+    configured = model.generation_config.eos_token_id
+    ids += configured if isinstance(configured, list) else [configured] if configured is not None else []
+    return sorted({int(i) for i in ids if i is not None})

@@ -1,0 +1,275 @@
+"""Batched sampling with a KV cache, returning what RL needs per generated token.
+
+A request is ``prompt_ids`` plus an optional ``prefix_ids`` (tokens of an existing response to
+continue from, as tree rollouts do); only the newly generated tokens are returned. Each result has
+the sampled ids, their log-probs, the top-k log-probs and ids at every position (ROSE's branching
+scores need them), the full-vocabulary entropy, and whether it ended with EOS or was truncated.
+
+A request may carry the ``PrefixCache`` of the chain it continues: then only the context tokens the
+cache does not cover are encoded. With ``return_cache=True`` every result carries the cache of all
+tokens it fed through the model, ready for its own continuations. Finished rows leave the batch at
+once, so a long straggler does not make the finished rows pay for its decoding steps.
+
+Log-probs are those of the temperature-scaled distribution before top-p/top-k filtering, i.e. the
+distribution the trainer's forward pass computes with the same temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from semrl.models.precision import autocast_to
+from semrl.rollout.engines.base import (
+    Generation,
+    GenerationRequest,
+    OnDone,
+    PrefixCache,
+    SamplingParams,
+    Tag,
+    request_budget,
+)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf. logits: (B, V)."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # remove tokens once the mass *before* them already exceeds top_p (keeps at least one)
+        remove_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) > top_p
+        remove = torch.zeros_like(remove_sorted).scatter(-1, sorted_idx, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def _batched_cache(
+    caches: list[PrefixCache | None], lengths: list[int], device: torch.device
+) -> DynamicCache:
+    """Left-pad the first ``lengths[i]`` cached tokens of each row into one (B, H, W, D) cache per layer."""
+    width = max(lengths)
+    template = next((c for c in caches if c is not None and c.length), None)
+    if width == 0 or template is None:
+        return DynamicCache()
+    layers = []
+    for layer in range(len(template.keys)):
+        heads, _, dim = template.keys[layer].shape
+        dtype = template.keys[layer].dtype
+        keys = torch.zeros((len(caches), heads, width, dim), dtype=dtype, device=device)
+        values = torch.zeros_like(keys)
+        for i, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
+            if n and cache is not None:  # a row with cached tokens has a cache
+                keys[i, :, width - n :] = cache.keys[layer][:, :n]
+                values[i, :, width - n :] = cache.values[layer][:, :n]
+        layers.append((keys, values))
+    return DynamicCache(ddp_cache_data=layers)
+
+
+def _row_cache(cache: DynamicCache, row: int, row_attention: torch.Tensor) -> PrefixCache:
+    """The unpadded cache of one batch row, as contiguous copies (the padding columns dropped)."""
+    valid = row_attention.bool()
+    layers: list[Any] = list(cache.layers)  # attention layers, each with keys and values
+    keys = [layer.keys[row][:, valid].clone() for layer in layers]
+    values = [layer.values[row][:, valid].clone() for layer in layers]
+    return PrefixCache(keys, values)
+
+
+class HFEngine:
+    """Samples continuations from a causal LM with Hugging Face's KV cache (the ``hf`` engine)."""
+
+    name = "hf"
+    computes_entropy = True
+    continuous_batching = False
+
+    def __init__(
+        self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, batch_size: int = 64,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.model = model
+        self.compute_dtype = compute_dtype or next(model.parameters()).dtype
+        self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)))
+        self.pad_token_id = pad_token_id
+        self.batch_size = batch_size
+        self.generated_tokens = 0
+
+    def input_embeddings(self) -> torch.Tensor:
+        """(V, D) input embeddings of the sampling model."""
+        embeddings: Any = self.model.get_input_embeddings()
+        return embeddings.weight.detach()
+
+    def release_memory(self) -> None:
+        """Nothing to free: this engine keeps no cache between calls."""
+
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Copy a stream of full tensors into the sampling model (its full copy under FSDP), one at a
+        time; without it there is nothing to do, since this engine samples from the trained model."""
+        if weights is not None:
+            from semrl.runtime.distributed import load_streamed
+
+            load_streamed(self.model, weights)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        return_cache: bool = False,
+    ) -> list[Generation]:
+        out: list[Generation] = []
+        with autocast_to(self.compute_dtype, self.model):  # bf16 sampling over fp32 master weights
+            for start in range(0, len(requests), self.batch_size):
+                chunk = requests[start : start + self.batch_size]
+                out.extend(self._generate_batch(chunk, params, generator, return_cache))
+        self.generated_tokens += sum(len(g.token_ids) for g in out)
+        return out
+
+    def generate_dynamic(
+        self,
+        requests: list[tuple[Tag, GenerationRequest]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: OnDone,
+        return_cache: bool = False,
+    ) -> int:
+        """``Engine.generate_dynamic`` in rounds: one batched ``generate`` per round, finished
+        results handled in request order, the requests they return forming the next round."""
+        calls = 0
+        while requests:
+            outputs = self.generate([r for _, r in requests], params, generator, return_cache)
+            calls += 1
+            following: list[tuple[Tag, GenerationRequest]] = []
+            for (tag, request), out in zip(requests, outputs, strict=True):
+                following += on_done(tag, request, out)
+            requests = following
+        return calls
+
+    # One of the three functions allowed past ruff's size limits (pyproject.toml): the decoding loop,
+    # kept in one piece so that each step's cache, sampling and stop rules read in order.
+    def _generate_batch(  # noqa: C901, PLR0912, PLR0915
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        return_cache: bool,
+    ) -> list[Generation]:
+        model = self.model
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        budgets = torch.tensor([request_budget(r, params) for r in requests])
+        contexts = [r.prompt_ids + r.prefix_ids for r in requests]
+        batch = len(contexts)
+
+        # Row i = [left padding | cached[i] tokens from its PrefixCache | padding | uncached suffix].
+        # The last context token is always fed, so that its logits give the first new token.
+        cached = [
+            min(r.cache.length, len(ctx) - 1) if r.cache else 0 for r,
+            ctx in zip(requests, contexts, strict=True)
+        ]
+        suffixes = [ctx[n:] for ctx, n in zip(contexts, cached, strict=True)]
+        past_width, suffix_width = max(cached), max(len(s) for s in suffixes)
+        input_ids = torch.full((batch, suffix_width), self.pad_token_id, dtype=torch.long)
+        positions = torch.zeros((batch, suffix_width), dtype=torch.long)
+        attention = torch.zeros((batch, past_width + suffix_width), dtype=torch.long)
+        for i, (n, suffix) in enumerate(zip(cached, suffixes, strict=True)):
+            input_ids[i, suffix_width - len(suffix) :] = torch.tensor(suffix)
+            positions[i, suffix_width - len(suffix) :] = torch.arange(n, n + len(suffix))
+            attention[i, past_width - n : past_width] = 1
+            attention[i, past_width + suffix_width - len(suffix) :] = 1
+        cache = _batched_cache([r.cache for r in requests], cached, device)
+        attention = attention.to(device)
+        logits = model(
+            input_ids=input_ids.to(device), attention_mask=attention, position_ids=positions.to(device),
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1, :].float()
+
+        max_steps = int(budgets.max().item())
+        k = params.logprobs_top_k
+        tokens = torch.full((batch, max_steps), self.pad_token_id, dtype=torch.long)
+        logps = torch.zeros((batch, max_steps))
+        top_lps = torch.zeros((batch, max_steps, k))
+        top_ids = torch.zeros((batch, max_steps, k), dtype=torch.long)
+        entropies = torch.zeros((batch, max_steps))
+        lengths = torch.zeros(batch, dtype=torch.long)
+        finished = torch.zeros(batch, dtype=torch.bool)
+        caches: list[PrefixCache | None] = [None] * batch
+        active = torch.arange(batch)  # original row index of each row still in the batch
+        next_pos = torch.tensor([len(c) for c in contexts], device=device)
+        eos = self.eos_token_ids.to(device)
+        if generator is not None and generator.device != torch.device(device):
+            # sampling runs on the model's device: a device stream seeded from the caller's CPU stream
+            seed = int(torch.randint(2**62, (1,), generator=generator))
+            generator = torch.Generator(device).manual_seed(seed)
+        row_generators = None
+        if any(r.seed is not None for r in requests):
+            if not all(r.seed is not None for r in requests):
+                raise ValueError("either every request of a batch has a seed or none has")
+            seeds = [int(r.seed) for r in requests if r.seed is not None]
+            row_generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+        for step in range(max_steps):
+            scaled = logits / params.temperature if params.temperature > 0 else logits
+            logp_all = torch.log_softmax(scaled, dim=-1)
+            if params.temperature > 0:
+                probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+                if row_generators is None:
+                    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                else:
+                    token = torch.cat([
+                        torch.multinomial(probs[j], 1, generator=row_generators[int(row)])
+                        for j, row in enumerate(active.tolist())
+                    ])
+            else:
+                token = scaled.argmax(-1)
+            top_lp, top_id = torch.topk(logp_all, k, dim=-1)
+            tokens[active, step] = token.cpu()
+            logps[active, step] = logp_all.gather(-1, token[:, None]).squeeze(-1).cpu()
+            top_lps[active, step] = top_lp.cpu()
+            top_ids[active, step] = top_id.cpu()
+            entropies[active, step] = -(logp_all.exp() * logp_all).sum(-1).cpu()
+            lengths[active] += 1
+            is_eos = torch.isin(token, eos).cpu()
+            finished[active] |= is_eos
+            done = is_eos | (lengths[active] >= budgets[active])
+            if bool(done.any()):
+                if return_cache:
+                    for row in done.nonzero().flatten().tolist():
+                        caches[int(active[row])] = _row_cache(cache, row, attention[row])
+                keep = (~done).nonzero().flatten()
+                if keep.numel() == 0:
+                    break
+                active, token = active[keep], token[keep]
+                next_pos, attention = next_pos[keep], attention[keep]
+                # Drop finished rows, then the leading columns that only they used.
+                first = int(attention.argmax(-1).min().item())
+                layers: list[Any] = list(cache.layers)
+                for layer in layers:
+                    layer.keys = layer.keys[keep.to(device), :, first:]
+                    layer.values = layer.values[keep.to(device), :, first:]
+                attention = attention[:, first:]
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], -1)
+            logits = model(
+                input_ids=token[:, None], attention_mask=attention, position_ids=next_pos[:, None],
+                past_key_values=cache, use_cache=True,
+            ).logits[:, -1, :].float()
+            next_pos = next_pos + 1
+        if was_training:
+            model.train()
+
+        results = []
+        for i in range(batch):
+            n = int(lengths[i])
+            results.append(
+                Generation(
+                    token_ids=tokens[i, :n].clone(), logprobs=logps[i, :n].clone(),
+                    top_logprobs=top_lps[i, :n].clone(), top_ids=top_ids[i, :n].clone(),
+                    entropy=entropies[i, :n].clone(), finished=bool(finished[i]), cache=caches[i],
+                )
+            )
+        return results

@@ -1,0 +1,1 @@
+"""Running a training job: the trainer loop, set-up, checkpoints, processes, preemption."""

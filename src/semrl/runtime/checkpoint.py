@@ -1,0 +1,372 @@
+"""Atomic, exact-resume checkpoints in Hugging Face format.
+
+A checkpoint directory ``checkpoints/step-000010`` holds the model (safetensors, loadable with
+``AutoModelForCausalLM.from_pretrained``, ``vllm serve`` or SGLang as it is), the tokenizer, in the
+subfolder ``trainer_state/`` the trainer state (optimizer, scheduler, every RNG state, the data
+sampler position, the step; ``semrl.runtime.safe_state``: JSON + safetensors, no pickle; kept out of the
+weight files' way, since inference engines load every ``*.safetensors`` beside the config) and,
+written last, ``manifest.json``: every file's size and SHA-256, the step and the semrl version.
+It is written to a temporary sibling directory and renamed into place, so a crash at any moment
+leaves the last complete checkpoint intact; ``verify_checkpoint`` finds one damaged later
+(a truncated copy, a full disk, bit rot), and ``--resume`` falls back to the newest valid one.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from semrl import __version__
+from semrl.errors import ConfigError, TrainingError
+from semrl.methods.entropy_bonus import EntropyBonus
+from semrl.runtime.atomic import atomic_directory
+from semrl.runtime.distributed import (
+    full_optimizer_state,
+    full_state_dict,
+    iter_full_parameters,
+    load_optimizer_state,
+    load_streamed,
+)
+from semrl.runtime.faults import NO_FAULTS, Faults
+from semrl.runtime.safe_state import STATE_JSON, load_state, save_state
+
+if TYPE_CHECKING:
+    from semrl.config.sections import Config
+    from semrl.data.curriculum import Curriculum
+    from semrl.update.optim import Optimization
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+MANIFEST = "manifest.json"
+LEGACY_STATE = "trainer_state.pt"  # semrl 0.1's pickled trainer state: named in an error, never loaded
+STATE_DIR = "trainer_state"  # the trainer state's subfolder
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path, step: int) -> None:
+    """``manifest.json``: size and SHA-256 of every file of ``directory``; written last."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    manifest = {"format": 1, "semrl_version": __version__, "step": step, "files": entries}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+
+def verify_checkpoint(ckpt: Path) -> list[str]:
+    """What is wrong with ``ckpt`` (empty: it is complete and every file matches its manifest)."""
+    if (ckpt / LEGACY_STATE).exists() and not (ckpt / MANIFEST).exists():
+        return [
+            f"written by semrl 0.1 ({LEGACY_STATE}, a pickle, which semrl never loads because it can run "
+            "code); resume it with semrl 0.1.0, or start the run again"
+        ]
+    try:
+        manifest = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except FileNotFoundError:
+        return [f"{MANIFEST} is missing (the checkpoint was not completely written or copied)"]
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{MANIFEST} is unreadable ({err})"]
+    problems = []
+    for name, entry in files.items():
+        path = ckpt / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != entry["size"]:
+            problems.append(f"{name} has {path.stat().st_size} bytes, the manifest says {entry['size']}")
+        elif _sha256(path) != entry["sha256"]:
+            problems.append(f"{name} does not match its checksum (the file was changed or damaged)")
+    return problems
+
+
+def rng_state(generator: torch.Generator) -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generator": generator.get_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["generator"])
+
+
+def process_rng_state(state: dict[str, Any], ckpt: Path, rank: int, world: int) -> dict[str, Any]:
+    """This process's RNG state from a trainer state (one per process when several wrote it)."""
+    rng = state["rng"]
+    if isinstance(rng, list):
+        if len(rng) != world:
+            raise ConfigError(
+                f"the checkpoint {ckpt} was written by {len(rng)} processes; resume it with "
+                f"--num-processes {len(rng)} (this run has {world})"
+            )
+        return rng[rank]
+    if world > 1:
+        raise ConfigError(f"the checkpoint {ckpt} was written by 1 process; resume it with 1 process")
+    return rng
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives: ``run_dir/checkpoints/step-NNNNNN``."""
+    return run_dir / "checkpoints" / f"step-{step:06d}"
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], keep_last: int,
+    model_state: dict[str, torch.Tensor] | None = None, faults: Faults = NO_FAULTS,
+) -> Path:
+    """Write ``model`` (or ``model_state``, its full weights, for a sharded model) and the trainer state."""
+    final = checkpoint_dir(run_dir, step)
+    written = 0
+    try:
+        with atomic_directory(final, prefix=f".tmp-step-{step:06d}-") as tmp:
+            try:
+                if model_state is not None and getattr(model.config, "tie_word_embeddings", False):
+                    # a gathered state names tied weights twice; the checkpoint stores them once, as HF does
+                    tied = model._tied_weights_keys or {}
+                    model_state = {k: v for k, v in model_state.items() if k not in tied}
+                model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
+                tokenizer.save_pretrained(tmp)
+                (tmp / STATE_DIR).mkdir()
+                save_state(trainer_state, tmp / STATE_DIR)
+                write_manifest(tmp, step)
+                faults.at("checkpoint", step)
+            except OSError:
+                written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+                raise
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        previous = list_checkpoints(run_dir)
+        needed = max(
+            written, sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0
+        )
+        free = shutil.disk_usage(final.parent).free
+        kept = "no earlier checkpoint exists"
+        if previous:
+            kept = f"the previous checkpoint {previous[-1]} is intact"
+        raise TrainingError(
+            "no space left on the device while writing the "
+            f"checkpoint of step {step} in {final.parent}: it needs "
+            f"about {needed / 2**30:.2f} GiB and {free / 2**30:.2f} "
+            f"GiB are free; {kept}. Free some space (or lower "
+            f"logging.keep_last), then continue with 'semrl train --resume {run_dir}'"
+        ) from err
+    for old in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary directories are ignored)."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def cleanup_partial(run_dir: Path) -> None:
+    """Remove temporary directories left by a checkpoint write that was interrupted."""
+    root = run_dir / "checkpoints"
+    if root.is_dir():
+        for p in root.glob(".tmp-step-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
+    """(the newest checkpoint that verifies or None, each newer one that does not with its problems,
+    newest first); each skipped one is named in a warning."""
+    skipped: list[tuple[Path, list[str]]] = []
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        problems = verify_checkpoint(ckpt)
+        if not problems:
+            return ckpt, skipped
+        logger.warning("skipping checkpoint %s: %s", ckpt, "; ".join(problems))
+        skipped.append((ckpt, problems))
+    return None, skipped
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies; each newer one that does not is named in a warning."""
+    return resumable_checkpoint(run_dir)[0]
+
+
+def trainer_state_dir(ckpt: Path) -> Path:
+    """Where a checkpoint keeps its trainer state."""
+    return ckpt / STATE_DIR
+
+
+def load_trainer_state(ckpt: Path) -> dict[str, Any]:
+    """The trainer state of a checkpoint, loaded without running any code."""
+    if not (trainer_state_dir(ckpt) / STATE_JSON).exists():
+        raise ConfigError(f"checkpoint {ckpt}: " + "; ".join(verify_checkpoint(ckpt) or ["no trainer state"]))
+    return load_state(trainer_state_dir(ckpt))
+
+
+@dataclass
+class RunState:
+    """What a checkpoint saves besides the weights, live; restoring it continues the run exactly.
+
+    Attributes:
+        step: rollout steps done.
+        curriculum: the curriculum stage and the data order within it.
+        optim: optimizer, schedule, loss scaler and the count of consecutive skipped updates.
+        generator: this process's random stream (saved with the global torch, numpy, python RNGs).
+        entropy_bonus: the entropy bonus's coefficient and, when adaptive, its state.
+    """
+
+    step: int
+    curriculum: Curriculum
+    optim: Optimization
+    generator: torch.Generator
+    entropy_bonus: EntropyBonus = field(default_factory=EntropyBonus)
+
+
+def full_weights(model: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
+    """The trained weights whole, a collective under FSDP that gathers them into the main process's
+    CPU memory (the others get {}); None when ``model`` is not sharded (its own weights, or the hf
+    engine's full copy of them, are whole already)."""
+    return full_state_dict(model) if fsdp else None
+
+
+def save_run(
+    run_dir: Path, run: RunState, model: Any, rollout_model: Any, tokenizer: Any, cfg: Config, procs: Any,
+    faults: Faults = NO_FAULTS,
+) -> Path:
+    """Checkpoint of the run at ``run.step``, written by the main process (a collective: every
+    process calls it). ``model`` is the trained model, ``rollout_model`` its full weights' holder."""
+    rngs = procs.gather(rng_state(run.generator))
+    fsdp, optim = cfg.trainer.fsdp, run.optim
+    state = {
+        "step": run.step,
+        "optimizer": full_optimizer_state(model, optim.optimizer) if fsdp else optim.optimizer.state_dict(),
+        "scheduler": optim.scheduler.state_dict(),
+        "sampler": run.curriculum.sampler.state_dict(),
+        "rng": rngs if procs.distributed else rngs[0],
+        "consecutive_bad_updates": optim.consecutive_bad_updates,
+        "grad_scaler": optim.scaler.state_dict(),
+        "stage": run.curriculum.stage,
+        "entropy_bonus": run.entropy_bonus.state_dict(),
+        "config": cfg.to_dict(),
+    }
+    path = checkpoint_dir(run_dir, run.step)
+    weights = full_weights(model, fsdp)
+    if procs.is_main:
+        path = save_checkpoint(
+            run_dir, run.step, rollout_model, tokenizer, state, cfg.logging.keep_last, model_state=weights,
+            faults=faults,
+        )
+    procs.barrier()
+    return path
+
+
+def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, procs: Any) -> None:
+    """Load the checkpoint's trainer state into ``run``: the curriculum stage and data order (with
+    ``data.curriculum_reset_optimizer`` a later stage's fresh optimizer first), optimizer, schedule,
+    loss scaler, RNG states, step and skipped-update count."""
+    state = load_trainer_state(ckpt)
+    run.curriculum.load_state_dict(state)
+    if run.curriculum.stage > 0 and cfg.data.curriculum_reset_optimizer:
+        run.optim.restart(run.curriculum.schedule.steps_of(run.curriculum.stage))
+    if cfg.trainer.fsdp:
+        load_optimizer_state(model, run.optim.optimizer, state["optimizer"])
+    else:
+        run.optim.optimizer.load_state_dict(state["optimizer"])
+    run.optim.scheduler.load_state_dict(state["scheduler"])
+    if state.get("grad_scaler"):
+        run.optim.scaler.load_state_dict(state["grad_scaler"])
+    set_rng_state(process_rng_state(state, ckpt, procs.rank, procs.world), run.generator)
+    run.step = state["step"]
+    run.optim.consecutive_bad_updates = state.get("consecutive_bad_updates", 0)
+    if "entropy_bonus" in state:  # checkpoints from before the entropy bonus have none
+        run.entropy_bonus.load_state_dict(state["entropy_bonus"])
+
+
+# --------------------------------------------------------------------------------------------
+# A curriculum stage's KL reference (data.curriculum_reset_optimizer)
+
+
+def stage_reference_dir(run_dir: Path, stage: int) -> Path:
+    """Where the weights a stage starts from are kept as its KL reference (``curriculum_reset_optimizer``)."""
+    return run_dir / "curriculum" / f"stage-{stage}"
+
+
+def stage_reference_dirs(run_dir: Path) -> list[Path]:
+    """Every stage reference directory of a run, in stage order."""
+    return sorted((run_dir / "curriculum").glob("stage-*"), key=lambda d: int(d.name.split("-")[1]))
+
+
+def advance_stage(
+    run_dir: Path, run: RunState, model: Any, rollout_model: Any, ref_model: Any | None, tokenizer: Any,
+    cfg: Config, procs: Any, faults: Faults = NO_FAULTS,
+) -> None:
+    """Checkpoint, then move the run to its curriculum's next stage (a collective). With
+    ``data.curriculum_reset_optimizer`` the new stage starts like a run from the previous stage's
+    final checkpoint: fresh optimizer and schedule, and those weights as the KL reference (kept in
+    the run directory for a resume)."""
+    save_run(run_dir, run, model, rollout_model, tokenizer, cfg, procs, faults)
+    curriculum = run.curriculum
+    curriculum.enter(curriculum.stage + 1)
+    logger.info(
+        "curriculum: stage %d of %d from step %d", curriculum.stage + 1, len(curriculum.stages), run.step
+    )
+    if not cfg.data.curriculum_reset_optimizer:
+        return
+    run.optim.restart(curriculum.steps_left_in_stage(run.step))
+    if ref_model is not None:
+        save_stage_reference(
+            run_dir, curriculum.stage, run.step, model, rollout_model, ref_model, tokenizer,
+            cfg.trainer.fsdp, procs, faults,
+        )
+
+
+def save_stage_reference(
+    run_dir: Path, stage: int, step: int, model: Any, rollout_model: Any, ref_model: Any, tokenizer: Any,
+    fsdp: bool, procs: Any, faults: Faults = NO_FAULTS,
+) -> None:
+    """Make the current weights stage ``stage``'s reference: loaded into every process's
+    ``ref_model`` (under FSDP one gathered parameter at a time) and kept under
+    ``stage_reference_dir`` by the main process for a resume (a collective)."""
+    weights = full_weights(model, fsdp)  # FSDP: the main process's
+    if weights is None:
+        ref_model.load_state_dict(rollout_model.state_dict())
+    else:
+        load_streamed(ref_model, iter_full_parameters(model))
+    if procs.is_main:
+        save_checkpoint(
+            stage_reference_dir(run_dir, stage), step, rollout_model, tokenizer, {}, 1, model_state=weights,
+            faults=faults,
+        )
+    procs.barrier()
+
+
+def load_stage_reference(run_dir: Path, stage: int, ref_model: Any, dtype: str) -> None:
+    """On resume in a later stage: its reference, the weights the stage started from."""
+    from semrl.models.loading import load_model
+
+    reference = latest_checkpoint(stage_reference_dir(run_dir, stage))
+    if reference is not None:
+        stage_start = load_model(str(reference), dtype)
+        load_streamed(ref_model, stage_start.named_parameters(remove_duplicate=False))

@@ -1,0 +1,260 @@
+"""Everything a run sets up before its first step, from its config: the run directory, the data,
+the models and the sampling engine, the optimizer. The trainer calls these in order."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from semrl.config.sections import Config, ConfigError, save_config
+from semrl.data import Columns, DataError, Problem, PromptFormat, load_dataset
+from semrl.data.curriculum import curriculum_stages, load_curriculum
+from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.models.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
+from semrl.models.precision import Precision
+from semrl.rollout.engines import Engine, build_engine
+from semrl.runtime.checkpoint import cleanup_partial, list_checkpoints, resumable_checkpoint
+from semrl.runtime.distributed import ProcessGroup, iter_full_parameters, shard_model
+from semrl.tracking.trackers import Tracker, open_trackers
+from semrl.update.packing import supports_packing
+
+logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and torch; returns the generator every sampling and shuffling draws from."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | None:
+    """The checkpoint to resume from (``resume``), or None after creating a new run directory that
+    holds the config. Refuses to start a new run over an existing one."""
+    run_dir = Path(cfg.logging.output_dir)
+    holds_run = bool(list_checkpoints(run_dir)) or (run_dir / "metrics.jsonl").exists()
+    procs.barrier()  # every process has looked before the main one writes
+    if resume:
+        ckpt, skipped = resumable_checkpoint(run_dir)  # damaged newer ones are named in warnings
+        if ckpt is None:
+            reasons = "".join(f"\n  {c.name}: {'; '.join(problems)}" for c, problems in reversed(skipped))
+            raise ConfigError(
+                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}" + (
+                    f"; found:{reasons}" if skipped else ""
+                )
+            )
+        if procs.is_main:
+            cleanup_partial(run_dir)
+        return ckpt
+    if holds_run:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run; continue it with "
+            f"'semrl train --resume {run_dir}' or set logging.output_dir to a new directory"
+        )
+    if procs.is_main:
+        cleanup_partial(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    return None
+
+
+def check_machine(cfg: Config) -> None:
+    """Checks of the config that depend on the machine (whether it has CUDA), before models load."""
+    if cfg.rollout.engine == "vllm":
+        from semrl.rollout.engines.vllm import check_vllm_machine
+
+        check_vllm_machine(cfg.rollout)
+
+
+def check_world_size(cfg: Config, world: int) -> None:
+    """Checks that depend on the number of processes, known only once they are started."""
+    if cfg.rollout.prompts_per_step % world:
+        raise ConfigError(
+            f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be a multiple of the "
+            f"number of processes ({world}): each process takes whole prompt groups"
+        )
+    if cfg.trainer.fsdp and world == 1:
+        raise ConfigError(
+            "trainer.fsdp shards over processes; start several with 'semrl train --num-processes N'"
+        )
+    mini = cfg.trainer.mini_batch_size
+    if mini is not None and mini % world:
+        raise ConfigError(
+            f"trainer.mini_batch_size ({mini}) must be a multiple of the number of processes ({world})"
+        )
+
+
+def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
+    """(held-out problems, training stages): one stage, or the curriculum's stages of increasing
+    semantic entropy (SENT). Held-out problems are drawn first so that training can exclude them
+    (1-digit sums have only 100 problems)."""
+    data = cfg.data
+
+    def load(name: str, split: Literal["train", "eval"], exclude: set[str] | None = None) -> list[Problem]:
+        size = data.arithmetic_size if split == "train" else data.eval_size
+        return load_dataset(
+            name, split=split, seed=cfg.trainer.seed, arithmetic_size=size, levels=data.arithmetic_levels,
+            exclude=exclude, skip_bad_rows=data.skip_bad_rows,
+            columns=Columns(data.problem_key, data.answer_key, data.id_key),
+            dataset_split=data.train_split if split == "train" else data.eval_split,
+        )
+
+    held_out_problems = load(data.eval, "eval")[: data.eval_size] if data.eval else []
+    if data.eval and not held_out_problems:
+        raise DataError(f"data.eval '{data.eval}' gave no problems; raise data.eval_size")
+    held_out = {p.problem for p in held_out_problems}
+    if data.curriculum:
+        scored = [(p, h) for p, h in load_curriculum(data.curriculum) if p.problem not in held_out]
+        stages = curriculum_stages(scored, data.curriculum_stages)
+    else:
+        stages = [load(data.train, "train", held_out)]
+    if not all(stages):
+        raise DataError(
+            f"data.train '{data.train}' has no problems left after removing the held-out ones; "
+            "add arithmetic levels or lower data.eval_size"
+        )
+    return held_out_problems, stages
+
+
+def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Problem]:
+    """The transfer split (``data.transfer``, ``data.eval_size`` problems) without any problem text of
+    ``exclude`` (the training stages and held-out problems); [] when there is none."""
+    data = cfg.data
+    if not data.transfer:
+        return []
+    seen = {p.problem for problems in exclude for p in problems}
+    problems = load_dataset(
+        data.transfer, split="eval", seed=cfg.trainer.seed, arithmetic_size=data.eval_size,
+        levels=data.transfer_levels, exclude=seen, skip_bad_rows=data.skip_bad_rows,
+        columns=Columns(data.problem_key, data.answer_key, data.id_key), dataset_split=data.eval_split,
+    )[: data.eval_size]
+    if not problems:
+        raise DataError(
+            f"data.transfer '{data.transfer}' gave no problems outside the training and held-out ones"
+        )
+    return problems
+
+
+def check_prompt_lengths(tokenizer: Any, problems: list[Problem], cfg: Config) -> None:
+    """Fail before training when a prompt is over ``data.max_prompt_length`` (the first 1000 checked)."""
+    limit = cfg.data.max_prompt_length
+    for p in problems[:1000]:
+        n = len(PromptFormat.of(cfg.data).ids(tokenizer, p.problem))
+        if n > limit:
+            raise DataError(
+                f"problem '{p.id}' has a {n}-token prompt, over data.max_prompt_length={limit}; "
+                "raise data.max_prompt_length or drop the problem"
+            )
+
+
+@dataclass
+class Models:
+    """The trained model; the one the engine samples from (the trained one, or with FSDP on hf a
+    full copy synced after each update); the frozen reference (None when nothing reads it; under
+    LoRA the trained model itself, read inside ``reference_weights()``, which switches the adapters
+    off)."""
+
+    tokenizer: Any
+    model: torch.nn.Module
+    rollout_model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    engine: Engine
+    precision: Precision
+    reference_weights: Callable[[], AbstractContextManager[Any]] = nullcontext
+
+
+def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_reference: bool) -> Models:
+    """Load the models, shard under FSDP, then build the engine (docs/engines.md, "GPU").
+
+    Under FSDP the model is loaded on the CPU and sharded there: ``fully_shard`` moves one layer at a
+    time to the device as it shards it, so the whole model never sits on one GPU. The engine starts
+    after that, when the device holds only this process's shard, because vLLM sizes its share from
+    the memory free at start-up. With FSDP on vllm the engine takes gathered full tensors, one at a
+    time: no second copy of the model. A separate reference model is sharded the same way."""
+    m, r = cfg.model, cfg.rollout
+    precision = Precision.from_config(cfg)
+    tokenizer = load_tokenizer(model_path)
+    lora = m.lora_r > 0  # the base from model.name; trained adapters from a checkpoint being resumed
+    model = load_model(
+        resolve_model_path(m.name, m.cache_dir) if lora else model_path, precision.params_name,
+        m.attn_implementation
+    )
+    if lora:
+        add_adapters(model, m, model_path if is_adapter_checkpoint(model_path) else None, cfg.trainer.seed)
+    if m.gradient_checkpointing:  # non-reentrant: works under FSDP and with inputs that need no grad
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.trainer.fsdp:
+        shard_model(model, precision.fsdp_policy())
+    else:
+        model.to(procs.device)
+    rollout_model = model
+    if cfg.trainer.fsdp and r.engine == "hf":
+        rollout_model = load_model(model_path, m.dtype, m.attn_implementation)
+        rollout_model.requires_grad_(False).eval().to(procs.device)
+    # vllm's running batch: one process's rollout (rollout.vllm_max_num_seqs overrides it)
+    batch = r.generation_batch_size if r.engine == "hf" else r.prompts_per_step // procs.world * r.group_size
+    engine = build_engine(
+        r.engine, rollout_model, tokenizer, batch,
+        cfg.data.max_prompt_length + r.max_new_tokens,
+        r.logprobs_top_k, cfg.trainer.seed + procs.rank, r, compute_dtype=precision.compute,
+        # vllm under FSDP: the sharded model's weights reach the engine only gathered
+        initial_weights=iter_full_parameters(model) if cfg.trainer.fsdp and rollout_model is model else None,
+    )
+    if engine.compute_dtype != precision.compute and cfg.algorithm.rollout_is == "none":
+        logger.warning(
+            "the %s engine samples in %s and the trainer computes in %s: their log-probs differ; "
+            "algorithm.rollout_is=token corrects for it (docs/algorithms.md, Rollout correction)",
+            engine.name, str(engine.compute_dtype).removeprefix("torch."),
+            str(precision.compute).removeprefix("torch."),
+        )
+    ref_model = None
+    reference_weights: Callable[[], AbstractContextManager[Any]] = nullcontext
+    if needs_reference and lora:
+        ref_model, reference_weights = model, partial(_base_weights, model, precision)
+    elif needs_reference:
+        ref_model = load_model(resolve_model_path(m.name, m.cache_dir), m.dtype, m.attn_implementation)
+        ref_model.requires_grad_(False).eval()
+        if cfg.trainer.fsdp:  # sharded like the trained model: no whole copy on any device
+            shard_model(ref_model)
+        else:
+            ref_model.to(procs.device)
+    return Models(tokenizer, model, rollout_model, ref_model, engine, precision, reference_weights)
+
+
+@contextmanager
+def _base_weights(model: PreTrainedModel, precision: Precision) -> Iterator[None]:
+    """The LoRA reference: ``model`` with its adapters off, in the compute dtype as a separate
+    reference would be."""
+    with adapters_disabled(model), precision.autocast(model):
+        yield
+
+
+def packing_enabled(cfg: Config, model: torch.nn.Module) -> bool:
+    """``trainer.packing=tree`` where tree attention is exact for the model; padded rows otherwise."""
+    if cfg.trainer.packing != "tree":
+        return False
+    if not supports_packing(model):
+        logger.warning(
+            "trainer.packing=tree: tree attention is not known to be exact for model type '%s' (a sliding "
+            "window or soft-capped attention, or an untested architecture); using padded rows",
+            getattr(getattr(model, "config", None), "model_type", "?"),
+        )
+        return False
+    return True
+
+
+def start_trackers(cfg: Config) -> list[Tracker]:
+    """The trackers of ``logging.report_to`` for this run (its resolved config included)."""
+    lg = cfg.logging
+    return open_trackers(lg.report_to, Path(lg.output_dir), cfg.to_dict(), lg.project, lg.run_name)

@@ -1,0 +1,331 @@
+"""The RLVR training loop: rollout -> reward -> advantages -> update -> log.
+
+Read it top to bottom: ``Trainer.train`` is the loop, each stage is one method. Methods differ
+only through the registry (``semrl.methods.registry``): their rollout, advantage estimator, loss and
+options; nothing here names one. Set-up lives in ``semrl.runtime.setup``, checkpoints and a
+curriculum's stage change in ``semrl.runtime.checkpoint``, the curriculum in
+``semrl.data.curriculum``, the optimizer step in ``semrl.update.optim``, the no-gradient forwards in
+``semrl.update.passes``, metrics in ``semrl.tracking.metrics``, run files in
+``semrl.tracking.run_log``, DAPO's group filter in ``semrl.rollout.group_filter``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+import semrl.runtime.setup as setup
+from semrl.config.sections import Config
+from semrl.data import PromptFormat
+from semrl.data.curriculum import Curriculum
+from semrl.errors import Preempted, TrainingError
+from semrl.evaluation import evaluate_splits
+from semrl.methods.catalog import get_method, get_policy_loss
+from semrl.methods.entropy_bonus import EntropyBonus
+from semrl.methods.interface import AdvantageInputs, RolloutContext
+from semrl.methods.registry import load, method_config
+from semrl.models.loading import resolve_model_path
+from semrl.reward import Scores, VerifierPool, reward_functions, score
+from semrl.rollout.batch import Collected, RolloutBatch
+from semrl.rollout.engines import GenerationRequest, sampling_params, sequence_seed
+from semrl.rollout.group_filter import GroupFilter
+from semrl.runtime.checkpoint import RunState, advance_stage, load_stage_reference, restore_run, save_run
+from semrl.runtime.distributed import ProcessGroup, iter_full_parameters
+from semrl.runtime.faults import Faults
+from semrl.runtime.preemption import StopSignal
+from semrl.tracking.metrics import entropy_metrics, rollout_metrics
+from semrl.tracking.run_log import RunLog
+from semrl.update.actor import Actor
+from semrl.update.optim import Optimization
+from semrl.update.passes import (
+    fill_sampling_entropy,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Trainer:
+    """One training run: its set-up (config checks, data, models, engine, optimizer, a checkpoint to
+    resume from) in ``__init__``, then ``train``, the loop ``rollout -> reward -> advantages -> update ->
+    log``, with evaluation, checkpoints and stop signals between steps (docs/architecture.md).
+
+    Args:
+        cfg: a loaded config (``semrl.config.load.load_config``).
+        resume: continue the run in ``logging.output_dir`` from its last verified checkpoint.
+        reward_callables: reward functions of ``reward.functions`` given as Python callables
+            (``semrl.train``'s own), run in this process.
+        reuse_first_forward: the update's first mini-batch takes its old log-probs from its own
+            forward (``semrl.update.actor.Actor``); False runs a separate pass, for the tests and the
+            benchmark that compare the two.
+    """
+
+    def __init__(
+        self, cfg: Config, resume: bool = False, reward_callables: dict[str, Any] | None = None,
+        reuse_first_forward: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.method = get_method(cfg.algorithm.method)
+        self.policy_loss = get_policy_loss(cfg.algorithm.policy_loss)
+        self.method_config = method_config(cfg, self.method.section)
+        self.loss_config = method_config(cfg, self.policy_loss.section)
+        # the method's and the loss's tensor functions, imported now that training starts
+        self.advantage_fn = load(self.method.advantage_fn)
+        self.rollout_fn = load(self.method.rollout_fn) if self.method.rollout_fn else None
+        # reward_callables: functions of reward.functions run in this process (semrl.train's own)
+        self.rewards = reward_functions(
+            cfg.reward.functions, cfg.reward.weights, reward_callables, cfg.reward.correctness
+        )
+        self.method_state = load(self.method.new_state)() if self.method.new_state else None
+        self.run_dir = Path(cfg.logging.output_dir)
+        self.procs = ProcessGroup()
+        self.faults = Faults.from_env()  # where a test makes the run fail (semrl.runtime.faults)
+        setup.check_machine(cfg)
+        setup.check_world_size(cfg, self.procs.world)
+        ckpt = setup.prepare_run_dir(cfg, resume, self.procs)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        # one random stream per process (the data order is shared by all)
+        self.generator = setup.seed_everything(cfg.trainer.seed + self.procs.rank)
+        eval_problems, stages = setup.load_problem_sets(cfg)  # data first: fails before a model loads
+        transfer = setup.load_transfer_problems(cfg, [eval_problems, *stages])
+        self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
+        # before the models too
+        self.log = RunLog(self.run_dir, self.procs.is_main, partial(setup.start_trackers, cfg))
+        self.curriculum = Curriculum(stages, cfg.trainer.steps, cfg.trainer.seed)
+
+        with self.procs.state.main_process_first():  # one process converts a GGUF into the cache
+            model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
+        needs_ref = cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(
+            self.loss_config.options
+        )
+        models = setup.load_models(cfg, model_path, self.procs, needs_ref)
+        self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
+        self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
+        self.reference_weights = models.reference_weights
+        setup.check_prompt_lengths(self.tokenizer, [p for ps in [*stages, transfer] for p in ps], cfg)
+        self.packing = setup.packing_enabled(cfg, self.model)
+        self.precision = models.precision
+        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s, self.rewards.pool_functions)
+        # with a curriculum that restarts each stage, the schedule spans one stage
+        reset = cfg.data.curriculum_reset_optimizer
+        schedule_steps = self.curriculum.schedule.steps_of(0) if reset else cfg.trainer.steps
+        optim = Optimization(
+            self.model, cfg, self.procs, schedule_steps, self.precision.grad_scaler(self.procs.device)
+        )
+        bonus = EntropyBonus.from_config(cfg.algorithm)
+        self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
+        self.actor = Actor(
+            cfg, self.model, self.ref_model, self.reference_weights, self.precision, self.packing, self.procs,
+            optim, bonus, load(self.policy_loss.loss_fn),
+            load(self.policy_loss.prepare_fn) if self.policy_loss.prepare_fn else None, self.loss_config,
+            self.generator, reuse_first_forward, self.faults,
+        )
+        if ckpt is not None:
+            restore_run(ckpt, self.run, self.model, cfg, self.procs)
+            if self.curriculum.stage > 0 and reset and self.ref_model is not None:
+                load_stage_reference(self.run_dir, self.curriculum.stage, self.ref_model, cfg.model.dtype)
+            self.log.truncate_after(self.run.step)
+            logger.info("resumed from %s at step %d", ckpt, self.run.step)
+
+    @property
+    def step(self) -> int:
+        return self.run.step
+
+    def save(self) -> Path:
+        return save_run(
+            self.run_dir, self.run, self.model, self.rollout_model, self.tokenizer, self.cfg, self.procs,
+            self.faults,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # The loop
+
+    def train(self) -> dict[str, float]:
+        cfg, run = self.cfg, self.run
+        if run.step == 0 and self.eval_sets and cfg.logging.eval_base:
+            self.log.metrics({"step": 0, **self.evaluate()})
+        bar = tqdm(
+            total=cfg.trainer.steps, initial=run.step, desc="train",
+            disable=not (cfg.logging.progress and self.procs.is_main), dynamic_ncols=True,
+        )
+        last: dict[str, float] = {}
+        stop = StopSignal().install()  # SIGTERM / SIGINT: finish this step, checkpoint, exit
+        try:
+            while run.step < cfg.trainer.steps:
+                if self.curriculum.advances(run.step):  # checkpoint, next stage (and its reference)
+                    advance_stage(
+                        self.run_dir, run, self.model, self.rollout_model, self.ref_model, self.tokenizer,
+                        cfg, self.procs, self.faults,
+                    )
+                t0 = time.perf_counter()
+                collected = self.collect()
+                batch, scores = collected.batch, collected.scores
+                self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
+                t1 = time.perf_counter()
+                order = self.actor.first_order(batch)  # drawn first: the passes leave its first mini-batch
+                passes = self.actor.passes(batch, order)
+                advantages, advantage_metrics = self.advantages(batch, scores)
+                update = self.actor.update(batch, advantages, passes, order, run.step + 1)
+                # the sampling entropies the update's forwards measured where the engine gave none (vllm)
+                measured = update.sampling_entropy
+                if measured is not None:
+                    measured = measured * batch.sequences.response_mask
+                # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
+                # vllm takes them in place (a no-op for hf, which samples from the trained model)
+                self.engine.sync_weights(iter_full_parameters(self.model) if cfg.trainer.fsdp else None)
+                t3 = time.perf_counter()
+                run.step += 1
+                last = {
+                    "step": run.step,
+                    **collected.metrics,
+                    **rollout_metrics(batch, scores, measured),
+                    **entropy_metrics(batch, advantages, cfg.logging.low_entropy_threshold, measured),
+                    **batch.metrics,
+                    **advantage_metrics,
+                    **update.metrics,
+                    "lr": run.optim.lr,
+                    "curriculum/stage": float(self.curriculum.stage + 1),
+                    "time/rollout_s": collected.rollout_s,
+                    "time/reward_s": collected.reward_s,
+                    "time/update_s": t3 - t1,
+                    "time/step_s": t3 - t0,
+                }
+                last = self.procs.mean_metrics(last)
+                every = cfg.logging.eval_every
+                if self.eval_sets and (run.step == cfg.trainer.steps or (every and run.step % every == 0)):
+                    last.update(self.evaluate())
+                self.log.metrics(last)
+                self.log.samples(
+                    batch, scores, advantages, run.step, self.tokenizer, cfg.logging.samples_per_step,
+                    cfg.logging.trees_per_step
+                )
+                saved, save_every = None, cfg.logging.save_every
+                if (save_every and run.step % save_every == 0) or run.step == cfg.trainer.steps:
+                    saved = self.save()
+                self._stop_if_needed(saved, stop)
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}",
+                    entropy=f"{last['entropy']:.2f}",
+                    len=f"{last['response_length']:.0f}", s_per_step=f"{last['time/step_s']:.1f}",
+                )
+        finally:
+            stop.uninstall()
+            bar.close()
+            self.pool.close()
+            self.log.close()
+        self.procs.barrier()
+        return last
+
+    def _stop_if_needed(self, saved: Path | None, stop: StopSignal) -> None:
+        """Stop with a checkpoint (``saved``, this step's, or a new one) after too many bad updates,
+        or before the next step when any process received a stop signal."""
+        limit, bad = self.cfg.trainer.max_bad_updates, self.run.optim.consecutive_bad_updates
+        if limit > 0 and bad >= limit:
+            raise TrainingError.bad_updates(bad, limit, self.step, saved or self.save(), self.run_dir)
+        if self.step < self.cfg.trainer.steps and not self.procs.all_true(stop.received is None):
+            name = signal.Signals(stop.received).name if stop.received else "a stop signal (another process)"
+            raise Preempted(name, self.step, saved or self.save(), self.run_dir)
+
+    # ------------------------------------------------------------------------------------------
+    # Stages of a step
+
+    def collect(self) -> Collected:
+        """Rollout + reward, in rounds while DAPO's dynamic sampling wants more informative groups
+        (``semrl.rollout.group_filter.GroupFilter``)."""
+        wanted = self.cfg.rollout.prompts_per_step // self.procs.world
+        groups = GroupFilter(wanted, self.cfg.algorithm, self.procs)
+        tokens_before, rollout_s, reward_s = self.engine.generated_tokens, 0.0, 0.0
+        while not groups.full:
+            t0 = time.perf_counter()
+            batch = self.rollout(groups.rounds)
+            t1 = time.perf_counter()
+            groups.add(batch, self.reward(batch))
+            rollout_s, reward_s = rollout_s + t1 - t0, reward_s + time.perf_counter() - t1
+        batch, scores, metrics = groups.result()
+        # the compute axis of `semrl compare`: every token sampled this step (dropped groups and tree
+        # branches included, shared prefixes once), summed over processes (docs/results.md)
+        metrics["rollout/sampled_tokens"] = self.procs.sum(self.engine.generated_tokens - tokens_before)
+        return Collected(batch, scores, metrics, rollout_s, reward_s)
+
+    def rollout(self, round_index: int = 0) -> RolloutBatch:
+        """G samples for each prompt of this process's share of the step's global batch."""
+        cfg, group = self.cfg, self.cfg.rollout.group_size
+        # the same on every process
+        global_batch = self.curriculum.sampler.next_indices(cfg.rollout.prompts_per_step)
+        share = self.procs.share(len(global_batch))  # positions in the global batch
+        problems = [self.curriculum.problems[global_batch[k]] for k in share]
+        prompt_ids = [
+            PromptFormat.of(cfg.data).ids(self.tokenizer, p.problem) for p in problems
+        ]
+        params = sampling_params(cfg.rollout, top_logprobs=self.method.reads_top_logprobs)
+        if self.rollout_fn is not None:
+            entropy = partial(  # at the weights that sampled, in the engine's dtype
+                fill_sampling_entropy, self.rollout_model, temperature=params.temperature,
+                compute_dtype=self.engine.compute_dtype,
+            )
+            context = RolloutContext(
+                self.engine, params, self.generator, self.method_config, entropy, self.method_state,
+                decode=partial(self.tokenizer.decode, skip_special_tokens=True), step=self.step,
+            )
+            out = self.rollout_fn(context, prompt_ids)
+            gens, groups, metrics = out.generations, out.groups, out.metrics
+            sequence_prompts = out.sequence_prompt_ids
+        else:
+            seeded = cfg.rollout.seed_per_sequence  # k: the prompt's index in the global batch
+            requests = [
+                GenerationRequest(
+                    ids,
+                    seed=sequence_seed(cfg.trainer.seed, self.step, round_index, k, j) if seeded else None
+                )
+                for k, ids in zip(share, prompt_ids, strict=True) for j in range(group)
+            ]
+            gens = self.engine.generate(requests, params, self.generator)
+            groups, metrics, sequence_prompts = None, {}, None
+        self.faults.at("rollout", self.step + 1)
+        return RolloutBatch(
+            problems=[p for p in problems for _ in range(group)],
+            prompt_ids=sequence_prompts or [ids for ids in prompt_ids for _ in range(group)],
+            generations=gens,
+            texts=[self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens],
+            group_size=group,
+            pad_token_id=self.tokenizer.pad_token_id,
+            groups=groups or [],
+            metrics=metrics,
+        )
+
+    def reward(self, batch: RolloutBatch) -> Scores:
+        """Every response's score (``semrl.reward.score``)."""
+        cfg = self.cfg
+        return score(
+            batch.problems, batch.texts, batch.generations, self.rewards, self.pool, cfg.reward,
+            cfg.rollout.max_new_tokens,
+        )
+
+    def advantages(self, batch: RolloutBatch, scores: Scores) -> tuple[torch.Tensor, dict[str, float]]:
+        """(N, T) advantages from the method's estimator, and its metrics."""
+        inputs = AdvantageInputs(
+            scores.rewards, batch.group_ids, batch.sequences.response_mask, batch.groups,
+            answers=[r.answer for r in scores.results], correct=[r.correct for r in scores.results],
+            logprobs=batch.rollout_logprobs,
+        )
+        return self.advantage_fn(inputs, self.method_config)
+
+    def evaluate(self) -> dict[str, float]:
+        """mean@k / pass@k on the held-out problems and the transfer split (``eval/`` and
+        ``transfer/`` metrics on the main process; problem records in ``RUN_DIR/eval``)."""
+        self.faults.at("evaluate", self.step)
+        splits, first = self.eval_sets, self.cfg.logging.eval_base_problems
+        if self.step == 0 and first is not None:  # the base model on a subset (logging.eval_base_problems)
+            splits = {split: problems[:first] for split, problems in splits.items()}
+        return evaluate_splits(
+            self.engine, self.tokenizer, self.pool, splits, self.cfg, self.procs, self.step, self.run_dir,
+            self.rewards,
+        )

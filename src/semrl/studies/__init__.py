@@ -1,0 +1,1 @@
+"""Multi-seed studies: sweeps, comparisons, statistics and decisions."""

@@ -1,0 +1,490 @@
+"""Study designs: decision rules judged at planned looks, with multiplicity, and the looks log
+(docs/evaluation.md, "Designs").
+
+A rules file with a design is a mapping::
+
+    design:
+      type: group_sequential        # or fixed, or anytime (max_seeds: 20, prior_scale: 1)
+      looks: [4, 8, 12]             # seeds at each look (fixed: one look)
+      alpha: 0.05                   # two-sided, per family
+      boundary: spending_obrien_fleming   # pocock, obrien_fleming, spending_pocock
+      max_hours: 15                 # optional budget: semrl sweep --until-decided stops there
+    families:
+      primary: holm                 # holm (default), bh or none
+      secondary: bh
+    rules:
+      - id: H1
+        family: primary
+        metric: eval/pass@16
+        pair: [rose, dr_grpo]
+        expect: greater
+        margin: 0.05
+        decide_at: zero             # or margin: decided only when the interval clears +margin
+
+The seeds are taken in seed order, so the look at n seeds reads the first n seeds that finished every
+variant the rules name. At look k each rule's interval is the repeated confidence interval at the
+look's nominal level (``semrl.studies.sequential.nominal_levels``) for its family's share of alpha:
+
+- ``holm``: alpha / r for each of the r rules of the family still open, step-down within the look: a
+  rule settled at this look passes its share to the others, which are judged again (the sequentially
+  rejective group-sequential Holm of Maurer & Bretz 2013);
+- ``bh``: the Benjamini-Hochberg step-up at the look's nominal level for alpha, on the rules' t-test
+  p-values (false discovery rate, not family-wise error);
+- ``none``: alpha for each rule, uncorrected.
+
+``anytime`` designs look at every seed count from 2 to ``max_seeds``: each rule's interval is the
+confidence sequence of the t-test e-value (``semrl.studies.sequential.t_e_value``), valid however
+often it is read, and a family is corrected by ``bonferroni`` (alpha / m for each of its m rules).
+
+A rule settled (decided, decided against) at a look keeps its outcome at later looks. A rule whose
+interval lies inside (-margin, +margin) is ruled out: for a primary rule that stops it (non-binding
+futility; it spends no alpha). Outcomes are exclusive, in this order of precedence:
+
+1. **decided**: the interval, turned toward the claim, lies above the rule's decision bound (0, or
+   +margin with ``decide_at: margin``; -margin for ``not_below``);
+2. **decided against**: it lies below 0 (-margin for ``not_below``);
+3. **ruled out** (``greater`` and ``less`` only): it lies inside (-margin, +margin);
+4. **undecided**.
+
+A look at a seed count the design did not plan is refused; ``descriptive=True`` reports it with no
+outcome. Every planned look is appended to the looks log (``looks.jsonl`` beside the runs): when, which
+seeds, and each rule's estimate, interval, level, p-values and outcome.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats as st
+
+from semrl.errors import ConfigError
+from semrl.studies.decide import Hypothesis, _hypothesis
+from semrl.studies.sequential import (
+    BOUNDARIES,
+    CORRECTIONS,
+    MAX_SIGN_FLIP_SEEDS,
+    benjamini_hochberg,
+    confidence_sequence,
+    nominal_levels,
+    repeated_interval,
+    sign_flip_p_value,
+    t_p_value,
+)
+from semrl.studies.stats import seeds_needed
+
+DESIGN_TYPES = ("fixed", "group_sequential", "anytime")
+ANYTIME_CORRECTIONS = ("bonferroni", "none")
+SETTLED = ("decided", "decided against")
+STOPPING = (*SETTLED, "ruled out")
+LOOKS_LOG = "looks.jsonl"
+
+
+@dataclass(frozen=True)
+class Design:
+    """When and at what level a study's rules are judged (module docstring)."""
+
+    type: str
+    looks: tuple[int, ...]
+    alpha: float = 0.05
+    boundary: str = "spending_obrien_fleming"
+    families: dict[str, str] = field(default_factory=lambda: {"primary": "holm"})
+    max_hours: float | None = None
+    prior_scale: float = 1.0  # anytime: the variance of the standardised effect under the alternative
+
+    def levels(self, alpha: float) -> list[float]:
+        """Each look's nominal two-sided level for a rule given ``alpha``."""
+        if self.type == "fixed":
+            return [alpha]
+        return nominal_levels(self.looks, alpha, self.boundary)
+
+    def look_index(self, seeds: int) -> int | None:
+        return self.looks.index(seeds) if seeds in self.looks else None
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One rule at one look."""
+
+    rule: Hypothesis
+    family: str
+    seeds: int
+    estimate: float
+    low: float
+    high: float
+    level: float  # the nominal two-sided level its interval is at (nan: descriptive)
+    p_t: float
+    p_sign_flip: float | None  # exact, for <= 12 seeds
+    outcome: str
+    look: int | None  # 1-based look at which the outcome was reached; None: descriptive
+    sd: float = math.nan
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "id": self.rule.id, "family": self.family, "seeds": self.seeds, "estimate": self.estimate,
+            "low": self.low, "high": self.high, "level": self.level, "p_t": self.p_t,
+            "p_sign_flip": self.p_sign_flip, "outcome": self.outcome, "settled_at_look": self.look,
+        }
+
+
+def outcome_of(low: float, high: float, rule: Hypothesis, decide_at_margin: bool = False) -> str:
+    """The exclusive outcome of an interval (module docstring, precedence 1-4)."""
+    if math.isnan(low) or math.isnan(high):
+        return "undecided"
+    toward = (-high, -low) if rule.expect == "less" else (low, high)
+    against = -rule.margin if rule.expect == "not_below" else 0.0
+    decide = rule.margin if decide_at_margin and rule.expect != "not_below" else against
+    if toward[0] > decide:
+        return "decided"
+    if toward[1] < against:
+        return "decided against"
+    if rule.expect != "not_below" and -rule.margin < low and high < rule.margin:
+        return "ruled out"
+    return "undecided"
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading a rules file
+
+
+def _design(entry: Any, where: str) -> Design:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: 'design' must be a mapping with type and looks")
+    known = {"type", "looks", "alpha", "boundary", "max_hours", "seeds", "max_seeds", "prior_scale"}
+    if unknown := sorted(set(entry) - known):
+        raise ConfigError(f"{where}: unknown design keys {unknown}; the keys are {sorted(known)}")
+    kind = entry.get("type")
+    if kind not in DESIGN_TYPES:
+        raise ConfigError(
+            f"{where}: design 'type' must be one of {', '.join(DESIGN_TYPES)}, got {kind!r}"
+        )
+    looks = _looks(entry, kind, where)
+    alpha = _number(entry, "alpha", 0.05, where, "in (0, 0.5)", lambda x: 0 < x < 0.5)
+    boundary = entry.get("boundary", "spending_obrien_fleming")
+    if boundary not in BOUNDARIES:
+        raise ConfigError(
+            f"{where}: design 'boundary' must be one of {', '.join(BOUNDARIES)}, got {boundary!r}"
+        )
+    hours = _number(entry, "max_hours", None, where, "> 0", lambda x: x > 0)
+    scale = _number(entry, "prior_scale", 1.0, where, "> 0", lambda x: x > 0)
+    assert alpha is not None and scale is not None
+    return Design(kind, tuple(looks), alpha, boundary, max_hours=hours, prior_scale=scale)
+
+
+def _looks(entry: dict[str, Any], kind: str, where: str) -> list[int]:
+    """The seed counts at which a design looks: ``looks`` (``seeds`` for a fixed design), or every
+    count from 2 to ``max_seeds`` for an anytime design."""
+    if kind == "anytime":
+        top = entry.get("max_seeds")
+        if isinstance(top, bool) or not isinstance(top, int) or top < 2:
+            raise ConfigError(f"{where}: an anytime design needs 'max_seeds', an integer >= 2, got {top!r}")
+        return list(range(2, top + 1))
+    looks = entry.get("looks", [entry["seeds"]] if "seeds" in entry else None)
+    if not (isinstance(looks, list) and looks and all(isinstance(n, int) and not isinstance(n, bool)
+                                                       for n in looks)):
+        raise ConfigError(f"{where}: design 'looks' must be a list of seed counts, e.g. [4, 8, 12]")
+    if looks != sorted(set(looks)) or looks[0] < 2:
+        raise ConfigError(f"{where}: design 'looks' must increase and start at >= 2 seeds, got {looks}")
+    if kind == "fixed" and len(looks) != 1:
+        raise ConfigError(f"{where}: a fixed design has one look; use type: group_sequential for {looks}")
+    return looks
+
+
+def _number(
+    entry: dict[str, Any], key: str, default: float | None, where: str, rule: str, ok: Any
+) -> float | None:
+    """``entry[key]`` as a float checked by ``ok`` (``rule`` in words), or ``default`` when absent."""
+    value = entry.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+        raise ConfigError(f"{where}: design '{key}' must be a number {rule}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class RulesFile:
+    """A rules file: its design (None: a plain list of rules, judged descriptively) and rules with
+    their families and ``decide_at``."""
+
+    design: Design | None
+    rules: tuple[Hypothesis, ...]
+    families: dict[str, str]  # rule id -> family
+    decide_at_margin: frozenset[str] = frozenset()  # rule ids with decide_at: margin
+
+
+def load_rules(path: str | Path) -> RulesFile:
+    """Read a rules file: a list of rules (no design: descriptive) or a mapping with ``design``,
+    ``families`` and ``rules`` (module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"decision rules file '{path}' does not exist")
+    body = _read_yaml(path)
+    if isinstance(body, list):
+        entries: Any = body
+        design, families = None, {"primary": "none"}
+    elif isinstance(body, dict):
+        if unknown := sorted(set(body) - {"design", "families", "rules"}):
+            raise ConfigError(
+                f"{path}: unknown top-level keys {unknown}; the keys are design, families, rules"
+            )
+        if "design" not in body:
+            raise ConfigError(f"{path}: a rules mapping needs 'design' (or give a plain list of rules)")
+        design = _design(body["design"], f"{path}, design")
+        default = {"primary": "bonferroni" if design.type == "anytime" else "holm"}
+        families = _families(body.get("families", default), path, design.type)
+        design = replace(design, families=families)
+        entries = body.get("rules")
+    else:
+        raise ConfigError(f"{path}: expected a list of rules or a mapping with design, families and rules")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{path}: expected a non-empty list of rules")
+    rules, of_family, at_margin = [], {}, set()
+    for i, entry in enumerate(entries):
+        rule, family, decide_at = _rule(entry, families, f"{path}, rule {i + 1}")
+        rules.append(rule)
+        of_family[rule.id] = family
+        if decide_at == "margin":
+            at_margin.add(rule.id)
+    ids = [r.id for r in rules]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: rule ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+    return RulesFile(design, tuple(rules), of_family, frozenset(at_margin))
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} is not a YAML rules file: {err}") from None
+
+
+def _families(families: Any, path: Path, kind: str) -> dict[str, str]:
+    if not isinstance(families, dict) or not all(v in CORRECTIONS for v in families.values()):
+        raise ConfigError(
+            f"{path}: 'families' maps a family name to its correction ({', '.join(CORRECTIONS)}), "
+            f"got {families!r}"
+        )
+    if kind == "anytime" and (bad := sorted(set(families.values()) - set(ANYTIME_CORRECTIONS))):
+        raise ConfigError(
+            f"{path}: an anytime design takes the corrections {', '.join(ANYTIME_CORRECTIONS)}, got "
+            f"{bad}: Holm's and BH's step-wise levels are not valid for e-values read at every seed"
+        )
+    if "primary" not in families:
+        raise ConfigError(f"{path}: 'families' needs a 'primary' family: the rules that stop the study")
+    return dict(families)
+
+
+def _rule(entry: Any, families: dict[str, str], where: str) -> tuple[Hypothesis, str, str]:
+    """(rule, family, decide_at) of one entry."""
+    family, decide_at = "primary", "zero"
+    if isinstance(entry, dict):
+        entry = dict(entry)
+        family = entry.pop("family", "primary")
+        decide_at = entry.pop("decide_at", "zero")
+        if family not in families:
+            raise ConfigError(f"{where}: family {family!r} is not in 'families' ({', '.join(families)})")
+        if decide_at not in ("zero", "margin"):
+            raise ConfigError(f"{where}: 'decide_at' must be zero or margin, got {decide_at!r}")
+    return _hypothesis(entry, where), family, decide_at
+
+
+# ------------------------------------------------------------------------------------------------
+# Judging
+
+
+def _judge_rule(
+    rule: Hypothesis, d: list[float], level: float, design: Design, family: str, look: int, at_margin: bool
+) -> Judged:
+    """One rule's interval at ``level`` (a repeated t-interval, or an anytime design's confidence
+    sequence), p-values and outcome at look ``look`` (0-based)."""
+    if design.type == "anytime":
+        mean, low, high = confidence_sequence(d, level, design.prior_scale)
+    else:
+        mean, low, high = repeated_interval(d, level)
+    flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
+    outcome = outcome_of(low, high, rule, at_margin)
+    sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
+    return Judged(rule, family, len(d), mean, low, high, level, t_p_value(d), flip, outcome,
+                  look + 1 if outcome in STOPPING else None, sd)
+
+
+def _judge_family(
+    rules: Sequence[Hypothesis], diffs: dict[str, list[float]], design: Design, look: int, correction: str,
+    settled: dict[str, Judged], family: str, at_margin: frozenset[str],
+) -> list[Judged]:
+    """The rules of one family at look ``look`` (0-based), the ones settled earlier carried over."""
+    open_rules = [r for r in rules if r.id not in settled]
+    levels_for: dict[float, list[float]] = {}
+
+    def judged(rule: Hypothesis, level: float) -> Judged:
+        return _judge_rule(rule, diffs[rule.id], level, design, family, look, rule.id in at_margin)
+
+    def level(alpha: float) -> float:
+        if design.type == "anytime":  # a confidence sequence is valid at every look at its own alpha
+            return alpha
+        if alpha not in levels_for:
+            levels_for[alpha] = design.levels(alpha)
+        return levels_for[alpha][look]
+
+    if correction == "bh":
+        # BH at the look's level q rejects the k rules with the smallest p-values, where k is the
+        # largest i with p_(i) <= i q / m: exactly the rules whose p is <= k q / m, so every interval
+        # is shown at level k q / m (q / m when none is rejected)
+        q, m = level(design.alpha), max(len(open_rules), 1)
+        adjusted = benjamini_hochberg([t_p_value(diffs[r.id]) for r in open_rules])
+        k = max(sum(a <= q for a in adjusted), 1)
+        out = {r.id: judged(r, k * q / m) for r in open_rules}
+    else:
+        out = _step_down(open_rules, len(rules), correction, design.alpha, judged, level)
+    return [settled.get(r.id) or out[r.id] for r in rules]
+
+
+def _step_down(
+    open_rules: list[Hypothesis], family_size: int, correction: str, alpha: float, judged: Any, level: Any,
+) -> dict[str, Judged]:
+    """Holm: alpha / r for each of the r open rules, again with the rest while some settle;
+    Bonferroni: alpha / m for each of the family's m rules; none: alpha each."""
+    out: dict[str, Judged] = {}
+    remaining = list(open_rules)
+    while remaining:
+        share = {"holm": alpha / len(remaining), "bonferroni": alpha / family_size}.get(correction, alpha)
+        results = {r.id: judged(r, level(share)) for r in remaining}
+        out.update(results)
+        settled_now = {r.id for r in remaining if results[r.id].outcome in SETTLED}
+        if correction != "holm" or not settled_now:
+            break
+        remaining = [r for r in remaining if r.id not in settled_now]
+    return out
+
+
+def judge_looks(
+    diffs_by_seed: dict[str, dict[int, float]], rules_file: RulesFile, seeds: Sequence[int],
+) -> list[list[Judged]]:
+    """Every planned look the given seeds reach, in order: the look at n seeds reads the first n of
+    ``seeds`` (seed order). ``diffs_by_seed[rule id][seed]`` is the rule's per-seed difference."""
+    design = rules_file.design
+    assert design is not None
+    seeds = sorted(seeds)
+    settled: dict[str, Judged] = {}
+    looks = []
+    for k, n in enumerate(design.looks):
+        if n > len(seeds):
+            break
+        chosen = seeds[:n]
+        diffs = {r.id: [diffs_by_seed[r.id][s] for s in chosen] for r in rules_file.rules}
+        judged: list[Judged] = []
+        for family, correction in design.families.items():
+            members = [r for r in rules_file.rules if rules_file.families[r.id] == family]
+            if members:
+                judged += _judge_family(members, diffs, design, k, correction, settled, family,
+                                        rules_file.decide_at_margin)
+        for j in judged:
+            if j.outcome in SETTLED and j.rule.id not in settled:
+                settled[j.rule.id] = j
+        order = {r.id: i for i, r in enumerate(rules_file.rules)}
+        looks.append(sorted(judged, key=lambda j: order[j.rule.id]))
+    return looks
+
+
+def complete_seeds(diffs_by_seed: dict[str, dict[int, float]]) -> list[int]:
+    """The seeds, in order, on which every rule has its per-seed difference."""
+    return sorted(set.intersection(*(set(v) for v in diffs_by_seed.values()))) if diffs_by_seed else []
+
+
+def log_looks(
+    log: Path, looks: Sequence[Sequence[Judged]], design: Design, seeds: Sequence[int]
+) -> list[int]:
+    """Append every look reached to the looks log (each once); returns the looks newly written
+    (1-based). ``seeds``: the complete seeds in order, the look at n seeds reading the first n."""
+    return [
+        i + 1 for i, judged in enumerate(looks) if append_look(log, seeds[: design.looks[i]], i + 1, judged)
+    ]
+
+
+def primary_done(judged: Sequence[Judged]) -> bool:
+    """Whether every primary rule is decided, decided against or ruled out."""
+    return all(j.outcome in STOPPING for j in judged if j.family == "primary")
+
+
+def descriptive(diffs: dict[str, list[float]], rules_file: RulesFile) -> list[Judged]:
+    """Every rule at 95% with no outcome: a look the design did not plan, or a file with no design."""
+    out = []
+    for rule in rules_file.rules:
+        d = diffs[rule.id]
+        mean, low, high = repeated_interval(d, 0.05)
+        flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
+        sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
+        out.append(Judged(
+            rule, rules_file.families[rule.id], len(d), mean, low, high, math.nan, t_p_value(d), flip,
+            "descriptive only", None, sd,
+        ))
+    return out
+
+
+def seeds_range(j: Judged) -> str:
+    """Seeds a new study of one look would need to settle the rule at 80% power if the observed
+    difference were true, over the 95% interval of the s.d. (4 degrees of freedom at 5 seeds)."""
+    if j.seeds < 2 or math.isnan(j.sd) or j.sd == 0:
+        return ""
+    bound = -j.rule.margin if j.rule.expect == "not_below" else 0.0
+    distance = j.estimate - bound
+    df = j.seeds - 1
+    low_sd = j.sd * math.sqrt(df / st.chi2.ppf(0.975, df))
+    high_sd = j.sd * math.sqrt(df / st.chi2.ppf(0.025, df))
+    few, many = seeds_needed(distance, low_sd), seeds_needed(distance, high_sd)
+    if few is None or many is None:
+        return "more than 100,000"
+    return f"{few}-{many}"
+
+
+JUDGED_HEADER = [
+    "rule", "family", "pair", "metric", "expect (δ)", "difference", "interval", "level", "seeds",
+    "p (t / sign-flip)", "outcome", "a new study would need (seeds)",
+]
+
+
+def judged_rows(judged: Sequence[Judged]) -> list[list[str]]:
+    rows = []
+    for j in judged:
+        rule = j.rule
+        expect = {"greater": "> 0", "less": "< 0", "not_below": "> -δ"}[rule.expect]
+        flip = "" if j.p_sign_flip is None else f" / {j.p_sign_flip:.3g}"
+        outcome = j.outcome + (f" (look {j.look})" if j.look else "")
+        interval = "" if math.isnan(j.low) else f"[{j.low:+.3f}, {j.high:+.3f}]"
+        rows.append([
+            rule.id, j.family, f"{rule.variant} - {rule.baseline}", rule.metric,
+            f"{expect} ({rule.margin:g})",
+            f"{j.estimate:+.3f}", interval, "95% (none)" if math.isnan(j.level) else f"{1 - j.level:.2%}",
+            str(j.seeds), ("" if math.isnan(j.p_t) else f"{j.p_t:.3g}") + flip, outcome,
+            "" if j.outcome in SETTLED else seeds_range(j),
+        ])
+    return rows
+
+
+def append_look(log: Path, seeds: Sequence[int], look: int, judged: Sequence[Judged]) -> bool:
+    """Append a planned look to the looks log unless the same look of the same seeds is there;
+    True when written."""
+    entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    if any(e["look"] == look and e["seeds"] == list(seeds) for e in entries):
+        return False
+    if any(e["look"] == look for e in entries):
+        raise ConfigError(
+            f"{log} already holds look {look} with other seeds; a look is taken once (delete the log "
+            "only if that look was never reported)"
+        )
+    entry = {
+        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "look": look, "seeds": list(seeds),
+        "rules": [j.record() for j in judged],
+    }
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry) + "\n")
+    return True

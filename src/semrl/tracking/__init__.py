@@ -1,0 +1,1 @@
+"""What a run records: metrics, samples, trees, trackers, its summary."""

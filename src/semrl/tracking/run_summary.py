@@ -1,0 +1,64 @@
+"""The table ``semrl train`` prints at the end of a run, from the run's ``metrics.jsonl`` rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from semrl.tracking.jsonl import read_jsonl
+
+MAX_STEP_ROWS = 20
+
+
+def _held_out_rows(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    k = next((key.split("@")[1] for key in after if key.startswith("eval/mean@")), None)
+    rows = []
+    names = [(f"eval/mean@{k}", f"mean@{k}", "{:.3f}"), (f"eval/pass@{k}", f"pass@{k}", "{:.3f}"),
+             (f"eval/maj@{k}", f"maj@{k}", "{:.3f}"), ("eval/response_length", "response length", "{:.1f}"),
+             ("eval/truncated_frac", "truncated", "{:.0%}")]
+    for key, label, fmt in names:
+        if key in after:
+            old = fmt.format(before[key]) if key in before else "-"
+            rows.append(f"  {label:<18}{old:>9}{fmt.format(after[key]):>9}")
+    return rows
+
+
+def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
+    """Held-out metrics before and after, reward, accuracy, length and time of every step, and
+    where the run's files are."""
+    steps = [r for r in rows if "reward" in r]
+    evals = [r for r in rows if any(k.startswith("eval/mean@") for k in r)]
+    minutes = sum(r.get("time/step_s", 0.0) for r in steps) / 60
+    eval_minutes = sum(r.get("time/eval_s", 0.0) for r in rows) / 60
+    plural = "s" * (len(steps) != 1)
+    timing = f"{minutes:.1f} min training"
+    if any("time/eval_s" in r for r in rows):
+        timing += f", {eval_minutes:.1f} min evaluation"
+    lines = [f"run finished: {run_dir}  ({len(steps)} step{plural}, {timing})"]
+    if evals:
+        first, last = evals[0], evals[-1]
+        problems = int(last.get("eval/problems", 0))
+        before = f"step {first.get('step', 0):>3}" if first is not last else " " * 8
+        steps_row = f"{before}  step {last.get('step', 0):>3}"
+        lines += ["", f"held-out ({problems} problems)   {steps_row}"]
+        lines += _held_out_rows(first if first is not last else {}, last)
+    if steps:
+        every = -(-len(steps) // MAX_STEP_ROWS)  # long runs: every n-th step, and the last
+        shown = [r for i, r in enumerate(steps) if i % every == every - 1 or i == len(steps) - 1]
+        thinned = f"   (one step in {every})" if every > 1 else ""
+        lines += ["", "  step   reward  accuracy  length   s/step" + thinned]
+        lines += [
+            f"  {r.get('step', 0):>4}  {r['reward']:>7.3f}  {r.get('accuracy', 0.0):>8.3f}  "
+            f"{r.get('response_length', 0.0):>6.1f}  {r.get('time/step_s', 0.0):>7.1f}"
+            for r in shown
+        ]
+    run = Path(run_dir)
+    lines += ["", f"metrics: {run / 'metrics.jsonl'}   checkpoints: {run / 'checkpoints'}",
+              f"report:  semrl report {run}   (HTML with the figures, in {run / 'report'})"]
+    return "\n".join(lines)
+
+
+def summary_of_run(run_dir: str | Path) -> str:
+    """``run_summary`` of a run directory's metrics."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return run_summary(read_jsonl(path), run_dir)

@@ -1,0 +1,1 @@
+"""The policy update: forward passes, LM head, packing, tree attention, optimizer."""

@@ -1,0 +1,323 @@
+"""The update stage's owner (verl's actor): the trained model and its reference, their precision,
+packing and micro-batch plan, the policy loss and the optimizer.
+
+``Actor.passes`` runs the no-gradient forwards a step needs before its update (old-policy and
+reference log-probs, and the sampling entropies an engine without them left); ``Actor.update`` runs
+the PPO epochs over mini-batches and micro-batches and the optimizer steps. Each returns finished
+values; the only collectives are the ones written here (a micro-batch count every process agrees
+on, token and entropy sums over processes).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from semrl.config.sections import Config
+from semrl.methods.entropy_bonus import EntropyBonus
+from semrl.methods.losses import masked_mean
+from semrl.methods.policy_loss import LossFn, MiniBatchInputs, PolicyLossInputs, PrepareFn, micro_batch_loss
+from semrl.methods.registry import MethodConfig
+from semrl.models.precision import Precision
+from semrl.rollout.batch import RolloutBatch
+from semrl.runtime.distributed import ProcessGroup
+from semrl.runtime.faults import NO_FAULTS, Faults
+from semrl.update.optim import Optimization
+from semrl.update.passes import batch_logprobs, micro_batches, rows_logprobs, shuffled_rows
+
+
+@dataclass(frozen=True)
+class PolicyPasses:
+    """The no-gradient forwards a step needs before its update; each (N, T) or None.
+
+    Attributes:
+        old_logp: the behaviour policy's log-probs (the weights that sampled), when the update takes
+            more than one optimizer step; None: on-policy, the ratio is exactly 1.
+        ref_logp: the reference model's log-probs, when a KL term or ``log_ref_kl`` needs them.
+        sampling_entropy: full-vocabulary entropies at the sampling weights, when the engine gave none
+            (vllm) and the old-policy pass runs anyway or a token selection needs them before the
+            update; otherwise the update's first forward measures them.
+        first_forward_rows: (N,) bool, the rows whose ``old_logp`` (and entropy) the update's first
+            forward gives: the first mini-batch's, which no optimizer step precedes, so that forward
+            runs at the sampling weights and its log-probs are the old ones (docs/algorithms.md,
+            "Old log-probs"). None: the pass covered every row.
+    """
+
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    sampling_entropy: torch.Tensor | None = None
+    first_forward_rows: torch.Tensor | None = None
+
+
+@dataclass
+class MiniBatch:
+    """The rows of one optimizer step and what their micro-batches share."""
+
+    rows: torch.Tensor  # (n,) rows of the batch
+    plan: list[torch.Tensor]  # positions into rows of each micro-batch
+    selection: dict[str, torch.Tensor]  # the policy loss's per-token selection, (n, T) each
+    num_tokens: int  # response tokens of the mini-batch over every process
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What an update returns: its metrics, and the (N, T) entropies at the sampling weights that its
+    forwards measured when the batch had none (vllm), else None."""
+
+    metrics: dict[str, float]
+    sampling_entropy: torch.Tensor | None = None
+
+
+class FirstForward:
+    """What the update's forwards give before any optimizer step, when they run at the sampling
+    weights: the old log-probs of the rows the old-policy pass left (the first mini-batch's), and
+    the sampling entropies an engine without them (vllm) left to the trainer. It keeps its own
+    copies, so the passes it starts from stay as they were returned.
+
+    Attributes:
+        rows: (N,) bool, the rows still to take; None: none.
+        old_logp: (N, T) old log-probs, the pass's and then the rows taken; None: on-policy.
+        entropy: (N, T) sampling entropies being filled, when the batch has none; else None.
+    """
+
+    def __init__(self, batch: RolloutBatch, passes: PolicyPasses) -> None:
+        """Rows the passes left; on-policy without entropies (vllm, one optimizer step) and no pass
+        that measured them, every row."""
+        rows, entropy = passes.first_forward_rows, None
+        if not batch.has_sampling_entropy:
+            mask = batch.sequences.response_mask
+            given = passes.sampling_entropy
+            entropy = torch.zeros(mask.shape) if given is None else given * mask
+            if rows is None and given is None:
+                rows = torch.ones(len(batch.generations), dtype=torch.bool)
+        self.rows = None if rows is None else rows.clone()
+        self.old_logp = None if passes.old_logp is None else passes.old_logp.clone()
+        self.entropy = entropy
+
+    def sampling_entropy(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N, T) sampling entropies as far as they are known: the engine's, or those the passes
+        and the forwards so far measured (complete wherever a token selection reads them before
+        the update, since the passes then measure every row)."""
+        return batch.sampling_entropy if self.entropy is None else self.entropy
+
+    def old_log_probs(
+        self, idx: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(n, r) old log-probs of rows ``idx`` whose forward gave ``logp`` (n, r) and ``entropy``.
+        Rows still to take get their own log-probs as the old ones (kept for later epochs) and their
+        entropies into ``self.entropy``; they are then taken. Without an old-policy pass (on-policy)
+        the old log-probs are ``logp`` itself."""
+        r, dev = logp.shape[1], logp.device
+        old = logp.detach() if self.old_logp is None else self.old_logp[idx, :r].to(dev)
+        here = torch.zeros(len(idx), dtype=torch.bool) if self.rows is None else self.rows[idx]
+        if self.rows is None or not here.any():
+            return old
+        mine = here.to(dev)
+        if self.old_logp is not None:
+            old = torch.where(mine[:, None], logp.detach(), old)
+            self.old_logp[idx[here], :r] = logp.detach()[mine].float().cpu()
+        if self.entropy is not None and entropy is not None:
+            self.entropy[idx[here], :r] = entropy.detach()[mine].float().cpu()
+        self.rows[idx[here]] = False
+        return old
+
+
+class Actor:
+    """The trained model's update: its forwards, the policy loss and the optimizer steps.
+
+    Args:
+        cfg: the run's config (the ``trainer``, ``rollout`` and ``algorithm`` sections are read).
+        model: the trained model; ``ref_model`` the reference (or None), made the reference by
+            ``reference_weights`` (under LoRA, the trained model with its adapters off).
+        precision: the compute dtype and loss scaling of the trained model.
+        packing: whether rows go through the model tree-packed (``semrl.update.packing``).
+        procs: the processes training together.
+        optim: the optimizer, its schedule and loss scaler (``RunState.optim``, restored in place).
+        bonus: the entropy bonus's coefficient (``RunState.entropy_bonus``).
+        loss_fn, prepare_fn, loss_config: the policy loss's functions and the config they read.
+        generator: this process's random stream (row orders, Clip-Cov's random choice).
+        reuse_first_forward: the first mini-batch reuses the forward that gave its old log-probs
+            (exact: it runs before any optimizer step); False runs a separate pass, for the tests and
+            the benchmark that compare the two.
+        faults: where a test makes the update fail (``semrl.runtime.faults``).
+    """
+
+    def __init__(
+        self, cfg: Config, model: Any, ref_model: Any | None,
+        reference_weights: Callable[[], AbstractContextManager[Any]], precision: Precision, packing: bool,
+        procs: ProcessGroup, optim: Optimization, bonus: EntropyBonus, loss_fn: LossFn,
+        prepare_fn: PrepareFn | None, loss_config: MethodConfig[Any], generator: torch.Generator,
+        reuse_first_forward: bool = True, faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.cfg, self.model, self.ref_model = cfg, model, ref_model
+        self.reference_weights, self.precision = reference_weights, precision
+        self.packing, self.procs = packing, procs
+        self.optim, self.bonus = optim, bonus
+        self.loss_fn, self.prepare_fn, self.loss_config = loss_fn, prepare_fn, loss_config
+        self.generator, self.reuse_first_forward, self.faults = generator, reuse_first_forward, faults
+        self.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+
+    def mini_batch_size(self, batch: RolloutBatch) -> int:
+        """This process's rows per optimizer step."""
+        mini = self.cfg.trainer.mini_batch_size
+        return mini // self.procs.world if mini else len(batch.generations)
+
+    def micro_batch_plan(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Positions into ``rows`` of each micro-batch. Under a token budget every process runs as
+        many micro-batches as the process that needs most (FSDP's collectives run once per forward
+        on every process): a collective, so every process plans the same mini-batches."""
+        t = self.cfg.trainer
+        plan = micro_batches(batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.packing)
+        if t.micro_batch_tokens is not None:
+            wanted = max(self.procs.gather(len(plan)))
+            if wanted != len(plan):
+                plan = micro_batches(
+                    batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.packing, count=wanted
+                )
+        return plan
+
+    def _row_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Row indices of each micro-batch of ``rows``."""
+        return [rows[positions] for positions in self.micro_batch_plan(batch, rows)]
+
+    def first_order(self, batch: RolloutBatch) -> torch.Tensor:
+        """Epoch 0's row order, drawn before the passes, which leave its first mini-batch's old
+        log-probs to the update."""
+        return shuffled_rows(len(batch.generations), batch.group_size, self.packing, self.generator)
+
+    def on_policy(self, batch: RolloutBatch) -> bool:
+        """One epoch in one mini-batch: old log-probs equal the current ones (docs/algorithms.md)."""
+        return self.cfg.trainer.ppo_epochs == 1 and self.mini_batch_size(batch) == len(batch.generations)
+
+    def passes(self, batch: RolloutBatch, first_order: torch.Tensor) -> PolicyPasses:
+        """The no-gradient forwards before the update: old-policy log-probs unless on-policy, the
+        reference's when there is a reference, and rollout entropies when the batch lacks them and a
+        token selection reads them before the update or an old-policy pass runs anyway
+        (docs/engines.md). The old-policy pass leaves the first mini-batch's rows (of
+        ``first_order``) to that step's forward, unless their entropies are needed first."""
+        num_rows, on_policy = len(batch.generations), self.on_policy(batch)
+        before_update = self.prepare_fn is not None
+        fill = not batch.has_sampling_entropy and (not on_policy or before_update)
+        first = first_order[: self.mini_batch_size(batch)] if self.reuse_first_forward else None
+        old_logp = sampling_entropy = first_forward_rows = ref_logp = None
+        every_row = torch.arange(num_rows)
+        chunk = self.cfg.trainer.logits_chunk_size
+        if not on_policy or fill:
+            old_rows = every_row
+            if not on_policy and first is not None and not (fill and before_update):
+                skipped = torch.zeros(num_rows, dtype=torch.bool)
+                skipped[first] = True
+                old_rows, first_forward_rows = every_row[~skipped], skipped
+            with self.precision.autocast(self.model):
+                logp, sampling_entropy = batch_logprobs(
+                    self.model, batch, self.temperature,
+                    self._row_batches(batch, old_rows) if len(old_rows) else [],
+                    packed=self.packing, with_entropy=fill, chunk_size=chunk,
+                )
+            old_logp = None if on_policy else logp
+        if self.ref_model is not None:
+            with self.reference_weights():
+                ref_logp = batch_logprobs(
+                    self.ref_model, batch, self.temperature, self._row_batches(batch, every_row),
+                    packed=self.packing, chunk_size=chunk,
+                )[0]
+        return PolicyPasses(old_logp, ref_logp, sampling_entropy, first_forward_rows)
+
+    def update(
+        self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses, first_order: torch.Tensor,
+        step: int,
+    ) -> UpdateResult:
+        """PPO epochs over mini-batches (epoch 0 in ``first_order``), gradient accumulation over
+        micro-batches, for rollout step ``step``. With several processes, each holds its share of
+        every mini-batch, losses use the global token and sequence counts, and gradients are summed
+        before the optimizer step."""
+        total, size = len(batch.generations), self.mini_batch_size(batch)
+        first = FirstForward(batch, passes)
+        stats: dict[str, list[float]] = defaultdict(list)
+        self.model.train()
+        for epoch in range(self.cfg.trainer.ppo_epochs):
+            order = first_order if epoch == 0 else shuffled_rows(
+                total, batch.group_size, self.packing, self.generator
+            )
+            for start in range(0, total, size):
+                mini = self._mini_batch(batch, advantages, order[start : start + size], first)
+                entropy_sum = 0.0
+                for positions in mini.plan:
+                    loss, metrics, micro_entropy = self._micro_batch_loss(
+                        batch, advantages, passes, mini, positions, first, self.bonus.current()
+                    )
+                    self.optim.scaler.scale(loss).backward()  # scaled for float16 compute only
+                    self.faults.at("update", step)
+                    entropy_sum += micro_entropy
+                    for key, value in {"loss": loss.item(), **metrics}.items():
+                        stats[key].append(value)
+                grad_norm, applied = self.optim.step(stats["loss"][-len(mini.plan) :])
+                stats["actor/grad_norm"].append(grad_norm)
+                stats["actor/skipped_updates"].append(float(not applied))
+                if self.bonus.enabled:
+                    stats["actor/entropy_coeff"].append(self.bonus.current())
+                if self.bonus.adaptive:  # the optimizer step's token-mean entropy over every process
+                    self.bonus.observe(self.procs.sum(entropy_sum) / max(1, mini.num_tokens))
+        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        # this process's share of the loss; mean_metrics makes it the global loss over processes
+        out["loss"] = float(np.sum(stats["loss"])) * self.procs.world / len(stats["actor/grad_norm"])
+        out["actor/skipped_updates"] = float(np.sum(stats["actor/skipped_updates"]))
+        return UpdateResult(out, first.entropy)
+
+    def _mini_batch(
+        self, batch: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor, first: FirstForward
+    ) -> MiniBatch:
+        """The rows of one optimizer step: their global token count, the loss's token selection over
+        all of them (from rollout-time tensors), and their micro-batches."""
+        num_tokens = int(self.procs.sum(batch.sequences.response_mask[rows].sum().item()))
+        selection: dict[str, torch.Tensor] = {}
+        if self.prepare_fn is not None:
+            mask = batch.sequences.response_mask[rows].float()
+            inputs = MiniBatchInputs(
+                batch.rollout_logprobs[rows], first.sampling_entropy(batch)[rows], advantages[rows], mask
+            )
+            selection = self.prepare_fn(inputs, self.loss_config)
+        return MiniBatch(rows, self.micro_batch_plan(batch, rows), selection, num_tokens)
+
+    def _micro_batch_loss(
+        self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses, mini: MiniBatch,
+        positions: torch.Tensor, first: FirstForward, entropy_coeff: float,
+    ) -> tuple[torch.Tensor, dict[str, float], float]:
+        """The loss of micro-batch ``mini.rows[positions]`` (forward with gradient, the entropy bonus
+        at ``entropy_coeff``), its metrics and the sum of its token entropies; ``first`` takes the old
+        log-probs and entropies of rows whose forward this is at the sampling weights."""
+        idx, world = mini.rows[positions], self.procs.world
+        with self.precision.autocast(self.model):
+            logp, entropy, mask = rows_logprobs(
+                self.model, batch, idx, self.temperature, with_entropy=True, packed=self.packing,
+                chunk_size=self.cfg.trainer.logits_chunk_size,
+            )
+        r, dev = mask.shape[1], logp.device
+        old_logp = first.old_log_probs(idx, logp, entropy)
+        inputs = PolicyLossInputs(
+            logp=logp,
+            old_logp=old_logp,
+            advantages=advantages[idx, :r].to(dev), mask=mask,
+            entropy=None if entropy is None else entropy.detach(),
+            ref_logp=None if passes.ref_logp is None else passes.ref_logp[idx, :r].to(dev),
+            selection={k: v[positions, :r].to(dev) for k, v in mini.selection.items()},
+            generator=self.generator, num_tokens=mini.num_tokens, num_micro_batches=len(mini.plan) * world,
+            rollout_logp=batch.rollout_logprobs[idx, :r].to(dev),
+            entropy_coeff=entropy_coeff, bonus_entropy=entropy,
+        )
+        loss, loss_metrics, kl = micro_batch_loss(
+            self.loss_fn, inputs, self.loss_config, len(mini.rows) * world
+        )
+        metrics = {} if kl is None else {"kl": kl.item()}
+        metrics.update({f"actor/{k}": v.item() for k, v in loss_metrics.items()})
+        entropy_sum = 0.0
+        if entropy is not None:
+            metrics["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
+            entropy_sum = float((entropy.detach() * mask).sum())
+        return loss, metrics, entropy_sum
