@@ -20,11 +20,11 @@ import tempfile
 import time
 
 from semrl.config.load import load_config
-from semrl.rollout.batch import Collected
+from semrl.rollout.batch import CollectedStep
 from semrl.runtime.trainer import Trainer
 
 
-def _train_side(trainer: Trainer, collected: Collected, reuse: bool) -> float:
+def _train_side(trainer: Trainer, collected: CollectedStep, reuse: bool) -> float:
     actor = trainer.actor
     actor.reuse_first_forward = reuse
     batch = collected.batch

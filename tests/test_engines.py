@@ -25,7 +25,7 @@ from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, build_engine, eos_token_ids
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.update.forward import response_logprobs
-from semrl.update.passes import fill_sampling_entropy
+from semrl.update.passes import with_sampling_entropy
 
 from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
 
@@ -409,7 +409,7 @@ def test_latr_trees_keep_their_invariants(setup, kind):
 
 
 def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_pass(setup):
-    """The vllm engine's entropies come from the trainer's forward (fill_sampling_entropy); on the same
+    """The vllm engine's entropies come from the trainer's forward (with_sampling_entropy); on the same
     sequences they select the same SENT / 80-20 tokens and FR3E anchors as hf's sampling-time ones."""
     tok, model = setup
     engine = _engine("hf", model, tok)
@@ -417,7 +417,9 @@ def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_p
     gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(temperature=1.0, max_new_tokens=24),
                            torch.Generator().manual_seed(2))
     stripped = [Generation(g.token_ids, g.logprobs, g.top_logprobs, g.top_ids, None, g.finished) for g in gens]
-    fill_sampling_entropy(model, prompts, stripped, 1.0, micro_batch_size=3)
+    filled = with_sampling_entropy(model, prompts, stripped, 1.0, micro_batch_size=3)
+    assert all(g.entropy is None for g in stripped)  # returned, not written into the given ones
+    stripped = filled
     batch = make_sequence_batch(prompts, [g.token_ids.tolist() for g in gens], 0)
     mask = batch.response_mask.float()
     sampled = torch.nn.utils.rnn.pad_sequence([g.entropy for g in gens], batch_first=True)
@@ -439,7 +441,7 @@ def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup):
     options = RoseConfig(epsilon=0.0, entropy_mode="full_vocab")
     with pytest.raises(ValueError, match="computes no entropy: pass sampling_entropy"):
         tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0))
-    fill = partial(fill_sampling_entropy, model, temperature=1.0)  # as the trainer binds it
+    fill = partial(with_sampling_entropy, model, temperature=1.0)  # as the trainer binds it
     rollout = tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0), fill)
     for p, group in zip(prompts, rollout.groups, strict=True):
         _, _, entropy = _forward(model, [p] * 4, group.generations, 1.0)
@@ -693,9 +695,9 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
     task = write_seven_task(tmp_path / "seven.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = {"one": (1, []), "two": (2, []), "fsdp": (2, ["trainer.fsdp=true"])}
-    for name, (procs, extra) in runs.items():
+    for name, (processes, extra) in runs.items():
         _train(*_args(digit32_model_dir, task, tmp_path / name), "rollout.engine=vllm", *extra,
-               "--num-processes", str(procs), env=env)
+               "--num-processes", str(processes), env=env)
     one = _metrics(tmp_path / "one")[1:]
     w1 = _final_weights(tmp_path / "one")
     for name in ("two", "fsdp"):

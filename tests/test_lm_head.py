@@ -7,6 +7,8 @@ import torch
 
 from semrl.update.lm_head import chunked_logprobs
 
+from .conftest import dense_attention_mask
+
 
 def full_reference(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
@@ -158,7 +160,7 @@ def test_model_forward_with_chunks_equals_full_logits(tiny_model_dir, layout):
         rows = batch.row[:, None].expand_as(columns)
         targets, mask = batch.targets, batch.response_mask.float()
         run = lambda: packed_response_logprobs(model, batch, temperature, chunk_size=5)  # noqa: E731
-        reference_inputs = (batch.input_ids, batch.dense_attention_mask(torch.float32), batch.position_ids)
+        reference_inputs = (batch.input_ids, dense_attention_mask(batch, torch.float32), batch.position_ids)
     adv = torch.randn(mask.shape, generator=gen)
 
     logp, entropy = run()

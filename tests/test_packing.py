@@ -11,6 +11,8 @@ from semrl.rollout.tree import ChainTree
 from semrl.update.forward import response_logprobs
 from semrl.update.packing import pack_trees, packed_response_logprobs
 
+from .conftest import dense_attention_mask
+
 
 def _random_tree(gen: torch.Generator, g: int, vocab: int, max_len: int) -> tuple[list[list[int]], ChainTree]:
     responses: list[list[int]] = []
@@ -42,7 +44,7 @@ def test_pack_layout_on_a_hand_built_tree():
     assert seen[6].nonzero().flatten().tolist() == [0, 1, 6]  # the fresh chain sees only the prompt
     assert packed.predictor.tolist() == [[1, 2, 3], [1, 2, -1], [1, -1, -1]]
     assert packed.targets[1, :2].tolist() == [3, 6] and packed.response_mask[2].tolist() == [1, 0, 0]
-    mask = packed.dense_attention_mask(torch.float32)
+    mask = dense_attention_mask(packed, torch.float32)
     assert mask.shape == (1, 1, 7, 7) and mask[0, 0, 5, 4] == torch.finfo(torch.float32).min and mask[0, 0, 5, 2] == 0
     with pytest.raises(ValueError, match="chain 1 does not start"):
         pack_trees([[1, 2]], [[[3, 4, 5], [9, 6], [7]]], [tree], pad_token_id=0)

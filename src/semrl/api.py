@@ -66,4 +66,4 @@ def train(
     try:
         return trainer.train()
     finally:
-        trainer.procs.close()
+        trainer.processes.close()

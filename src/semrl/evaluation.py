@@ -35,6 +35,9 @@ from semrl.tracking.jsonl import read_jsonl
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from semrl.config.sections import Config
+    from semrl.runtime.distributed import ProcessGroup
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased estimate of P(at least one of k samples is correct) from c correct out of n:
@@ -399,7 +402,7 @@ def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
 EVAL_SPLITS = ("eval", "transfer")  # metric prefixes: held-out problems, problems of a kind never trained on
 
 
-def evaluation_key(cfg: Any, problems: Sequence[Problem], split: str, world: int) -> dict[str, Any]:
+def evaluation_key(cfg: Config, problems: Sequence[Problem], split: str, world: int) -> dict[str, Any]:
     """Everything that decides the samples of an in-training evaluation of the model named by
     ``model.name`` (before any update): runs with equal keys sample the same responses, so the
     base model's evaluation is computed once and reused (``logging.eval_cache``). The weights are
@@ -452,8 +455,8 @@ def records_path(run_dir: str | Path, split: str, step: int) -> Path:
 
 def evaluate_held_out(
     engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, problems: Sequence[Problem],
-    cfg: Any,
-    procs: Any, *, split: str = "eval", step: int = 0, run_dir: str | Path | None = None,
+    cfg: Config,
+    processes: ProcessGroup, *, split: str = "eval", step: int = 0, run_dir: str | Path | None = None,
     functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
     """In-training evaluation: ``logging.eval_samples`` samples per problem at the evaluation
@@ -465,37 +468,38 @@ def evaluate_held_out(
     log = cfg.logging
     cached = None
     if step == 0 and log.eval_cache:
-        key = evaluation_key(cfg, problems, split, procs.world)
+        key = evaluation_key(cfg, problems, split, processes.world)
         cached = _cache_file(log.eval_cache, key)
-        if procs.all_true(cached.exists()):
-            records = read_jsonl(cached) if procs.is_main else []
-            return _finish_evaluation(records, split, step, run_dir, procs)
+        if processes.all_true(cached.exists()):
+            records = read_jsonl(cached) if processes.is_main else []
+            return _finish_evaluation(records, split, step, run_dir, processes)
     # A separate generator: evaluation must not change the training random stream.
     offset = EVAL_SPLITS.index(split) * 104_729 if split in EVAL_SPLITS else 0
-    gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * procs.rank + offset)
-    share = problems[procs.rank :: procs.world]
+    gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * processes.rank + offset)
+    share = problems[processes.rank :: processes.world]
     with tqdm(total=len(share) * log.eval_samples, desc=split, unit="sample", leave=False,
-              disable=not (log.progress and procs.is_main)) as bar:
+              disable=not (log.progress and processes.is_main)) as bar:
         records = [s.record() for s in sample_and_verify(
             engine, tokenizer, share, sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
             log.eval_samples, PromptFormat.of(cfg.data),
             Judge(pool, cfg.reward.final_number_fallback, functions), gen, bar.update,
         )]
-    shares = procs.gather(records)
+    shares = processes.gather(records)
     # back in the problems' order (process r sampled problems r, r + world, ...)
     records = []
-    if procs.is_main:
-        records = [shares[i % procs.world][i // procs.world] for i in range(len(problems))]
-    if cached is not None and procs.is_main:
+    if processes.is_main:
+        records = [shares[i % processes.world][i // processes.world] for i in range(len(problems))]
+    if cached is not None and processes.is_main:
         write_text_atomic(cached, "".join(json.dumps(r) + "\n" for r in records))
         write_text_atomic(cached.with_suffix(".key.json"), json.dumps(key, indent=2))
-    return _finish_evaluation(records, split, step, run_dir, procs)
+    return _finish_evaluation(records, split, step, run_dir, processes)
 
 
 def evaluate_splits(
     engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool,
     splits: Mapping[str, Sequence[Problem]],
-    cfg: Any, procs: Any, step: int, run_dir: str | Path, functions: RewardFunctions | None = None,
+    cfg: Config, processes: ProcessGroup, step: int, run_dir: str | Path,
+    functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
     """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged,
     with the wall time of each split's evaluation (``time/eval_s/{split}``, a reused base evaluation
@@ -506,21 +510,21 @@ def evaluate_splits(
         start = time.perf_counter()
         out.update(
             evaluate_held_out(
-                engine, tokenizer, pool, problems, cfg, procs, split=split, step=step, run_dir=run_dir,
+                engine, tokenizer, pool, problems, cfg, processes, split=split, step=step, run_dir=run_dir,
                 functions=functions,
             )
         )
         times[f"time/eval_s/{split}"] = time.perf_counter() - start
-    if procs.is_main and times:
+    if processes.is_main and times:
         out.update(times)
         out["time/eval_s"] = sum(times.values())
     return out
 
 
 def _finish_evaluation(
-    records: list[dict[str, Any]], split: str, step: int, run_dir: str | Path | None, procs: Any
+    records: list[dict[str, Any]], split: str, step: int, run_dir: str | Path | None, processes: ProcessGroup
 ) -> dict[str, float]:
-    if not procs.is_main:
+    if not processes.is_main:
         return {}
     if run_dir is not None:
         write_text_atomic(records_path(run_dir, split, step), "".join(json.dumps(r) + "\n" for r in records))

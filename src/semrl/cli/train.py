@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     trainer = Trainer(cfg, resume=bool(args.resume))
     trainer.train()
-    trainer.procs.close()
-    if not trainer.procs.is_main:
+    trainer.processes.close()
+    if not trainer.processes.is_main:
         return 0
     print("\n" + summary_of_run(cfg.logging.output_dir))
     return 0

@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING
 
 from semrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from semrl.config.sections import Config
 
 CPU_BLOCK_MULTIPLE = 32  # the CPU attention backend takes block sizes that are multiples of 32
 CPU_MIN_HEAD_DIM = 32  # the CPU attention backend needs head dim >= 32
@@ -28,7 +31,7 @@ def check_unfiltered_logprobs(top_p: float, top_k: int, setting: str, reader: st
         )
 
 
-def check_vllm_settings(cfg: Any) -> None:
+def check_vllm_settings(cfg: Config) -> None:
     """Config-level checks for ``rollout.engine=vllm``: vLLM is installed, and the sampler's
     log-probs are the unfiltered distribution's. The options' own ranges (``rollout.vllm_*``) are
     checked with the config's fields."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from semrl.config.engine_checks import check_vllm_settings
 from semrl.config.options import section_options, section_reference
@@ -30,6 +30,9 @@ from semrl.config.sections import (
     read_values,
 )
 from semrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from semrl.methods.registry import PolicyLoss
 
 __all__ = [
     "config_from_dict", "config_reference", "load_config", "method_sections", "methods_table", "validate",
@@ -121,7 +124,7 @@ def purely_on_policy(cfg: Config) -> bool:
     return cfg.trainer.ppo_epochs == 1 and one_mini_batch
 
 
-def _warn_inert_terms(cfg: Config, loss: Any) -> None:
+def _warn_inert_terms(cfg: Config, loss: PolicyLoss) -> None:
     """Options that silently do nothing under this update schedule, said loudly when the config
     loads: a term of the policy loss that only acts off-policy, and clip-higher (a clip range is
     never reached at ratio 1)."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from semrl.config.sections import DataConfig
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class PromptFormat:
     template: str | None = None
 
     @classmethod
-    def of(cls, data: Any) -> PromptFormat:
+    def of(cls, data: DataConfig) -> PromptFormat:
         """The format of a config's ``data`` section (``data.system_prompt``, ``data.prompt_template``)."""
         return cls(data.system_prompt, data.prompt_template)
 

@@ -13,7 +13,10 @@ step the bonus applies with the starting coefficient.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from semrl.config.sections import AlgorithmConfig
 
 
 @dataclass
@@ -37,7 +40,7 @@ class EntropyBonus:
     active: bool = True
 
     @classmethod
-    def from_config(cls, algorithm: Any) -> EntropyBonus:
+    def from_config(cls, algorithm: AlgorithmConfig) -> EntropyBonus:
         """From the ``algorithm`` section's ``entropy_*`` keys."""
         return cls(
             algorithm.entropy_coeff, algorithm.entropy_target, algorithm.entropy_coeff_delta,

@@ -16,10 +16,10 @@ from semrl.methods.registry import MethodConfig
 from semrl.rollout.batch import GroupInfo
 from semrl.rollout.engines import Engine, Generation, SamplingParams
 
-# (contexts, generations) -> None: fills ``Generation.entropy`` where it is None with the
-# full-vocabulary entropy at the weights that sampled them; contexts[i] holds the tokens before
-# generations[i] (``semrl.update.passes.fill_sampling_entropy``, bound by the trainer)
-SamplingEntropyFn = Callable[[list[list[int]], list[Generation]], None]
+# (contexts, generations) -> the generations with their entropy: new objects where it was None, with
+# the full-vocabulary entropy at the weights that sampled them; contexts[i] holds the tokens before
+# generations[i] (``semrl.update.passes.with_sampling_entropy``, bound by the trainer)
+SamplingEntropyFn = Callable[[list[list[int]], list[Generation]], list[Generation]]
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class RolloutContext:
         config: the method's options and the ``algorithm`` and ``rollout`` sections.
         state: the method's own state, made once per run by ``MethodSpec.new_state`` (or None); it is
             not checkpointed, so a method whose results depend on it does not resume exactly.
-        sampling_entropy: fills the full-vocabulary sampling entropy of generations an engine
-            left without it (vllm), with the trainer's forward at the sampling weights; a no-op
-            for generations that have it.
+        sampling_entropy: (contexts, generations) -> the generations with their full-vocabulary
+            sampling entropy: new objects for those an engine left without it (vllm), from the
+            trainer's forward at the sampling weights; the others as they are.
         decode: token ids -> text with the run's tokenizer, special tokens skipped (TreePO's stop
             tests read a segment's text).
         step: the training step this rollout is for (rollouts whose settings follow a schedule).

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from semrl.methods.losses import aggregate_loss, kl_penalty, masked_mean, ppo_clip_loss, rollout_correction
 from semrl.methods.registry import MethodConfig
+
+if TYPE_CHECKING:
+    from semrl.config.sections import AlgorithmConfig
 
 
 @dataclass
@@ -73,7 +76,7 @@ LossFn = Callable[[PolicyLossInputs, MethodConfig[Any]], tuple[torch.Tensor, dic
 PrepareFn = Callable[[MiniBatchInputs, MethodConfig[Any]], dict[str, torch.Tensor]]
 
 
-def clip_range(algorithm: Any) -> tuple[float, float]:
+def clip_range(algorithm: AlgorithmConfig) -> tuple[float, float]:
     """(``clip_ratio_low``, ``clip_ratio_high``) of the ``algorithm`` section, which loading a config
     fills from the method's defaults where it leaves them null."""
     low, high = algorithm.clip_ratio_low, algorithm.clip_ratio_high

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from semrl.config.sections import Config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,7 +50,7 @@ class Precision:
     sharded: bool = False
 
     @classmethod
-    def from_config(cls, cfg: Any) -> Precision:
+    def from_config(cls, cfg: Config) -> Precision:
         compute = DTYPES[cfg.model.dtype]
         params = torch.float32 if cfg.model.master_weights else compute
         return cls(compute, params, bool(cfg.trainer.fsdp))

@@ -81,7 +81,7 @@ class RolloutBatch:
 
 
 @dataclass(frozen=True)
-class Collected:
+class CollectedStep:
     """What a step's rollout and reward stages return (``Trainer.collect``).
 
     Attributes:

@@ -3,7 +3,7 @@
 The trainer runs the rounds and hands each scored batch to a ``GroupFilter``; the filter never calls
 back into the trainer::
 
-    groups = GroupFilter(wanted, cfg.algorithm, procs)
+    groups = GroupFilter(wanted, cfg.algorithm, processes)
     while not groups.full:
         batch = rollout(); groups.add(batch, reward(batch))
     batch, scores, metrics = groups.result()
@@ -52,8 +52,8 @@ class GroupFilter:
     them sample until every share is full (``full`` agrees across processes).
     """
 
-    def __init__(self, wanted: int, algo: AlgorithmConfig, procs: ProcessGroup) -> None:
-        self.wanted, self.algo, self.procs = wanted, algo, procs
+    def __init__(self, wanted: int, algo: AlgorithmConfig, processes: ProcessGroup) -> None:
+        self.wanted, self.algo, self.processes = wanted, algo, processes
         self.sampled: list[tuple[RolloutBatch, Scores]] = []
         self.kept: list[GroupRef] = []
         self.dropped: list[GroupRef] = []
@@ -73,7 +73,7 @@ class GroupFilter:
         kept, dropped = split_groups(batch, scores, self.algo.dynamic_sampling_metric)
         self.kept += kept
         self.dropped += dropped
-        enough = self.procs.all_true(len(self.kept) >= self.wanted)
+        enough = self.processes.all_true(len(self.kept) >= self.wanted)
         self.full = enough or self.rounds >= self.algo.max_sampling_rounds
 
     def result(self) -> tuple[RolloutBatch, Scores, dict[str, float]]:
@@ -89,7 +89,7 @@ class GroupFilter:
                 self.wanted, self.rounds,
             )
         metrics["dynamic_sampling/rollout_batches"] = float(self.rounds)
-        metrics["dynamic_sampling/kept_groups"] = self.procs.sum(min(len(self.kept), self.wanted))
-        metrics["dynamic_sampling/filled_groups"] = self.procs.sum(max(0, self.wanted - len(self.kept)))
+        metrics["dynamic_sampling/kept_groups"] = self.processes.sum(min(len(self.kept), self.wanted))
+        metrics["dynamic_sampling/filled_groups"] = self.processes.sum(max(0, self.wanted - len(self.kept)))
         batch, scores = gather_groups(choose_groups(self.kept, self.dropped, self.wanted))
         return batch, scores, metrics

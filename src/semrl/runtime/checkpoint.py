@@ -42,8 +42,11 @@ from semrl.runtime.faults import NO_FAULTS, Faults
 from semrl.runtime.safe_state import STATE_JSON, load_state, save_state
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from semrl.config.sections import Config
     from semrl.data.curriculum import Curriculum
+    from semrl.runtime.distributed import ProcessGroup
     from semrl.update.optim import Optimization
 
 logger = logging.getLogger(__name__)
@@ -133,7 +136,8 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], keep_last: int,
+    run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerBase, trainer_state: dict[str, Any],
+    keep_last: int,
     model_state: dict[str, torch.Tensor] | None = None, faults: Faults = NO_FAULTS,
 ) -> Path:
     """Write ``model`` (or ``model_state``, its full weights, for a sharded model) and the trainer state."""
@@ -252,19 +256,19 @@ def full_weights(model: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
 
 
 def save_run(
-    run_dir: Path, run: RunState, model: Any, rollout_model: Any, tokenizer: Any, cfg: Config, procs: Any,
-    faults: Faults = NO_FAULTS,
+    run_dir: Path, run: RunState, model: Any, rollout_model: Any, tokenizer: PreTrainedTokenizerBase,
+    cfg: Config, processes: ProcessGroup, faults: Faults = NO_FAULTS,
 ) -> Path:
     """Checkpoint of the run at ``run.step``, written by the main process (a collective: every
     process calls it). ``model`` is the trained model, ``rollout_model`` its full weights' holder."""
-    rngs = procs.gather(rng_state(run.generator))
+    rngs = processes.gather(rng_state(run.generator))
     fsdp, optim = cfg.trainer.fsdp, run.optim
     state = {
         "step": run.step,
         "optimizer": full_optimizer_state(model, optim.optimizer) if fsdp else optim.optimizer.state_dict(),
         "scheduler": optim.scheduler.state_dict(),
         "sampler": run.curriculum.sampler.state_dict(),
-        "rng": rngs if procs.distributed else rngs[0],
+        "rng": rngs if processes.distributed else rngs[0],
         "consecutive_bad_updates": optim.consecutive_bad_updates,
         "grad_scaler": optim.scaler.state_dict(),
         "stage": run.curriculum.stage,
@@ -273,16 +277,16 @@ def save_run(
     }
     path = checkpoint_dir(run_dir, run.step)
     weights = full_weights(model, fsdp)
-    if procs.is_main:
+    if processes.is_main:
         path = save_checkpoint(
             run_dir, run.step, rollout_model, tokenizer, state, cfg.logging.keep_last, model_state=weights,
             faults=faults,
         )
-    procs.barrier()
+    processes.barrier()
     return path
 
 
-def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, procs: Any) -> None:
+def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, processes: ProcessGroup) -> None:
     """Load the checkpoint's trainer state into ``run``: the curriculum stage and data order (with
     ``data.curriculum_reset_optimizer`` a later stage's fresh optimizer first), optimizer, schedule,
     loss scaler, RNG states, step and skipped-update count."""
@@ -297,7 +301,7 @@ def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, procs: Any) 
     run.optim.scheduler.load_state_dict(state["scheduler"])
     if state.get("grad_scaler"):
         run.optim.scaler.load_state_dict(state["grad_scaler"])
-    set_rng_state(process_rng_state(state, ckpt, procs.rank, procs.world), run.generator)
+    set_rng_state(process_rng_state(state, ckpt, processes.rank, processes.world), run.generator)
     run.step = state["step"]
     run.optim.consecutive_bad_updates = state.get("consecutive_bad_updates", 0)
     if "entropy_bonus" in state:  # checkpoints from before the entropy bonus have none
@@ -319,14 +323,14 @@ def stage_reference_dirs(run_dir: Path) -> list[Path]:
 
 
 def advance_stage(
-    run_dir: Path, run: RunState, model: Any, rollout_model: Any, ref_model: Any | None, tokenizer: Any,
-    cfg: Config, procs: Any, faults: Faults = NO_FAULTS,
+    run_dir: Path, run: RunState, model: Any, rollout_model: Any, ref_model: Any | None,
+    tokenizer: PreTrainedTokenizerBase, cfg: Config, processes: ProcessGroup, faults: Faults = NO_FAULTS,
 ) -> None:
     """Checkpoint, then move the run to its curriculum's next stage (a collective). With
     ``data.curriculum_reset_optimizer`` the new stage starts like a run from the previous stage's
     final checkpoint: fresh optimizer and schedule, and those weights as the KL reference (kept in
     the run directory for a resume)."""
-    save_run(run_dir, run, model, rollout_model, tokenizer, cfg, procs, faults)
+    save_run(run_dir, run, model, rollout_model, tokenizer, cfg, processes, faults)
     curriculum = run.curriculum
     curriculum.enter(curriculum.stage + 1)
     logger.info(
@@ -338,13 +342,13 @@ def advance_stage(
     if ref_model is not None:
         save_stage_reference(
             run_dir, curriculum.stage, run.step, model, rollout_model, ref_model, tokenizer,
-            cfg.trainer.fsdp, procs, faults,
+            cfg.trainer.fsdp, processes, faults,
         )
 
 
 def save_stage_reference(
-    run_dir: Path, stage: int, step: int, model: Any, rollout_model: Any, ref_model: Any, tokenizer: Any,
-    fsdp: bool, procs: Any, faults: Faults = NO_FAULTS,
+    run_dir: Path, stage: int, step: int, model: Any, rollout_model: Any, ref_model: Any,
+    tokenizer: PreTrainedTokenizerBase, fsdp: bool, processes: ProcessGroup, faults: Faults = NO_FAULTS,
 ) -> None:
     """Make the current weights stage ``stage``'s reference: loaded into every process's
     ``ref_model`` (under FSDP one gathered parameter at a time) and kept under
@@ -354,12 +358,12 @@ def save_stage_reference(
         ref_model.load_state_dict(rollout_model.state_dict())
     else:
         load_streamed(ref_model, iter_full_parameters(model))
-    if procs.is_main:
+    if processes.is_main:
         save_checkpoint(
             stage_reference_dir(run_dir, stage), step, rollout_model, tokenizer, {}, 1, model_state=weights,
             faults=faults,
         )
-    procs.barrier()
+    processes.barrier()
 
 
 def load_stage_reference(run_dir: Path, stage: int, ref_model: Any, dtype: str) -> None:

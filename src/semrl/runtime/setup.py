@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from semrl.runtime.distributed import ProcessGroup, iter_full_parameters, shard_
 from semrl.tracking.trackers import Tracker, open_trackers
 from semrl.update.packing import supports_packing
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,12 +42,12 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | None:
+def prepare_run_dir(cfg: Config, resume: bool, processes: ProcessGroup) -> Path | None:
     """The checkpoint to resume from (``resume``), or None after creating a new run directory that
     holds the config. Refuses to start a new run over an existing one."""
     run_dir = Path(cfg.logging.output_dir)
     holds_run = bool(list_checkpoints(run_dir)) or (run_dir / "metrics.jsonl").exists()
-    procs.barrier()  # every process has looked before the main one writes
+    processes.barrier()  # every process has looked before the main one writes
     if resume:
         ckpt, skipped = resumable_checkpoint(run_dir)  # damaged newer ones are named in warnings
         if ckpt is None:
@@ -54,7 +57,7 @@ def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | No
                     f"; found:{reasons}" if skipped else ""
                 )
             )
-        if procs.is_main:
+        if processes.is_main:
             cleanup_partial(run_dir)
         return ckpt
     if holds_run:
@@ -62,7 +65,7 @@ def prepare_run_dir(cfg: Config, resume: bool, procs: ProcessGroup) -> Path | No
             f"run directory {run_dir} already holds a run; continue it with "
             f"'semrl train --resume {run_dir}' or set logging.output_dir to a new directory"
         )
-    if procs.is_main:
+    if processes.is_main:
         cleanup_partial(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
@@ -146,7 +149,7 @@ def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Pr
     return problems
 
 
-def check_prompt_lengths(tokenizer: Any, problems: list[Problem], cfg: Config) -> None:
+def check_prompt_lengths(tokenizer: PreTrainedTokenizerBase, problems: list[Problem], cfg: Config) -> None:
     """Fail before training when a prompt is over ``data.max_prompt_length`` (the first 1000 checked)."""
     limit = cfg.data.max_prompt_length
     for p in problems[:1000]:
@@ -174,7 +177,7 @@ class Models:
     reference_weights: Callable[[], AbstractContextManager[Any]] = nullcontext
 
 
-def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_reference: bool) -> Models:
+def load_models(cfg: Config, model_path: str, processes: ProcessGroup, needs_reference: bool) -> Models:
     """Load the models, shard under FSDP, then build the engine (docs/engines.md, "GPU").
 
     Under FSDP the model is loaded on the CPU and sharded there: ``fully_shard`` moves one layer at a
@@ -197,17 +200,18 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
     if cfg.trainer.fsdp:
         shard_model(model, precision.fsdp_policy())
     else:
-        model.to(procs.device)
+        model.to(processes.device)
     rollout_model = model
     if cfg.trainer.fsdp and r.engine == "hf":
         rollout_model = load_model(model_path, m.dtype, m.attn_implementation)
-        rollout_model.requires_grad_(False).eval().to(procs.device)
+        rollout_model.requires_grad_(False).eval().to(processes.device)
     # vllm's running batch: one process's rollout (rollout.vllm_max_num_seqs overrides it)
-    batch = r.generation_batch_size if r.engine == "hf" else r.prompts_per_step // procs.world * r.group_size
+    per_process = r.prompts_per_step // processes.world * r.group_size
+    batch = r.generation_batch_size if r.engine == "hf" else per_process
     engine = build_engine(
         r.engine, rollout_model, tokenizer, batch,
         cfg.data.max_prompt_length + r.max_new_tokens,
-        r.logprobs_top_k, cfg.trainer.seed + procs.rank, r, compute_dtype=precision.compute,
+        r.logprobs_top_k, cfg.trainer.seed + processes.rank, r, compute_dtype=precision.compute,
         # vllm under FSDP: the sharded model's weights reach the engine only gathered
         initial_weights=iter_full_parameters(model) if cfg.trainer.fsdp and rollout_model is model else None,
     )
@@ -228,7 +232,7 @@ def load_models(cfg: Config, model_path: str, procs: ProcessGroup, needs_referen
         if cfg.trainer.fsdp:  # sharded like the trained model: no whole copy on any device
             shard_model(ref_model)
         else:
-            ref_model.to(procs.device)
+            ref_model.to(processes.device)
     return Models(tokenizer, model, rollout_model, ref_model, engine, precision, reference_weights)
 
 

@@ -33,7 +33,7 @@ from semrl.methods.interface import AdvantageInputs, RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.models.loading import resolve_model_path
 from semrl.reward import Scores, VerifierPool, reward_functions, score
-from semrl.rollout.batch import Collected, RolloutBatch
+from semrl.rollout.batch import CollectedStep, RolloutBatch
 from semrl.rollout.engines import GenerationRequest, sampling_params, sequence_seed
 from semrl.rollout.group_filter import GroupFilter
 from semrl.runtime.checkpoint import RunState, advance_stage, load_stage_reference, restore_run, save_run
@@ -45,7 +45,7 @@ from semrl.tracking.run_log import RunLog
 from semrl.update.actor import Actor
 from semrl.update.optim import Optimization
 from semrl.update.passes import (
-    fill_sampling_entropy,
+    with_sampling_entropy,
 )
 
 logger = logging.getLogger(__name__)
@@ -84,28 +84,28 @@ class Trainer:
         )
         self.method_state = load(self.method.new_state)() if self.method.new_state else None
         self.run_dir = Path(cfg.logging.output_dir)
-        self.procs = ProcessGroup()
+        self.processes = ProcessGroup()
         self.faults = Faults.from_env()  # where a test makes the run fail (semrl.runtime.faults)
         setup.check_machine(cfg)
-        setup.check_world_size(cfg, self.procs.world)
-        ckpt = setup.prepare_run_dir(cfg, resume, self.procs)
+        setup.check_world_size(cfg, self.processes.world)
+        ckpt = setup.prepare_run_dir(cfg, resume, self.processes)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         # one random stream per process (the data order is shared by all)
-        self.generator = setup.seed_everything(cfg.trainer.seed + self.procs.rank)
+        self.generator = setup.seed_everything(cfg.trainer.seed + self.processes.rank)
         eval_problems, stages = setup.load_problem_sets(cfg)  # data first: fails before a model loads
         transfer = setup.load_transfer_problems(cfg, [eval_problems, *stages])
         self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
         # before the models too
-        self.log = RunLog(self.run_dir, self.procs.is_main, partial(setup.start_trackers, cfg))
+        self.log = RunLog(self.run_dir, self.processes.is_main, partial(setup.start_trackers, cfg))
         self.curriculum = Curriculum(stages, cfg.trainer.steps, cfg.trainer.seed)
 
-        with self.procs.state.main_process_first():  # one process converts a GGUF into the cache
+        with self.processes.state.main_process_first():  # one process converts a GGUF into the cache
             model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
         needs_ref = cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(
             self.loss_config.options
         )
-        models = setup.load_models(cfg, model_path, self.procs, needs_ref)
+        models = setup.load_models(cfg, model_path, self.processes, needs_ref)
         self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
         self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
         self.reference_weights = models.reference_weights
@@ -117,18 +117,18 @@ class Trainer:
         reset = cfg.data.curriculum_reset_optimizer
         schedule_steps = self.curriculum.schedule.steps_of(0) if reset else cfg.trainer.steps
         optim = Optimization(
-            self.model, cfg, self.procs, schedule_steps, self.precision.grad_scaler(self.procs.device)
+            self.model, cfg, self.processes, schedule_steps, self.precision.grad_scaler(self.processes.device)
         )
         bonus = EntropyBonus.from_config(cfg.algorithm)
         self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
         self.actor = Actor(
-            cfg, self.model, self.ref_model, self.reference_weights, self.precision, self.packing, self.procs,
-            optim, bonus, load(self.policy_loss.loss_fn),
+            cfg, self.model, self.ref_model, self.reference_weights, self.precision, self.packing,
+            self.processes, optim, bonus, load(self.policy_loss.loss_fn),
             load(self.policy_loss.prepare_fn) if self.policy_loss.prepare_fn else None, self.loss_config,
             self.generator, reuse_first_forward, self.faults,
         )
         if ckpt is not None:
-            restore_run(ckpt, self.run, self.model, cfg, self.procs)
+            restore_run(ckpt, self.run, self.model, cfg, self.processes)
             if self.curriculum.stage > 0 and reset and self.ref_model is not None:
                 load_stage_reference(self.run_dir, self.curriculum.stage, self.ref_model, cfg.model.dtype)
             self.log.truncate_after(self.run.step)
@@ -140,7 +140,7 @@ class Trainer:
 
     def save(self) -> Path:
         return save_run(
-            self.run_dir, self.run, self.model, self.rollout_model, self.tokenizer, self.cfg, self.procs,
+            self.run_dir, self.run, self.model, self.rollout_model, self.tokenizer, self.cfg, self.processes,
             self.faults,
         )
 
@@ -153,7 +153,7 @@ class Trainer:
             self.log.metrics({"step": 0, **self.evaluate()})
         bar = tqdm(
             total=cfg.trainer.steps, initial=run.step, desc="train",
-            disable=not (cfg.logging.progress and self.procs.is_main), dynamic_ncols=True,
+            disable=not (cfg.logging.progress and self.processes.is_main), dynamic_ncols=True,
         )
         last: dict[str, float] = {}
         stop = StopSignal().install()  # SIGTERM / SIGINT: finish this step, checkpoint, exit
@@ -162,7 +162,7 @@ class Trainer:
                 if self.curriculum.advances(run.step):  # checkpoint, next stage (and its reference)
                     advance_stage(
                         self.run_dir, run, self.model, self.rollout_model, self.ref_model, self.tokenizer,
-                        cfg, self.procs, self.faults,
+                        cfg, self.processes, self.faults,
                     )
                 t0 = time.perf_counter()
                 collected = self.collect()
@@ -197,7 +197,7 @@ class Trainer:
                     "time/update_s": t3 - t1,
                     "time/step_s": t3 - t0,
                 }
-                last = self.procs.mean_metrics(last)
+                last = self.processes.mean_metrics(last)
                 every = cfg.logging.eval_every
                 if self.eval_sets and (run.step == cfg.trainer.steps or (every and run.step % every == 0)):
                     last.update(self.evaluate())
@@ -221,7 +221,7 @@ class Trainer:
             bar.close()
             self.pool.close()
             self.log.close()
-        self.procs.barrier()
+        self.processes.barrier()
         return last
 
     def _stop_if_needed(self, saved: Path | None, stop: StopSignal) -> None:
@@ -230,18 +230,18 @@ class Trainer:
         limit, bad = self.cfg.trainer.max_bad_updates, self.run.optim.consecutive_bad_updates
         if limit > 0 and bad >= limit:
             raise TrainingError.bad_updates(bad, limit, self.step, saved or self.save(), self.run_dir)
-        if self.step < self.cfg.trainer.steps and not self.procs.all_true(stop.received is None):
+        if self.step < self.cfg.trainer.steps and not self.processes.all_true(stop.received is None):
             name = signal.Signals(stop.received).name if stop.received else "a stop signal (another process)"
             raise Preempted(name, self.step, saved or self.save(), self.run_dir)
 
     # ------------------------------------------------------------------------------------------
     # Stages of a step
 
-    def collect(self) -> Collected:
+    def collect(self) -> CollectedStep:
         """Rollout + reward, in rounds while DAPO's dynamic sampling wants more informative groups
         (``semrl.rollout.group_filter.GroupFilter``)."""
-        wanted = self.cfg.rollout.prompts_per_step // self.procs.world
-        groups = GroupFilter(wanted, self.cfg.algorithm, self.procs)
+        wanted = self.cfg.rollout.prompts_per_step // self.processes.world
+        groups = GroupFilter(wanted, self.cfg.algorithm, self.processes)
         tokens_before, rollout_s, reward_s = self.engine.generated_tokens, 0.0, 0.0
         while not groups.full:
             t0 = time.perf_counter()
@@ -252,15 +252,15 @@ class Trainer:
         batch, scores, metrics = groups.result()
         # the compute axis of `semrl compare`: every token sampled this step (dropped groups and tree
         # branches included, shared prefixes once), summed over processes (docs/results.md)
-        metrics["rollout/sampled_tokens"] = self.procs.sum(self.engine.generated_tokens - tokens_before)
-        return Collected(batch, scores, metrics, rollout_s, reward_s)
+        metrics["rollout/sampled_tokens"] = self.processes.sum(self.engine.generated_tokens - tokens_before)
+        return CollectedStep(batch, scores, metrics, rollout_s, reward_s)
 
     def rollout(self, round_index: int = 0) -> RolloutBatch:
         """G samples for each prompt of this process's share of the step's global batch."""
         cfg, group = self.cfg, self.cfg.rollout.group_size
         # the same on every process
         global_batch = self.curriculum.sampler.next_indices(cfg.rollout.prompts_per_step)
-        share = self.procs.share(len(global_batch))  # positions in the global batch
+        share = self.processes.share(len(global_batch))  # positions in the global batch
         problems = [self.curriculum.problems[global_batch[k]] for k in share]
         prompt_ids = [
             PromptFormat.of(cfg.data).ids(self.tokenizer, p.problem) for p in problems
@@ -268,7 +268,7 @@ class Trainer:
         params = sampling_params(cfg.rollout, top_logprobs=self.method.reads_top_logprobs)
         if self.rollout_fn is not None:
             entropy = partial(  # at the weights that sampled, in the engine's dtype
-                fill_sampling_entropy, self.rollout_model, temperature=params.temperature,
+                with_sampling_entropy, self.rollout_model, temperature=params.temperature,
                 compute_dtype=self.engine.compute_dtype,
             )
             context = RolloutContext(
@@ -326,6 +326,6 @@ class Trainer:
         if self.step == 0 and first is not None:  # the base model on a subset (logging.eval_base_problems)
             splits = {split: problems[:first] for split, problems in splits.items()}
         return evaluate_splits(
-            self.engine, self.tokenizer, self.pool, splits, self.cfg, self.procs, self.step, self.run_dir,
+            self.engine, self.tokenizer, self.pool, splits, self.cfg, self.processes, self.step, self.run_dir,
             self.rewards,
         )

@@ -137,7 +137,7 @@ class Actor:
             ``reference_weights`` (under LoRA, the trained model with its adapters off).
         precision: the compute dtype and loss scaling of the trained model.
         packing: whether rows go through the model tree-packed (``semrl.update.packing``).
-        procs: the processes training together.
+        processes: the processes training together.
         optim: the optimizer, its schedule and loss scaler (``RunState.optim``, restored in place).
         bonus: the entropy bonus's coefficient (``RunState.entropy_bonus``).
         loss_fn, prepare_fn, loss_config: the policy loss's functions and the config they read.
@@ -151,13 +151,13 @@ class Actor:
     def __init__(
         self, cfg: Config, model: Any, ref_model: Any | None,
         reference_weights: Callable[[], AbstractContextManager[Any]], precision: Precision, packing: bool,
-        procs: ProcessGroup, optim: Optimization, bonus: EntropyBonus, loss_fn: LossFn,
+        processes: ProcessGroup, optim: Optimization, bonus: EntropyBonus, loss_fn: LossFn,
         prepare_fn: PrepareFn | None, loss_config: MethodConfig[Any], generator: torch.Generator,
         reuse_first_forward: bool = True, faults: Faults = NO_FAULTS,
     ) -> None:
         self.cfg, self.model, self.ref_model = cfg, model, ref_model
         self.reference_weights, self.precision = reference_weights, precision
-        self.packing, self.procs = packing, procs
+        self.packing, self.processes = packing, processes
         self.optim, self.bonus = optim, bonus
         self.loss_fn, self.prepare_fn, self.loss_config = loss_fn, prepare_fn, loss_config
         self.generator, self.reuse_first_forward, self.faults = generator, reuse_first_forward, faults
@@ -166,7 +166,7 @@ class Actor:
     def mini_batch_size(self, batch: RolloutBatch) -> int:
         """This process's rows per optimizer step."""
         mini = self.cfg.trainer.mini_batch_size
-        return mini // self.procs.world if mini else len(batch.generations)
+        return mini // self.processes.world if mini else len(batch.generations)
 
     def micro_batch_plan(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Positions into ``rows`` of each micro-batch. Under a token budget every process runs as
@@ -175,7 +175,7 @@ class Actor:
         t = self.cfg.trainer
         plan = micro_batches(batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.packing)
         if t.micro_batch_tokens is not None:
-            wanted = max(self.procs.gather(len(plan)))
+            wanted = max(self.processes.gather(len(plan)))
             if wanted != len(plan):
                 plan = micro_batches(
                     batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.packing, count=wanted
@@ -263,10 +263,10 @@ class Actor:
                 if self.bonus.enabled:
                     stats["actor/entropy_coeff"].append(self.bonus.current())
                 if self.bonus.adaptive:  # the optimizer step's token-mean entropy over every process
-                    self.bonus.observe(self.procs.sum(entropy_sum) / max(1, mini.num_tokens))
+                    self.bonus.observe(self.processes.sum(entropy_sum) / max(1, mini.num_tokens))
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         # this process's share of the loss; mean_metrics makes it the global loss over processes
-        out["loss"] = float(np.sum(stats["loss"])) * self.procs.world / len(stats["actor/grad_norm"])
+        out["loss"] = float(np.sum(stats["loss"])) * self.processes.world / len(stats["actor/grad_norm"])
         out["actor/skipped_updates"] = float(np.sum(stats["actor/skipped_updates"]))
         return UpdateResult(out, first.entropy)
 
@@ -275,7 +275,7 @@ class Actor:
     ) -> MiniBatch:
         """The rows of one optimizer step: their global token count, the loss's token selection over
         all of them (from rollout-time tensors), and their micro-batches."""
-        num_tokens = int(self.procs.sum(batch.sequences.response_mask[rows].sum().item()))
+        num_tokens = int(self.processes.sum(batch.sequences.response_mask[rows].sum().item()))
         selection: dict[str, torch.Tensor] = {}
         if self.prepare_fn is not None:
             mask = batch.sequences.response_mask[rows].float()
@@ -292,7 +292,7 @@ class Actor:
         """The loss of micro-batch ``mini.rows[positions]`` (forward with gradient, the entropy bonus
         at ``entropy_coeff``), its metrics and the sum of its token entropies; ``first`` takes the old
         log-probs and entropies of rows whose forward this is at the sampling weights."""
-        idx, world = mini.rows[positions], self.procs.world
+        idx, world = mini.rows[positions], self.processes.world
         with self.precision.autocast(self.model):
             logp, entropy, mask = rows_logprobs(
                 self.model, batch, idx, self.temperature, with_entropy=True, packed=self.packing,

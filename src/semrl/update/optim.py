@@ -42,7 +42,7 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[tor
 
 
 def guarded_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, procs: ProcessGroup,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, processes: ProcessGroup,
     max_grad_norm: float, sum_gradients: bool, losses: list[float],
     scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[float, bool]:
@@ -52,11 +52,11 @@ def guarded_step(
     ``losses`` are finite; otherwise the weights stay as they were (and the loss scale backs off).
     The scheduler advances either way. Returns (grad norm, applied)."""
     if sum_gradients:
-        procs.sum_gradients(model.parameters())
+        processes.sum_gradients(model.parameters())
     if scaler is not None:  # a disabled scaler (no float16) does nothing
         scaler.unscale_(optimizer)
-    grad_norm = procs.scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
-    finite = bool(torch.isfinite(grad_norm)) and procs.all_true(all(math.isfinite(v) for v in losses))
+    grad_norm = processes.scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    finite = bool(torch.isfinite(grad_norm)) and processes.all_true(all(math.isfinite(v) for v in losses))
     if finite:
         optimizer.step()
     if scaler is not None:
@@ -77,10 +77,10 @@ class Optimization:
     """
 
     def __init__(
-        self, model: torch.nn.Module, cfg: Config, procs: ProcessGroup, steps: int,
+        self, model: torch.nn.Module, cfg: Config, processes: ProcessGroup, steps: int,
         scaler: torch.amp.GradScaler
     ) -> None:
-        self.model, self.cfg, self.procs, self.scaler = model, cfg, procs, scaler
+        self.model, self.cfg, self.processes, self.scaler = model, cfg, processes, scaler
         self.optimizer, self.scheduler = make_optimizer(model, cfg, steps)
         self.consecutive_bad_updates = 0
 
@@ -97,7 +97,7 @@ class Optimization:
         are not finite; returns (grad norm, applied) and counts consecutive skipped updates."""
         fsdp = self.cfg.trainer.fsdp  # FSDP reduce-scatters the gradients during backward
         grad_norm, applied = guarded_step(
-            self.model, self.optimizer, self.scheduler, self.procs, self.cfg.trainer.max_grad_norm,
+            self.model, self.optimizer, self.scheduler, self.processes, self.cfg.trainer.max_grad_norm,
             not fsdp, losses, self.scaler,
         )
         self.consecutive_bad_updates = 0 if applied else self.consecutive_bad_updates + 1

@@ -49,13 +49,6 @@ class PackedBatch:
     response_mask: torch.Tensor
     real: torch.Tensor
 
-    def dense_attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """(B, 1, S, S) additive mask, 0 where visible: the S^2 form, for reference checks only."""
-        mask = torch.full(
-            self.input_ids.shape + self.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype
-        )
-        return mask.masked_fill(self.layout.dense_visible(), 0.0)[:, None]
-
     @property
     def position_ids(self) -> torch.Tensor:
         """(B, S) position of each token in its own chain."""

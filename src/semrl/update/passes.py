@@ -4,6 +4,7 @@ micro-batch plan and row orders of an update; and the entropies an engine that d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -138,18 +139,19 @@ def shuffled_rows(
 
 
 @torch.no_grad()
-def fill_sampling_entropy(
+def with_sampling_entropy(
     model: Any,
     contexts: list[list[int]],
     generations: list[Generation],
     temperature: float,
     micro_batch_size: int = 8,
     compute_dtype: torch.dtype = torch.float32,
-) -> None:
-    """Fill ``entropy`` of generations that lack it (vllm) with the full-vocabulary entropy of
-    the tempered next-token distribution at each response position, from a forward pass of
-    ``model`` (the weights that sampled them) in ``compute_dtype`` (the engine's).
-    contexts[i]: the tokens before generations[i]."""
+) -> list[Generation]:
+    """``generations`` with their ``entropy``, new ``Generation`` objects for those that lack it (vllm):
+    the full-vocabulary entropy of the tempered next-token distribution at each response position,
+    from a forward pass of ``model`` (the weights that sampled them) in ``compute_dtype`` (the
+    engine's). contexts[i]: the tokens before generations[i]. The given objects are left as they are."""
+    out = list(generations)
     todo = [i for i, g in enumerate(generations) if g.entropy is None]
     was_training = model.training
     model.eval()
@@ -164,6 +166,8 @@ def fill_sampling_entropy(
             )
         assert entropy is not None
         for j, i in enumerate(rows):
-            generations[i].entropy = entropy[j, : len(generations[i].token_ids)].float().cpu()
+            length = len(generations[i].token_ids)
+            out[i] = replace(generations[i], entropy=entropy[j, :length].float().cpu())
     if was_training:
         model.train()
+    return out

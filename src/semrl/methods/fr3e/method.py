@@ -80,7 +80,7 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         [GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True
     )
     if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
-        ctx.sampling_entropy(prompt_ids, first)
+        first = ctx.sampling_entropy(prompt_ids, first)
     requests, sequence_prompts, states_per_group = [], [], []
     for ids, chain in zip(prompt_ids, first, strict=True):
         scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs

@@ -116,7 +116,7 @@ def tree_rollout(  # noqa: PLR0915
     unit_embeddings: torch.Tensor,
     options: TreeOptions,
     generator: torch.Generator | None = None,
-    sampling_entropy: Callable[[list[list[int]], list[Generation]], None] | None = None,
+    sampling_entropy: Callable[[list[list[int]], list[Generation]], list[Generation]] | None = None,
 ) -> TreeRollout:
     """G leaves per prompt from ROSE's iterative tree rollout.
 
@@ -124,7 +124,7 @@ def tree_rollout(  # noqa: PLR0915
         prompts: token ids of each prompt.
         unit_embeddings: (V, D) L2-normalised input embeddings for semantic divergence.
         options: the ``rose`` config section (epsilon, branch metric, modes, KV reuse).
-        sampling_entropy: fills the full-vocabulary entropy of a chain the engine sampled without
+        sampling_entropy: gives a chain the engine sampled without the full-vocabulary entropy
             it (``RolloutContext.sampling_entropy``); needed with ``entropy_mode=full_vocab`` on an
             engine that computes none (vllm).
     """
@@ -165,7 +165,7 @@ def tree_rollout(  # noqa: PLR0915
         p, k = job.prompt, job.position
         if options.entropy_mode == "full_vocab" and out.entropy is None:  # vllm: one forward pass
             assert sampling_entropy is not None
-            sampling_entropy([request.prompt_ids + request.prefix_ids], [out])
+            out = sampling_entropy([request.prompt_ids + request.prefix_ids], [out])[0]
         score, entropy, divergence = branch_scores(
             out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
             entropy_mode=options.entropy_mode, full_entropy=out.entropy,

@@ -19,6 +19,8 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from semrl.config.sections import RolloutConfig
+
 
 def sequence_seed(seed: int, step: int, round_index: int, prompt: int, sample: int) -> int:
     """The seed of one sampled sequence under ``rollout.seed_per_sequence``: sample ``sample`` of
@@ -43,9 +45,6 @@ class PrefixCache:
     def length(self) -> int:
         return self.keys[0].shape[-2] if self.keys else 0
 
-    def truncate(self, length: int) -> PrefixCache:
-        return PrefixCache([k[:, :length] for k in self.keys], [v[:, :length] for v in self.values])
-
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
@@ -62,7 +61,9 @@ class SamplingParams:
     logprobs_top_k: int = 20
 
 
-def sampling_params(rollout: Any, temperature: float | None = None, *, top_logprobs: bool) -> SamplingParams:
+def sampling_params(
+    rollout: RolloutConfig, temperature: float | None = None, *, top_logprobs: bool
+) -> SamplingParams:
     """The sampler of the ``rollout`` config section; ``temperature`` replaces its temperature
     (evaluation's ``logging.eval_temperature``). ``top_logprobs``: whether the caller reads the
     ``rollout.logprobs_top_k`` largest log-probs of every position (ROSE's branching does); without
@@ -98,7 +99,7 @@ class Generation:
         top_logprobs: (L, k) largest log-probs at each position, descending.
         top_ids: (L, k) their token ids.
         entropy: (L,) entropy of the full next-token distribution; None from an engine that does
-            not compute it (vllm): ``semrl.update.passes.fill_sampling_entropy`` adds it.
+            not compute it (vllm): ``semrl.update.passes.with_sampling_entropy`` returns it with one.
         finished: ended with EOS.
         cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
     """
@@ -157,7 +158,7 @@ class Engine(Protocol):
             request at once.
         computes_entropy: whether ``Generation.entropy`` is filled at sampling time; when it is
             not, the trainer measures the sampling entropy with its own forward
-            (``semrl.update.passes.fill_sampling_entropy``; a method's rollout through
+            (``semrl.update.passes.with_sampling_entropy``; a method's rollout through
             ``RolloutContext.sampling_entropy``).
         compute_dtype: the dtype sampling computes in (the training model may hold float32
             master weights).

@@ -16,7 +16,7 @@ What vLLM returns, and how it maps onto ``Generation``:
   (k+1)-th entry when it is outside the top k; that entry is dropped here, and ROSE's
   ``rose.entropy_with_sampled`` puts it back from ``logprobs`` as the ROSE code does).
 - ``entropy``: None. vLLM never returns the full-vocabulary entropy; the trainer measures it
-  (``semrl.update.passes.fill_sampling_entropy``).
+  (``semrl.update.passes.with_sampling_entropy``, the update's forwards).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
@@ -50,6 +50,9 @@ from semrl.rollout.engines.base import (
     request_budget,
 )
 from semrl.runtime.distributed import on_close
+
+if TYPE_CHECKING:
+    from semrl.config.sections import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +134,7 @@ class _Started:
 _ENGINES: dict[tuple[Any, ...], _Started] = {}
 
 
-def check_vllm_machine(rollout: Any) -> None:
+def check_vllm_machine(rollout: RolloutConfig) -> None:
     """The ``rollout.engine=vllm`` settings that depend on the machine (whether it has CUDA),
     checked when training starts, before the models load; ``semrl.config.engine_checks`` checks the
     others when the config loads."""
@@ -301,8 +304,8 @@ class VLLMEngine:
     """Samples with vLLM from the weights of ``model`` (the trained Hugging Face model).
 
     ``model`` stays the source of truth: the engine starts from its directory, takes its current
-    weights at once, and again at every ``sync_weights``; ``fill_sampling_entropy`` and ROSE's embeddings
-    read it too.
+    weights at once, and again at every ``sync_weights``; ``with_sampling_entropy`` and ROSE's
+    embeddings read it too.
     """
 
     name = "vllm"
