@@ -266,7 +266,7 @@ def test_the_site_builds_from_the_docs_extra_alone(tmp_path):
     assert "compare_seeds" in (tmp_path / "site" / "api" / "index.html").read_text()
 
 
-@pytest.mark.parametrize("method", ["rose", "treepo", "sent"])
+@pytest.mark.parametrize("method", ["rose", "treepo", "sent", "latr"])
 def test_a_method_page_has_a_quick_start_and_names_every_metric_its_code_logs(method):
     """Each method page: a quick start (a command of a packaged config, and the table it prints),
     then what it logs, where every metric key the method's modules write is named."""
