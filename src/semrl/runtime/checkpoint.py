@@ -42,7 +42,7 @@ from semrl.runtime.faults import NO_FAULTS, Faults
 from semrl.runtime.safe_state import STATE_JSON, load_state, save_state
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from semrl.config.sections import Config
     from semrl.data.curriculum import Curriculum
@@ -136,7 +136,8 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerBase, trainer_state: dict[str, Any],
+    run_dir: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    trainer_state: dict[str, Any],
     keep_last: int,
     model_state: dict[str, torch.Tensor] | None = None, faults: Faults = NO_FAULTS,
 ) -> Path:
@@ -248,7 +249,7 @@ class RunState:
     entropy_bonus: EntropyBonus = field(default_factory=EntropyBonus)
 
 
-def full_weights(model: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
+def full_weights(model: torch.nn.Module, fsdp: bool) -> dict[str, torch.Tensor] | None:
     """The trained weights whole, a collective under FSDP that gathers them into the main process's
     CPU memory (the others get {}); None when ``model`` is not sharded (its own weights, or the hf
     engine's full copy of them, are whole already)."""
@@ -256,7 +257,8 @@ def full_weights(model: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
 
 
 def save_run(
-    run_dir: Path, run: RunState, model: Any, rollout_model: Any, tokenizer: PreTrainedTokenizerBase,
+    run_dir: Path, run: RunState, model: torch.nn.Module, rollout_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     cfg: Config, processes: ProcessGroup, faults: Faults = NO_FAULTS,
 ) -> Path:
     """Checkpoint of the run at ``run.step``, written by the main process (a collective: every
@@ -286,7 +288,9 @@ def save_run(
     return path
 
 
-def restore_run(ckpt: Path, run: RunState, model: Any, cfg: Config, processes: ProcessGroup) -> None:
+def restore_run(
+    ckpt: Path, run: RunState, model: torch.nn.Module, cfg: Config, processes: ProcessGroup
+) -> None:
     """Load the checkpoint's trainer state into ``run``: the curriculum stage and data order (with
     ``data.curriculum_reset_optimizer`` a later stage's fresh optimizer first), optimizer, schedule,
     loss scaler, RNG states, step and skipped-update count."""
@@ -323,7 +327,8 @@ def stage_reference_dirs(run_dir: Path) -> list[Path]:
 
 
 def advance_stage(
-    run_dir: Path, run: RunState, model: Any, rollout_model: Any, ref_model: Any | None,
+    run_dir: Path, run: RunState, model: torch.nn.Module, rollout_model: PreTrainedModel,
+    ref_model: PreTrainedModel | None,
     tokenizer: PreTrainedTokenizerBase, cfg: Config, processes: ProcessGroup, faults: Faults = NO_FAULTS,
 ) -> None:
     """Checkpoint, then move the run to its curriculum's next stage (a collective). With
@@ -347,7 +352,8 @@ def advance_stage(
 
 
 def save_stage_reference(
-    run_dir: Path, stage: int, step: int, model: Any, rollout_model: Any, ref_model: Any,
+    run_dir: Path, stage: int, step: int, model: torch.nn.Module, rollout_model: PreTrainedModel,
+    ref_model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase, fsdp: bool, processes: ProcessGroup, faults: Faults = NO_FAULTS,
 ) -> None:
     """Make the current weights stage ``stage``'s reference: loaded into every process's
@@ -366,7 +372,7 @@ def save_stage_reference(
     processes.barrier()
 
 
-def load_stage_reference(run_dir: Path, stage: int, ref_model: Any, dtype: str) -> None:
+def load_stage_reference(run_dir: Path, stage: int, ref_model: PreTrainedModel, dtype: str) -> None:
     """On resume in a later stage: its reference, the weights the stage started from."""
     from semrl.models.loading import load_model
 

@@ -168,10 +168,10 @@ class Models:
     LoRA the trained model itself, read inside ``reference_weights()``, which switches the adapters
     off)."""
 
-    tokenizer: Any
-    model: torch.nn.Module
-    rollout_model: torch.nn.Module
-    ref_model: torch.nn.Module | None
+    tokenizer: Any  # a PreTrainedTokenizerBase, whose decode is typed str | list[str]
+    model: torch.nn.Module  # a PreTrainedModel, wrapped by FSDP under trainer.fsdp
+    rollout_model: PreTrainedModel
+    ref_model: PreTrainedModel | None
     engine: Engine
     precision: Precision
     reference_weights: Callable[[], AbstractContextManager[Any]] = nullcontext
