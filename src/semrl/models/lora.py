@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
+    from semrl.config.sections import ModelConfig
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_NAME = "default"
 
@@ -41,7 +43,7 @@ def is_adapter_checkpoint(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
-def _peft_config(model_cfg: Any) -> Any:
+def _peft_config(model_cfg: Any) -> Any:  # Any: PEFT types lora_alpha int, the config keeps a float
     from peft import LoraConfig
 
     targets = list(model_cfg.lora_target_modules)
@@ -55,7 +57,7 @@ def _peft_config(model_cfg: Any) -> Any:
 
 
 def add_adapters(
-    model: PreTrainedModel, model_cfg: Any, checkpoint: str | None = None, seed: int = 0
+    model: PreTrainedModel, model_cfg: ModelConfig, checkpoint: str | None = None, seed: int = 0
 ) -> None:
     """Give ``model`` the adapters of ``model.lora_*``: fresh ones (A drawn from ``seed``, the same on
     every process; B = 0, so the model starts as the base), or the trained ones of ``checkpoint``.

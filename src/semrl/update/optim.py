@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from semrl.config.sections import Config
 from semrl.runtime.distributed import ProcessGroup
@@ -42,7 +43,7 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[tor
 
 
 def guarded_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, processes: ProcessGroup,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, processes: ProcessGroup,
     max_grad_norm: float, sum_gradients: bool, losses: list[float],
     scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[float, bool]:

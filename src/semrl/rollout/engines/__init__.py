@@ -6,7 +6,7 @@ engines are made."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from semrl.rollout.engines.base import (
     Engine,
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from semrl.config.sections import RolloutConfig
+
 __all__ = [
     "Engine", "Generation", "GenerationRequest", "OnDone", "PrefixCache", "SamplingParams",
     "build_engine", "eos_token_ids", "join_generations", "request_budget", "sampling_params", "sequence_seed",
@@ -40,7 +42,7 @@ def build_engine(
     max_model_len: int,
     logprobs_top_k: int = 20,
     seed: int = 0,
-    vllm_options: Any = None,
+    vllm_options: RolloutConfig | None = None,
     compute_dtype: torch.dtype | None = None,
     initial_weights: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> Engine:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from semrl.config.engine_checks import CPU_BLOCK_MULTIPLE, CPU_MIN_HEAD_DIM, INSTALL_HINT
 from semrl.errors import ConfigError, EngineError, TrainingError
@@ -85,7 +85,8 @@ class VLLMSettings:
 
     @classmethod
     def from_options(
-        cls, options: Any, max_model_len: int, max_num_seqs: int, max_logprobs: int, seed: int,
+        cls, options: RolloutConfig | None, max_model_len: int, max_num_seqs: int, max_logprobs: int,
+        seed: int,
         dtype: str | None = None, on_gpu: bool = False,
     ) -> VLLMSettings:
         """From the ``rollout`` config section (``vllm_*`` keys), or defaults when it is None.
@@ -150,7 +151,7 @@ def check_vllm_machine(rollout: RolloutConfig) -> None:
         )
 
 
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
     """Bytes of K and V over all layers for one token of ``config``'s model."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
