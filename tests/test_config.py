@@ -340,3 +340,10 @@ def test_no_packaged_config_has_an_option_that_cannot_act(caplog):
         with caplog.at_level(logging.WARNING, logger="semrl"):
             load_config(name)
         assert not caplog.records, (name, caplog.text)
+
+
+def test_an_unknown_method_names_the_key_the_closest_method_and_the_others():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.method=rosee"])
+    assert str(err.value).startswith("config key 'algorithm.method': unknown method 'rosee'. Did you mean 'rose'? Available: ")
+    assert "dr_grpo" in str(err.value) and "treepo" in str(err.value)

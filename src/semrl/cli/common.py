@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from semrl.config.sections import DEFAULT_SYSTEM_PROMPT, Config
 from semrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from semrl.data.prompts import PromptFormat
 
 # Defaults the config defines too are taken from it, so that a command and a run agree
 DEFAULTS = Config()
@@ -107,8 +110,7 @@ class Sampler:
     model_path: str  # --model resolved to a local directory
     tokenizer: Any
     engine: Any  # the engine of --engine
-    system_prompt: str | None
-    prompt_template: str | None
+    prompt: PromptFormat  # the training run's (--model a checkpoint of it) or the flags'
 
 
 def load_sampler(args: argparse.Namespace, problems: list[Any], max_new_tokens: int) -> Sampler:
@@ -116,14 +118,14 @@ def load_sampler(args: argparse.Namespace, problems: list[Any], max_new_tokens: 
     ``--engine`` sized for these problems' prompts (vllm sizes its cache by the longest)."""
     from dataclasses import replace
 
-    from semrl.data import build_prompt_ids
+    from semrl.data import PromptFormat
     from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
     from semrl.rollout.engines import build_engine
 
     path = resolve_model_path(args.model)
     tokenizer, model = load_tokenizer(path), load_model(path)
-    system, template = prompt_settings(args)
-    lengths = [len(build_prompt_ids(tokenizer, p.problem, system, template)) for p in problems]
+    prompt = PromptFormat(*prompt_settings(args))
+    lengths = [len(prompt.ids(tokenizer, p.problem)) for p in problems]
     longest = max(lengths, default=0)
     # the rollout section's vllm defaults; no sleep mode: nothing trains between the calls
     options = replace(DEFAULTS.rollout, vllm_kv_cache_gib=args.kv_cache_gib, vllm_sleep=False)
@@ -131,7 +133,7 @@ def load_sampler(args: argparse.Namespace, problems: list[Any], max_new_tokens: 
         args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed,
         vllm_options=options,
     )
-    return Sampler(str(path), tokenizer, engine, system, template)
+    return Sampler(str(path), tokenizer, engine, prompt)
 
 
 def problems(name: str, args: argparse.Namespace, split: Literal["train", "eval"], seed: int) -> list[Any]:

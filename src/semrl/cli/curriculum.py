@@ -65,7 +65,6 @@ def run_score(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from semrl.data import PromptFormat
     from semrl.data.curriculum import score_problems
     from semrl.reward import Judge, VerifierPool
     from semrl.rollout.engines import SamplingParams
@@ -86,7 +85,7 @@ def run_score(args: argparse.Namespace) -> int:
     with VerifierPool(2, args.timeout) as pool, bar:
         written = score_problems(
             sampler.engine, sampler.tokenizer, Judge(pool, not args.no_number_fallback), found,
-            Path(args.output), params, args.n, PromptFormat(sampler.system_prompt, sampler.prompt_template),
+            Path(args.output), params, args.n, sampler.prompt,
             args.estimator, torch.Generator().manual_seed(args.seed), bar.update,
         )
     print(f"{args.output}: {written} problems scored, {len(found) - written} already there")

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     top_p = args.top_p if args.top_p is not None else preset.get("top_p", 0.95)
     max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 256)
     sampler = load_sampler(args, [p for ps in found.values() for p in ps], max_new_tokens)
-    path, system, template = sampler.model_path, sampler.system_prompt, sampler.prompt_template
+    path, system, template = sampler.model_path, sampler.prompt.system_prompt, sampler.prompt.template
     out = Path(args.output or Path("runs") / "eval" / Path(path).name)
     settings = {
         name: EvalSettings(

@@ -151,9 +151,9 @@ def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Pr
 
 def check_prompt_lengths(tokenizer: PreTrainedTokenizerBase, problems: list[Problem], cfg: Config) -> None:
     """Fail before training when a prompt is over ``data.max_prompt_length`` (the first 1000 checked)."""
-    limit = cfg.data.max_prompt_length
+    limit, prompt = cfg.data.max_prompt_length, PromptFormat.of(cfg.data)
     for p in problems[:1000]:
-        n = len(PromptFormat.of(cfg.data).ids(tokenizer, p.problem))
+        n = len(prompt.ids(tokenizer, p.problem))
         if n > limit:
             raise DataError(
                 f"problem '{p.id}' has a {n}-token prompt, over data.max_prompt_length={limit}; "

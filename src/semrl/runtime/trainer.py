@@ -74,6 +74,7 @@ class Trainer:
         self.method = get_method(cfg.algorithm.method)
         self.policy_loss = get_policy_loss(cfg.algorithm.policy_loss)
         self.method_config = method_config(cfg, self.method.section)
+        self.prompt = PromptFormat.of(cfg.data)  # how a problem becomes its prompt
         self.loss_config = method_config(cfg, self.policy_loss.section)
         # the method's and the loss's tensor functions, imported now that training starts
         self.advantage_fn = load(self.method.advantage_fn)
@@ -263,7 +264,7 @@ class Trainer:
         share = self.processes.share(len(global_batch))  # positions in the global batch
         problems = [self.curriculum.problems[global_batch[k]] for k in share]
         prompt_ids = [
-            PromptFormat.of(cfg.data).ids(self.tokenizer, p.problem) for p in problems
+            self.prompt.ids(self.tokenizer, p.problem) for p in problems
         ]
         params = sampling_params(cfg.rollout, top_logprobs=self.method.reads_top_logprobs)
         if self.rollout_fn is not None:
