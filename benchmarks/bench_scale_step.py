@@ -21,8 +21,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from semrl.config.load import load_config
 from semrl.data import Problem
+from semrl.methods.catalog import get_policy_loss
 from semrl.methods.policy_loss import PolicyLossInputs, micro_batch_loss
-from semrl.methods.registry import get_policy_loss, method_config
+from semrl.methods.registry import load, method_config
 from semrl.models.precision import Precision
 from semrl.rollout.batch import RolloutBatch
 from semrl.rollout.engines import Generation
@@ -67,7 +68,7 @@ def train_step(model, batch, advantages, precision, cfg, lr, budget):  # noqa: A
     plan = micro_batches(batch, rows, 8, budget, packed=False)
     mask = batch.sequences.response_mask
     num_tokens = int(mask.sum())
-    loss_fn = get_policy_loss("ppo")
+    loss_fn = load(get_policy_loss("ppo").loss_fn)
     model.train()
     for positions in plan:
         idx = rows[positions]

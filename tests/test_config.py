@@ -347,3 +347,15 @@ def test_an_unknown_method_names_the_key_the_closest_method_and_the_others():
         load_config(None, ["algorithm.method=rosee"])
     assert str(err.value).startswith("config key 'algorithm.method': unknown method 'rosee'. Did you mean 'rose'? Available: ")
     assert "dr_grpo" in str(err.value) and "treepo" in str(err.value)
+
+
+def test_did_you_mean_names_the_closest_entry_with_its_prefix_or_nothing() -> None:
+    from semrl.errors import closest, did_you_mean
+
+    assert did_you_mean("lrr", ["seed", "lr", "steps"]) == " Did you mean 'lr'?"
+    assert did_you_mean("lrr", ["lr"], prefix="trainer.") == " Did you mean 'trainer.lr'?"
+    assert did_you_mean("temprature", ("temperature", "top_p")) == " Did you mean 'temperature'?"
+    assert did_you_mean("zzz", ["seed", "lr"]) == ""
+    assert closest("lr", ["seed"]) is None
+    # the cutoff is difflib's ratio: 'gpo' is 0.86 from 'grpo', close at 0.8 and not at 0.9
+    assert closest("gpo", ["grpo"], cutoff=0.8) == "grpo" and closest("gpo", ["grpo"], cutoff=0.9) is None

@@ -3,7 +3,22 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
+
+
+def closest(given: str, known: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The entry of ``known`` closest to ``given`` (difflib's ratio at least ``cutoff``), or None."""
+    close = difflib.get_close_matches(given, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def did_you_mean(given: str, known: Iterable[str], cutoff: float = 0.6, prefix: str = "") -> str:
+    """`` Did you mean 'PREFIX+MATCH'?`` for the closest entry of ``known``, or "" when none is close:
+    the hint every unknown name in a config, a command line or a registry ends with."""
+    match = closest(given, known, cutoff)
+    return f" Did you mean '{prefix}{match}'?" if match is not None else ""
 
 
 class ConfigError(ValueError):

@@ -10,7 +10,7 @@ import logging
 import sys
 
 from semrl.cli import checkpoint, compare, config, curriculum, evaluate, export, report, sweep, train
-from semrl.errors import ConfigError, Preempted, TrainingError
+from semrl.errors import ConfigError, Preempted, TrainingError, closest
 from semrl.runtime.preemption import EXIT_PREEMPTED
 
 COMMANDS = (train, evaluate, report, compare, sweep, config, checkpoint, export, curriculum)
@@ -45,16 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
     """Exit 2 naming the arguments ``command`` does not take, with the option each typo meant
     (``--confg`` -> ``--config``)."""
-    import difflib
-
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     used = commands[command]
     options = [o for action in used._actions for o in action.option_strings if o.startswith("--")]
     hints = []
     for word in unknown:
         if word.startswith("-"):
-            close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
-            hints += [(word, close[0])] if close else []
+            match = closest(word.split("=")[0], options)
+            hints += [(word, match)] if match is not None else []
     if len(hints) == 1:
         extra = f". Did you mean '{hints[0][1]}'?"
     elif hints:

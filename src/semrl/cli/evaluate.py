@@ -59,8 +59,8 @@ def add_parser(sub: SubParsers) -> None:
 def run(args: argparse.Namespace) -> int:
     check_model_arg(args)
     datasets = {Path(d).stem if d.endswith((".jsonl", ".parquet")) else d: d for d in args.data}
-    # before torch loads, so that a missing file fails at once; arithmetic: the held-out problems of a
-    # run with trainer.seed=0
+    # The problems load before torch does, so that a missing file fails at once. For arithmetic they
+    # are the held-out problems of a run with trainer.seed=0.
     found = {name: problems(source, args, "eval", seed=0) for name, source in datasets.items()}
     from semrl.evaluation import PRESETS, EvalSettings, evaluate_datasets, markdown_table
     from semrl.reward import VerifierPool

@@ -14,7 +14,6 @@ so that most config errors answer at once (``benchmarks/bench_startup.py``).
 
 from __future__ import annotations
 
-import difflib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from semrl.config.sections import (
     core_sections,
     read_values,
 )
-from semrl.errors import ConfigError
+from semrl.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from semrl.methods.registry import PolicyLoss
@@ -178,8 +177,7 @@ def _sections(names: list[str] | None) -> list[tuple[str, type]]:
     known = [name for name, _ in every]
     for name in names:
         if name not in known:
-            hint = difflib.get_close_matches(name, known, n=1)
-            extra = f" Did you mean '{hint[0]}'?" if hint else ""
+            extra = did_you_mean(name, known)
             raise ConfigError(f"no config section '{name}'.{extra} The sections: {', '.join(known)}")
     return [(name, cls) for name, cls in every if name in names]
 

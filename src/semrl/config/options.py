@@ -9,7 +9,6 @@ section may check relations between its own fields in ``__post_init__`` (raise `
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import types
 import typing
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any, Literal
 
-from semrl.errors import ConfigError
+from semrl.errors import ConfigError, did_you_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +94,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            hint = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            extra = f" Did you mean '{hint[0]}'?" if hint else ""
+            extra = did_you_mean(str(value), [str(c) for c in choices])
             raise ConfigError(f"config key '{key}': {value!r} is not one of {list(choices)}.{extra}")
         return value
     if origin is list:
@@ -129,8 +127,7 @@ def _coerce_union(value: Any, tp: Any, key: str) -> Any:
 
 
 def unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
-    hint = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    extra = f" Did you mean '{prefix}{hint[0]}'?" if hint else ""
+    extra = did_you_mean(key, valid, cutoff=0.5, prefix=prefix)
     return ConfigError(f"unknown config key '{prefix}{key}'.{extra} Valid keys here: {', '.join(valid)}")
 
 

@@ -33,7 +33,7 @@ from semrl.config.options import (
     option,
     unknown_key,
 )
-from semrl.errors import ConfigError
+from semrl.errors import ConfigError, did_you_mean
 
 __all__ = [
     "Config", "ConfigError", "build_config", "check_fields", "check_trainer_sections", "read_values",
@@ -629,11 +629,8 @@ def config_file(path: str | Path) -> Path:
         return named
     if given.exists():
         raise ConfigError(f"config file '{path}' is a directory, not a YAML file; give one such as demo.yaml")
-    import difflib
-
     names = packaged_configs()
-    hint = difflib.get_close_matches(given.stem, names, n=1)
-    extra = f" Did you mean '{hint[0]}'?" if hint else ""
+    extra = did_you_mean(given.stem, names)
     raise ConfigError(
         f"config file '{path}' does not exist, and no packaged config has that name.{extra} "
         f"Give a YAML file's path, or one of the packaged configs: {', '.join(names)}"

@@ -22,11 +22,12 @@ editing (cf. verl's ``register_adv_est``); ``semrl.methods.catalog`` imports the
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from semrl.errors import did_you_mean
 
 if TYPE_CHECKING:
     from semrl.config.sections import AlgorithmConfig, Config, RolloutConfig
@@ -68,8 +69,7 @@ class Registry(Generic[EntryT]):
         try:
             return self._entries[name]  # type: ignore[index]  # None is looked up, and is unknown
         except KeyError:
-            hint = difflib.get_close_matches(str(name), list(self._entries), n=1)
-            extra = f" Did you mean '{hint[0]}'?" if hint else ""
+            extra = did_you_mean(str(name), self._entries)
             raise KeyError(
                 f"unknown {self.kind} '{name}'.{extra} Available: {', '.join(sorted(self._entries))}"
             ) from None

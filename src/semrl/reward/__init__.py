@@ -80,7 +80,7 @@ class RewardFunctions:
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
     correctness: str | None = None  # reward.correctness
-    # callables not importable by workers
+    # Reward callables that the verifier workers cannot import by name run in this process instead.
     in_process: dict[str, Callable[..., Any]] = field(default_factory=dict)
     _logged: set[str] = field(default_factory=set)
 

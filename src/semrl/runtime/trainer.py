@@ -44,9 +44,7 @@ from semrl.tracking.metrics import entropy_metrics, rollout_metrics
 from semrl.tracking.run_log import RunLog
 from semrl.update.actor import Actor
 from semrl.update.optim import Optimization
-from semrl.update.passes import (
-    with_sampling_entropy,
-)
+from semrl.update.passes import with_sampling_entropy
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +95,8 @@ class Trainer:
         eval_problems, stages = setup.load_problem_sets(cfg)  # data first: fails before a model loads
         transfer = setup.load_transfer_problems(cfg, [eval_problems, *stages])
         self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
-        # before the models too
+        # The trackers start before the models load too, so a tracker that cannot start fails the run
+        # before the loading time is spent.
         self.log = RunLog(self.run_dir, self.processes.is_main, partial(setup.start_trackers, cfg))
         self.curriculum = Curriculum(stages, cfg.trainer.steps, cfg.trainer.seed)
 
@@ -259,7 +258,7 @@ class Trainer:
     def rollout(self, round_index: int = 0) -> RolloutBatch:
         """G samples for each prompt of this process's share of the step's global batch."""
         cfg, group = self.cfg, self.cfg.rollout.group_size
-        # the same on every process
+        # Every process draws the same global batch, then takes its own share of it.
         global_batch = self.curriculum.sampler.next_indices(cfg.rollout.prompts_per_step)
         share = self.processes.share(len(global_batch))  # positions in the global batch
         problems = [self.curriculum.problems[global_batch[k]] for k in share]

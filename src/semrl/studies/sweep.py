@@ -32,13 +32,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from semrl.config.load import load_config
 from semrl.errors import ConfigError
 from semrl.studies.seeds import DONE_FILE
+
+if TYPE_CHECKING:
+    from semrl.studies.designs import Design, RulesFile
 
 EVAL_CACHE = ".eval-cache"
 SWEEP_KEYS = ("base", "output_dir", "seeds", "overrides", "variants", "keep_checkpoints", "slurm")
@@ -465,7 +468,8 @@ def slurm_executor(sweep: Sweep, folder: Path, options: dict[str, Any], cluster:
 # Sequential studies
 
 
-def _check_design(sweep: Sweep, rules: Any) -> None:
+def _check_design(sweep: Sweep, rules: RulesFile) -> Design:
+    """The rules' design, checked against the sweep: planned looks the sweep's seeds reach."""
     design = rules.design
     if design is None:
         raise SweepError(
@@ -480,6 +484,7 @@ def _check_design(sweep: Sweep, rules: Any) -> None:
     named = {name for r in rules.rules for name in (r.variant, r.baseline)}
     if missing := sorted(named - set(sweep.variants)):
         raise SweepError(f"the rules compare variants the sweep does not run: {missing}")
+    return design
 
 
 def _spent_hours(sweep: Sweep) -> float:
@@ -491,7 +496,9 @@ def _spent_hours(sweep: Sweep) -> float:
     return seconds / 3600
 
 
-def _take_looks(sweep: Sweep, rules: Any, echo: Callable[[str], Any]) -> tuple[int, bool]:
+def _take_looks(
+    sweep: Sweep, rules: RulesFile, design: Design, echo: Callable[[str], Any]
+) -> tuple[int, bool]:
     """Judge the looks the finished seeds reach (each appended to ``OUT/looks.jsonl`` once); returns
     (looks taken, whether every primary rule is settled or ruled out)."""
     from semrl.studies.designs import (
@@ -510,13 +517,13 @@ def _take_looks(sweep: Sweep, rules: Any, echo: Callable[[str], Any]) -> tuple[i
     diffs = rule_differences(find_runs([sweep.output_dir], seeds=finished), rules.rules)
     complete = complete_seeds(diffs)
     looks = judge_looks(diffs, rules, complete)
-    for k in log_looks(sweep.output_dir / LOOKS_LOG, looks, rules.design, complete):
+    for k in log_looks(sweep.output_dir / LOOKS_LOG, looks, design, complete):
         rows = "\n".join(f"  {row[0]}: {row[5]} {row[6]} -> {row[10]}" for row in judged_rows(looks[k - 1]))
-        echo(f"look {k} at {rules.design.looks[k - 1]} seeds:\n{rows}")
+        echo(f"look {k} at {design.looks[k - 1]} seeds:\n{rows}")
     return len(looks), bool(looks) and primary_done(looks[-1])
 
 
-def run_until_decided(sweep: Sweep, rules: Any, echo: Callable[[str], Any] = print) -> int:
+def run_until_decided(sweep: Sweep, rules: RulesFile, echo: Callable[[str], Any] = print) -> int:
     """``semrl sweep --until-decided RULES``: seeds one at a time in seed order (every variant of a
     seed, then the next seed), the rules judged at each planned look of their design
     (``semrl.studies.designs``), stopping when every primary rule is decided, decided against or
@@ -524,13 +531,12 @@ def run_until_decided(sweep: Sweep, rules: Any, echo: Callable[[str], Any] = pri
     again where it stopped, as ``run_local`` does. Returns 0 when the study stopped by its design."""
     from semrl.runtime.preemption import EXIT_PREEMPTED
 
-    _check_design(sweep, rules)
-    design = rules.design
+    design = _check_design(sweep, rules)
     for run in sweep.runs:
         check_run_config(sweep, run)
     seeds = list(sweep.seeds)[: design.looks[-1]]
     for index, seed in enumerate(seeds):
-        taken, settled = _take_looks(sweep, rules, echo)
+        taken, settled = _take_looks(sweep, rules, design, echo)
         if settled or taken == len(design.looks):
             why = "every primary rule is settled" if settled else "the design's last look is taken"
             echo(f"study stopped at look {taken} of {len(design.looks)}: {why} "
@@ -554,6 +560,6 @@ def run_until_decided(sweep: Sweep, rules: Any, echo: Callable[[str], Any] = pri
                 echo(f"{run.name}: failed with exit code {code}; see {run.run_dir}. A sequential study "
                      "cannot skip a seed: fix the cause and run the same command again")
                 return 1
-    taken, settled = _take_looks(sweep, rules, echo)
+    taken, settled = _take_looks(sweep, rules, design, echo)
     echo(f"study stopped at look {taken} of {len(design.looks)} ({sweep.output_dir / 'looks.jsonl'})")
     return 0

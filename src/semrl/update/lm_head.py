@@ -77,7 +77,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             logits = _chunk_logits(h, w, b, temperature)
             # d logp_t / d z = onehot(target) - softmax(z); d H / d z = -p (log p + H); then / temperature
             if gh is None:
-                # in place: one buffer
+                # Computed in place in the logits' buffer, so that a chunk holds one vocabulary-wide tensor.
                 grad_logits = logits.sub_(lse[start:end, None]).exp_().mul_(-g[:, None])
             else:
                 log_p = logits.sub_(lse[start:end, None])

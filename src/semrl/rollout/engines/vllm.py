@@ -106,7 +106,7 @@ class VLLMSettings:
             sleeps = options.vllm_sleep if options.vllm_sleep is not None else on_gpu
             extra["sleep_level"] = options.vllm_sleep_level if sleeps else 0
         block = extra.get("block_size", cls.block_size)
-        # a length in whole KV blocks
+        # vLLM allocates the KV cache in whole blocks, so the model length is rounded up to one.
         length = -(-max_model_len // block) * block
         if batched_tokens is None:  # the whole batch's prefill in one step up to 8192 tokens (verl's budget)
             batched_tokens = max(length, min(max_num_seqs * length, MAX_BATCHED_TOKENS))
@@ -213,8 +213,8 @@ def _import_vllm() -> Any:
                 "pull a torchvision built for another torch. Nothing in semrl needs it: "
                 "pip uninstall -y torchvision torchaudio torchcodec"
             ) from err
-    # engine core in this process: its weights are reachable for in-place updates, and its
-    # scheduling is deterministic
+    # The engine core runs in this process so that the trainer can update its weights in place and
+    # its scheduling is deterministic.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
