@@ -25,14 +25,9 @@ from semrl.runtime.trainer import Trainer
 
 
 def _train_side(trainer: Trainer, collected: CollectedStep, reuse: bool) -> float:
-    actor = trainer.actor
-    actor.reuse_first_forward = reuse
-    batch = collected.batch
+    trainer.actor.reuse_first_forward = reuse
     t0 = time.perf_counter()
-    order = actor.first_order(batch)
-    passes = actor.passes(batch, order)
-    advantages, _ = trainer.advantages(batch, collected.scores)
-    actor.update(batch, advantages, passes, order, trainer.step + 1)
+    trainer.learn(collected.batch, collected.scores)
     return time.perf_counter() - t0
 
 

@@ -1,7 +1,7 @@
 """What one study seed costs, by stage, before and after the cheaper-seed work (docs/benchmarks.md,
 "A study seed"): Study 2's evaluation on the chunked path against Study 3's on the continuous one.
 
-    python benchmarks/bench_study_seed.py [--variants dr_grpo rose treepo] [--seed 200] [--steps 30]
+    python benchmarks/bench_study_seed.py [--variants dr_grpo rose treepo] [--run rose] [--seed 200] [--steps 30]
 
 Run it alone on the machine. Each variant runs in its own process, as ``semrl sweep`` runs it, and
 trains once at the regime Study 2 and Study 3 share (configs/study_sparse.yaml, configs/study3.yaml:
@@ -21,11 +21,17 @@ Training is the same code and the same run in both columns: only the evaluation 
 the process's wall time less everything timed inside it (imports, the model, the vLLM engine, the
 reward workers). The table gives seconds per stage and variant, the seed's total before and after,
 and their ratio.
+
+Three variants take about four hours alone, more than one sitting: each variant's times are kept in
+``--records`` (one JSON per variant, with its commit and date), ``--run`` measures some variants now,
+and the table is printed from the records of every variant in ``--variants``. The first of
+``--variants`` is the one that carries the seed's base evaluation, whenever it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import subprocess
 import sys
@@ -123,6 +129,8 @@ def main() -> None:
     parser.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="tiny evaluations: checks the script, times nothing")
+    parser.add_argument("--run", nargs="+", help="measure only these of --variants now (default: all)")
+    parser.add_argument("--records", default="benchmarks/records/study_seed", help="a JSON per variant measured")
     args = parser.parse_args()
     if args.smoke:
         SMOKE.extend(["data.eval_size=4", "logging.eval_samples=2"])
@@ -131,28 +139,45 @@ def main() -> None:
         times = one_variant(args.one, args.seed, args.steps, args.first, out)
         (out / "times.json").write_text(json.dumps(times))
         return
-    before: dict[str, dict[str, float]] = {}
-    after: dict[str, dict[str, float]] = {}
-    batching: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, variant in enumerate(args.variants):
-            out = Path(tmp) / variant
-            out.mkdir()
+    records = Path(args.records) / ("smoke" if args.smoke else f"seed-{args.seed}-steps-{args.steps}")
+    records.mkdir(parents=True, exist_ok=True)
+    for variant in args.run or args.variants:
+        if variant not in args.variants:
+            parser.error(f"--run {variant}: not one of --variants {' '.join(args.variants)}")
+        first = variant == args.variants[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
             start = time.perf_counter()
             subprocess.run([
                 sys.executable, __file__, "--one", variant, "--seed", str(args.seed), "--steps", str(args.steps),
-                "--out", str(out), *(["--first"] if i == 0 else []), *(["--smoke"] if args.smoke else []),
+                "--out", str(out), *(["--first"] if first else []), *(["--smoke"] if args.smoke else []),
             ], check=True)
             wall = time.perf_counter() - start
             times = json.loads((out / "times.json").read_text())
-            before[variant], after[variant] = _stages(times, wall, True), _stages(times, wall, False)
-            if i == 0:
-                batching = {
-                    "chunked": times["final evaluation, chunked"],
-                    "continuous": times["final evaluation, Study 2's problems continuously batched"],
-                }
-            print(f"{variant}: {json.dumps({k: round(v, 1) for k, v in times.items()})}, wall {wall:.0f} s",
-                  flush=True)
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+        record = {
+            "variant": variant, "seed": args.seed, "steps": args.steps, "first": first, "smoke": args.smoke,
+            "times": times, "wall": wall, "commit": commit, "date": datetime.datetime.now().isoformat(timespec="minutes"),
+        }
+        (records / f"{variant}.json").write_text(json.dumps(record, indent=1))
+        print(f"{variant}: {json.dumps({k: round(v, 1) for k, v in times.items()})}, wall {wall:.0f} s", flush=True)
+    kept = {v: json.loads((records / f"{v}.json").read_text()) for v in args.variants if (records / f"{v}.json").exists()}
+    missing = [v for v in args.variants if v not in kept]
+    mismatched = [v for v, r in kept.items() if r["first"] != (v == args.variants[0])]
+    if missing or mismatched:
+        sys.exit(
+            f"no table yet: {', '.join(missing) or 'none'} not measured, {', '.join(mismatched) or 'none'} measured "
+            f"with another first variant (in {records}); measure them with --run"
+        )
+    before = {v: _stages(r["times"], r["wall"], True) for v, r in kept.items()}
+    after = {v: _stages(r["times"], r["wall"], False) for v, r in kept.items()}
+    first_times = kept[args.variants[0]]["times"]
+    batching = {
+        "chunked": first_times["final evaluation, chunked"],
+        "continuous": first_times["final evaluation, Study 2's problems continuously batched"],
+    }
+    for v, r in kept.items():
+        print(f"{v}: measured {r['date']} at {r['commit']}, wall {r['wall']:.0f} s")
     print(f"\nseed {args.seed}, {args.steps} steps; seconds (before / after)\n")
     print("| stage | " + " | ".join(args.variants) + " | seed before | seed after | after / before |")
     print("|---|" + "---|" * (len(args.variants) + 3))

@@ -42,7 +42,7 @@ from semrl.runtime.faults import Faults
 from semrl.runtime.preemption import StopSignal
 from semrl.tracking.metrics import entropy_metrics, rollout_metrics
 from semrl.tracking.run_log import RunLog
-from semrl.update.actor import Actor
+from semrl.update.actor import Actor, UpdateResult
 from semrl.update.optim import Optimization
 from semrl.update.passes import with_sampling_entropy
 
@@ -169,10 +169,7 @@ class Trainer:
                 batch, scores = collected.batch, collected.scores
                 self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
                 t1 = time.perf_counter()
-                order = self.actor.first_order(batch)  # drawn first: the passes leave its first mini-batch
-                passes = self.actor.passes(batch, order)
-                advantages, advantage_metrics = self.advantages(batch, scores)
-                update = self.actor.update(batch, advantages, passes, order, run.step + 1)
+                advantages, advantage_metrics, update = self.learn(batch, scores)
                 # the sampling entropies the update's forwards measured where the engine gave none (vllm)
                 measured = update.sampling_entropy
                 if measured is not None:
@@ -308,6 +305,17 @@ class Trainer:
             batch.problems, batch.texts, batch.generations, self.rewards, self.pool, cfg.reward,
             cfg.rollout.max_new_tokens,
         )
+
+    def learn(
+        self, batch: RolloutBatch, scores: Scores
+    ) -> tuple[torch.Tensor, dict[str, float], UpdateResult]:
+        """The update stage of one step: the no-gradient passes, the (N, T) advantages with their
+        metrics, and the PPO update from the current weights (the benchmarks time exactly this)."""
+        order = self.actor.first_order(batch)  # drawn first: the passes leave its first mini-batch
+        passes = self.actor.passes(batch, order)
+        advantages, advantage_metrics = self.advantages(batch, scores)
+        update = self.actor.update(batch, advantages, passes, order, self.run.step + 1)
+        return advantages, advantage_metrics, update
 
     def advantages(self, batch: RolloutBatch, scores: Scores) -> tuple[torch.Tensor, dict[str, float]]:
         """(N, T) advantages from the method's estimator, and its metrics."""
