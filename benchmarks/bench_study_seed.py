@@ -145,6 +145,8 @@ def main() -> None:
         if variant not in args.variants:
             parser.error(f"--run {variant}: not one of --variants {' '.join(args.variants)}")
         first = variant == args.variants[0]
+        # the code the variant's process imports: read before it starts, not after a later commit
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             start = time.perf_counter()
@@ -154,7 +156,6 @@ def main() -> None:
             ], check=True)
             wall = time.perf_counter() - start
             times = json.loads((out / "times.json").read_text())
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
         record = {
             "variant": variant, "seed": args.seed, "steps": args.steps, "first": first, "smoke": args.smoke,
             "times": times, "wall": wall, "commit": commit, "date": datetime.datetime.now().isoformat(timespec="minutes"),
