@@ -137,6 +137,24 @@ def unguarded_main_script() -> Path | None:
     return Path(path)
 
 
+def _start_failure(what: str) -> RuntimeError:
+    """Why a reward worker failed to start (``what`` it did), with the fix. A script without a main
+    guard runs its top-level code again in each spawned worker: the worker dies there, or is still
+    running it (loading a model, say) when its start-up time is up."""
+    script = unguarded_main_script()
+    if script is not None:
+        return RuntimeError(
+            f"a reward worker {what} because {script} has no 'if __name__ == \"__main__\":' guard: "
+            "reward workers are started with 'spawn', which imports the script again in each worker, "
+            "so its top-level code runs again there. Put the code that starts training (semrl.train, "
+            "Trainer, VerifierPool) under 'if __name__ == \"__main__\":'"
+        )
+    return RuntimeError(
+        f"a reward worker {what}; check that 'python -c \"import math_verify\"' works in this "
+        "environment and that the reward functions import"
+    )
+
+
 class VerifierPool:
     """Scores (gold, answer) pairs and runs reward functions (``semrl.reward.functions``) on
     completions; each math-verify comparison and each function call gets ``timeout_s`` of wall clock.
@@ -254,20 +272,7 @@ class VerifierPool:
             message = w.conn.recv()
         except (EOFError, OSError):  # the worker died (e.g. out of memory): score 0
             if not w.ready:
-                script = unguarded_main_script()
-                if script is not None:
-                    raise RuntimeError(
-                        f"a reward worker exited while starting because {script} has no "
-                        "'if __name__ == \"__main__\":' guard: reward workers are started with "
-                        "'spawn', which imports the script again in each worker, so its top-level "
-                        "code runs again there. Put the code that starts training (semrl.train, "
-                        "Trainer, VerifierPool) under 'if __name__ == \"__main__\":'"
-                    ) from None
-                raise RuntimeError(
-                    "a reward worker exited while starting; check that "
-                    "'python -c \"import math_verify\"' works in this environment and that the "
-                    "reward functions import"
-                ) from None
+                raise _start_failure("exited while starting") from None
             if w.job is not None:
                 out[w.job] = (None, "reward worker process died", False)
             self._replace(w)
@@ -290,10 +295,7 @@ class VerifierPool:
                 self._replace(w)
             elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
                 w.kill()
-                raise RuntimeError(
-                    f"a reward worker did not start within {STARTUP_TIMEOUT_S:.0f} s; "
-                    "check that 'python -c \"import math_verify\"' works in this environment"
-                )
+                raise _start_failure(f"did not start within {STARTUP_TIMEOUT_S:.0f} s")
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
