@@ -48,13 +48,10 @@ SMOKE: list[str] = []  # --smoke: overrides that make every evaluation tiny
 
 
 def _config(sweep_file: str, variant: str, seed: int, steps: int, out: Path) -> Any:
-    from semrl.config.load import load_config
     from semrl.studies.sweep import load_sweep
 
-    sweep = load_sweep(sweep_file)
-    run = next(r for r in sweep.runs if r.variant == variant)
-    return load_config(sweep.base, [
-        *run.overrides, f"trainer.seed={seed}", f"trainer.steps={steps}", f"logging.output_dir={out}",
+    return load_sweep(sweep_file).variant_config(variant, [
+        f"trainer.seed={seed}", f"trainer.steps={steps}", f"logging.output_dir={out}",
         "logging.eval_cache=null", "logging.progress=false", "logging.report_to=[]",
         *SMOKE,
     ])

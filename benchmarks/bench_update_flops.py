@@ -65,16 +65,15 @@ def with_trainer_setting(cfg: Config, setting: str) -> Config:
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, **{name: getattr(probe.trainer, name)}))
 
 
-def _updated(
+def _timed_update(
     trainer: Trainer, collected: CollectedStep, weights: dict[str, torch.Tensor], optim: dict[str, Any]
-) -> tuple[float, dict[str, torch.Tensor]]:
-    """Seconds of one training side from ``weights`` and ``optim``, and the weights it leaves."""
+) -> float:
+    """Seconds of one training side from ``weights`` and ``optim``."""
     trainer.model.load_state_dict(weights)
     trainer.run.optim.optimizer.load_state_dict(optim)
     t0 = time.perf_counter()
     trainer.learn(collected.batch, collected.scores)
-    seconds = time.perf_counter() - t0
-    return seconds, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    return time.perf_counter() - t0
 
 
 def first_step_gradients(
@@ -96,7 +95,7 @@ def first_step_gradients(
 
     optimization.step = capture  # type: ignore[method-assign, assignment]  # an instance attribute, removed below
     try:
-        _updated(trainer, collected, weights, optim)
+        _timed_update(trainer, collected, weights, optim)
     finally:
         del optimization.step
     return losses, grads
@@ -122,12 +121,12 @@ def compiled_rows(
                 del layer.forward
 
     use(True)
-    warm_up, _ = _updated(trainer, collected, weights, optim)  # compiles
+    warm_up = _timed_update(trainer, collected, weights, optim)  # compiles
     seconds: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeats):
         for compile_ in (False, True):
             use(compile_)
-            seconds[compile_].append(_updated(trainer, collected, weights, optim)[0])
+            seconds[compile_].append(_timed_update(trainer, collected, weights, optim))
     compiled_losses, compiled_grads = first_step_gradients(trainer, collected, weights, optim)
     use(False)
     eager_losses, eager_grads = first_step_gradients(trainer, collected, weights, optim)
@@ -155,10 +154,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     args = parser.parse_args()
     sweep = load_sweep(args.sweep)
-    run = next(r for r in sweep.runs if r.variant == args.variant)
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(sweep.base, [
-            *run.overrides, f"logging.output_dir={out}/run", f"logging.eval_cache={out}/cache",
+        cfg = sweep.variant_config(args.variant, [
+            f"trainer.seed={sweep.seeds[0]}", f"logging.output_dir={out}/run", f"logging.eval_cache={out}/cache",
             "data.eval=null", "logging.progress=false", "logging.report_to=[]",
         ])
         trainer = Trainer(cfg)
@@ -187,7 +185,7 @@ def main() -> None:
             for threads, setting in cases:
                 torch.set_num_threads(threads)
                 trainer.actor.cfg = configs[setting]
-                seconds[threads, setting].append(_updated(trainer, collected, weights, optim)[0])
+                seconds[threads, setting].append(_timed_update(trainer, collected, weights, optim))
         peaks = {}
         for threads in args.threads:
             torch.set_num_threads(threads)

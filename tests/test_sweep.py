@@ -79,6 +79,12 @@ def test_grid_expands_variants_times_seeds_seed_by_seed(tmp_path):
     assert (cfg.algorithm.method, cfg.trainer.seed, cfg.trainer.steps) == ("rose", 3, 3)
     assert (cfg.trainer.lr, cfg.rollout.top_k) == (1e-5, 7)  # the variant's value wins over the common one
     assert cfg.logging.output_dir == "study/b/seed-3" and cfg.logging.eval_cache == "study/.eval-cache"
+    # a variant's config outside the grid (the benchmarks): the run's, less what the sweep sets per run
+    alone = sweep.variant_config("b", ["trainer.seed=3", "logging.output_dir=study/b/seed-3"]).to_dict()
+    assert alone == {**cfg.to_dict(), "logging": {**cfg.to_dict()["logging"], "eval_cache": alone["logging"]["eval_cache"]}}
+    assert sweep.variant_config("a", ["trainer.steps=9"]).trainer.steps == 9
+    with pytest.raises(SweepError, match="no variant 'c'; its variants: a, b"):
+        sweep.variant_config("c")
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ from semrl.errors import ConfigError
 from semrl.studies.seeds import DONE_FILE
 
 if TYPE_CHECKING:
+    from semrl.config.sections import Config
     from semrl.studies.designs import Design, RulesFile
 
 EVAL_CACHE = ".eval-cache"
@@ -108,6 +109,15 @@ class Sweep:
     keep_checkpoints: bool
     slurm: dict[str, Any]
     runs: tuple[SweepRun, ...] = field(default=())
+
+    def variant_config(self, variant: str, overrides: Sequence[str] = ()) -> Config:
+        """``variant``'s config (the base, the sweep's common overrides, the variant's own), then
+        ``overrides``; a run of the sweep adds its seed and directories (``SweepRun.overrides``)."""
+        if variant not in self.variants:
+            raise SweepError(
+                f"{self.path} has no variant '{variant}'; its variants: {', '.join(self.variants)}"
+            )
+        return load_config(self.base, [*self.variants[variant], *overrides])
 
 
 def _flatten(values: Any, where: str, prefix: str = "") -> dict[str, Any]:

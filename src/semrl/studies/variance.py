@@ -18,11 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import optimize, special
 from scipy import stats as st
+
+if TYPE_CHECKING:
+    from semrl.studies.seeds import Run
 
 METRIC_HELP = "pass@k, mean@n, distinct_answers or response_length/correct"
 
@@ -271,7 +274,7 @@ def cheapest_designs(
 VARIANCE_METRICS = ("pass@1", "pass@4", "pass@16", "distinct_answers", "response_length/correct")
 
 
-def final_samples(run: Any, split: str) -> Samples | None:
+def final_samples(run: Run, split: str) -> Samples | None:
     """The problem records of ``run``'s final evaluation of ``split``, or None without one."""
     from semrl.evaluation import records_path
     from semrl.tracking.jsonl import read_jsonl
@@ -284,7 +287,7 @@ def final_samples(run: Any, split: str) -> Samples | None:
 
 
 def variance_section(
-    groups: dict[str, list[Any]], pairs: Sequence[tuple[str, str]], split: str = "eval",
+    groups: dict[str, list[Run]], pairs: Sequence[tuple[str, str]], split: str = "eval",
     metrics: Sequence[str] = VARIANCE_METRICS, reps: int = 400,
 ) -> str:
     """Markdown: for each pair and metric, the seed-to-seed variance of the final difference split

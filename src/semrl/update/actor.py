@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from semrl.runtime.distributed import ProcessGroup
 from semrl.runtime.faults import NO_FAULTS, Faults
 from semrl.update.optim import Optimization
 from semrl.update.passes import batch_logprobs, micro_batches, rows_logprobs, shuffled_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class Actor:
     """
 
     def __init__(
-        self, cfg: Config, model: Any, ref_model: Any | None,
+        self, cfg: Config, model: torch.nn.Module, ref_model: PreTrainedModel | None,
         reference_weights: Callable[[], AbstractContextManager[Any]], precision: Precision, packing: bool,
         processes: ProcessGroup, optim: Optimization, bonus: EntropyBonus, loss_fn: LossFn,
         prepare_fn: PrepareFn | None, loss_config: MethodConfig[Any], generator: torch.Generator,
