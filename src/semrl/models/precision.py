@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     from semrl.config.sections import Config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,7 +68,7 @@ class Precision:
             return nullcontext()
         return autocast_to(self.compute, model)
 
-    def fsdp_policy(self) -> Any:
+    def fsdp_policy(self) -> MixedPrecisionPolicy:
         """FSDP2's policy: all-gather and compute in the compute dtype, reduce gradients in fp32."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 

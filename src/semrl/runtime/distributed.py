@@ -12,11 +12,14 @@ summed, so an update equals the single-process update on the global batch. With
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 from accelerate import PartialState
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 _CLOSE_HOOKS: list[Callable[[], None]] = []
 
@@ -115,11 +118,11 @@ class ProcessGroup:
 # FSDP (trainer.fsdp): parameters, gradients and optimizer state sharded over the processes
 
 
-def shard_model(model: torch.nn.Module, mp_policy: Any = None) -> None:
+def shard_model(model: torch.nn.Module, mp_policy: MixedPrecisionPolicy | None = None) -> None:
     """FSDP2 ``fully_shard`` on every decoder layer, then on the whole model, with the mixed-precision
     policy ``mp_policy`` (``semrl.models.precision``). Gradients are reduce-scattered as plain sums (our
     losses already carry the global denominators; gloo has no pre-multiplied sum)."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
@@ -127,10 +130,10 @@ def shard_model(model: torch.nn.Module, mp_policy: Any = None) -> None:
             f"trainer.fsdp: model type '{getattr(model.config, 'model_type', '?')}' has no model.layers "
             "to shard; use trainer.fsdp=false"
         )
-    kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
+    policy = MixedPrecisionPolicy() if mp_policy is None else mp_policy  # None: fully_shard's default
     for layer in layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

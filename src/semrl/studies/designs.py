@@ -56,7 +56,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -197,7 +197,7 @@ def _looks(entry: dict[str, Any], kind: str, where: str) -> list[int]:
 
 
 def _number(
-    entry: dict[str, Any], key: str, default: float | None, where: str, rule: str, ok: Any
+    entry: dict[str, Any], key: str, default: float | None, where: str, rule: str, ok: Callable[[float], bool]
 ) -> float | None:
     """``entry[key]`` as a float checked by ``ok`` (``rule`` in words), or ``default`` when absent."""
     value = entry.get(key, default)
@@ -349,7 +349,8 @@ def _judge_family(
 
 
 def _step_down(
-    open_rules: list[Hypothesis], family_size: int, correction: str, alpha: float, judged: Any, level: Any,
+    open_rules: list[Hypothesis], family_size: int, correction: str, alpha: float,
+    judged: Callable[[Hypothesis, float], Judged], level: Callable[[float], float],
 ) -> dict[str, Judged]:
     """Holm: alpha / r for each of the r open rules, again with the rest while some settle;
     Bonferroni: alpha / m for each of the family's m rules; none: alpha each."""
