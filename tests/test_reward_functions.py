@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -231,26 +234,31 @@ print("TRAINED")
 """
 
 
+def _run_script(script: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``script`` run as a user runs it (``python script.py``), with this interpreter's import path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _assert_told_to_add_a_guard(out: subprocess.CompletedProcess[str], script: Path) -> None:
+    assert out.returncode != 0
+    assert "has no 'if __name__ == \"__main__\":' guard" in out.stderr and str(script) in out.stderr
+    assert "check that 'python -c" not in out.stderr
+
+
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_script_without_a_main_guard_is_told_to_add_one(tiny_model_dir, seven_task, tmp_path, guarded):
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "rewards.py").write_text(USER_MODULE)  # a function of its own: scored in the reward workers
     body = SCRIPT.format(model=tiny_model_dir, task=seven_task, out=tmp_path / "run", rewards=tmp_path / "rewards.py")
     if guarded:
         body = "if __name__ == '__main__':\n" + textwrap.indent(body, "    ")
     script = tmp_path / "train_me.py"
     script.write_text(body)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    out = _run_script(script, timeout=600)
     if guarded:
         assert out.returncode == 0 and "TRAINED" in out.stdout, out.stderr[-2000:]
     else:
-        assert out.returncode != 0
-        assert "has no 'if __name__ == \"__main__\":' guard" in out.stderr and str(script) in out.stderr
-        assert "check that 'python -c" not in out.stderr
+        _assert_told_to_add_a_guard(out, script)
 
 
 UNGUARDED_SLOW_SCRIPT = """
@@ -278,18 +286,11 @@ if __name__ == "__main__":
 def test_a_worker_still_running_an_unguarded_script_is_told_to_add_a_guard(tmp_path, guarded):
     """A worker that has not started in time because it re-runs the script's slow top-level code
     names the script and the guard, not math-verify; with the guard the worker starts."""
-    import os
-    import subprocess
-    import sys
-
     script = tmp_path / "slow_script.py"
     script.write_text(GUARDED_SCRIPT if guarded else UNGUARDED_SLOW_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    out = _run_script(script, timeout=300)
     if guarded:
         assert out.returncode == 0 and "READY" in out.stdout, out.stderr[-2000:]
     else:
-        assert out.returncode != 0
-        assert "did not start within 10 s because" in out.stderr and str(script) in out.stderr
-        assert "has no 'if __name__ == \"__main__\":' guard" in out.stderr
-        assert "check that 'python -c" not in out.stderr
+        _assert_told_to_add_a_guard(out, script)
+        assert "did not start within 10 s because" in out.stderr
