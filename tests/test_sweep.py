@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,16 @@ import yaml
 
 from semrl.cli import main
 from semrl.errors import ConfigError
-from semrl.studies.sweep import DONE_FILE, SweepError, load_sweep, run_local, run_state
+from semrl.studies.sweep import (
+    DONE_FILE,
+    TIME_FILE,
+    SegmentClock,
+    SweepError,
+    load_sweep,
+    recorded_time,
+    run_local,
+    run_state,
+)
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 
@@ -163,9 +173,19 @@ def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(
     monkeypatch.setenv("SEMRL_FAULT_KILL", "rollout@2")
     assert run_local(sweep, messages.append) != 0
     assert run_state(first) == "resume" and run_state(second) == "new"  # the sweep stopped at the kill
+    killed_after, processes = recorded_time(first.run_dir)
+    assert killed_after > 0 and processes == 1
     monkeypatch.delenv("SEMRL_FAULT_KILL")
+    started = time.monotonic()
     assert run_local(sweep, messages.append) == 0
+    elapsed = time.monotonic() - started
     assert run_state(first) == run_state(second) == "done"
+    # a run's time is every process's that ran it: the killed one's and the resumed one's
+    done = [json.loads((r.run_dir / DONE_FILE).read_text()) for r in (first, second)]
+    assert [d["processes"] for d in done] == [2, 1]
+    assert done[0]["seconds"] == pytest.approx(recorded_time(first.run_dir)[0], abs=0.1)
+    resumed_process = elapsed - done[1]["seconds"]  # this call ran the resume, then all of seed 1
+    assert done[0]["seconds"] - resumed_process > 0.5 * killed_after
     resumed = _steps(first.run_dir)
     assert [r["step"] for r in resumed] == [0, 1, 2]
     code = json.loads((first.run_dir / DONE_FILE).read_text())["code"]  # the code that ran, recorded
@@ -191,6 +211,21 @@ def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(
     # the second seed reused nothing from the first, but the base evaluation was shared per seed
     cache = sorted(p.name for p in (tmp_path / "out" / ".eval-cache").glob("*.jsonl"))
     assert len(cache) == 2
+
+
+def test_a_running_run_writes_its_time_as_it_goes(tmp_path):
+    """The time file is written while the process runs, not only at its end, so a sweep killed
+    outright (a lost machine) still counts most of the run's time against max_hours."""
+    run_dir = tmp_path / "run"
+    with SegmentClock(run_dir, before=5.0, processes=2, every=0.01):
+        deadline = time.monotonic() + 10
+        while not (run_dir / TIME_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seconds, processes = recorded_time(run_dir)
+        assert processes == 2 and seconds >= 5.0
+        time.sleep(0.2)
+    assert recorded_time(run_dir)[0] >= 5.2
+    assert recorded_time(tmp_path / "new") == (0.0, 0)
 
 
 def test_base_evaluation_is_computed_once_per_seed(digit_model_dir, seven_task, tmp_path):

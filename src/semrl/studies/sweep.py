@@ -14,7 +14,8 @@ A sweep file (YAML; paths in it are relative to the file)::
 
 Every run's config is built and validated when the file is loaded, so a bad grid (an unknown key,
 a variant named twice, a seed that is not an integer) fails before any run starts. A run is *done*
-when ``RUN_DIR/sweep_done.json`` exists (written when its ``semrl train`` exits cleanly); a run
+when ``RUN_DIR/sweep_done.json`` exists (written when its ``semrl train`` exits cleanly, with the
+wall seconds of every process that ran it, kept as it runs in ``RUN_DIR/sweep_time.json``); a run
 directory that holds a run but is not done is resumed from its last valid checkpoint. The
 step-0 evaluation of the base model is shared by every run that would sample it identically
 (``logging.eval_cache`` = ``OUT/.eval-cache``).
@@ -23,11 +24,13 @@ step-0 evaluation of the base model is shared by every run that would sample it 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +48,8 @@ if TYPE_CHECKING:
     from semrl.studies.designs import Design, RulesFile
 
 EVAL_CACHE = ".eval-cache"
+TIME_FILE = "sweep_time.json"  # a run's wall seconds so far, over every process that ran it
+TIME_EVERY_S = 60.0  # how often a running run's time is written: a killed sweep loses at most this
 SWEEP_KEYS = ("base", "output_dir", "seeds", "overrides", "variants", "keep_checkpoints", "slurm")
 SLURM_KEYS = (
     "partition",
@@ -309,18 +314,66 @@ def code_version() -> dict[str, Any]:
     return info
 
 
+def recorded_time(run_dir: Path) -> tuple[float, int]:
+    """(wall seconds, number of ``semrl train`` processes) a run has taken so far: 0 for a new run."""
+    path = run_dir / TIME_FILE
+    if not path.exists():
+        return 0.0, 0
+    data = json.loads(path.read_text())
+    return float(data["seconds"]), int(data["processes"])
+
+
+class SegmentClock:
+    """Adds one process's wall time to ``RUN_DIR/sweep_time.json``: every ``every`` seconds while
+    it runs (a sweep that is killed outright loses at most that) and once when it ends, however it
+    ends. So ``max_hours`` counts a resumed run's earlier processes too."""
+
+    def __init__(self, run_dir: Path, before: float, processes: int, every: float = TIME_EVERY_S) -> None:
+        self.run_dir, self.before, self.processes, self.every = run_dir, before, processes, every
+        self.start = time.time()
+        self.end: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def seconds(self) -> float:
+        """The run's seconds: before this process, and this process's so far (or until it ended)."""
+        return self.before + (self.end if self.end is not None else time.time()) - self.start
+
+    def write(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / f".{TIME_FILE}.tmp"
+        tmp.write_text(json.dumps({"seconds": round(self.seconds(), 1), "processes": self.processes}) + "\n")
+        os.replace(tmp, self.run_dir / TIME_FILE)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            self.write()
+
+    def __enter__(self) -> SegmentClock:
+        self.start = time.time()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end = time.time()
+        self._stop.set()
+        self._thread.join()
+        self.write()
+
+
 def execute_run(run: SweepRun, base: Path | None, keep_checkpoints: bool) -> int:
     """Run (or resume) one run to completion in a child process; on success mark it done. Returns
     the exit code of ``semrl train``. Used by both launchers (a submitit job calls it on its node)."""
     state = run_state(run)
     if state == "done":
         return 0
+    before, segments = recorded_time(run.run_dir)  # a run set aside still cost its time
     if state == "restart":
         moved = set_aside(run)
         print(f"{run.name}: no valid checkpoint; the partial run moved to {moved}, starting over", flush=True)
         state = "new"
-    start = time.time()
-    code = subprocess.call(train_command(run, base, state))
+    with SegmentClock(run.run_dir, before, segments + 1) as clock:
+        code = subprocess.call(train_command(run, base, state))
     if code == 0:
         if not keep_checkpoints:
             from semrl.runtime.checkpoint import stage_reference_dirs
@@ -330,7 +383,8 @@ def execute_run(run: SweepRun, base: Path | None, keep_checkpoints: bool) -> int
         record = {
             "variant": run.variant,
             "seed": run.seed,
-            "seconds": round(time.time() - start, 1),
+            "seconds": round(clock.seconds(), 1),  # every process's, resumes included
+            "processes": clock.processes,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "code": code_version(),
         }
