@@ -213,6 +213,28 @@ def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(
     assert len(cache) == 2
 
 
+def test_ctrl_c_lets_the_run_stop_after_its_step_and_stops_the_sweep(digit_model_dir, seven_task, tmp_path):
+    """Ctrl-C reaches the sweep and its run together (one process group): the run finishes the step
+    it is in and writes its checkpoint, the sweep waits for that instead of killing it, and stops."""
+    from semrl.runtime.checkpoint import list_checkpoints, verify_checkpoint
+    from semrl.runtime.preemption import EXIT_PREEMPTED
+
+    path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0, 1],
+                       overrides={"trainer.steps": 3})
+    sweep = load_sweep(path)
+    first, second = sweep.runs
+    # a session of its own: the fault's SIGINT goes to the sweep's process group, not to pytest's
+    proc = subprocess.run([sys.executable, "-m", "semrl", "sweep", str(path)], capture_output=True, text=True,
+                          env={**os.environ, "SEMRL_FAULT_CTRL_C": "rollout@2"}, start_new_session=True,
+                          timeout=600)
+    assert proc.returncode == EXIT_PREEMPTED, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "stopped after step 2" in proc.stderr
+    assert [c.name for c in list_checkpoints(first.run_dir)] == ["step-000001", "step-000002"]
+    assert not verify_checkpoint(first.run_dir / "checkpoints" / "step-000002")
+    assert run_state(first) == "resume" and run_state(second) == "new"
+    assert recorded_time(first.run_dir)[1] == 1
+
+
 def test_a_running_run_writes_its_time_as_it_goes(tmp_path):
     """The time file is written while the process runs, not only at its end, so a sweep killed
     outright (a lost machine) still counts most of the run's time against max_hours."""

@@ -2,11 +2,13 @@
 
 ``SEMRL_FAULT_KILL=POINT@STEP`` makes the process SIGKILL itself when it reaches ``POINT`` during
 training step ``STEP`` (1-based); ``SEMRL_FAULT_SIGNAL=POINT@STEP[,POINT@STEP...]`` sends it SIGTERM
-there once and goes on (a preemption); ``SEMRL_FAULT_ENOSPC=STEP`` makes writing the checkpoint of step
-``STEP`` fail as on a full disk. Points: ``rollout`` (after generation, before rewards), ``update``
-(after the first backward, before the optimizer step), ``evaluate`` (the evaluation after step STEP;
-0: before training) and ``checkpoint`` (model written to the temporary directory, not yet renamed).
-Unset, each point costs a set lookup.
+there once and goes on (a preemption); ``SEMRL_FAULT_CTRL_C=POINT@STEP[,...]`` sends SIGINT once to
+its whole process group, as Ctrl-C in a terminal does (start the outermost process in a session of
+its own: the group is everything that shares it); ``SEMRL_FAULT_ENOSPC=STEP`` makes writing the
+checkpoint of step ``STEP`` fail as on a full disk. Points: ``rollout`` (after generation, before
+rewards), ``update`` (after the first backward, before the optimizer step), ``evaluate`` (the
+evaluation after step STEP; 0: before training) and ``checkpoint`` (model written to the temporary
+directory, not yet renamed). Unset, each point costs a set lookup.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 
 ENV = "SEMRL_FAULT_KILL"
 SIGNAL_ENV = "SEMRL_FAULT_SIGNAL"
+CTRL_C_ENV = "SEMRL_FAULT_CTRL_C"
 ENOSPC_ENV = "SEMRL_FAULT_ENOSPC"
 RANK_ENV = "SEMRL_FAULT_RANK"  # with several processes: only this rank is signalled
 POINTS = ("rollout", "update", "evaluate", "checkpoint")
@@ -40,14 +43,17 @@ class Faults:
     Attributes:
         kill: (point, step) pairs where the process SIGKILLs itself.
         terminate: (point, step) pairs where it sends itself SIGTERM, once each.
+        interrupt: (point, step) pairs where it sends its process group SIGINT, once each.
         enospc_step: the step whose checkpoint write fails as on a full disk, or None.
     """
 
     def __init__(
         self, kill: frozenset[tuple[str, int]] = frozenset(),
         terminate: frozenset[tuple[str, int]] = frozenset(), enospc_step: int | None = None,
+        interrupt: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
         self.kill, self.terminate, self.enospc_step = kill, terminate, enospc_step
+        self.interrupt = interrupt
         self._signalled: set[tuple[str, int]] = set()  # a point can be reached several times in a step
 
     @classmethod
@@ -62,7 +68,8 @@ class Faults:
         enospc = os.environ.get(ENOSPC_ENV)
         if enospc and not enospc.isdigit():
             raise ValueError(f"{ENOSPC_ENV}={enospc!r}: expected the step whose checkpoint write fails")
-        return cls(kill, signalled, int(enospc) if enospc else None)
+        interrupt = _parse(os.environ[CTRL_C_ENV], CTRL_C_ENV) if os.environ.get(CTRL_C_ENV) else frozenset()
+        return cls(kill, signalled, int(enospc) if enospc else None, interrupt)
 
     def at(self, point: str, step: int) -> None:
         """The process reached ``point`` during training step ``step`` (1-based; ``evaluate``: the
@@ -72,6 +79,9 @@ class Faults:
         if (point, step) in self.terminate and (point, step) not in self._signalled:
             self._signalled.add((point, step))
             os.kill(os.getpid(), signal.SIGTERM)
+        if (point, step) in self.interrupt and (point, step) not in self._signalled:
+            self._signalled.add((point, step))
+            os.killpg(os.getpgrp(), signal.SIGINT)
         if point == "checkpoint" and step == self.enospc_step:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
