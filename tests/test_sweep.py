@@ -235,6 +235,28 @@ def test_ctrl_c_lets_the_run_stop_after_its_step_and_stops_the_sweep(digit_model
     assert recorded_time(first.run_dir)[1] == 1
 
 
+def test_the_recorded_code_is_the_code_that_runs_not_the_installed_one(tmp_path):
+    """A study's frozen worktree runs with PYTHONPATH=src beside another installed semrl: its runs
+    record the worktree's version and source, not the installed distribution's."""
+    import shutil
+
+    import semrl
+
+    copy = tmp_path / "src" / "semrl"
+    shutil.copytree(Path(semrl.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    init = copy / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{semrl.__version__}"', '__version__ = "0.0.1"'))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import json; from semrl.studies.sweep import code_version; "
+         "print(json.dumps(code_version()))"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "src")}, capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code = json.loads(proc.stdout)
+    assert code["semrl"] == "0.0.1" and code["source"] == str(copy)
+    assert code["commit"] is None  # not a git checkout
+
+
 def test_a_running_run_writes_its_time_as_it_goes(tmp_path):
     """The time file is written while the process runs, not only at its end, so a sweep killed
     outright (a lost machine) still counts most of the run's time against max_hours."""

@@ -293,14 +293,10 @@ def set_aside(run: SweepRun) -> Path:
 def code_version() -> dict[str, Any]:
     """The code that ran: semrl's version and, from a git checkout, its commit and whether tracked
     files differed from it (a study's runs must all come from its pre-registered commit)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from semrl import __version__  # the code that runs, not the installed distribution's metadata
 
-    try:
-        installed = version("semrl")
-    except PackageNotFoundError:
-        installed = None
     source = Path(__file__).resolve().parents[1]  # the semrl package
-    info: dict[str, Any] = {"semrl": installed, "commit": None, "modified": None, "source": str(source)}
+    info: dict[str, Any] = {"semrl": __version__, "commit": None, "modified": None, "source": str(source)}
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10
