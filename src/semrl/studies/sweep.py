@@ -24,7 +24,6 @@ step-0 evaluation of the base model is shared by every run that would sample it 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -336,17 +335,16 @@ class SegmentClock:
         return self.before + (self.end if self.end is not None else time.time()) - self.start
 
     def write(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / f".{TIME_FILE}.tmp"
-        tmp.write_text(json.dumps({"seconds": round(self.seconds(), 1), "processes": self.processes}) + "\n")
-        os.replace(tmp, self.run_dir / TIME_FILE)
+        from semrl.runtime.atomic import write_text_atomic
+
+        record = {"seconds": round(self.seconds(), 1), "processes": self.processes}
+        write_text_atomic(self.run_dir / TIME_FILE, json.dumps(record) + "\n")
 
     def _tick(self) -> None:
         while not self._stop.wait(self.every):
             self.write()
 
     def __enter__(self) -> SegmentClock:
-        self.start = time.time()
         self._thread.start()
         return self
 
