@@ -8,6 +8,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -327,3 +330,21 @@ def test_anytime_rules_are_judged_at_every_seed_with_bonferroni(tmp_path):
     assert looks[first][0].level == pytest.approx(0.025)  # alpha / 2 rules
     assert all(look[0].outcome == "decided" for look in looks[first:])  # settled for good
     assert all(look[1].outcome in ("undecided", "ruled out") for look in looks)
+
+
+def test_study3s_committed_looks_are_what_its_run_records_give(tmp_path):
+    """scripts/check_look.py rebuilds every logged look of Study 3 from the raw per-problem records
+    without semrl's code; a look whose logged figure is off by 1e-4 is caught."""
+    root = Path(__file__).parents[1]
+    study, rules = root / "results" / "study3", root / "configs" / "study" / "study3_rules.yaml"
+    script = [sys.executable, str(root / "scripts" / "check_look.py")]
+    good = subprocess.run([*script, str(study), str(rules)], capture_output=True, text=True)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.count("matches") == 8 * good.stdout.count("look ")
+    for variant in ("dr_grpo", "rose", "treepo"):
+        (tmp_path / variant).symlink_to(study / variant)
+    looks = [json.loads(line) for line in (study / "looks.jsonl").read_text().splitlines()]
+    looks[0]["rules"][1]["estimate"] += 1e-4
+    (tmp_path / "looks.jsonl").write_text("".join(json.dumps(look) + "\n" for look in looks))
+    bad = subprocess.run([*script, str(tmp_path), str(rules)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "MISMATCH estimate" in bad.stdout
