@@ -85,7 +85,10 @@ def main(results: Path, rules_file: Path) -> int:
             )
             se = d.std(ddof=1) / math.sqrt(d.size)
             half = stats.t.ppf(1 - logged["level"] / 2, d.size - 1) * se
-            p_t = 2 * stats.t.sf(abs(d.mean()) / se, d.size - 1)
+            if se > 0:
+                p_t = 2 * stats.t.sf(abs(d.mean()) / se, d.size - 1)
+            else:  # equal differences: the t statistic is infinite, or 0/0 read as no evidence
+                p_t = 0.0 if d.mean() != 0 else 1.0
             mine = {
                 "estimate": d.mean(),
                 "low": d.mean() - half,
@@ -93,7 +96,8 @@ def main(results: Path, rules_file: Path) -> int:
                 "p_t": p_t,
                 "p_sign_flip": sign_flip_p(d),
             }
-            bad = [k for k, v in mine.items() if abs(v - logged[k]) > TOLERANCE * max(1.0, abs(v))]
+            # written so that a nan on either side is a mismatch, not a silent pass
+            bad = [k for k, v in mine.items() if not abs(v - logged[k]) <= TOLERANCE * max(1.0, abs(v))]
             mismatches += bool(bad)
             print(
                 f"  {logged['id']}: {mine['estimate']:+.4f} [{mine['low']:+.3f}, {mine['high']:+.3f}]"

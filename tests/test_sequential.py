@@ -334,7 +334,7 @@ def test_anytime_rules_are_judged_at_every_seed_with_bonferroni(tmp_path):
 
 def test_study3s_committed_looks_are_what_its_run_records_give(tmp_path):
     """scripts/check_look.py rebuilds every logged look of Study 3 from the raw per-problem records
-    without semrl's code; a look whose logged figure is off by 1e-4 is caught."""
+    without semrl's code; a logged figure off by 1e-4, or a nan, is caught."""
     root = Path(__file__).parents[1]
     study, rules = root / "results" / "study3", root / "configs" / "study" / "study3_rules.yaml"
     script = [sys.executable, str(root / "scripts" / "check_look.py")]
@@ -345,6 +345,7 @@ def test_study3s_committed_looks_are_what_its_run_records_give(tmp_path):
         (tmp_path / variant).symlink_to(study / variant)
     looks = [json.loads(line) for line in (study / "looks.jsonl").read_text().splitlines()]
     looks[0]["rules"][1]["estimate"] += 1e-4
+    looks[0]["rules"][0]["p_t"] = math.nan
     (tmp_path / "looks.jsonl").write_text("".join(json.dumps(look) + "\n" for look in looks))
     bad = subprocess.run([*script, str(tmp_path), str(rules)], capture_output=True, text=True)
-    assert bad.returncode == 1 and "MISMATCH estimate" in bad.stdout
+    assert bad.returncode == 1 and "MISMATCH estimate" in bad.stdout and "MISMATCH p_t" in bad.stdout
