@@ -40,6 +40,7 @@ import yaml
 
 from semrl.config.load import load_config
 from semrl.errors import ConfigError
+from semrl.runtime.atomic import write_text_atomic
 from semrl.studies.seeds import DONE_FILE
 
 if TYPE_CHECKING:
@@ -335,8 +336,6 @@ class SegmentClock:
         return self.before + (self.end if self.end is not None else time.time()) - self.start
 
     def write(self) -> None:
-        from semrl.runtime.atomic import write_text_atomic
-
         record = {"seconds": round(self.seconds(), 1), "processes": self.processes}
         write_text_atomic(self.run_dir / TIME_FILE, json.dumps(record) + "\n")
 
