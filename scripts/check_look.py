@@ -9,6 +9,9 @@ the correct samples pooled) or from ``metrics.jsonl`` (training metrics: the mea
 ``window`` steps), and the look's estimate, interval at its logged level, t p-value and exact
 sign-flip p-value are compared with the logged ones. The nominal levels themselves come from the
 design (docs/evaluation.md, "Designs") and are taken from the log. Exits 1 on any mismatch.
+Each rule's line also prints what the write-up shows beside the logged figures and the log does
+not hold: the descriptive 95% t-interval and the seeds above / at / below 0 (the test suite checks
+docs/results.md's look tables against ``rebuild``).
 """
 
 from __future__ import annotations
@@ -71,12 +74,15 @@ def sign_flip_p(d: np.ndarray) -> float:
     return float(np.mean([s >= observed - 1e-12 * max(1.0, observed) for s in sums]))
 
 
-def main(results: Path, rules_file: Path) -> int:
+def rebuild(results: Path, rules_file: Path) -> list[dict]:
+    """Every logged look with, per rule, the logged line and this script's own figures: the
+    per-seed differences, the estimate, the interval at the logged level, the t and sign-flip
+    p-values, the descriptive 95% t-interval and the seeds above / at / below 0."""
     rules = {rule["id"]: rule for rule in yaml.safe_load(rules_file.read_text())["rules"]}
-    mismatches = 0
+    looks = []
     for line in (results / "looks.jsonl").read_text().splitlines():
         look = json.loads(line)
-        print(f"look {look['look']} at seeds {look['seeds']}")
+        rebuilt = []
         for logged in look["rules"]:
             rule = rules[logged["id"]]
             variant, baseline = rule["pair"]
@@ -85,24 +91,45 @@ def main(results: Path, rules_file: Path) -> int:
             )
             se = d.std(ddof=1) / math.sqrt(d.size)
             half = stats.t.ppf(1 - logged["level"] / 2, d.size - 1) * se
+            half95 = stats.t.ppf(0.975, d.size - 1) * se
             if se > 0:
                 p_t = 2 * stats.t.sf(abs(d.mean()) / se, d.size - 1)
             else:  # equal differences: the t statistic is infinite, or 0/0 read as no evidence
                 p_t = 0.0 if d.mean() != 0 else 1.0
-            mine = {
+            rebuilt.append({
+                "logged": logged,
+                "differences": d,
                 "estimate": d.mean(),
                 "low": d.mean() - half,
                 "high": d.mean() + half,
                 "p_t": p_t,
                 "p_sign_flip": sign_flip_p(d),
-            }
+                "low95": d.mean() - half95,
+                "high95": d.mean() + half95,
+                "above_at_below": (int((d > 0).sum()), int((d == 0).sum()), int((d < 0).sum())),
+            })
+        looks.append({"look": look["look"], "seeds": look["seeds"], "rules": rebuilt})
+    return looks
+
+
+LOGGED = ("estimate", "low", "high", "p_t", "p_sign_flip")
+
+
+def main(results: Path, rules_file: Path) -> int:
+    mismatches = 0
+    for look in rebuild(results, rules_file):
+        print(f"look {look['look']} at seeds {look['seeds']}")
+        for mine in look["rules"]:
+            logged = mine["logged"]
             # written so that a nan on either side is a mismatch, not a silent pass
-            bad = [k for k, v in mine.items() if not abs(v - logged[k]) <= TOLERANCE * max(1.0, abs(v))]
+            bad = [k for k in LOGGED if not abs(mine[k] - logged[k]) <= TOLERANCE * max(1.0, abs(mine[k]))]
             mismatches += bool(bad)
             print(
                 f"  {logged['id']}: {mine['estimate']:+.4f} [{mine['low']:+.3f}, {mine['high']:+.3f}]"
-                f" p {p_t:.3g} / {mine['p_sign_flip']:.3g}, per seed "
-                f"{' '.join(f'{x:+.4g}' for x in d)}: {'MISMATCH ' + ', '.join(bad) if bad else 'matches'}"
+                f" p {mine['p_t']:.3g} / {mine['p_sign_flip']:.3g}, 95% [{mine['low95']:+.3f},"
+                f" {mine['high95']:+.3f}], above / at / below {' / '.join(map(str, mine['above_at_below']))},"
+                f" per seed {' '.join(f'{x:+.4g}' for x in mine['differences'])}:"
+                f" {'MISMATCH ' + ', '.join(bad) if bad else 'matches'}"
             )
     return 1 if mismatches else 0
 

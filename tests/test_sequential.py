@@ -349,3 +349,65 @@ def test_study3s_committed_looks_are_what_its_run_records_give(tmp_path):
     (tmp_path / "looks.jsonl").write_text("".join(json.dumps(look) + "\n" for look in looks))
     bad = subprocess.run([*script, str(tmp_path), str(rules)], capture_output=True, text=True)
     assert bad.returncode == 1 and "MISMATCH estimate" in bad.stdout and "MISMATCH p_t" in bad.stdout
+
+
+def _shown_equals(shown: str, value: float) -> bool:
+    """A figure as the write-up prints it (``-0.007``, ``+5864``) is ``value`` rounded to its digits."""
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    return abs(float(shown) - value) <= 0.5 * 10.0**-decimals * (1 + 1e-9) + 1e-12
+
+
+def test_study3s_write_up_tables_are_what_its_run_records_give():
+    """Every look table in docs/results.md ("Study 3: look N at S seeds") shows, to its printed digits,
+    the figures scripts/check_look.py rebuilds from the raw records: the difference, the interval at
+    the look's level, the descriptive 95% interval, the seeds above / at / below 0, both p-values and
+    the logged outcome, and the held-out means table (mean ± s.e. of pass@1 and pass@16). A digit
+    copied wrong into the write-up fails here."""
+    import re
+
+    root = Path(__file__).parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        import check_look
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    study = root / "results" / "study3"
+    looks = check_look.rebuild(study, root / "configs" / "study" / "study3_rules.yaml")
+    text = (root / "docs" / "results.md").read_text()
+    sections = re.split(r"^### ", text, flags=re.M)
+    checked = 0
+    for section in sections:
+        head = re.match(r"Study 3: look (\d+) at (\d+) seeds\n", section)
+        if not head:
+            continue
+        look = looks[int(head[1]) - 1]
+        assert len(look["seeds"]) == int(head[2]), f"look {head[1]} was taken at {len(look['seeds'])} seeds"
+        rows = {m[1]: m for m in re.finditer(r"^\| ([PS]\d) \|(.*)\|$", section, flags=re.M)}
+        assert set(rows) == {r["logged"]["id"] for r in look["rules"]}, f"look {head[1]}: rules in the table"
+        for mine in look["rules"]:
+            cells = [c.strip() for c in rows[mine["logged"]["id"]][2].split("|")]
+            _, difference, design, descriptive, counts, p_values, outcome = cells
+            number = r"([-+]?\d+(?:\.\d+)?)"
+            shown = {
+                "estimate": difference,
+                **dict(zip(("low", "high"), re.fullmatch(rf"\[{number}, {number}\]", design).groups(), strict=True)),
+                **dict(zip(("low95", "high95"), re.fullmatch(rf"\[{number}, {number}\]", descriptive).groups(), strict=True)),
+                **dict(zip(("p_t", "p_sign_flip"), p_values.split(" / "), strict=True)),
+            }
+            where = f"look {head[1]}, {mine['logged']['id']}"
+            for key, figure in shown.items():
+                assert _shown_equals(figure, mine[key]), f"{where}: {key} shown {figure}, records give {mine[key]}"
+            assert tuple(map(int, counts.split(" / "))) == mine["above_at_below"], where
+            assert outcome == mine["logged"]["outcome"], where
+            checked += 1
+        # the held-out means, mean ± s.e. over the look's seeds
+        variants = {"Dr.GRPO": "dr_grpo", "ROSE": "rose", "TreePO": "treepo"}
+        means = re.findall(r"^\s*\| (Dr\.GRPO|ROSE|TreePO) \| (\S+) ± (\S+) \| (\S+) ± (\S+) \|$", section, re.M)
+        assert len(means) == 3, f"look {head[1]}: the held-out means table"
+        for name, *figures in means:
+            for (mean, se), metric in zip((figures[:2], figures[2:]), ("eval/pass@1", "eval/pass@16"), strict=True):
+                values = [check_look.value(study, variants[name], seed, {"metric": metric}) for seed in look["seeds"]]
+                assert _shown_equals(mean, float(np.mean(values))), f"look {head[1]}: {name} {metric}"
+                assert _shown_equals(se, float(np.std(values, ddof=1) / math.sqrt(len(values)))), name
+                checked += 1
+    assert checked >= 14  # look 1's tables at least
