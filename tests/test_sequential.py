@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -363,8 +364,6 @@ def test_study3s_write_up_tables_are_what_its_run_records_give():
     the look's level, the descriptive 95% interval, the seeds above / at / below 0, both p-values and
     the logged outcome, and the held-out means table (mean ± s.e. of pass@1 and pass@16). A digit
     copied wrong into the write-up fails here."""
-    import re
-
     root = Path(__file__).parents[1]
     sys.path.insert(0, str(root / "scripts"))
     try:
@@ -387,11 +386,11 @@ def test_study3s_write_up_tables_are_what_its_run_records_give():
         for mine in look["rules"]:
             cells = [c.strip() for c in rows[mine["logged"]["id"]][2].split("|")]
             _, difference, design, descriptive, counts, p_values, outcome = cells
-            number = r"([-+]?\d+(?:\.\d+)?)"
+            interval, interval95 = (re.fullmatch(r"\[(\S+), (\S+)\]", cell).groups() for cell in (design, descriptive))
             shown = {
                 "estimate": difference,
-                **dict(zip(("low", "high"), re.fullmatch(rf"\[{number}, {number}\]", design).groups(), strict=True)),
-                **dict(zip(("low95", "high95"), re.fullmatch(rf"\[{number}, {number}\]", descriptive).groups(), strict=True)),
+                **dict(zip(("low", "high"), interval, strict=True)),
+                **dict(zip(("low95", "high95"), interval95, strict=True)),
                 **dict(zip(("p_t", "p_sign_flip"), p_values.split(" / "), strict=True)),
             }
             where = f"look {head[1]}, {mine['logged']['id']}"
