@@ -422,6 +422,11 @@ def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_res
     assert run_until_decided(sweep, rules) == 0
     assert "every primary rule is settled" in capsys.readouterr().out
     assert len((out / "looks.jsonl").read_text().splitlines()) == 1
+    # --dry-run says so too, from the log
+    assert main(["sweep", str(sweep_file), "--dry-run", "--until-decided", str(rules_file)]) == 0
+    status = capsys.readouterr().out
+    assert "look 1 at 2 seeds" in status and "up decided, same ruled out" in status
+    assert "stopped at look 1: every primary rule is settled" in status
     # a look the design did not plan is refused; --descriptive shows it without outcomes
     from semrl.studies.seeds import compare_seeds
 
@@ -440,3 +445,49 @@ def test_until_decided_needs_a_design_and_enough_seeds(digit_model_dir, seven_ta
     plain = _write(tmp_path / "plain.yaml", yaml.safe_load(rules_file.read_text())["rules"])
     with pytest.raises(SweepError, match="design"):
         run_until_decided(load_sweep(sweep_file), load_rules(plain))
+
+
+def test_dry_run_of_a_sequential_study_says_where_it_stands_and_judges_nothing(
+    digit_model_dir, seven_task, tmp_path, capsys
+):
+    """--dry-run --until-decided reads the looks log and the finished runs' records only: the looks
+    taken, the next look and the runs it needs, the hours against max_hours. It takes no look, even
+    when the seeds of the next one are all finished (these runs hold no metrics to judge)."""
+    sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 4])
+    rules = yaml.safe_load(rules_file.read_text())
+    rules["design"]["max_hours"] = 5
+    _write(rules_file, rules)
+    out = tmp_path / "out"
+    for variant in ("always", "never", "never2"):
+        for seed in (0, 1):
+            (out / variant / f"seed-{seed}").mkdir(parents=True)
+            (out / variant / f"seed-{seed}" / "sweep_done.json").write_text(json.dumps({"seconds": 1200.0}))
+    (out / "always" / "seed-2").mkdir()
+    (out / "always" / "seed-2" / "metrics.jsonl").write_text('{"step": 1}\n')
+    look = {"time": "2026-11-27T00:00:00+00:00", "look": 1, "seeds": [0, 1], "rules": [
+        {"id": "up", "family": "primary", "outcome": "undecided"},
+        {"id": "same", "family": "primary", "outcome": "ruled out"},
+    ]}
+    log = json.dumps(look) + "\n"
+    (out / "looks.jsonl").write_text(log)
+
+    def status() -> str:
+        assert main(["sweep", str(sweep_file), "--dry-run", "--until-decided", str(rules_file)]) == 0
+        return capsys.readouterr().out
+
+    text = status()
+    assert "2 of 4 seeds finished every variant (6 of 12 runs); runs' hours 2.0 of max_hours 5" in text
+    assert "look 1 at 2 seeds (2026-11-27T00:00:00+00:00): up undecided, same ruled out" in text
+    assert "next: look 2 at 4 seeds (seeds 0-3): 6 run(s) left; started: always/seed-2" in text
+    assert "always/seed-3  [new]" in text  # the runs' list follows
+    for variant in ("always", "never", "never2"):
+        for seed in (2, 3):
+            (out / variant / f"seed-{seed}").mkdir(exist_ok=True)
+            (out / variant / f"seed-{seed}" / "sweep_done.json").write_text(json.dumps({"seconds": 600.0}))
+    text = status()
+    assert "4 of 4 seeds finished every variant (12 of 12 runs); runs' hours 3.0 of max_hours 5" in text
+    assert "next: look 2 at 4 seeds (seeds 0-3): every run it reads is finished" in text
+    assert (out / "looks.jsonl").read_text() == log
+    look["look"], look["seeds"] = 2, [0, 1, 2, 3]
+    (out / "looks.jsonl").write_text(log + json.dumps(look) + "\n")
+    assert "stopped: the design's last look (2) is taken" in status()

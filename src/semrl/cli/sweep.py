@@ -18,7 +18,10 @@ def add_parser(sub: SubParsers) -> None:
     )
     sw.add_argument("sweep_file", help="sweep YAML file")
     sw.add_argument(
-        "--dry-run", action="store_true", help="list the runs, their state and commands; run nothing"
+        "--dry-run", action="store_true",
+        help="list the runs, their state and commands; run nothing. With --until-decided, first where the "
+        "study stands: looks taken, the next look and the runs it needs, the hours against max_hours "
+        "(read from the looks log and the finished runs' records; nothing is judged)"
     )
     sw.add_argument(
         "--launcher", choices=["local", "slurm", "submitit-local"], default="local",
@@ -52,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     sweep = sweeps.load_sweep(args.sweep_file)
     if args.dry_run:
+        if args.until_decided:
+            from semrl.studies.designs import load_rules
+
+            print(sweeps.study_status(sweep, load_rules(args.until_decided)) + "\n")
         print(sweeps.dry_run(sweep))
         return 0
     if args.until_decided:

@@ -595,6 +595,50 @@ def _take_looks(
     return len(looks), bool(looks) and primary_done(looks[-1])
 
 
+def study_status(sweep: Sweep, rules: RulesFile) -> str:
+    """``semrl sweep --dry-run --until-decided RULES``: where a sequential study stands, read from
+    its runs' ``sweep_done.json`` and its looks log alone. It judges nothing and reads no metric, so
+    it can be run as often as wanted between looks without being one; the runs' list follows."""
+    from semrl.studies.designs import LOOKS_LOG, STOPPING
+
+    design = _check_design(sweep, rules)
+    log = sweep.output_dir / LOOKS_LOG
+    text = log.read_text() if log.exists() else ""
+    logged = [json.loads(line) for line in text.splitlines() if line.strip()]
+    seeds = list(sweep.seeds)[: design.looks[-1]]
+    states = {run.name: run_state(run) for run in sweep.runs if run.seed in seeds}
+    finished = [s for s in seeds if all(states[r.name] == "done" for r in sweep.runs if r.seed == s)]
+    budget = f" of max_hours {design.max_hours:g}" if design.max_hours is not None else ""
+    lines = [
+        f"sequential study: {design.type} design, looks at {', '.join(map(str, design.looks))} seeds; "
+        f"{len(finished)} of {len(seeds)} seeds finished every variant "
+        f"({sum(v == 'done' for v in states.values())} of {len(states)} runs); "
+        f"runs' hours {_spent_hours(sweep):.1f}{budget}"
+    ]
+    for look in logged:
+        outcomes = ", ".join(f"{r['id']} {r['outcome']}" for r in look["rules"])
+        lines.append(f"look {look['look']} at {len(look['seeds'])} seeds ({look['time']}): {outcomes}")
+    last = logged[-1]["rules"] if logged else []
+    if last and all(r["outcome"] in STOPPING for r in last if r.get("family", "primary") == "primary"):
+        lines.append(f"stopped at look {len(logged)}: every primary rule is settled")
+    elif len(logged) == len(design.looks):
+        lines.append(f"stopped: the design's last look ({len(logged)}) is taken")
+    else:
+        following = design.looks[len(logged)]
+        read = seeds[:following]
+        needed = [run.name for run in sweep.runs if run.seed in read and states[run.name] != "done"]
+        if not needed:
+            needed_text = "every run it reads is finished: the next `semrl sweep --until-decided` takes it"
+        else:
+            started = [name for name in needed if states[name] != "new"]
+            needed_text = f"{len(needed)} run(s) left"
+            if started:
+                needed_text += f"; started: {', '.join(started)}"
+        lines.append(f"next: look {len(logged) + 1} at {following} seeds (seeds "
+                     f"{seeds[0]}-{seeds[following - 1]}): {needed_text}")
+    return "\n".join(lines)
+
+
 def run_until_decided(sweep: Sweep, rules: RulesFile, echo: Callable[[str], Any] = print) -> int:
     """``semrl sweep --until-decided RULES``: seeds one at a time in seed order (every variant of a
     seed, then the next seed), the rules judged at each planned look of their design
