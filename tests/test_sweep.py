@@ -488,6 +488,9 @@ def test_dry_run_of_a_sequential_study_says_where_it_stands_and_judges_nothing(
     assert "4 of 4 seeds finished every variant (12 of 12 runs); runs' hours 3.0 of max_hours 5" in text
     assert "next: look 2 at 4 seeds (seeds 0-3): every run it reads is finished" in text
     assert (out / "looks.jsonl").read_text() == log
+    rules["design"]["max_hours"] = 3
+    _write(rules_file, rules)
+    assert "stopped: the runs' hours passed max_hours" in status()
     look["look"], look["seeds"] = 2, [0, 1, 2, 3]
     (out / "looks.jsonl").write_text(log + json.dumps(look) + "\n")
     assert "stopped: the design's last look (2) is taken" in status()

@@ -608,12 +608,13 @@ def study_status(sweep: Sweep, rules: RulesFile) -> str:
     seeds = list(sweep.seeds)[: design.looks[-1]]
     states = {run.name: run_state(run) for run in sweep.runs if run.seed in seeds}
     finished = [s for s in seeds if all(states[r.name] == "done" for r in sweep.runs if r.seed == s)]
+    hours = _spent_hours(sweep)
     budget = f" of max_hours {design.max_hours:g}" if design.max_hours is not None else ""
     lines = [
         f"sequential study: {design.type} design, looks at {', '.join(map(str, design.looks))} seeds; "
         f"{len(finished)} of {len(seeds)} seeds finished every variant "
         f"({sum(v == 'done' for v in states.values())} of {len(states)} runs); "
-        f"runs' hours {_spent_hours(sweep):.1f}{budget}"
+        f"runs' hours {hours:.1f}{budget}"
     ]
     for look in logged:
         outcomes = ", ".join(f"{r['id']} {r['outcome']}" for r in look["rules"])
@@ -623,6 +624,9 @@ def study_status(sweep: Sweep, rules: RulesFile) -> str:
         lines.append(f"stopped at look {len(logged)}: every primary rule is settled")
     elif len(logged) == len(design.looks):
         lines.append(f"stopped: the design's last look ({len(logged)}) is taken")
+    elif design.max_hours is not None and hours >= design.max_hours:
+        lines.append(f"stopped: the runs' hours passed max_hours; the looks it reaches are taken by the next "
+                     f"`semrl sweep --until-decided`, which then runs nothing (looks taken: {len(logged)})")
     else:
         following = design.looks[len(logged)]
         read = seeds[:following]
