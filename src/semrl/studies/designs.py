@@ -471,10 +471,15 @@ def judged_rows(judged: Sequence[Judged]) -> list[list[str]]:
     return rows
 
 
+def read_looks(log: Path) -> list[dict[str, Any]]:
+    """The looks log's entries in order; none when there is no log yet."""
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
 def append_look(log: Path, seeds: Sequence[int], look: int, judged: Sequence[Judged]) -> bool:
     """Append a planned look to the looks log unless the same look of the same seeds is there;
     True when written."""
-    entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    entries = read_looks(log)
     if any(e["look"] == look and e["seeds"] == list(seeds) for e in entries):
         return False
     if any(e["look"] == look for e in entries):

@@ -568,6 +568,11 @@ def _spent_hours(sweep: Sweep) -> float:
     return seconds / 3600
 
 
+def _finished_seeds(sweep: Sweep) -> list[int]:
+    """The seeds, in the sweep's order, whose every variant's run is done."""
+    return [s for s in sweep.seeds if all(run_state(r) == "done" for r in sweep.runs if r.seed == s)]
+
+
 def _take_looks(
     sweep: Sweep, rules: RulesFile, design: Design, echo: Callable[[str], Any]
 ) -> tuple[int, bool]:
@@ -583,7 +588,7 @@ def _take_looks(
     )
     from semrl.studies.seeds import find_runs, rule_differences
 
-    finished = [s for s in sweep.seeds if all(run_state(r) == "done" for r in sweep.runs if r.seed == s)]
+    finished = _finished_seeds(sweep)
     if not finished:
         return 0, False
     diffs = rule_differences(find_runs([sweep.output_dir], seeds=finished), rules.rules)
@@ -599,15 +604,13 @@ def study_status(sweep: Sweep, rules: RulesFile) -> str:
     """``semrl sweep --dry-run --until-decided RULES``: where a sequential study stands, read from
     its runs' ``sweep_done.json`` and its looks log alone. It judges nothing and reads no metric, so
     it can be run as often as wanted between looks without being one; the runs' list follows."""
-    from semrl.studies.designs import LOOKS_LOG, STOPPING
+    from semrl.studies.designs import LOOKS_LOG, STOPPING, read_looks
 
     design = _check_design(sweep, rules)
-    log = sweep.output_dir / LOOKS_LOG
-    text = log.read_text() if log.exists() else ""
-    logged = [json.loads(line) for line in text.splitlines() if line.strip()]
+    logged = read_looks(sweep.output_dir / LOOKS_LOG)
     seeds = list(sweep.seeds)[: design.looks[-1]]
     states = {run.name: run_state(run) for run in sweep.runs if run.seed in seeds}
-    finished = [s for s in seeds if all(states[r.name] == "done" for r in sweep.runs if r.seed == s)]
+    finished = [s for s in _finished_seeds(sweep) if s in seeds]
     hours = _spent_hours(sweep)
     budget = f" of max_hours {design.max_hours:g}" if design.max_hours is not None else ""
     lines = [
