@@ -411,9 +411,11 @@ def log_looks(
     ]
 
 
-def primary_done(judged: Sequence[Judged]) -> bool:
-    """Whether every primary rule is decided, decided against or ruled out."""
-    return all(j.outcome in STOPPING for j in judged if j.family == "primary")
+def primary_done(look: Sequence[Judged] | Sequence[dict[str, Any]]) -> bool:
+    """Whether every primary rule is decided, decided against or ruled out at one look: its rules
+    judged now, or their records in the looks log (``Judged.record``)."""
+    pairs = [(r["family"], r["outcome"]) if isinstance(r, dict) else (r.family, r.outcome) for r in look]
+    return all(outcome in STOPPING for family, outcome in pairs if family == "primary")
 
 
 def descriptive(diffs: dict[str, list[float]], rules_file: RulesFile) -> list[Judged]:

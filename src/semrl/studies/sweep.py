@@ -604,7 +604,7 @@ def study_status(sweep: Sweep, rules: RulesFile) -> str:
     """``semrl sweep --dry-run --until-decided RULES``: where a sequential study stands, read from
     its runs' ``sweep_done.json`` and its looks log alone. It judges nothing and reads no metric, so
     it can be run as often as wanted between looks without being one; the runs' list follows."""
-    from semrl.studies.designs import LOOKS_LOG, STOPPING, read_looks
+    from semrl.studies.designs import LOOKS_LOG, primary_done, read_looks
 
     design = _check_design(sweep, rules)
     logged = read_looks(sweep.output_dir / LOOKS_LOG)
@@ -622,8 +622,7 @@ def study_status(sweep: Sweep, rules: RulesFile) -> str:
     for look in logged:
         outcomes = ", ".join(f"{r['id']} {r['outcome']}" for r in look["rules"])
         lines.append(f"look {look['look']} at {len(look['seeds'])} seeds ({look['time']}): {outcomes}")
-    last = logged[-1]["rules"] if logged else []
-    if last and all(r["outcome"] in STOPPING for r in last if r.get("family", "primary") == "primary"):
+    if logged and primary_done(logged[-1]["rules"]):
         lines.append(f"stopped at look {len(logged)}: every primary rule is settled")
     elif len(logged) == len(design.looks):
         lines.append(f"stopped: the design's last look ({len(logged)}) is taken")
