@@ -444,6 +444,14 @@ def test_sampled_tokens_match_the_logged_samples_and_trees(digit_model_dir, seve
         assert all((logged[s] > kept[s]) == (rounds[s] > 1) for s in logged)
     else:
         assert logged == kept
+    # the rest of the rollout's cost (tests/test_tree_driver.py counts it by hand on each engine)
+    for m in _metrics(out):
+        if m["step"] > 0:
+            assert m["rollout/prefill_tokens"] > 0 and m["rollout/engine_steps"] >= 1, m
+            assert 1 <= m["rollout/running_batch"] <= 64
+            if method != "dapo":  # every sample of the step is a trajectory of its one round
+                count = sum(1 for r in samples if r["step"] == m["step"])
+                assert m["time/rollout_trajectories_per_s"] * m["time/rollout_s"] == pytest.approx(count)
 
 
 @pytest.mark.parametrize("bad", ["trainer.lr=-1", "rollout.temperature=-1", "algorithm.kl_coef=-0.1",

@@ -39,6 +39,10 @@ class RolloutContext:
         decode: token ids -> text with the run's tokenizer, special tokens skipped (TreePO's stop
             tests read a segment's text).
         step: the training step this rollout is for (rollouts whose settings follow a schedule).
+        prompt_seeds: one seed per prompt, from the run's seed, the step, the sampling round and
+            the prompt's place in the global batch (``engines.prompt_seed``); a tree method derives
+            every request's seed from it and its node (``engines.node_seed``), so its tokens do not
+            depend on scheduling or on the number of processes. None: drawn from ``generator``.
     """
 
     engine: Engine
@@ -49,6 +53,7 @@ class RolloutContext:
     state: Any = None
     decode: Callable[[list[int]], str] | None = None
     step: int = 0
+    prompt_seeds: list[int] | None = None
 
     @property
     def group_size(self) -> int:

@@ -34,13 +34,13 @@ from semrl.methods.registry import load, method_config
 from semrl.models.loading import resolve_model_path
 from semrl.reward import Scores, VerifierPool, reward_functions, score
 from semrl.rollout.batch import CollectedStep, RolloutBatch
-from semrl.rollout.engines import GenerationRequest, sampling_params, sequence_seed
+from semrl.rollout.engines import GenerationRequest, prompt_seed, sampling_params, sequence_seed
 from semrl.rollout.group_filter import GroupFilter
 from semrl.runtime.checkpoint import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.runtime.distributed import ProcessGroup, iter_full_parameters
 from semrl.runtime.faults import Faults
 from semrl.runtime.preemption import StopSignal
-from semrl.tracking.metrics import entropy_metrics, rollout_metrics
+from semrl.tracking.metrics import cost_metrics, entropy_metrics, rollout_metrics
 from semrl.tracking.run_log import RunLog
 from semrl.update.actor import Actor, UpdateResult
 from semrl.update.optim import Optimization
@@ -239,17 +239,17 @@ class Trainer:
         (``semrl.rollout.group_filter.GroupFilter``)."""
         wanted = self.cfg.rollout.prompts_per_step // self.processes.world
         groups = GroupFilter(wanted, self.cfg.algorithm, self.processes)
-        tokens_before, rollout_s, reward_s = self.engine.generated_tokens, 0.0, 0.0
+        cost_before, rollout_s, reward_s, trajectories = self.engine.cost.snapshot(), 0.0, 0.0, 0
         while not groups.full:
             t0 = time.perf_counter()
             batch = self.rollout(groups.rounds)
             t1 = time.perf_counter()
             groups.add(batch, self.reward(batch))
             rollout_s, reward_s = rollout_s + t1 - t0, reward_s + time.perf_counter() - t1
+            trajectories += len(batch.generations)
         batch, scores, metrics = groups.result()
-        # the compute axis of `semrl compare`: every token sampled this step (dropped groups and tree
-        # branches included, shared prefixes once), summed over processes (docs/results.md)
-        metrics["rollout/sampled_tokens"] = self.processes.sum(self.engine.generated_tokens - tokens_before)
+        cost = self.engine.cost.since(cost_before)
+        metrics.update(cost_metrics(cost, trajectories, rollout_s, self.processes.sum))
         return CollectedStep(batch, scores, metrics, rollout_s, reward_s)
 
     def rollout(self, round_index: int = 0) -> RolloutBatch:
@@ -271,6 +271,7 @@ class Trainer:
             context = RolloutContext(
                 self.engine, params, self.generator, self.method_config, entropy, self.method_state,
                 decode=partial(self.tokenizer.decode, skip_special_tokens=True), step=self.step,
+                prompt_seeds=[prompt_seed(cfg.trainer.seed, self.step, round_index, k) for k in share],
             )
             out = self.rollout_fn(context, prompt_ids)
             gens, groups, metrics = out.generations, out.groups, out.metrics

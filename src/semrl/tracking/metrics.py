@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
@@ -10,6 +11,35 @@ import torch
 from semrl.methods.token_losses import token_covariance
 from semrl.reward import Scores
 from semrl.rollout.batch import RolloutBatch
+from semrl.rollout.engines import EngineCost
+
+# what a step's rollout cost (docs/engines.md, "What a rollout costs"); the rates are timings
+COST_METRICS = (
+    "rollout/sampled_tokens", "rollout/prefill_tokens", "rollout/engine_steps", "rollout/running_batch",
+    "time/rollout_tokens_per_s", "time/rollout_trajectories_per_s",
+)
+
+
+def cost_metrics(
+    cost: EngineCost, trajectories: int, seconds: float, total: Callable[[float], float] = float
+) -> dict[str, float]:
+    """A step's rollout cost from the engine's counters over it (``EngineCost.since``).
+
+    ``rollout/sampled_tokens`` is the compute axis of ``semrl compare``: every token sampled in the
+    step, dropped groups and tree branches included, shared prefixes once (docs/results.md). Token and
+    trajectory counts are summed over processes by ``total``; engine steps and the running batch are
+    this process's (the trainer averages them). The rates are TreePO's TokenPS and TrajPS: tokens
+    sampled and responses finished per second of rollout.
+    """
+    sampled, trajectories_all = total(cost.sampled_tokens), total(trajectories)
+    return {
+        "rollout/sampled_tokens": sampled,
+        "rollout/prefill_tokens": total(cost.prefill_tokens),
+        "rollout/engine_steps": float(cost.engine_steps),
+        "rollout/running_batch": cost.mean_running_batch,
+        "time/rollout_tokens_per_s": sampled / seconds if seconds > 0 else 0.0,
+        "time/rollout_trajectories_per_s": trajectories_all / seconds if seconds > 0 else 0.0,
+    }
 
 
 def reward_metrics(rounds: list[tuple[RolloutBatch, Scores]]) -> dict[str, float]:

@@ -78,6 +78,13 @@ class TreePOConfig:
         True, "Whitening subtracts the batch's token-weighted mean before dividing by the std "
         "(code's masked_whiten); false divides only (paper eq. 5).",
     )
+    segment_alignment: Literal["paper", "block"] = option(
+        "paper", "Where segments start. paper: every l tokens from the response's start (the paper's "
+        "layout). block: segments a multiple of rollout.vllm_block_size B, the first one shortened by "
+        "(P - 1) mod B for a prompt of P tokens (and the last lengthened as much), so that every branch "
+        "recomputes one context token in vLLM's prefix cache instead of up to B (a deviation, "
+        "docs/methods/treepo.md). Needs segment_length to be a multiple of B.",
+    )
     reuse_kv_cache: bool = option(
         True, "hf engine: continue each path from its parent's KV cache (kept until the step's trees are "
         "done); false re-encodes prompt + prefix. vllm reuses prefixes through its prefix cache.",
@@ -114,6 +121,14 @@ def check_treepo(cfg: Config) -> None:
             f"config key 'treepo.segment_length' ({options.segment_length}) exceeds rollout.max_new_tokens "
             f"({budget}): a tree needs segments shorter than the response; e.g. "
             f"treepo.segment_length={max(1, budget // 4)}"
+        )
+    block = cfg.rollout.vllm_block_size
+    if options.segment_alignment == "block" and options.segment_length % block:
+        raise ConfigError(
+            f"config key 'treepo.segment_length' ({options.segment_length}) must be a multiple of "
+            f"rollout.vllm_block_size ({block}) with treepo.segment_alignment=block; e.g. "
+            f"treepo.segment_length={max(block, options.segment_length // block * block)}, or "
+            "treepo.segment_alignment=paper"
         )
     if options.max_depth is None and budget % options.segment_length:
         raise ConfigError(

@@ -36,9 +36,10 @@ def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRo
         first_branch_max=options.first_branch_max, stop_on_boxed=options.stop_on_boxed,
         repetition_window=options.repetition_window, repetition_count=options.repetition_count,
         reuse_kv_cache=options.reuse_kv_cache,
+        block_size=ctx.config.rollout.vllm_block_size if options.segment_alignment == "block" else 0,
     )
     result = segment_tree_rollout(
-        ctx.engine, prompt_ids, ctx.params, settings, ctx.decode, ctx.generator
+        ctx.engine, prompt_ids, ctx.params, settings, ctx.decode, ctx.generator, ctx.prompt_seeds
     )
     gens, groups = [], []
     reasons: dict[str, int] = dict.fromkeys(STOP_REASONS, 0)

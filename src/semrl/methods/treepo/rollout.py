@@ -1,11 +1,24 @@
 """TreePO's segment-level tree sampling (arXiv 2508.17445 Alg. 1; docs/algorithms.md "TreePO").
 
-Each prompt starts as ``branch`` copies. At every step each active path samples one segment of at
-most ``segment_length`` tokens (one batched engine call for all prompts). A path whose new segment
-ends it becomes a leaf; the survivors of a prompt share the branching budget
-(``advantages.branch_budget``) and are copied for the next step. A prompt left with no active path
-and fewer than ``width`` leaves regrows from a random segment boundary of a finished leaf
-(depth-first fallback), so that every prompt ends with exactly ``width`` leaves.
+Each prompt starts as ``branch`` copies. At every depth each active path samples one segment of at
+most ``segment_length`` tokens. A path whose new segment ends it becomes a leaf; the survivors of a
+prompt share the branching budget (``advantages.branch_budget``) and are copied for the next depth. A
+prompt left with no active path and fewer than ``width`` leaves regrows from a random segment
+boundary of a finished leaf (depth-first fallback), so that every prompt ends with exactly ``width``
+leaves.
+
+Scheduling (docs/engines.md, "Tree rollouts on the engines"). The budget rule reads every path of a
+prompt's depth, so a prompt's depth waits for its own paths only: the moment its last segment comes
+back, its next depth joins the engine's running batch (``Engine.generate_dynamic``), whatever the
+other prompts are doing. Each segment draws from its own seed, derived from the prompt's seed and the
+node's index in its tree (``engines.node_seed``), and each prompt's fallback from its own stream, so a
+tree's tokens do not depend on the batch limit or on the order in which requests finish.
+
+Block alignment (``treepo.segment_alignment=block``). vLLM's prefix cache serves whole KV blocks of B
+tokens and recomputes at least the last token of a context, so a branch whose context has L tokens
+computes ``((L - 1) mod B) + 1`` of them again. Aligned segments are multiples of B, the first one
+shortened by ``(P - 1) mod B`` tokens for a prompt of P tokens, so every branch's context has
+L = 1 (mod B) and computes exactly one token; the last depth takes what is left of the budget.
 
 A leaf stops on, in this order (the official code's ``least_prioritized`` repetition policy):
 a boxed answer and EOS in the segment (``finished``; with ``stop_on_boxed`` a boxed answer alone),
@@ -17,7 +30,6 @@ Continuations reuse the parent's KV cache on the hf engine; vllm's prefix cache 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,7 +37,14 @@ import torch
 
 from semrl.methods.treepo.advantages import branch_budget, has_repetition
 from semrl.reward.extract import extract_boxed
-from semrl.rollout.engines import Engine, Generation, GenerationRequest, SamplingParams
+from semrl.rollout.engines import (
+    Engine,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    node_seed,
+    prompt_generator,
+)
 from semrl.rollout.tree import ChainTree
 
 STOP_REASONS = ("finished", "eos", "max_length", "max_depth", "repetition")
@@ -45,6 +64,20 @@ class SegmentTreeSettings:
     repetition_window: int = 32
     repetition_count: int = 8
     reuse_kv_cache: bool = True
+    block_size: int = 0  # > 0: block-aligned segments of this KV block size (see the module doc)
+
+
+def first_segment_length(settings: SegmentTreeSettings, prompt_length: int) -> int:
+    """The first segment's budget: ``segment_length``, or with block alignment shortened by
+    ``(prompt_length - 1) mod block_size`` so that every later context has length 1 (mod block)."""
+    if not settings.block_size:
+        return settings.segment_length
+    if settings.segment_length % settings.block_size:
+        raise ValueError(
+            f"aligned segments need a segment length ({settings.segment_length}) that is a multiple of "
+            f"the block size ({settings.block_size})"
+        )
+    return settings.segment_length - (prompt_length - 1) % settings.block_size
 
 
 @dataclass
@@ -73,7 +106,7 @@ class SegmentTreeRollout:
     """Per prompt, its ``width`` leaves in the order they stopped."""
 
     leaves: list[list[TreePath]]
-    steps: int  # batched engine calls
+    steps: int  # depth rounds of the deepest tree (the batched engine calls of a barrier per depth)
     fallbacks: int  # regrown copies over all prompts
 
 
@@ -101,63 +134,114 @@ def _randint(low: int, high: int, generator: torch.Generator | None) -> int:
     return int(torch.randint(low, high + 1, (1,), generator=generator))
 
 
-class SegmentTree:
-    """The trees of a batch of prompts while they grow: which paths sample the next segment, and
-    what each sampled segment does to its tree (a leaf or a survivor; the budget; the fallback).
+class PromptTree:
+    """One prompt's tree while it grows: which paths sample the next segment, and what each sampled
+    segment does to the tree (a leaf or a survivor; the budget; the fallback).
 
-    Drive it with ``requests`` -> sample -> ``advance`` until ``done`` (``segment_tree_rollout``).
+    Drive it with ``budgets`` -> sample one segment per active path -> ``advance`` until ``done``.
+    ``first_segment``: the budget of a path's first segment (``first_segment_length``).
     """
 
     def __init__(
-        self, num_prompts: int, settings: SegmentTreeSettings, max_length: int,
-        generator: torch.Generator | None = None,
+        self, prompt: int, settings: SegmentTreeSettings, max_length: int,
+        generator: torch.Generator | None = None, first_segment: int | None = None,
     ) -> None:
-        self.settings, self.max_length, self.generator = settings, max_length, generator
-        self.leaves: list[list[TreePath]] = [[] for _ in range(num_prompts)]
-        self.next_node = [0] * num_prompts
-        self.steps = self.fallbacks = 0
-        self.active: list[TreePath] = []
+        self.prompt, self.settings, self.max_length, self.generator = prompt, settings, max_length, generator
+        self.first_segment = settings.segment_length if first_segment is None else first_segment
+        self.leaves: list[TreePath] = []
+        self.next_node = self.steps = self.fallbacks = 0
         b = settings.branch
-        for p in range(num_prompts):
-            first = b if settings.first_branch_max <= b else _randint(b, settings.first_branch_max, generator)
-            self.active += [TreePath(p) for _ in range(min(first, settings.width))]
+        first = b if settings.first_branch_max <= b else _randint(b, settings.first_branch_max, generator)
+        self.active = [TreePath(prompt) for _ in range(min(first, settings.width))]
 
     @property
     def done(self) -> bool:
         return not self.active
 
     def budgets(self) -> list[int]:
-        """(active paths) the tokens each may sample next: a segment, or what is left of the budget."""
-        return [min(self.settings.segment_length, self.max_length - path.length) for path in self.active]
+        """(active paths) the tokens each may sample next: a segment, or what is left of the budget.
+        Aligned trees (a shortened first segment) give the last depth all that is left."""
+        s, out = self.settings, []
+        shortened = s.segment_length - self.first_segment
+        for path in self.active:
+            left, depth = self.max_length - path.length, len(path.segments)
+            if s.max_depth == 1:
+                out.append(min(s.segment_length, left))
+            elif depth == 0:
+                out.append(min(self.first_segment, left))
+            elif depth == s.max_depth - 1:  # the first segment's shortfall, so d segments still hold d x l
+                out.append(min(s.segment_length + shortened, left))
+            else:
+                out.append(min(s.segment_length, left))
+        return out
+
+    def node_ids(self) -> list[int]:
+        """(active paths) the node id each path's next segment gets."""
+        return list(range(self.next_node, self.next_node + len(self.active)))
 
     def advance(self, segments: list[Generation], texts: list[str]) -> None:
         """Grow every active path by its sampled segment (decoded ``texts``), then make the next
-        active set: the survivors' copies, or a fallback for a prompt with none left."""
+        active set: the survivors' copies, or a fallback when none survived."""
         s, w, b = self.settings, self.settings.width, self.settings.branch
         if len(segments) != len(self.active) or len(texts) != len(self.active):
             raise ValueError(f"{len(segments)} segments and {len(texts)} texts for {len(self.active)} paths")
         self.steps += 1
-        survivors: dict[int, list[TreePath]] = {p: [] for p in range(len(self.leaves))}
-        finished_now: Counter[int] = Counter()
+        survivors: list[TreePath] = []
+        finished_now = 0
         for path, out, text in zip(self.active, segments, texts, strict=True):
-            p = path.prompt
-            grown = TreePath(p, [*path.segments, out], [*path.nodes, self.next_node[p]])
-            self.next_node[p] += 1
+            grown = TreePath(self.prompt, [*path.segments, out], [*path.nodes, self.next_node])
+            self.next_node += 1
             grown.reason = stop_reason(out, text, grown.length, len(grown.segments), self.max_length, s)
             if grown.reason is None:
-                survivors[p].append(grown)
+                survivors.append(grown)
             else:
-                self.leaves[p].append(grown)
-                finished_now[p] += 1
-        self.active = []
-        for p, paths in survivors.items():
-            if paths:
-                copies = branch_budget(w, len(self.leaves[p]), finished_now[p], len(paths), b)
-                self.active += [path for path, n in zip(paths, copies, strict=True) for _ in range(n)]
-            elif len(self.leaves[p]) < w:
-                regrown = fallback_paths(self.leaves[p], w - len(self.leaves[p]), b, p, self.generator)
-                self.fallbacks += len(regrown)
-                self.active += regrown
+                self.leaves.append(grown)
+                finished_now += 1
+        if survivors:
+            copies = branch_budget(w, len(self.leaves), finished_now, len(survivors), b)
+            self.active = [path for path, n in zip(survivors, copies, strict=True) for _ in range(n)]
+        elif len(self.leaves) < w:
+            self.active = fallback_paths(self.leaves, w - len(self.leaves), b, self.prompt, self.generator)
+            self.fallbacks += len(self.active)
+        else:
+            self.active = []
+
+
+class SegmentTree:
+    """The trees of a batch of prompts grown in lockstep, one depth of every prompt at a time
+    (``PromptTree`` per prompt, all drawing from ``generator``)."""
+
+    def __init__(
+        self, num_prompts: int, settings: SegmentTreeSettings, max_length: int,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.trees = [PromptTree(p, settings, max_length, generator) for p in range(num_prompts)]
+
+    @property
+    def done(self) -> bool:
+        return all(tree.done for tree in self.trees)
+
+    @property
+    def active(self) -> list[TreePath]:
+        return [path for tree in self.trees for path in tree.active]
+
+    @property
+    def leaves(self) -> list[list[TreePath]]:
+        return [tree.leaves for tree in self.trees]
+
+    def budgets(self) -> list[int]:
+        return [budget for tree in self.trees for budget in tree.budgets()]
+
+    def advance(self, segments: list[Generation], texts: list[str]) -> None:
+        """Every prompt's depth at once: ``segments`` and ``texts`` in ``active`` order."""
+        if len(segments) != len(self.active) or len(texts) != len(self.active):
+            raise ValueError(f"{len(segments)} segments and {len(texts)} texts for {len(self.active)} paths")
+        start = 0
+        for tree in self.trees:
+            n = len(tree.active)
+            if n:
+                tree.advance(segments[start : start + n], texts[start : start + n])
+            start += n
 
 
 def segment_tree_rollout(
@@ -167,30 +251,65 @@ def segment_tree_rollout(
     settings: SegmentTreeSettings,
     decode: Callable[[list[int]], str],
     generator: torch.Generator | None = None,
+    prompt_seeds: list[int] | None = None,
 ) -> SegmentTreeRollout:
-    """``settings.width`` leaves per prompt from TreePO's segment-level tree sampling.
+    """``settings.width`` leaves per prompt from TreePO's segment-level tree sampling, each prompt's
+    next depth submitted the moment its previous one is back (no barrier across prompts).
 
     Args:
         prompts: token ids of each prompt.
         params: the sampler; ``max_new_tokens`` is the response budget of a whole path.
         decode: token ids -> text (the boxed-answer and repetition tests read a segment's text).
+        generator: draws the prompts' seeds when ``prompt_seeds`` is None.
+        prompt_seeds: one seed per prompt; its segments and its fallback draw from streams derived from
+            it (the trainer derives it from the run's seed, the step and the prompt's place in the
+            global batch).
     """
-    trees = SegmentTree(len(prompts), settings, params.max_new_tokens, generator)
-    while not trees.done:
-        requests = []
-        for path, budget in zip(trees.active, trees.budgets(), strict=True):
+    if prompt_seeds is None:
+        prompt_seeds = [int(torch.randint(2**62, (1,), generator=generator)) for _ in prompts]
+    if len(prompt_seeds) != len(prompts):
+        raise ValueError(f"{len(prompt_seeds)} prompt seeds for {len(prompts)} prompts")
+    trees = [
+        PromptTree(p, settings, params.max_new_tokens, prompt_generator(prompt_seeds[p]),
+                   first_segment_length(settings, len(prompts[p])))
+        for p in range(len(prompts))
+    ]
+    back: list[list[Generation | None]] = [[] for _ in prompts]  # the segments of a prompt's depth
+
+    def depth_requests(tree: PromptTree) -> list[tuple[tuple[int, int], GenerationRequest]]:
+        p = tree.prompt
+        back[p] = [None] * len(tree.active)
+        out = []
+        paths = zip(tree.active, tree.budgets(), tree.node_ids(), strict=True)
+        for i, (path, budget, node) in enumerate(paths):
             last = path.segments[-1] if path.segments else None
-            requests.append(GenerationRequest(
-                prompts[path.prompt], path.token_ids(), max_new_tokens=budget,
+            out.append(((p, i), GenerationRequest(
+                prompts[p], path.token_ids(), max_new_tokens=budget,
                 cache=last.cache if last is not None and settings.reuse_kv_cache else None,
-            ))
-        outs = engine.generate(requests, params, generator, return_cache=settings.reuse_kv_cache)
-        trees.advance(outs, [decode(out.token_ids.tolist()) for out in outs])
-    for prompt_leaves in trees.leaves:
-        for leaf in prompt_leaves:
+                seed=node_seed(prompt_seeds[p], node),
+            )))
+        return out
+
+    def on_done(
+        tag: tuple[int, int], _: GenerationRequest, segment: Generation
+    ) -> list[tuple[tuple[int, int], GenerationRequest]]:
+        p, i = tag
+        back[p][i] = segment
+        if any(g is None for g in back[p]):
+            return []
+        segments = [g for g in back[p] if g is not None]
+        trees[p].advance(segments, [decode(g.token_ids.tolist()) for g in segments])
+        return [] if trees[p].done else depth_requests(trees[p])
+
+    first = [pair for tree in trees for pair in depth_requests(tree)]
+    engine.generate_dynamic(first, params, generator, on_done, return_cache=settings.reuse_kv_cache)
+    for tree in trees:
+        for leaf in tree.leaves:
             for segment in leaf.segments:
                 segment.cache = None  # the trees are complete: free the KV memory
-    return SegmentTreeRollout(trees.leaves, trees.steps, trees.fallbacks)
+    return SegmentTreeRollout(
+        [tree.leaves for tree in trees], max(tree.steps for tree in trees), sum(t.fallbacks for t in trees)
+    )
 
 
 def fallback_paths(

@@ -10,13 +10,18 @@ from typing import TYPE_CHECKING
 
 from semrl.rollout.engines.base import (
     Engine,
+    EngineCost,
     Generation,
     GenerationRequest,
     OnDone,
     PrefixCache,
+    RequestRecord,
     SamplingParams,
     eos_token_ids,
     join_generations,
+    node_seed,
+    prompt_generator,
+    prompt_seed,
     request_budget,
     sampling_params,
     sequence_seed,
@@ -29,8 +34,9 @@ if TYPE_CHECKING:
     from semrl.config.sections import RolloutConfig
 
 __all__ = [
-    "Engine", "Generation", "GenerationRequest", "OnDone", "PrefixCache", "SamplingParams",
-    "build_engine", "eos_token_ids", "join_generations", "request_budget", "sampling_params", "sequence_seed",
+    "Engine", "EngineCost", "Generation", "GenerationRequest", "OnDone", "PrefixCache", "RequestRecord",
+    "SamplingParams", "build_engine", "eos_token_ids", "join_generations", "node_seed", "prompt_generator",
+    "prompt_seed", "request_budget", "sampling_params", "sequence_seed",
 ]
 
 

@@ -29,6 +29,90 @@ def sequence_seed(seed: int, step: int, round_index: int, prompt: int, sample: i
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
 
 
+TREE = 2**31  # the sample index of a prompt's tree seed: no sequence of a group has it
+
+
+def prompt_seed(seed: int, step: int, round_index: int, prompt: int) -> int:
+    """The seed of prompt ``prompt``'s tree (its index in the step's global batch) in rollout round
+    ``round_index``; ``node_seed`` derives each request's seed from it."""
+    return sequence_seed(seed, step, round_index, prompt, TREE)
+
+
+NODE_STREAM, PROMPT_STREAM = 1, 0  # the two kinds of stream derived from a prompt's seed
+
+
+def node_seed(prompt_seed: int, node: int) -> int:
+    """The sampling seed of tree node ``node`` (its index among the prompt's requests, fixed by the
+    method's rule, never by completion order) of a prompt whose tree draws from ``prompt_seed``.
+    A tree's tokens then do not depend on the batch limit or on which request finishes first
+    (docs/engines.md, "Samples that do not depend on scheduling")."""
+    key = [prompt_seed, NODE_STREAM, node]
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
+
+
+def prompt_generator(prompt_seed: int) -> torch.Generator:
+    """The random stream of a prompt's own choices (TreePO's first fork width and fallback cuts)."""
+    key = [prompt_seed, PROMPT_STREAM]
+    state = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state >> 1))
+
+
+@dataclass
+class EngineCost:
+    """What sampling cost an engine, counted since it started (``Engine.cost``); the difference of
+    two snapshots is a rollout's cost, logged every step (docs/engines.md, "What a rollout costs").
+
+    Attributes:
+        sampled_tokens: new tokens sampled; a prefix handed in as context is not counted.
+        prefill_tokens: context tokens the engine computed before sampling (prompt + prefix, less what
+            a cache served: vllm's ``num_cached_tokens``, hf's ``PrefixCache``). A tree branch whose
+            parent's KV is cached computes only the context's uncached tail: with vllm's prefix cache,
+            ``((L - 1) mod B) + 1`` tokens of a context of L tokens (B = the block size).
+        engine_steps: forward passes of the engine (a prefill, a decode step, or a mix on vllm).
+        running_rows: sequences in each forward, summed over forwards (over ``engine_steps``: the mean
+            running batch).
+        requests: sequences requested.
+    """
+
+    sampled_tokens: int = 0
+    prefill_tokens: int = 0
+    engine_steps: int = 0
+    running_rows: int = 0
+    requests: int = 0
+
+    def snapshot(self) -> EngineCost:
+        return EngineCost(**vars(self))
+
+    def since(self, before: EngineCost) -> EngineCost:
+        """The cost incurred after ``before`` (an earlier snapshot)."""
+        return EngineCost(**{k: v - getattr(before, k) for k, v in vars(self).items()})
+
+    @property
+    def mean_running_batch(self) -> float:
+        return self.running_rows / self.engine_steps if self.engine_steps else 0.0
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as an engine served it (``Engine.request_log``): when it entered and left, counted
+    in the engine's forward passes (``EngineCost.engine_steps``), and what it cost.
+
+    Attributes:
+        tag: the caller's tag (``generate_dynamic``) or the request's index (``generate``).
+        context_tokens: prompt + prefix tokens.
+        prefill_tokens: of those, the ones the engine computed (the rest came from a cache).
+        sampled_tokens: new tokens.
+        submitted_step, finished_step: the engine's step count when it was added and when it came back.
+    """
+
+    tag: Any
+    context_tokens: int
+    prefill_tokens: int
+    sampled_tokens: int
+    submitted_step: int
+    finished_step: int
+
+
 @dataclass
 class PrefixCache:
     """Key/value states of one sequence's first ``length`` context tokens, for every layer.
@@ -166,6 +250,11 @@ class Engine(Protocol):
         generated_tokens: new tokens sampled since the engine started, every call counted; a
             prefix given as ``prompt_ids`` or ``prefix_ids`` is not (tree branches share it). The
             trainer logs the difference over a step's rollout as ``rollout/sampled_tokens``.
+        cost: what sampling has cost since the engine started (``EngineCost``: sampled and
+            prefill tokens, forward passes, running batch); ``generated_tokens`` is its
+            ``sampled_tokens``.
+        request_log: None, or a list the engine appends a ``RequestRecord`` to for every request
+            it serves (set it to ``[]`` to watch scheduling and per-request cost).
     """
 
     name: str
@@ -174,7 +263,11 @@ class Engine(Protocol):
     computes_entropy: bool
     compute_dtype: torch.dtype
     eos_token_ids: Any
-    generated_tokens: int
+    cost: EngineCost
+    request_log: list[RequestRecord] | None
+
+    @property
+    def generated_tokens(self) -> int: ...
 
     def generate(
         self,

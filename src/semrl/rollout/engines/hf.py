@@ -17,6 +17,7 @@ distribution the trainer's forward pass computes with the same temperature.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,10 +25,12 @@ from transformers import DynamicCache, PreTrainedModel
 
 from semrl.models.precision import autocast_to
 from semrl.rollout.engines.base import (
+    EngineCost,
     Generation,
     GenerationRequest,
     OnDone,
     PrefixCache,
+    RequestRecord,
     SamplingParams,
     Tag,
     request_budget,
@@ -96,7 +99,13 @@ class HFEngine:
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)))
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
-        self.generated_tokens = 0
+        self.cost = EngineCost()
+        self.request_log: list[RequestRecord] | None = None
+        self._prefills: list[int] = []  # context tokens each row of the last batch computed
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.cost.sampled_tokens
 
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the sampling model."""
@@ -126,8 +135,20 @@ class HFEngine:
         with autocast_to(self.compute_dtype, self.model):  # bf16 sampling over fp32 master weights
             for start in range(0, len(requests), self.batch_size):
                 chunk = requests[start : start + self.batch_size]
+                submitted = self.cost.engine_steps
                 out.extend(self._generate_batch(chunk, params, generator, return_cache))
-        self.generated_tokens += sum(len(g.token_ids) for g in out)
+                if self.request_log is not None:
+                    self.request_log += [
+                        RequestRecord(
+                            start + i, len(r.prompt_ids) + len(r.prefix_ids), prefill, len(g.token_ids),
+                            submitted, self.cost.engine_steps,
+                        )
+                        for i, (r, g, prefill) in enumerate(
+                            zip(chunk, out[start:], self._prefills, strict=True)
+                        )
+                    ]
+        self.cost.sampled_tokens += sum(len(g.token_ids) for g in out)
+        self.cost.requests += len(requests)
         return out
 
     def generate_dynamic(
@@ -142,7 +163,13 @@ class HFEngine:
         results handled in request order, the requests they return forming the next round."""
         calls = 0
         while requests:
+            logged = len(self.request_log) if self.request_log is not None else 0
             outputs = self.generate([r for _, r in requests], params, generator, return_cache)
+            if self.request_log is not None:  # the tags in place of the batch indices
+                self.request_log[logged:] = [
+                    replace(record, tag=tag)
+                    for record, (tag, _) in zip(self.request_log[logged:], requests, strict=True)
+                ]
             calls += 1
             following: list[tuple[Tag, GenerationRequest]] = []
             for (tag, request), out in zip(requests, outputs, strict=True):
@@ -185,6 +212,10 @@ class HFEngine:
             attention[i, past_width + suffix_width - len(suffix) :] = 1
         cache = _batched_cache([r.cache for r in requests], cached, device)
         attention = attention.to(device)
+        self._prefills = [len(s) for s in suffixes]
+        self.cost.prefill_tokens += sum(self._prefills)
+        self.cost.engine_steps += 1
+        self.cost.running_rows += batch
         logits = model(
             input_ids=input_ids.to(device), attention_mask=attention, position_ids=positions.to(device),
             past_key_values=cache, use_cache=True, logits_to_keep=1,
@@ -254,6 +285,8 @@ class HFEngine:
                     layer.values = layer.values[keep.to(device), :, first:]
                 attention = attention[:, first:]
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], -1)
+            self.cost.engine_steps += 1
+            self.cost.running_rows += len(active)
             logits = model(
                 input_ids=token[:, None], attention_mask=attention, position_ids=next_pos[:, None],
                 past_key_values=cache, use_cache=True,

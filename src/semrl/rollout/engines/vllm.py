@@ -42,9 +42,11 @@ from semrl.config.engine_checks import CPU_BLOCK_MULTIPLE, CPU_MIN_HEAD_DIM, INS
 from semrl.errors import ConfigError, EngineError, TrainingError
 from semrl.models.lora import sampling_weights
 from semrl.rollout.engines.base import (
+    EngineCost,
     Generation,
     GenerationRequest,
     OnDone,
+    RequestRecord,
     SamplingParams,
     Tag,
     request_budget,
@@ -322,8 +324,8 @@ class VLLMEngine:
         self.model = model
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.settings = settings
-        self.cached_prompt_tokens = 0
-        self.generated_tokens = 0
+        self.cost = EngineCost()
+        self.request_log: list[RequestRecord] | None = None
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         self.asleep = False
@@ -405,6 +407,10 @@ class VLLMEngine:
                 "rollout.engine=hf, or report this with the vLLM version"
             )
 
+    @property
+    def generated_tokens(self) -> int:
+        return self.cost.sampled_tokens
+
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the weights the engine samples from."""
         return self._embeddings.detach()
@@ -420,23 +426,7 @@ class VLLMEngine:
         """Sample tagged requests; what ``on_done(tag, request, generation)`` returns for a finished
         one joins the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``); one call.
         ``return_cache`` is ignored: vLLM's prefix cache keeps the KV of shared prefixes."""
-        self._check_awake()
-        core = self.llm.llm_engine
-        running: dict[str, tuple[Tag, GenerationRequest]] = {}
-
-        def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
-            for tag, request in pairs:
-                prompt, sampling = self._prepare(request, params, generator)
-                request_id = f"semrl-{next(_REQUEST_IDS)}"
-                core.add_request(request_id, prompt, sampling)
-                running[request_id] = (tag, request)
-
-        submit(requests)
-        while running:
-            for out in core.step():
-                if out.finished:
-                    generation = self._to_generation(out.outputs[0], params.logprobs_top_k)
-                    submit(on_done(*running.pop(out.request_id), generation))
+        self._drive(requests, params, generator, on_done)
         return 1
 
     def generate(
@@ -446,14 +436,62 @@ class VLLMEngine:
         generator: torch.Generator | None = None,
         return_cache: bool = False,  # unused: prefix caching replaces explicit KV caches
     ) -> list[Generation]:
-        if not requests:
+        results: list[Generation | None] = [None] * len(requests)
+
+        def keep(index: int, _: GenerationRequest, out: Generation) -> list[tuple[Any, GenerationRequest]]:
+            results[index] = out
             return []
+
+        self._drive(list(enumerate(requests)), params, generator, keep)
+        done = [r for r in results if r is not None]
+        if len(done) != len(requests):
+            raise EngineError(f"vLLM returned {len(done)} of {len(requests)} requests")
+        return done
+
+    def _drive(
+        self,
+        requests: list[tuple[Tag, GenerationRequest]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: OnDone,
+    ) -> None:
+        """The one loop under ``generate`` and ``generate_dynamic`` (the loop ``LLM.generate`` runs):
+        add requests, step the engine, hand each finished request to ``on_done`` and add what it
+        returns in the same iteration, so no request waits for another's round. Counts the cost: the
+        context tokens each request computed (``len(context) - num_cached_tokens``), the engine steps
+        and the sequences in each."""
+        if not requests:
+            return
         self._check_awake()
-        prepared = [self._prepare(r, params, generator) for r in requests]
-        outputs = self.llm.generate([p for p, _ in prepared], [s for _, s in prepared], use_tqdm=False)
-        # prompt tokens vLLM served from its prefix cache in this call (tree branches share prefixes)
-        self.cached_prompt_tokens = sum(out.num_cached_tokens or 0 for out in outputs)
-        return [self._to_generation(out.outputs[0], params.logprobs_top_k) for out in outputs]
+        core = self.llm.llm_engine
+        scheduler = _scheduler(core)
+        running: dict[str, tuple[Tag, GenerationRequest, int, int]] = {}
+
+        def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
+            for tag, request in pairs:
+                prompt, sampling = self._prepare(request, params, generator)
+                request_id = f"semrl-{next(_REQUEST_IDS)}"
+                core.add_request(request_id, prompt, sampling)
+                running[request_id] = (tag, request, len(prompt["prompt_token_ids"]), self.cost.engine_steps)
+            self.cost.requests += len(pairs)
+
+        submit(requests)
+        while running:
+            outputs = core.step()
+            finished = [out for out in outputs if out.finished]
+            self.cost.engine_steps += 1
+            # the step ran the sequences still running after it and those it finished
+            self.cost.running_rows += (len(scheduler.running) if scheduler is not None else 0) + len(finished)
+            for out in finished:
+                tag, request, context, submitted = running.pop(out.request_id)
+                prefill = context - (out.num_cached_tokens or 0)
+                self.cost.prefill_tokens += prefill
+                generation = self._to_generation(out.outputs[0], params.logprobs_top_k)
+                if self.request_log is not None:
+                    self.request_log.append(RequestRecord(
+                        tag, context, prefill, len(generation.token_ids), submitted, self.cost.engine_steps
+                    ))
+                submit(on_done(tag, request, generation))
 
     def _prepare(
         self, request: GenerationRequest, params: SamplingParams, generator: torch.Generator | None
@@ -489,7 +527,7 @@ class VLLMEngine:
         first): (n, k + 1) tables, read at once."""
         tokens = list(completion.token_ids)
         n = len(tokens)
-        self.generated_tokens += n
+        self.cost.sampled_tokens += n
         flat = completion.logprobs
         values = torch.tensor(flat.logprobs, dtype=torch.float32).view(n, k + 1)
         ids = torch.tensor(flat.token_ids, dtype=torch.long).view(n, k + 1)
@@ -503,6 +541,12 @@ class VLLMEngine:
             token_ids=torch.tensor(tokens, dtype=torch.long), logprobs=logprobs, top_logprobs=top_lps,
             top_ids=top_ids, entropy=None, finished=finished,
         )
+
+
+def _scheduler(core: Any) -> Any:
+    """The scheduler of an in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), whose
+    ``running`` list gives the running batch; None where this vLLM keeps it elsewhere."""
+    return getattr(getattr(getattr(core, "engine_core", None), "engine_core", None), "scheduler", None)
 
 
 def shutdown_engines() -> None:
