@@ -3,18 +3,23 @@ and ROSE on SmolLM2-135M, on the hf and vllm engines, the same prompts and seeds
 
     python benchmarks/bench_tree_rollouts.py [--engines hf vllm] [--seeds 0 1 2] [--config configs/demo.yaml]
 
-Per method and engine, averaged over the seeds: rollout seconds per step, tokens sampled per leaf
-(every token the engine sampled, shared prefixes once, over the trained responses), prefix tokens
-reused per leaf (tokens of the trained responses, and of the prefixes they continue, that were not
-sampled for them) and the ratio of sampled tokens to independent sampling's. Each method runs with
-its registry rollout and its defaults, except the demo scalings of configs/treepo_demo.yaml (segments of
-rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the math scripts' thresholds, lookahead
-[n/16, n/10, n/6], the lookahead phase ended by token n/2, eta 1). Prints a Markdown table.
+The methods alternate within each seed (independent, FR3E, TreePO, TreePO aligned, LATR, ROSE, then
+the next seed), so a drift of the machine hits them alike. Per method and engine, over the seeds:
+rollout seconds per step and its ratio to independent sampling's (mean, and min-max of the per-seed
+ratios), tokens sampled per leaf, the sampled-token ratio, and the engine's cost (``EngineCost``):
+prefill tokens computed per leaf (what a branch recomputes), forward passes and the mean running
+batch. Each method runs with its registry rollout and its defaults, except the demo scalings of
+configs/treepo_demo.yaml (segments of rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the
+math scripts' thresholds, lookahead [n/16, n/10, n/6], the lookahead phase ended by token n/2,
+eta 1). ``treepo-aligned`` is TreePO with ``treepo.segment_alignment=block``: segments of one KV
+block (rollout.vllm_block_size, 32), the first shortened so that every branch recomputes one token.
+Prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import replace
 from functools import partial
@@ -30,20 +35,21 @@ from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.rollout.engines import GenerationRequest, build_engine, sampling_params
 from semrl.update.passes import with_sampling_entropy
 
-METHODS = ["independent", "fr3e", "treepo", "latr", "rose"]
+METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "rose"]
 
 
 def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN202
-    """(seconds, sampled tokens, trained-response tokens, prefix tokens the responses continue, leaves)."""
+    """(seconds, sampled tokens, trained-response tokens, prefix tokens the responses continue, leaves,
+    the engine's cost)."""
     generator = torch.Generator().manual_seed(seed)
-    before = engine.generated_tokens
+    before, cost = engine.generated_tokens, engine.cost.snapshot()
     t0 = time.perf_counter()
     if name == "independent":
         params = sampling_params(cfg.rollout, top_logprobs=False)
         requests = [GenerationRequest(p) for p in prompts for _ in range(cfg.rollout.group_size)]
         gens, prefixes = engine.generate(requests, params, generator), 0
     else:
-        method = get_method(name)
+        method = get_method(name.removesuffix("-aligned"))
         params = sampling_params(cfg.rollout, top_logprobs=method.reads_top_logprobs)
         entropy = partial(with_sampling_entropy, model, temperature=params.temperature,
                           compute_dtype=engine.compute_dtype)
@@ -55,7 +61,8 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN
         prefixes = sum(len(s) - len(prompts[i // cfg.rollout.group_size])
                        for i, s in enumerate(out.sequence_prompt_ids or []))
     seconds = time.perf_counter() - t0
-    return seconds, engine.generated_tokens - before, sum(len(g.token_ids) for g in gens), prefixes, len(gens)
+    trained = sum(len(g.token_ids) for g in gens)
+    return seconds, engine.generated_tokens - before, trained, prefixes, len(gens), engine.cost.since(cost)
 
 
 def main() -> None:
@@ -63,14 +70,20 @@ def main() -> None:
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the config's)")
     args = parser.parse_args()
     n = load_config(args.config).rollout.max_new_tokens
     segment = n // 4
-    cfg = load_config(args.config, [
+    overrides = [
         f"treepo.segment_length={segment}", "latr.tau_abs=0.15", "latr.tau_rel=0.25", "latr.edit_distance_threshold=null",
         "latr.suffix_match_threshold=0.2", "latr.rouge_l_threshold=0.5", f"latr.lookahead=[{n // 16},{n // 10},{n // 6}]",
         f"latr.force_return_step={n // 2}", "latr.return_threshold_decay=0.05",
-    ])
+        *([f"rollout.prompts_per_step={args.prompts}"] if args.prompts else []),
+    ]
+    cfg = load_config(args.config, overrides)
+    block = cfg.rollout.vllm_block_size
+    aligned = load_config(args.config, [*overrides, "treepo.segment_alignment=block", f"treepo.segment_length={block}"])
+    configs = {name: aligned if name == "treepo-aligned" else cfg for name in METHODS}
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
     problems = make_arithmetic_problems(cfg.rollout.prompts_per_step, cfg.data.arithmetic_levels, seed=123)
@@ -82,22 +95,33 @@ def main() -> None:
                               vllm_options=cfg.rollout)
         engine.generate([GenerationRequest(prompts[0])], replace(sampling_params(cfg.rollout, top_logprobs=False),
                                                                  max_new_tokens=4))  # warm-up
-        results = {}
-        for name in METHODS:
-            runs = [_rollout(name, engine, cfg, prompts, model, tok, seed) for seed in args.seeds]
-            seconds, sampled, trained, prefixes, leaves = (sum(col) / len(runs) for col in zip(*runs, strict=True))
-            results[name] = (seconds, sampled / leaves, max(trained + prefixes - sampled, 0) / leaves, sampled)
-            print(f"{kind} {name}: {seconds:.1f} s, {sampled / leaves:.1f} sampled tokens per leaf", flush=True)
-        ref = results["independent"]
-        for name, (seconds, per_leaf, reused, sampled) in results.items():
-            rows.append(f"| {kind} | {name} | {seconds:.1f} | {seconds / ref[0]:.2f} | {per_leaf:.1f} | {reused:.1f} "
-                        f"| {sampled / ref[3]:.2f} |")
+        runs: dict[str, list] = {name: [] for name in METHODS}
+        for seed in args.seeds:  # alternated: every method once per seed
+            for name in METHODS:
+                runs[name].append(_rollout(name, engine, configs[name], prompts, model, tok, seed))
+                seconds, sampled, *_ = runs[name][-1]
+                print(f"{kind} seed {seed} {name}: {seconds:.1f} s, {sampled} sampled tokens", flush=True)
+        ref = runs["independent"]
+        for name, method_runs in runs.items():
+            ratios = [r[0] / i[0] for r, i in zip(method_runs, ref, strict=True)]
+            token_ratios = [r[1] / i[1] for r, i in zip(method_runs, ref, strict=True)]
+            leaves = sum(r[4] for r in method_runs)
+            costs = [r[5] for r in method_runs]
+            steps = sum(c.engine_steps for c in costs)
+            rows.append(
+                f"| {kind} | {name} | {statistics.mean(r[0] for r in method_runs):.2f} "
+                f"| {statistics.mean(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
+                f"| {sum(r[1] for r in method_runs) / leaves:.1f} | {statistics.mean(token_ratios):.2f} "
+                f"| {sum(c.prefill_tokens for c in costs) / leaves:.1f} | {steps / len(costs):.0f} "
+                f"| {sum(c.running_rows for c in costs) / max(1, steps):.1f} |"
+            )
     g, p, n = cfg.rollout.group_size, cfg.rollout.prompts_per_step, cfg.rollout.max_new_tokens
-    print(f"\n{p} prompts x {g} leaves x {n} tokens, seeds {args.seeds}, torch threads {torch.get_num_threads()}, "
-          f"TreePO segments of {segment} tokens\n")
-    print("| engine | method | rollout s / step | x independent | sampled tokens / leaf | reused prefix tokens / leaf "
-          "| sampled tokens x independent |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n{p} prompts x {g} leaves x {n} tokens, seeds {args.seeds} (n = {len(args.seeds)} per cell, "
+          f"alternated), torch threads {torch.get_num_threads()}, TreePO segments of {segment} tokens, "
+          f"aligned ones of {block}\n")
+    print("| engine | method | rollout s / step | x independent (min-max) | sampled tokens / leaf "
+          "| sampled tokens x independent | prefill tokens / leaf | engine steps / step | mean running batch |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

@@ -360,3 +360,75 @@ def test_latr_config_errors_name_the_key():
     cfg = load_config(None, [*base, "latr.host=dr_grpo"])
     assert cfg.algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.algorithm.norm_adv_by_std is False
     assert load_config(None, [*base, "latr.host=dapo"]).algorithm.loss_agg_mode == "token-mean"
+
+
+# ------------------------------------------------------------------------------------------------
+# The lookahead through one batched KV cache (RowLoop) against one engine request per row and token
+
+
+def _peaked_model(tiny_model_dir, context: bool):
+    """The tiny model with its head putting the mass on tokens 300-339, peaked enough that about a
+    quarter of the positions pass the fork test below. ``context=False`` zeroes the attention and MLP
+    outputs: the logits then depend on the last token only (a fixed-logit model), so both lookahead
+    paths see exactly the same distributions. With ``context=True`` attention reads the row's history,
+    which a row's KV must then hold (a fork's is its parent's)."""
+    from semrl.models.loading import load_model
+
+    model = load_model(str(tiny_model_dir))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(30.0 if context else 0.0)
+            layer.mlp.down_proj.weight.zero_()
+        head = torch.zeros_like(model.lm_head.weight)
+        head[300:340] = torch.randn(40, head.shape[1], generator=torch.Generator().manual_seed(0))
+    model.lm_head.weight = torch.nn.Parameter(head)  # untied from the embeddings
+    return model
+
+
+@pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_batched_lookahead_takes_the_decisions_of_one_request_per_token(tiny_model_dir, seed, context):
+    """Forks, prunes, suppressed forks and every row's tokens equal between the two paths, on a
+    fixed-logit model and on one whose logits read the context; the batched path makes no engine
+    request at all."""
+    from semrl.methods.latr.method import _lookahead_by_requests, lookahead_phase
+    from semrl.methods.latr.tree import LatrForest
+
+    method, ctx, prompts = _context(tiny_model_dir, [
+        "latr.tau_abs=0.02", "latr.tau_rel=0.95", "latr.lookahead=[2,3]", "latr.keep_math_symbols=false",
+        "latr.edit_distance_threshold=0.6", "rollout.max_new_tokens=12", "rollout.group_size=6",
+    ])
+    engine = ctx.engine
+    engine.model = _peaked_model(tiny_model_dir, context)
+    rng = torch.Generator().manual_seed(seed)
+    prompts = [p + torch.randint(300, 340, (3,), generator=rng).tolist() for p in prompts]
+    requests = engine.cost.requests
+    batched, steps = lookahead_phase(ctx, prompts, 6)
+    assert engine.cost.requests - requests == len(prompts)  # the loop's rows, no engine request
+    reference = LatrForest(len(prompts), batched.settings, batched.eos_ids, batched.decode)
+    reference_steps = _lookahead_by_requests(ctx, prompts, reference, 12)
+    assert steps == reference_steps
+    assert (batched.forks, batched.pruned, batched.suppressed) == (reference.forks, reference.pruned, reference.suppressed)
+    assert batched.forks >= 3 and batched.suppressed + batched.pruned >= 1  # the rules were exercised
+    for mine, theirs in zip(batched.trees, reference.trees, strict=True):
+        assert [(b.tokens, b.fork_position, b.birth, b.finished) for b in mine] == [
+            (b.tokens, b.fork_position, b.birth, b.finished) for b in theirs
+        ]
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):
+    """A whole LATR rollout calls the engine once (the rows' finishing), whatever the lookahead length."""
+    method, ctx, prompts = _context(tiny_model_dir, [
+        "latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.lookahead=[3]", "latr.keep_math_symbols=false",
+    ])
+    calls, original = [], ctx.engine.generate
+
+    def counting(requests, *args, **kwargs):
+        calls.append(len(requests))
+        return original(requests, *args, **kwargs)
+
+    ctx.engine.generate = counting
+    out = load(method.rollout_fn)(ctx, prompts)
+    assert out.metrics["latr/lookahead_steps"] >= 4 and len(calls) == 1

@@ -393,7 +393,7 @@ REUSE_CASES = {
     "grpo": ["algorithm.method=grpo", "algorithm.kl_coef=0.01", "trainer.mini_batch_size=8",
              "trainer.micro_batch_size=4"],
     "rose": ["algorithm.method=rose", "trainer.packing=tree", "trainer.mini_batch_size=16",
-             "rollout.max_new_tokens=6"],
+             "rollout.max_new_tokens=6", "trainer.seed=2"],  # seed 2: a first batch with right and wrong
     "kl_cov": ["algorithm.method=kl_cov", "kl_cov.ratio=0.1", "trainer.ppo_epochs=2", "trainer.mini_batch_size=16"],
 }
 

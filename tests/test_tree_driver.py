@@ -279,3 +279,44 @@ def test_aligned_boundaries_leave_every_branch_context_at_one_past_a_block(seed)
             for segment in leaf.segments[:-1]:
                 position += len(segment.token_ids)
                 assert position % block == 1 % block
+
+
+@pytest.mark.parametrize("method", ["fr3e", "rose"])
+def test_fr3e_and_rose_samples_do_not_depend_on_the_batch_limit(setup, method):
+    """FR3E's continuations and ROSE's branches join the running batch as their parents finish; with
+    the trainer's prompt seeds their samples are the same at running batches of 64 and 1."""
+    vllm_or_skip()
+    from functools import partial
+
+    from semrl.config.load import load_config
+    from semrl.methods.catalog import get_method
+    from semrl.methods.interface import RolloutContext
+    from semrl.methods.registry import load, method_config
+    from semrl.rollout.engines import sampling_params
+    from semrl.update.passes import with_sampling_entropy
+
+    tok, model = setup
+    engine = _engine("vllm", model, tok)
+    cfg = load_config(None, [f"algorithm.method={method}", "rollout.max_new_tokens=40", "rollout.group_size=4"])
+    spec = get_method(method)
+    params = sampling_params(cfg.rollout, top_logprobs=spec.reads_top_logprobs)
+    entropy = partial(with_sampling_entropy, model, temperature=params.temperature, compute_dtype=engine.compute_dtype)
+    from semrl.data import build_prompt_ids
+
+    from .conftest import DIGIT_SYSTEM_PROMPT
+
+    # two prompts that run to the budget, then two the digit model answers in two tokens: at a batch
+    # of 64 the short ones come back first, one at a time they come back in order
+    short = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(2)]
+    prompts = [*_prompts(tok, 2), *short]
+    runs, orders = [], []
+    for limit in (64, 1):
+        ctx = RolloutContext(engine, params, torch.Generator().manual_seed(0), method_config(cfg, spec.section), entropy,
+                             decode=partial(tok.decode, skip_special_tokens=True), prompt_seeds=[21, 22, 23, 24])
+        engine.request_log = []
+        with _batch_limit(engine, limit):
+            runs.append([g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations])
+        orders.append([r.tag for r in engine.request_log])
+    engine.request_log = None
+    assert [str(t) for t in orders[0]] != [str(t) for t in orders[1]]
+    assert runs[0] == runs[1]

@@ -59,6 +59,14 @@ class RolloutContext:
     def group_size(self) -> int:
         return self.config.rollout.group_size
 
+    def seeds_of_prompts(self, count: int) -> list[int]:
+        """``prompt_seeds``, or ``count`` seeds drawn from ``generator`` when there are none."""
+        if self.prompt_seeds is None:
+            return [int(torch.randint(2**62, (1,), generator=self.generator)) for _ in range(count)]
+        if len(self.prompt_seeds) != count:
+            raise ValueError(f"{len(self.prompt_seeds)} prompt seeds for {count} prompts")
+        return self.prompt_seeds
+
 
 @dataclass
 class MethodRollout:

@@ -12,7 +12,7 @@ from semrl.methods.advantages import broadcast_to_tokens
 from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
 from semrl.methods.registry import MethodConfig
 from semrl.rollout.batch import GroupInfo
-from semrl.rollout.engines import GenerationRequest
+from semrl.rollout.engines import Generation, GenerationRequest, node_seed
 
 if TYPE_CHECKING:
     pass
@@ -72,44 +72,75 @@ def fr3e_modulation(rewards: torch.Tensor, states: torch.Tensor, sharpen: bool =
     return adv
 
 
+def anchor_scores(chain: Generation, metric: str) -> torch.Tensor:
+    """(L,) the score of each position of a first-return chain as an anchor."""
+    scores = chain.entropy if metric == "entropy" else -chain.logprobs
+    if scores is None:
+        raise ValueError("fr3e.anchor_metric=entropy needs the first-return chains' entropies")
+    return scores
+
+
 def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
-    """A first-return chain per prompt, then G continuations spread over its anchor states."""
+    """A first-return chain per prompt, then G continuations spread over its anchor states.
+
+    One ``generate_dynamic`` call: a prompt's continuations are submitted the moment its chain is back
+    (on vllm they join the running batch while other chains still run; on hf they form the second
+    round). Request j of prompt p (0: its chain, 1..G: its continuations) draws from
+    ``node_seed(prompt seed, j)``, so the samples do not depend on scheduling.
+    """
     opts: FR3EConfig = ctx.config.options
     params, group = ctx.params, ctx.group_size
-    first = ctx.engine.generate(
-        [GenerationRequest(ids) for ids in prompt_ids], params, ctx.generator, return_cache=True
-    )
-    if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
-        first = ctx.sampling_entropy(prompt_ids, first)
-    requests, sequence_prompts, states_per_group = [], [], []
-    for ids, chain in zip(prompt_ids, first, strict=True):
-        scores = chain.entropy if opts.anchor_metric == "entropy" else -chain.logprobs
-        if scores is None:
-            raise ValueError("fr3e.anchor_metric=entropy needs the first-return chains' entropies")
-        anchors = [0, *select_anchors(scores, opts.num_anchors)]
-        sizes = state_sizes(group, len(anchors))
-        states = []
-        for j, (anchor, size) in enumerate(zip(anchors, sizes, strict=True)):
+    seeds = ctx.seeds_of_prompts(len(prompt_ids))
+    chains: list[Generation | None] = [None] * len(prompt_ids)
+    states_per_group: list[list[int]] = [[] for _ in prompt_ids]
+    sequence_prompts: list[list[list[int]]] = [[] for _ in prompt_ids]
+    continuations: list[list[Generation | None]] = [[None] * group for _ in prompt_ids]
+
+    def continuation_requests(p: int, chain: Generation) -> list[tuple[tuple[int, int], GenerationRequest]]:
+        ids = prompt_ids[p]
+        if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
+            chain = ctx.sampling_entropy([ids], [chain])[0]
+        anchors = [0, *select_anchors(anchor_scores(chain, opts.anchor_metric), opts.num_anchors)]
+        out: list[tuple[tuple[int, int], GenerationRequest]] = []
+        for j, (anchor, size) in enumerate(zip(anchors, state_sizes(group, len(anchors)), strict=True)):
             prefix = chain.token_ids[:anchor].tolist()
             for _ in range(size):
-                requests.append(
-                    GenerationRequest(
-                        ids, prefix, params.max_new_tokens - anchor, cache=chain.cache if anchor else None
-                    )
-                )
-                sequence_prompts.append(ids + prefix)
-                states.append(j)
-        states_per_group.append(states)
-        chain.cache = None
-    gens = ctx.engine.generate(requests, params, ctx.generator)
-    first_tokens = sum(len(c.token_ids) for c in first)
+                c = len(out)
+                out.append(((p, c), GenerationRequest(
+                    ids, prefix, params.max_new_tokens - anchor, cache=chain.cache if anchor else None,
+                    seed=node_seed(seeds[p], 1 + c),
+                )))
+                sequence_prompts[p].append(ids + prefix)
+                states_per_group[p].append(j)
+        return out
+
+    def on_done(
+        tag: tuple[int, int], _: GenerationRequest, out: Generation
+    ) -> list[tuple[tuple[int, int], GenerationRequest]]:
+        p, c = tag
+        if c < 0:  # the first-return chain
+            chains[p] = out
+            return continuation_requests(p, out)
+        continuations[p][c] = out
+        return []
+
+    first = [((p, -1), GenerationRequest(ids, seed=node_seed(seeds[p], 0)))
+             for p, ids in enumerate(prompt_ids)]
+    ctx.engine.generate_dynamic(first, params, ctx.generator, on_done, return_cache=True)
+    gens = [g for row in continuations for g in row if g is not None]
+    if len(gens) != len(prompt_ids) * group:
+        raise RuntimeError(f"FR3E got {len(gens)} of {len(prompt_ids) * group} continuations back")
+    for chain in chains:
+        if chain is not None:
+            chain.cache = None
+    first_tokens = sum(len(c.token_ids) for c in chains if c is not None)
     metrics = {
         "fr3e/anchors_per_prompt": sum(max(s) for s in states_per_group) / len(states_per_group),
         "fr3e/first_return_tokens": float(first_tokens),
     }
     return MethodRollout(
         gens, groups=[GroupInfo(method_data=tuple(states)) for states in states_per_group],
-        sequence_prompt_ids=sequence_prompts, metrics=metrics,
+        sequence_prompt_ids=[ids for rows in sequence_prompts for ids in rows], metrics=metrics,
     )
 
 

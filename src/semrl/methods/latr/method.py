@@ -5,7 +5,7 @@ by ``semrl.methods.latr.tree``, then every kept branch finished by the engine.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -19,11 +19,12 @@ from semrl.methods.latr.tree import (
     latr_width,
 )
 from semrl.rollout.batch import GroupInfo
-from semrl.rollout.engines import Generation, GenerationRequest, join_generations
+from semrl.rollout.engines import Engine, Generation, GenerationRequest, join_generations
+from semrl.rollout.engines.hf import RowLoop
 from semrl.rollout.tree import ChainTree
 
 if TYPE_CHECKING:
-    pass
+    from transformers import PreTrainedModel
 from semrl.methods.latr import LatrConfig
 
 
@@ -39,14 +40,63 @@ def _forest_settings(o: LatrConfig, width: int) -> ForestSettings:
 def lookahead_phase(
     ctx: RolloutContext, prompt_ids: list[list[int]], width: int
 ) -> tuple[LatrForest, int]:
-    """Grow the LATR trees of every prompt token by token; returns the forest and its loop steps."""
+    """Grow the LATR trees of every prompt token by token; returns the forest and its loop steps.
+
+    Every row of every prompt takes one token per forward of one batched KV cache (``RowLoop``): a
+    fork copies its parent's KV row, a pruned or ended row is dropped, as the official code does on
+    the transformers side before vLLM finishes the rows. On the hf engine each surviving row then
+    hands its KV to the finishing request. Where the sampling model cannot run forwards on its own
+    (a sharded model beside the vllm engine), one engine request per row and token does it.
+    """
     o: LatrConfig = ctx.config.options
     assert ctx.decode is not None, "LATR's rollout needs RolloutContext.decode (keep_math_symbols)"
     eos = frozenset(int(t) for t in ctx.engine.eos_token_ids)
     forest = LatrForest(len(prompt_ids), _forest_settings(o, width), eos, ctx.decode)
+    limit = o.force_return_step or ctx.params.max_new_tokens
+    model = _lookahead_model(ctx.engine)
+    if model is None:
+        return forest, _lookahead_by_requests(ctx, prompt_ids, forest, limit)
+    pad = getattr(ctx.engine, "pad_token_id", None)
+    loop = RowLoop(model, ctx.engine.compute_dtype, pad if pad is not None else min(eos), ctx.engine.cost)
+    rows = forest.active()
+    loop.start([prompt_ids[b.root] for b in rows])
+    following: list[Branch] = []
+    sources: list[int] = []
+    steps = 0
+    for step in range(limit):
+        if step:
+            loop.select(sources)
+            loop.feed([b.tokens[-1] for b in following])
+            rows = following
+        top_ids, top_logprobs = loop.top2()
+        forest.advance(step, rows, top_ids, top_logprobs)
+        steps = step + 1
+        following = forest.active()
+        # a row keeps its own KV; a fork born now starts from its parent's
+        position = {id(b): i for i, b in enumerate(rows)}
+        sources = [position[id(b)] if id(b) in position else position[id(b.parent)] for b in following]
+        if not following or forest.full(step, ctx.params.max_new_tokens):
+            break
+    if ctx.engine.name == "hf":  # the finishing requests continue from each row's KV
+        for branch, source in zip(following, sources, strict=True):
+            branch.cache = loop.row_cache(source)
+    return forest, steps
+
+
+def _lookahead_model(engine: Engine) -> PreTrainedModel | None:
+    """The model the engine samples from, when it can run forwards alone (not sharded)."""
+    model = getattr(engine, "model", None)
+    if model is None or any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        return None
+    return cast("PreTrainedModel", model)
+
+
+def _lookahead_by_requests(
+    ctx: RolloutContext, prompt_ids: list[list[int]], forest: LatrForest, limit: int
+) -> int:
+    """The lookahead as engine requests: every active row one request of one token per loop step."""
     # the raw distribution's two best tokens: temperature 1, no top-p / top-k
     raw = replace(ctx.params, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1, logprobs_top_k=2)
-    limit = o.force_return_step or ctx.params.max_new_tokens
     steps = 0
     for step in range(limit):
         rows = forest.active()
@@ -59,14 +109,11 @@ def lookahead_phase(
         outs = ctx.engine.generate(requests, raw, ctx.generator, return_cache=True)
         top_ids = [(int(g.top_ids[0, 0]), int(g.top_ids[0, 1])) for g in outs]
         top_logprobs = [(float(g.top_logprobs[0, 0]), float(g.top_logprobs[0, 1])) for g in outs]
-        forest.advance(
-            step, rows, top_ids, top_logprobs,
-            [g.cache for g in outs],
-        )
+        forest.advance(step, rows, top_ids, top_logprobs, [g.cache for g in outs])
         steps = step + 1
         if forest.full(step, ctx.params.max_new_tokens):
             break
-    return forest, steps
+    return steps
 
 
 def _prefix_generation(branch: Branch, top_k: int) -> Generation:

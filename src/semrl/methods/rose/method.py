@@ -37,7 +37,7 @@ def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     options: RoseConfig = ctx.config.options
     result = tree_rollout(
         ctx.engine, prompt_ids, ctx.group_size, ctx.params, unit_embeddings, options, ctx.generator,
-        ctx.sampling_entropy,
+        ctx.sampling_entropy, ctx.seeds_of_prompts(len(prompt_ids)),
     )
     groups = result.groups
     gens = [g for group in groups for g in group.generations]

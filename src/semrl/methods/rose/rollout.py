@@ -24,7 +24,14 @@ from typing import Protocol
 import torch
 
 from semrl.methods.rose.branching import BranchMetric, EntropyMode, SDMode, branch_scores
-from semrl.rollout.engines import Engine, Generation, GenerationRequest, SamplingParams
+from semrl.rollout.engines import (
+    Engine,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    node_seed,
+    prompt_generator,
+)
 from semrl.rollout.tree import ChainTree
 
 
@@ -117,6 +124,7 @@ def tree_rollout(  # noqa: PLR0915
     options: TreeOptions,
     generator: torch.Generator | None = None,
     sampling_entropy: Callable[[list[list[int]], list[Generation]], list[Generation]] | None = None,
+    prompt_seeds: list[int] | None = None,
 ) -> TreeRollout:
     """G leaves per prompt from ROSE's iterative tree rollout.
 
@@ -127,6 +135,9 @@ def tree_rollout(  # noqa: PLR0915
         sampling_entropy: gives a chain the engine sampled without the full-vocabulary entropy
             it (``RolloutContext.sampling_entropy``); needed with ``entropy_mode=full_vocab`` on an
             engine that computes none (vllm).
+        prompt_seeds: one seed per prompt: chain i of prompt p draws from ``node_seed(seed, i)`` and
+            the random branch metric from the prompt's own stream, so the trees do not depend on
+            scheduling. None: every draw comes from ``generator``, in submission order.
     """
     if options.entropy_mode == "full_vocab" and not engine.computes_entropy and sampling_entropy is None:
         raise ValueError(
@@ -145,16 +156,18 @@ def tree_rollout(  # noqa: PLR0915
     generated = [0] * n
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
     timing = {"score": 0.0}
+    streams = [generator] * n if prompt_seeds is None else [prompt_generator(seed) for seed in prompt_seeds]
 
     def request_for(job: _Job) -> GenerationRequest:
+        seed = None if prompt_seeds is None else node_seed(prompt_seeds[job.prompt], job.index)
         if job.parent < 0:
-            return GenerationRequest(prompts[job.prompt])
+            return GenerationRequest(prompts[job.prompt], seed=seed)
         parent = chains[job.prompt][job.parent]
         assert parent is not None
         return GenerationRequest(
             prompts[job.prompt], prefix_ids=parent.token_ids[: job.position].tolist(),
             max_new_tokens=params.max_new_tokens - job.position,
-            cache=parent.cache if options.reuse_kv_cache else None,
+            cache=parent.cache if options.reuse_kv_cache else None, seed=seed,
         )
 
     def finish(
@@ -169,7 +182,7 @@ def tree_rollout(  # noqa: PLR0915
         score, entropy, divergence = branch_scores(
             out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
             entropy_mode=options.entropy_mode, full_entropy=out.entropy,
-            sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=generator,
+            sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=streams[p],
             sampled=(out.token_ids, out.logprobs) if options.entropy_with_sampled else None,
         )
         generated[p] += len(out.token_ids)

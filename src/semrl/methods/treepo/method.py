@@ -39,7 +39,8 @@ def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRo
         block_size=ctx.config.rollout.vllm_block_size if options.segment_alignment == "block" else 0,
     )
     result = segment_tree_rollout(
-        ctx.engine, prompt_ids, ctx.params, settings, ctx.decode, ctx.generator, ctx.prompt_seeds
+        ctx.engine, prompt_ids, ctx.params, settings, ctx.decode, ctx.generator,
+        ctx.seeds_of_prompts(len(prompt_ids)),
     )
     gens, groups = [], []
     reasons: dict[str, int] = dict.fromkeys(STOP_REASONS, 0)
