@@ -71,7 +71,9 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the config's)")
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS, help="independent always runs")
     args = parser.parse_args()
+    methods = ["independent", *[m for m in args.methods if m != "independent"]]
     n = load_config(args.config).rollout.max_new_tokens
     segment = n // 4
     overrides = [
@@ -83,7 +85,7 @@ def main() -> None:
     cfg = load_config(args.config, overrides)
     block = cfg.rollout.vllm_block_size
     aligned = load_config(args.config, [*overrides, "treepo.segment_alignment=block", f"treepo.segment_length={block}"])
-    configs = {name: aligned if name == "treepo-aligned" else cfg for name in METHODS}
+    configs = {name: aligned if name == "treepo-aligned" else cfg for name in methods}
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
     problems = make_arithmetic_problems(cfg.rollout.prompts_per_step, cfg.data.arithmetic_levels, seed=123)
@@ -95,9 +97,9 @@ def main() -> None:
                               vllm_options=cfg.rollout)
         engine.generate([GenerationRequest(prompts[0])], replace(sampling_params(cfg.rollout, top_logprobs=False),
                                                                  max_new_tokens=4))  # warm-up
-        runs: dict[str, list] = {name: [] for name in METHODS}
+        runs: dict[str, list] = {name: [] for name in methods}
         for seed in args.seeds:  # alternated: every method once per seed
-            for name in METHODS:
+            for name in methods:
                 runs[name].append(_rollout(name, engine, configs[name], prompts, model, tok, seed))
                 seconds, sampled, *_ = runs[name][-1]
                 print(f"{kind} seed {seed} {name}: {seconds:.1f} s, {sampled} sampled tokens", flush=True)

@@ -40,3 +40,13 @@ def test_summary_gives_the_evaluation_time_beside_the_training_time():
     rows = _rows(3)
     rows[0]["time/eval_s"], rows[-1]["time/eval_s"] = 60.0, 30.0
     assert "(3 steps, 1.5 min training, 1.5 min evaluation)" in run_summary(rows, "runs/x")
+
+
+def test_the_rollout_cost_shows_beside_each_step_when_logged():
+    rows = _rows(2)
+    for r in rows[1:3]:
+        r.update({"rollout/sampled_tokens": 3000.0, "rollout/prefill_tokens": 410.0, "rollout/running_batch": 37.25})
+    text = run_summary(rows, "runs/x")
+    assert "sampled  prefill   batch" in text
+    assert re.search(r"^\s+2\s+0\.020\s+0\.010\s+49\.8\s+30\.0\s+3000\s+410\s+37\.2$", text, re.M), text
+    assert "prefill" not in run_summary(_rows(2), "runs/x")  # runs from before the cost was logged

@@ -32,6 +32,9 @@ TRAIN_METRICS = [
     "response_length/correct", "response_length/truncated_frac", "reward/distinct_answers_per_group",
     "actor/clip_frac", "actor/grad_norm", "rose/branched_chains", "rose/generated_vs_independent",
     "rose/branch_entropy", "rose/branch_divergence", "curriculum/stage", "time/step_s",
+    # the rollout's cost (docs/engines.md, "What a rollout costs")
+    "rollout/sampled_tokens", "rollout/prefill_tokens", "rollout/engine_steps", "rollout/running_batch",
+    "time/rollout_tokens_per_s", "time/rollout_trajectories_per_s",
 ]
 COMPARE_METRICS = [
     "reward", "accuracy", "entropy", "entropy/low_frac", "kl", "response_length", "time/step_s"

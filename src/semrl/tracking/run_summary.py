@@ -8,6 +8,7 @@ from typing import Any
 from semrl.tracking.jsonl import read_jsonl
 
 MAX_STEP_ROWS = 20
+COST_COLUMNS = ("rollout/sampled_tokens", "rollout/prefill_tokens", "rollout/running_batch")
 
 
 def _held_out_rows(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -21,6 +22,11 @@ def _held_out_rows(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
             old = fmt.format(before[key]) if key in before else "-"
             rows.append(f"  {label:<18}{old:>9}{fmt.format(after[key]):>9}")
     return rows
+
+
+def _cost_columns(row: dict[str, Any]) -> str:
+    sampled, prefill, batch = (row[k] for k in COST_COLUMNS)
+    return f"  {sampled:>7.0f}  {prefill:>7.0f}  {batch:>6.1f}"
 
 
 def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
@@ -46,10 +52,14 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
         every = -(-len(steps) // MAX_STEP_ROWS)  # long runs: every n-th step, and the last
         shown = [r for i, r in enumerate(steps) if i % every == every - 1 or i == len(steps) - 1]
         thinned = f"   (one step in {every})" if every > 1 else ""
-        lines += ["", "  step   reward  accuracy  length   s/step" + thinned]
+        # the rollout's cost (docs/engines.md), in runs that logged it
+        cost = all(k in r for r in shown for k in COST_COLUMNS)
+        header = "  step   reward  accuracy  length   s/step" + ("  sampled  prefill   batch" if cost else "")
+        lines += ["", header + thinned]
         lines += [
             f"  {r.get('step', 0):>4}  {r['reward']:>7.3f}  {r.get('accuracy', 0.0):>8.3f}  "
             f"{r.get('response_length', 0.0):>6.1f}  {r.get('time/step_s', 0.0):>7.1f}"
+            + (_cost_columns(r) if cost else "")
             for r in shown
         ]
     run = Path(run_dir)
