@@ -45,7 +45,7 @@ def node_seed(prompt_seed: int, node: int) -> int:
     """The sampling seed of tree node ``node`` (its index among the prompt's requests, fixed by the
     method's rule, never by completion order) of a prompt whose tree draws from ``prompt_seed``.
     A tree's tokens then do not depend on the batch limit or on which request finishes first
-    (docs/engines.md, "Samples that do not depend on scheduling")."""
+    (docs/engines.md, "Tree rollouts on the engines")."""
     key = [prompt_seed, NODE_STREAM, node]
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
 

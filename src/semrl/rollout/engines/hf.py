@@ -52,17 +52,6 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B,) one token per row of ``probs`` (B, V) by inverting its CDF at ``uniforms`` (B,) in [0, 1):
-    an exact draw of the row's distribution that costs one batched cumulative sum, where a
-    multinomial call per row (each with its own generator) costs a pass over V per call. A token of
-    probability 0 is never drawn (the first index whose CDF exceeds the point)."""
-    cdf = probs.double().cumsum(-1)
-    points = uniforms.double() * cdf[:, -1]
-    token = torch.searchsorted(cdf, points[:, None], right=True).squeeze(-1)
-    return token.clamp(max=probs.shape[-1] - 1)
-
-
 def _batched_cache(
     caches: list[PrefixCache | None], lengths: list[int], device: torch.device
 ) -> DynamicCache:
@@ -262,12 +251,11 @@ class HFEngine:
                 probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
                 if row_generators is None:
                     token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-                else:  # one uniform per row from its own stream: a row's token ignores the batch
-                    uniforms = torch.cat([
-                        torch.rand(1, generator=row_generators[int(row)], device=device)
-                        for row in active.tolist()
+                else:
+                    token = torch.cat([
+                        torch.multinomial(probs[j], 1, generator=row_generators[int(row)])
+                        for j, row in enumerate(active.tolist())
                     ])
-                    token = sample_inverse_cdf(probs, uniforms)
             else:
                 token = scaled.argmax(-1)
             top_lp, top_id = torch.topk(logp_all, k, dim=-1)
