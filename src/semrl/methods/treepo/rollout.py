@@ -18,7 +18,7 @@ Block alignment (``treepo.segment_alignment=block``). vLLM's prefix cache serves
 tokens and recomputes at least the last token of a context, so a branch whose context has L tokens
 computes ``((L - 1) mod B) + 1`` of them again. Aligned segments are multiples of B, the first one
 shortened by ``(P - 1) mod B`` tokens for a prompt of P tokens, so every branch's context has
-L = 1 (mod B) and computes exactly one token; the last depth takes what is left of the budget.
+L = 1 (mod B) and computes exactly one token; the last depth is lengthened by as much.
 
 A leaf stops on, in this order (the official code's ``least_prioritized`` repetition policy):
 a boxed answer and EOS in the segment (``finished``; with ``stop_on_boxed`` a boxed answer alone),
