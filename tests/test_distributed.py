@@ -172,7 +172,33 @@ cfg = load_config(None, [f"model.name={model_dir}", f"trainer.fsdp={fsdp}", "rew
                          "algorithm.kl_coef=0.01"])
 models = load_models(cfg, model_dir, ProcessGroup(cpu=True), needs_reference=True)
 print("SHARDED", isinstance(models.model, FSDPModule), "REF", isinstance(models.ref_model, FSDPModule), "MOVES", moves)
+dist.destroy_process_group()  # a gloo group alive at exit can abort the process (docs/reliability.md)
 """
+
+
+_EXIT_SCRIPT = """
+import atexit, os, socket
+import torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+# atexit runs its handlers last in, first out: this one runs after the one ProcessGroup registers
+atexit.register(lambda: print("GROUP ALIVE AT EXIT", dist.is_initialized(), flush=True))
+from semrl.runtime.distributed import ProcessGroup
+group = ProcessGroup(cpu=True)
+dist.all_reduce(torch.ones(1))
+raise SystemExit(3)  # an exit without close(), as an error path takes
+"""
+
+
+def test_a_process_that_exits_without_closing_destroys_its_process_group():
+    """A gloo group alive when the interpreter finalises can abort the process in C++ ("terminate
+    called without an active exception", seen once under load): ProcessGroup destroys it at exit."""
+    run = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert "GROUP ALIVE AT EXIT False" in run.stdout, run.stdout[-500:]
 
 
 def test_fsdp_shards_the_model_before_it_reaches_the_device(digit_model_dir):

@@ -312,7 +312,7 @@ def _context(tiny_model_dir, overrides, step=0):
     return get_method("latr"), ctx, prompts
 
 
-@pytest.mark.parametrize(("eta", "width"), [("1.0", 6), ("0.5", 3), ("0.0", 0)])
+@pytest.mark.parametrize(("eta", "width"), [("1.0", 6), ("0.5", 3), ("0.6", 4), ("0.0", 0)])
 def test_rollout_on_a_real_model(tiny_model_dir, eta, width):
     """k = round(n eta) tree rows then n - k ordinary rows per prompt; a branch repeats its parent
     up to its fork; the group's prefix tree says so; every row is within the budget."""
@@ -334,6 +334,35 @@ def test_rollout_on_a_real_model(tiny_model_dir, eta, width):
                 assert parent == -1  # an ordinary sample
             elif parent >= 0:
                 assert tokens[:k] == gens[parent].token_ids.tolist()[:k]
+
+
+def test_the_rows_per_prompt_round_to_nearest_with_ties_to_even():
+    """generation.py: ``kt_n_gen = round(num_return_sequences * mix_ratio)``, Python's round. Floor
+    gives fewer rows where n * eta has a fraction of 1/2 or more (6 * 0.6 = 3.6: 4 rows, not 3; the
+    rollout above runs it), half-up gives more on ties with an even floor (5 * 0.5: 2, not 3)."""
+    cases = {(6, 0.6): 4, (7, 0.5): 4, (8, 0.35): 3, (5, 0.5): 2, (9, 0.5): 4, (3, 0.5): 2, (8, 0.1): 1, (8, 0.05): 0}
+    assert {case: latr_width(*case) for case in cases} == cases
+
+
+def test_the_rules_boundaries_are_the_codes():
+    """sample_filter.py: a fork needs ``p2 > tau_abs`` and ``p1 - p2 < tau_rel``; a branch is pruned
+    when ``edit distance / r < tau_ed``, ``suffix match > tau_sm`` or ``ROUGE-L > tau_rl``. Every
+    comparison is strict, so a value on its threshold forks or survives in none of them. The values
+    here are exact in binary floating point, so equality is equality."""
+    assert not forks(0.5, 0.25, 0.25, 0.5)  # p2 on tau_abs
+    assert forks(0.5, 0.25 + 2**-20, 0.25, 0.5)
+    assert not forks(0.75, 0.5, 0.25, 0.25)  # p1 - p2 on tau_rel
+    assert forks(0.75, 0.5 + 2**-20, 0.25, 0.25)
+    a = [1, 2, 3, 4]
+    assert edit_distance(a, [1, 2, 9, 9]) / 4 == 0.5
+    assert not PruneRule(edit_distance=0.5).too_similar(a, [1, 2, 9, 9])  # on tau_ed: kept
+    assert PruneRule(edit_distance=0.5 + 2**-20).too_similar(a, [1, 2, 9, 9])
+    assert suffix_match(a, [9, 9, 3, 4]) == 0.5
+    assert not PruneRule(edit_distance=None, suffix_match=0.5).too_similar(a, [9, 9, 3, 4])  # on tau_sm: kept
+    assert PruneRule(edit_distance=None, suffix_match=0.5 - 2**-20).too_similar(a, [9, 9, 3, 4])
+    assert rouge_l(a, [1, 2, 9, 9]) == 0.5
+    assert not PruneRule(edit_distance=None, rouge_l=0.5).too_similar(a, [1, 2, 9, 9])  # on tau_rl: kept
+    assert PruneRule(edit_distance=None, rouge_l=0.5 - 2**-20).too_similar(a, [1, 2, 9, 9])
 
 
 def test_latr_config_errors_name_the_key():
@@ -416,6 +445,51 @@ def test_the_batched_lookahead_takes_the_decisions_of_one_request_per_token(tiny
         ]
         for a, b in zip(mine, theirs, strict=True):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_the_fork_test_reads_the_raw_distribution_whatever_the_sampling_settings(tiny_model_dir):
+    """generation.py takes the fork candidates from ``probs_raw.topk``: the softmax of the logits
+    before temperature, top-p and top-k, which shape the sampled rows only. On both lookahead paths,
+    a rollout at temperature 0.5 and top-p 0.6 grows exactly the trees of one at temperature 1 and
+    top-p 1. On this fixed-logit model the tempered, filtered distribution would fork differently
+    at some of the tokens the rows visit, so a fork test that read it would grow other trees."""
+    from semrl.methods.latr.method import _lookahead_by_requests, lookahead_phase
+    from semrl.methods.latr.tree import LatrForest
+
+    rules = ["latr.tau_abs=0.02", "latr.tau_rel=0.95", "latr.lookahead=[2,3]", "latr.keep_math_symbols=false",
+             "latr.edit_distance_threshold=0.6", "rollout.max_new_tokens=12", "rollout.group_size=6"]
+    model = _peaked_model(tiny_model_dir, context=False)
+    rng = torch.Generator().manual_seed(0)
+    extra = [torch.randint(300, 340, (3,), generator=rng).tolist() for _ in range(3)]
+
+    def trees(sampling: list[str]) -> list[list[list[tuple[tuple[int, ...], int]]]]:
+        _, ctx, prompts = _context(tiny_model_dir, [*rules, *sampling])
+        ctx.engine.model = model
+        prompts = [p + e for p, e in zip(prompts, extra, strict=True)]
+        batched, _ = lookahead_phase(ctx, prompts, 6)
+        by_requests = LatrForest(len(prompts), batched.settings, batched.eos_ids, batched.decode)
+        _lookahead_by_requests(ctx, prompts, by_requests, 12)
+        return [[[(tuple(b.tokens), b.fork_position) for b in tree] for tree in forest.trees]
+                for forest in (batched, by_requests)]
+
+    raw = trees(["rollout.temperature=1.0", "rollout.top_p=1.0"])
+    assert raw[0] == raw[1] == trees(["rollout.temperature=0.5", "rollout.top_p=0.6"])[0] == trees(
+        ["rollout.temperature=0.5", "rollout.top_p=0.6"])[1]
+    assert sum(len(tree) > 1 for tree in raw[0]) >= 2  # forks happened
+
+    # the tempered, top-p filtered distribution decides otherwise at some visited token
+    visited = sorted({t for tree in raw[0] for tokens, _ in tree for t in tokens})
+    with torch.no_grad():
+        logits = model(torch.tensor(visited)[:, None]).logits[:, -1].float()
+    differ = 0
+    for row in logits:
+        p = torch.softmax(row, -1).topk(2).values.tolist()
+        q = torch.softmax(row / 0.5, -1)
+        kept = torch.cumsum(q.sort(descending=True).values, 0) - q.sort(descending=True).values < 0.6
+        q_top = q.sort(descending=True).values[kept]
+        q_top = (q_top / q_top.sum()).tolist() + [0.0]
+        differ += forks(*p, 0.02, 0.95) != forks(q_top[0], q_top[1], 0.02, 0.95)
+    assert differ >= 1
 
 
 def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):

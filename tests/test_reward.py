@@ -50,7 +50,9 @@ def test_fast_verdict():
 
 @pytest.fixture(scope="module")
 def pool():
-    with VerifierPool(num_workers=2, timeout_s=3.0) as p:
+    # math-verify's own verdicts and hangs: the numeral rule (tests/test_reward_hacks.py) would refuse
+    # the expressions below before they reach a worker
+    with VerifierPool(num_workers=2, timeout_s=3.0, numeral_answers=False) as p:
         yield p
 
 
@@ -134,7 +136,8 @@ def test_hostile_answer_corpus(tmp_path):
             "unicode_lookalike", "python_like"} <= {r["category"] for r in rows}
     assert max(len(r["answer"]) for r in rows) >= 1 << 20
     times: dict[str, float] = {}
-    with VerifierPool(num_workers=2, timeout_s=HOSTILE_TIMEOUT_S) as pool:
+    # without the numeral rule, so that every hostile expression reaches math-verify in a worker
+    with VerifierPool(num_workers=2, timeout_s=HOSTILE_TIMEOUT_S, numeral_answers=False) as pool:
         for row in rows:
             # the workers a previous answer's timeout killed restart outside this answer's time
             pool.wait_ready()
@@ -153,7 +156,7 @@ def test_hostile_answer_corpus(tmp_path):
 
 
 def test_wait_ready_waits_for_the_replacements_of_timed_out_workers():
-    with VerifierPool(num_workers=2, timeout_s=0.3) as pool:
+    with VerifierPool(num_workers=2, timeout_s=0.3, numeral_answers=False) as pool:  # HANG reaches a worker
         pool.wait_ready()
         assert len(pool._workers) == 2 and all(w.ready for w in pool._workers)
         assert pool.verify_many([("3", HANG), ("3", HANG + " ")])[0].timed_out
@@ -165,7 +168,7 @@ def test_wait_ready_waits_for_the_replacements_of_timed_out_workers():
 def test_fresh_worker_imports_do_not_count_against_a_job():
     """A job's timeout starts when a worker is ready: right after a hang killed both workers, a
     quick job must not time out while their replacements are still importing math-verify."""
-    with VerifierPool(num_workers=1, timeout_s=0.3) as pool:
+    with VerifierPool(num_workers=1, timeout_s=0.3, numeral_answers=False) as pool:  # HANG reaches a worker
         assert pool.verify_many([("3", HANG)])[0].timed_out
         verdict = pool.verify_many([("2", r"\frac{4}{2}")])[0]
         assert verdict.correct and not verdict.timed_out

@@ -64,6 +64,9 @@ def train(
         validate(cfg)
     trainer = Trainer(cfg, resume=resume, reward_callables=in_process)
     try:
-        return trainer.train()
-    finally:
-        trainer.processes.close()
+        result = trainer.train()
+    except BaseException:
+        trainer.processes.close(wait_for_others=False)  # another process may never reach a barrier
+        raise
+    trainer.processes.close()
+    return result

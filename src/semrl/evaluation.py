@@ -247,6 +247,7 @@ class EvalSettings:
     problems_per_chunk: int
     batch_size: int
     prompt_template: str | None = None
+    numeral_answers: bool = True  # the pool's rule (reward.numeral_answers); files before it: false
 
 
 # Named sampling settings of the papers (ecosystem.md section 3).
@@ -256,6 +257,31 @@ PRESETS: dict[str, dict[str, Any]] = {
     "greedy": {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 3000},
     "aime64": {"n": 64, "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 4096},
 }
+
+
+def _settings_to_resume(out_dir: Path, settings: EvalSettings, pool: VerifierPool) -> dict[str, Any]:
+    """``settings`` as written in ``out_dir/settings.json``: written there if new, else checked
+    against what is there (a resumed evaluation must match exactly); the pool must judge by them."""
+    if pool.numeral_answers != settings.numeral_answers:
+        raise ValueError(
+            f"the verifier pool has numeral_answers={pool.numeral_answers} and the evaluation settings "
+            f"{settings.numeral_answers}: build both from the same reward.numeral_answers"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings_file = out_dir / "settings.json"
+    wanted = asdict(settings)
+    if settings_file.exists():
+        # older files lack the later keys; their verdicts came from math-verify alone
+        found = {"prompt_template": None, "numeral_answers": False, **json.loads(settings_file.read_text())}
+        if found != wanted:
+            diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
+            raise ValueError(
+                f"{out_dir} holds an evaluation with other settings {diff} (found, asked); "
+                "pass a new --output directory or delete that one to start over"
+            )
+    else:
+        settings_file.write_text(json.dumps(wanted, indent=2))
+    return wanted
 
 
 def evaluate_dataset(
@@ -280,19 +306,7 @@ def evaluate_dataset(
         if p.id in seen:
             raise ValueError(f"dataset '{settings.dataset}' has the id '{p.id}' twice; ids must be unique")
         seen.add(p.id)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    settings_file = out_dir / "settings.json"
-    wanted = asdict(settings)
-    if settings_file.exists():
-        found = {"prompt_template": None, **json.loads(settings_file.read_text())}  # older files lack it
-        if found != wanted:
-            diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
-            raise ValueError(
-                f"{out_dir} holds an evaluation with other settings {diff} (found, asked); "
-                "pass a new --output directory or delete that one to start over"
-            )
-    else:
-        settings_file.write_text(json.dumps(wanted, indent=2))
+    wanted = _settings_to_resume(out_dir, settings, pool)
     records_file = out_dir / "problems.jsonl"
     done = {r["id"]: r for r in read_jsonl(records_file)}
     reused = sum(p.id in done for p in problems)
@@ -423,7 +437,7 @@ def evaluation_key(cfg: Config, problems: Sequence[Problem], split: str, world: 
         "world": world, "system_prompt": cfg.data.system_prompt, "prompt_template": cfg.data.prompt_template,
         "final_number_fallback": cfg.reward.final_number_fallback,
         "reward_functions": list(cfg.reward.functions), "correctness": cfg.reward.correctness,
-        "reward_timeout_s": cfg.reward.timeout_s,
+        "reward_timeout_s": cfg.reward.timeout_s, "numeral_answers": cfg.reward.numeral_answers,
         "problems": hashlib.sha256(
             json.dumps([[p.id, p.problem, p.answer] for p in problems]).encode()
         ).hexdigest(),

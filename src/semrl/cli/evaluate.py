@@ -78,11 +78,12 @@ def run(args: argparse.Namespace) -> int:
             model=path, dataset=source, num_samples=n, temperature=temperature, top_p=top_p,
             max_new_tokens=max_new_tokens, seed=args.seed, system_prompt=system, prompt_template=template,
             final_number_fallback=not args.no_number_fallback,
+            numeral_answers=not args.expressions_as_answers,
             problems_per_chunk=max(1, args.batch_size // n), batch_size=args.batch_size,
         )
         for name, source in datasets.items()
     }
-    with VerifierPool(2, args.timeout) as pool:
+    with VerifierPool(2, args.timeout, numeral_answers=not args.expressions_as_answers) as pool:
         summaries, reused = evaluate_datasets(
             sampler.engine, sampler.tokenizer, pool, found, settings, out,
             f"{args.model}: n={n}, T={temperature}, top_p={top_p}", quiet=args.quiet,

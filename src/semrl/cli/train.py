@@ -47,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
     from semrl.tracking.run_summary import summary_of_run
 
     trainer = Trainer(cfg, resume=bool(args.resume))
-    trainer.train()
+    try:
+        trainer.train()
+    except BaseException:
+        trainer.processes.close(wait_for_others=False)  # another process may never reach a barrier
+        raise
     trainer.processes.close()
     if not trainer.processes.is_main:
         return 0

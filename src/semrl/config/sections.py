@@ -294,6 +294,13 @@ class RewardConfig:
     final_number_fallback: bool = option(
         True, "If no \\boxed{} answer is found, use the last number of the response."
     )
+    numeral_answers: bool = option(
+        True,
+        "For a gold answer that is a plain number (68, 0.5, \\frac{1}{2}, 10,080, 20\\%), the 'math' "
+        "check and every evaluation credit only an answer that is a numeral, not an expression "
+        "math-verify would evaluate (50+18, 2\\times34, \\frac{136}{2}); false: math-verify's verdict "
+        "alone, as semrl 0.2 did (docs/rewards-and-data.md, \"An answer must be an answer\").",
+    )
     timeout_s: float = option(
         5.0, "Hard wall-clock limit per answer verification; a timeout scores 0.", valid=POSITIVE
     )

@@ -17,11 +17,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from semrl.reward.answer_form import fails_numeral_rule
 from semrl.reward.extract import as_number, normalize_answer
 
 READY = "ready"
 STARTUP_TIMEOUT_S = 120.0  # a worker that cannot import math-verify in this long is broken
 MAX_ANSWER_CHARS = 2000  # longer "answers" are hostile or degenerate: scored 0 without parsing
+NOT_A_NUMERAL = "the gold is a number and the answer is not a numeral"
 
 
 @dataclass(frozen=True)
@@ -158,12 +160,18 @@ def _start_failure(what: str) -> RuntimeError:
 class VerifierPool:
     """Scores (gold, answer) pairs and runs reward functions (``semrl.reward.functions``) on
     completions; each math-verify comparison and each function call gets ``timeout_s`` of wall clock.
-    ``functions`` are the names of the functions ``call_many`` may call (imported by every worker)."""
+    ``functions`` are the names of the functions ``call_many`` may call (imported by every worker).
+    ``numeral_answers`` (``reward.numeral_answers``): an answer to a gold that is a plain number must
+    be a numeral, not an expression math-verify would evaluate (``semrl.reward.answer_form``)."""
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, functions: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, num_workers: int = 2, timeout_s: float = 5.0, functions: tuple[str, ...] = (),
+        numeral_answers: bool = True,
+    ) -> None:
         self.functions = tuple(functions)
         self.num_workers = num_workers
         self.timeout_s = timeout_s
+        self.numeral_answers = numeral_answers
         self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker] = []
         self._cache: dict[tuple[str, str], Verdict] = {}
@@ -209,18 +217,11 @@ class VerifierPool:
         results: list[Verdict | None] = [None] * len(pairs)
         pending: dict[tuple[str, str], list[int]] = {}
         for i, (gold, answer) in enumerate(pairs):
-            if answer is None:
-                results[i] = Verdict(False, error="no answer")
-            elif len(answer) > MAX_ANSWER_CHARS:
-                results[i] = Verdict(False, error=f"answer longer than {MAX_ANSWER_CHARS} chars")
-            elif (gold, answer) in self._cache:
-                results[i] = self._cache[(gold, answer)]
-            else:
-                quick = fast_verdict(gold, answer)
-                if quick is not None:
-                    results[i] = Verdict(quick)
-                else:
-                    pending.setdefault((gold, answer), []).append(i)
+            settled = self._settled(gold, answer)
+            if settled is not None:
+                results[i] = settled
+            elif answer is not None:  # always: no answer is settled
+                pending.setdefault((gold, answer), []).append(i)
         if pending:
             keys = list(pending)
             for key, (correct, error, timed_out) in zip(
@@ -232,6 +233,20 @@ class VerifierPool:
                 for i in pending[key]:
                     results[i] = verdict
         return [r if r is not None else Verdict(False) for r in results]
+
+    def _settled(self, gold: str, answer: str | None) -> Verdict | None:
+        """The verdict found without math-verify (no answer, too long, not a numeral for a number,
+        cached, or two plain numbers); None: a worker must decide."""
+        if answer is None:
+            return Verdict(False, error="no answer")
+        if len(answer) > MAX_ANSWER_CHARS:
+            return Verdict(False, error=f"answer longer than {MAX_ANSWER_CHARS} chars")
+        if self.numeral_answers and fails_numeral_rule(gold, answer):
+            return Verdict(False, error=NOT_A_NUMERAL)
+        if (gold, answer) in self._cache:
+            return self._cache[(gold, answer)]
+        quick = fast_verdict(gold, answer)
+        return None if quick is None else Verdict(quick)
 
     def call_many(
         self, function: int, calls: list[tuple[str, str, list[int], dict[str, Any]]]

@@ -11,6 +11,7 @@ summed, so an update equals the single-process update on the global batch. With
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,6 +41,11 @@ class ProcessGroup:
         self.world = self.state.num_processes
         self.device = self.state.device
         self.is_main = self.state.is_main_process
+        if dist.is_initialized():
+            # A process that exits with a gloo group alive can abort in C++ ("terminate called without
+            # an active exception"): the group's threads outlive the interpreter. So the group is
+            # destroyed at exit at the latest, without a barrier (docs/reliability.md).
+            atexit.register(self.close, wait_for_others=False)
 
     @property
     def distributed(self) -> bool:
@@ -105,9 +111,13 @@ class ProcessGroup:
         """A plain tensor from a possibly sharded one (FSDP's grad norm is a DTensor)."""
         return value.full_tensor() if hasattr(value, "full_tensor") else value
 
-    def close(self) -> None:
-        if self.distributed and dist.is_initialized():
-            dist.barrier()
+    def close(self, wait_for_others: bool = True) -> None:
+        """Destroy the process group (once; later calls do nothing), after a barrier so that no
+        process tears down a collective another is still in. ``wait_for_others=False`` skips the
+        barrier: on an error path, where another process may never reach it, and at exit."""
+        if dist.is_initialized():
+            if wait_for_others and self.distributed:
+                dist.barrier()
             for hook in _CLOSE_HOOKS:  # e.g. vLLM's groups live inside ours: they go first
                 hook()
             if dist.is_initialized():

@@ -112,7 +112,10 @@ class Trainer:
         setup.check_prompt_lengths(self.tokenizer, [p for ps in [*stages, transfer] for p in ps], cfg)
         self.packing = setup.packing_enabled(cfg, self.model)
         self.precision = models.precision
-        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s, self.rewards.pool_functions)
+        reward = cfg.reward
+        self.pool = VerifierPool(
+            reward.num_workers, reward.timeout_s, self.rewards.pool_functions, reward.numeral_answers
+        )
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
         schedule_steps = self.curriculum.schedule.steps_of(0) if reset else cfg.trainer.steps
