@@ -187,3 +187,16 @@ def test_reward_workers_start_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_a_timed_out_verdict_is_never_cached():
+    """A time-out says nothing about the answer (a loaded machine, a slow worker): the same pair is
+    sent to a worker again next time, and counted again, rather than answered from the cache."""
+    with VerifierPool(num_workers=1, timeout_s=0.3, numeral_answers=False) as pool:  # HANG reaches a worker
+        first = pool.verify_many([("3", HANG)])[0]
+        second = pool.verify_many([("3", HANG)])[0]
+        assert first.timed_out and second.timed_out and pool.num_timeouts == 2
+        assert ("3", HANG) not in pool._cache
+        pool.timeout_s = 30.0  # a fresh worker's first parse can take over 0.3 s on a loaded machine
+        assert pool.verify_many([("2", r"\frac{4}{2}")])[0].correct  # a settled verdict is cached
+        assert ("2", r"\frac{4}{2}") in pool._cache

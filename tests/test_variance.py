@@ -175,3 +175,39 @@ def test_compare_variance_reads_the_study_records():
     text = variance_section(groups, [("rose", "dr_grpo")], metrics=("pass@16",), reps=50)
     (row,) = [line for line in text.splitlines() if line.startswith("| rose - dr_grpo")]
     assert "| pass@16 | 3 | 128 x 16 |" in row
+
+
+def _jackknife_reference(metric: str, records: list[dict]) -> float:
+    """The stratified delete-one jackknife written out: for each problem i and sample j, the metric
+    recomputed from scratch on the records with only that sample removed; the variance is the sum
+    over problems of (n - 1) / n times the squared deviations of problem i's n values from their
+    mean (Efron & Stein 1981)."""
+
+    def value(rows: list[list[dict]]) -> float:
+        if metric == "distinct_answers":
+            return sum(len({s["cluster"] for s in row if s["answer"] is not None}) for row in rows) / len(rows)
+        lengths = [s["length"] for row in rows for s in row if s["correct"]]
+        return sum(lengths) / len(lengths) if lengths else 0.0
+
+    rows = [r["samples"] for r in records]
+    total = 0.0
+    for i, row in enumerate(rows):
+        n = len(row)
+        values = [value([*rows[:i], row[:j] + row[j + 1 :], *rows[i + 1 :]]) for j in range(n)]
+        mean = sum(values) / n
+        total += (n - 1) / n * sum((v - mean) ** 2 for v in values)
+    return total
+
+
+@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("metric", ["distinct_answers", "response_length/correct"])
+def test_the_jackknife_variance_equals_its_definition(case, metric):
+    """samples_variance of the metrics without a closed form against the jackknife recomputed by
+    brute force on random records (unequal classes, unanswered samples, problems with no correct
+    sample): the (n - 1) / n factor and every leave-one-out value are pinned."""
+    from semrl.studies.variance import samples_variance
+
+    rng = np.random.default_rng(100 + case)
+    records = _records(rng, problems=int(rng.integers(2, 9)), n=int(rng.integers(2, 7)))
+    expected = _jackknife_reference(metric, records)
+    assert samples_variance(metric, Samples.from_records(records)) == pytest.approx(expected, rel=1e-9, abs=1e-12)
