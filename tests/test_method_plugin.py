@@ -94,7 +94,7 @@ def test_a_plugin_method_is_configured_listed_and_checked(toy_plugin, capsys):
         load_config(None, ["algorithm.method=toy", "toy.scal=2"])
     with pytest.raises(ConfigError, match="toy.scale' must be > 0"):
         load_config(None, ["algorithm.method=toy", "toy.scale=-1"])
-    with pytest.raises(ConfigError, match="group_size >= 2"):
+    with pytest.raises(ConfigError, match="group_size' must be >= 2"):
         load_config(None, ["algorithm.method=toy", "rollout.group_size=1"])
     assert main(["config", "--plugin", str(toy_plugin), "--methods"]) == 0
     assert "| `toy` |" in capsys.readouterr().out

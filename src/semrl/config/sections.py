@@ -192,14 +192,25 @@ class DataConfig:
 class RolloutConfig:
     """The ``rollout`` section: group size, prompts per step, response budget, the sampler and its engine."""
 
-    group_size: int = option(8, "Completions sampled per prompt (G; TRL: num_generations).", valid=AT_LEAST_1)
+    group_size: int = option(
+        8, "Completions sampled per prompt (G; TRL: num_generations). Every method's advantage compares a "
+        "response with the others to its prompt, so one response per prompt learns nothing (TRL refuses "
+        "num_generations < 2 too).", valid=Range(2),
+    )
     prompts_per_step: int = option(8, "Prompts per rollout batch (verl: train_batch_size).", valid=AT_LEAST_1)
     max_new_tokens: int = option(
         64, "Maximum response length in tokens (verl: response_length).", valid=AT_LEAST_1
     )
-    temperature: float = option(1.0, "Sampling temperature for training rollouts.", valid=NON_NEGATIVE)
+    temperature: float = option(
+        1.0, "Sampling temperature for training rollouts. Greedy sampling (0) gives a prompt's G responses "
+        "the same text, so every advantage is 0: a greedy evaluation is logging.eval_temperature=0.",
+        valid=POSITIVE,
+    )
     top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).", valid=OPEN_FRACTION)
-    top_k: int = option(0, "Top-k sampling (0 = off).", valid=NON_NEGATIVE)
+    top_k: int = option(
+        0, "Top-k sampling (0 = off). 1 is refused: it samples the most likely token only, so a prompt's "
+        "responses are the same text and nothing is learned.", valid=NON_NEGATIVE,
+    )
     generation_batch_size: int = option(64, "Sequences generated together in one batch.", valid=AT_LEAST_1)
     logprobs_top_k: int = option(
         20, "Top-k log-probs stored per position (ROSE uses 20).", valid=NON_NEGATIVE
