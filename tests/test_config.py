@@ -232,6 +232,8 @@ def test_configs_that_cannot_learn_are_refused_before_anything_loads(override, m
     (b"- a\n- b\n", "holds a list, not a mapping"),
     (b"just a string\n", "holds a str, not a mapping"),
     (b"\x89PNG\r\n\x1a\n\x00\x00", "is not text"),
+    (b"", "is empty"),
+    (b"# only a comment\n\n", "is empty"),
 ])
 def test_a_config_file_that_is_not_a_mapping_is_named_with_the_fix(content, message, tmp_path, capsys):
     from semrl.cli import main

@@ -661,7 +661,7 @@ def read_values(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         path = config_file(path)
         try:
-            values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            values = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as err:
             raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from err
         except UnicodeDecodeError:
@@ -669,6 +669,12 @@ def read_values(path: str | Path | None = None, overrides: list[str] | None = No
                 f"config file '{path}' is not text (not UTF-8): give a YAML run config such as "
                 "the packaged 'demo'"
             ) from None
+        if values is None:  # an empty file (or only comments) would train on bare defaults unnoticed
+            raise ConfigError(
+                f"config file '{path}' is empty: give at least one section (model:, data:, trainer:, ...), "
+                "start from the packaged 'demo' (semrl/configs/demo.yaml), or leave out --config to train "
+                "on the defaults that 'semrl config' lists"
+            )
         if not isinstance(values, dict):
             kind = "a list" if isinstance(values, list) else f"a {type(values).__name__}"
             hint = ""
