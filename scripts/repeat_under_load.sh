@@ -15,7 +15,8 @@ load() {  # a demo training run, restarted whenever it ends, as the CPU load
     done
 }
 load & load_pid=$!
-trap 'kill -- -$load_pid 2>/dev/null; pkill -f "$out/load-run"; wait' EXIT
+# stop the restarting loop first, then the run it started
+trap 'kill "$load_pid" 2>/dev/null; pkill -f "$out/load-run"; wait "$load_pid" 2>/dev/null' EXIT
 sleep 60  # let the load run reach its rollouts
 printf 'round\trc\tseconds\tabort\tload1\n' >"$out/summary.tsv"
 for k in $(seq 1 "$rounds"); do

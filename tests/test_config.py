@@ -361,3 +361,23 @@ def test_did_you_mean_names_the_closest_entry_with_its_prefix_or_nothing() -> No
     assert closest("lr", ["seed"]) is None
     # the cutoff is difflib's ratio: 'gpo' is 0.86 from 'grpo', close at 0.8 and not at 0.9
     assert closest("gpo", ["grpo"], cutoff=0.8) == "grpo" and closest("gpo", ["grpo"], cutoff=0.9) is None
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.train={tmp}/missing.jsonl", "missing.jsonl"),
+    ("data.eval={tmp}/no_ids.jsonl", "id"),
+    ("reward.functions=[math, {tmp}/missing_reward.py:score]", "missing_reward.py"),
+])
+def test_config_check_refuses_what_training_would(override, message, tmp_path, capsys):
+    """`semrl config --check` reads the problems and imports the reward functions as `semrl train`
+    does before any model (exit 2, the file named); `semrl train` refuses them before it writes a run
+    directory."""
+    (tmp_path / "no_ids.jsonl").write_text('{"problem": "What is 1 + 1?", "answer": "2"}\n')
+    override = override.format(tmp=tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"logging:\n  output_dir: {tmp_path / 'run'}\n")
+    assert main(["config", "--check", str(config), override]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["train", "--config", str(config), override]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -111,7 +111,7 @@ def test_sampler_resumes_exactly():
 
 def test_held_out_arithmetic_is_disjoint_from_training_even_for_tiny_levels():
     from semrl.config.load import load_config
-    from semrl.runtime.setup import load_problem_sets
+    from semrl.data.problem_sets import load_problem_sets
 
     cfg = load_config(None, ["data.arithmetic_levels=[1]", "data.eval_size=32"])
     held_out, (train,) = load_problem_sets(cfg)
@@ -120,7 +120,7 @@ def test_held_out_arithmetic_is_disjoint_from_training_even_for_tiny_levels():
 
 
 def test_transfer_split_draws_other_levels_without_training_or_held_out_texts():
-    from semrl.runtime.setup import load_problem_sets, load_transfer_problems
+    from semrl.data.problem_sets import load_problem_sets, load_transfer_problems
 
     cfg = load_config(None, ["data.arithmetic_levels=[1, 4]", "data.eval_size=24", "data.transfer=arithmetic",
                              "data.transfer_levels=[1, 3]"])

@@ -177,17 +177,16 @@ dist.destroy_process_group()  # a gloo group alive at exit can abort the process
 
 
 _EXIT_SCRIPT = """
-import atexit, os, socket
+import atexit, os, sys
 import torch, torch.distributed as dist
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+rank, port = sys.argv[1], sys.argv[2]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, LOCAL_RANK=rank, WORLD_SIZE="2")
 dist.init_process_group("gloo")
 # atexit runs its handlers last in, first out: this one runs after the one ProcessGroup registers
 atexit.register(lambda: print("GROUP ALIVE AT EXIT", dist.is_initialized(), flush=True))
 from semrl.runtime.distributed import ProcessGroup
 group = ProcessGroup(cpu=True)
+assert group.world == 2
 dist.all_reduce(torch.ones(1))
 raise SystemExit(3)  # an exit without close(), as an error path takes
 """
@@ -196,9 +195,17 @@ raise SystemExit(3)  # an exit without close(), as an error path takes
 def test_a_process_that_exits_without_closing_destroys_its_process_group():
     """A gloo group alive when the interpreter finalises can abort the process in C++ ("terminate
     called without an active exception", seen once under load): ProcessGroup destroys it at exit."""
-    run = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 3, run.stderr[-3000:]
-    assert "GROUP ALIVE AT EXIT False" in run.stdout, run.stdout[-500:]
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", _EXIT_SCRIPT, str(rank), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 3, err[-3000:]
+        assert "GROUP ALIVE AT EXIT False" in out, out[-500:]
 
 
 def test_fsdp_shards_the_model_before_it_reaches_the_device(digit_model_dir):

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from typing import TYPE_CHECKING
 
 from semrl.cli.common import SubParsers, add_plugin_arg, load_plugins_of
+
+if TYPE_CHECKING:
+    from semrl.config.sections import Config
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -18,7 +22,8 @@ def add_parser(sub: SubParsers) -> None:
     )
     conf.add_argument(
         "--check", nargs="?", const="", metavar="YAML",
-        help="validate a config file (a path, or a packaged config's name such as demo) with overrides",
+        help="validate a config file (a path, or a packaged config's name such as demo) with overrides, "
+        "and read what training reads before a model: the problems of data.* and the reward functions",
     )
     conf.add_argument("--config", metavar="YAML", help="the config file to check (the same as --check YAML)")
     conf.add_argument("--methods", action="store_true", help="list the registered methods")
@@ -44,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         if args.check and args.config:
             raise ConfigError(f"two config files, --check {args.check} and --config {args.config}: one")
         cfg = load_config(target, args.overrides)
+        _check_inputs(cfg)
         print(f"{target}: OK (method {cfg.algorithm.method})")
     else:
         if overrides := [s for s in args.overrides if "=" in s]:
@@ -54,3 +60,14 @@ def run(args: argparse.Namespace) -> int:
         width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
         print(config_reference(args.overrides, width=width and max(60, min(width, 100))))
     return 0
+
+
+def _check_inputs(cfg: Config) -> None:
+    """What ``semrl train`` reads before any model: the problems of data.* (files, columns, ids) and
+    the reward functions (imported, signatures checked). Torch stays out: this takes seconds."""
+    from semrl.data.problem_sets import load_problem_sets, load_transfer_problems
+    from semrl.reward import reward_functions
+
+    reward_functions(cfg.reward.functions, cfg.reward.weights, None, cfg.reward.correctness)
+    held_out, stages = load_problem_sets(cfg)
+    load_transfer_problems(cfg, [held_out, *stages])

@@ -41,7 +41,7 @@ class ProcessGroup:
         self.world = self.state.num_processes
         self.device = self.state.device
         self.is_main = self.state.is_main_process
-        if dist.is_initialized():
+        if self.distributed and dist.is_initialized():
             # A process that exits with a gloo group alive can abort in C++ ("terminate called without
             # an active exception"): the group's threads outlive the interpreter. So the group is
             # destroyed at exit at the latest, without a barrier (docs/reliability.md).
@@ -115,8 +115,9 @@ class ProcessGroup:
         """Destroy the process group (once; later calls do nothing), after a barrier so that no
         process tears down a collective another is still in. ``wait_for_others=False`` skips the
         barrier: on an error path, where another process may never reach it, and at exit."""
-        if dist.is_initialized():
-            if wait_for_others and self.distributed:
+        # one process (world 1): nothing of ours to tear down (a vLLM engine may hold its own group)
+        if self.distributed and dist.is_initialized():
+            if wait_for_others:
                 dist.barrier()
             for hook in _CLOSE_HOOKS:  # e.g. vLLM's groups live inside ours: they go first
                 hook()

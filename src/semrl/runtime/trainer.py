@@ -25,6 +25,7 @@ import semrl.runtime.setup as setup
 from semrl.config.sections import Config
 from semrl.data import PromptFormat
 from semrl.data.curriculum import Curriculum
+from semrl.data.problem_sets import load_problem_sets, load_transfer_problems
 from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_splits
 from semrl.methods.catalog import get_method, get_policy_loss
@@ -87,13 +88,14 @@ class Trainer:
         self.faults = Faults.from_env()  # where a test makes the run fail (semrl.runtime.faults)
         setup.check_machine(cfg)
         setup.check_world_size(cfg, self.processes.world)
+        # data before the run directory: a missing file or column fails with nothing written
+        eval_problems, stages = load_problem_sets(cfg)
+        transfer = load_transfer_problems(cfg, [eval_problems, *stages])
         ckpt = setup.prepare_run_dir(cfg, resume, self.processes)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         # one random stream per process (the data order is shared by all)
         self.generator = setup.seed_everything(cfg.trainer.seed + self.processes.rank)
-        eval_problems, stages = setup.load_problem_sets(cfg)  # data first: fails before a model loads
-        transfer = setup.load_transfer_problems(cfg, [eval_problems, *stages])
         self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
         # The trackers start before the models load too, so a tracker that cannot start fails the run
         # before the loading time is spent.

@@ -1,0 +1,66 @@
+"""The problems of a run: held-out, training stages (one, or SENT's curriculum) and transfer, as
+``data.*`` names them. Torch-free, so that ``semrl config --check`` and ``semrl train`` load them
+before anything heavy does: a missing file or column fails in seconds, with no run directory."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from semrl.data.loader import Columns, DataError, Problem
+from semrl.data.sources import load_dataset
+
+if TYPE_CHECKING:
+    from semrl.config.sections import Config
+
+
+def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
+    """(held-out problems, training stages): one stage, or the curriculum's stages of increasing
+    semantic entropy (SENT). Held-out problems are drawn first so that training can exclude them
+    (1-digit sums have only 100 problems)."""
+    data = cfg.data
+
+    def load(name: str, split: Literal["train", "eval"], exclude: set[str] | None = None) -> list[Problem]:
+        size = data.arithmetic_size if split == "train" else data.eval_size
+        return load_dataset(
+            name, split=split, seed=cfg.trainer.seed, arithmetic_size=size, levels=data.arithmetic_levels,
+            exclude=exclude, skip_bad_rows=data.skip_bad_rows,
+            columns=Columns(data.problem_key, data.answer_key, data.id_key),
+            dataset_split=data.train_split if split == "train" else data.eval_split,
+        )
+
+    held_out_problems = load(data.eval, "eval")[: data.eval_size] if data.eval else []
+    if data.eval and not held_out_problems:
+        raise DataError(f"data.eval '{data.eval}' gave no problems; raise data.eval_size")
+    held_out = {p.problem for p in held_out_problems}
+    if data.curriculum:
+        from semrl.data.curriculum import curriculum_stages, load_curriculum  # its scoring needs torch
+
+        scored = [(p, h) for p, h in load_curriculum(data.curriculum) if p.problem not in held_out]
+        stages = curriculum_stages(scored, data.curriculum_stages)
+    else:
+        stages = [load(data.train, "train", held_out)]
+    if not all(stages):
+        raise DataError(
+            f"data.train '{data.train}' has no problems left after removing the held-out ones; "
+            "add arithmetic levels or lower data.eval_size"
+        )
+    return held_out_problems, stages
+
+
+def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Problem]:
+    """The transfer split (``data.transfer``, ``data.eval_size`` problems) without any problem text of
+    ``exclude`` (the training stages and held-out problems); [] when there is none."""
+    data = cfg.data
+    if not data.transfer:
+        return []
+    seen = {p.problem for problems in exclude for p in problems}
+    problems = load_dataset(
+        data.transfer, split="eval", seed=cfg.trainer.seed, arithmetic_size=data.eval_size,
+        levels=data.transfer_levels, exclude=seen, skip_bad_rows=data.skip_bad_rows,
+        columns=Columns(data.problem_key, data.answer_key, data.id_key), dataset_split=data.eval_split,
+    )[: data.eval_size]
+    if not problems:
+        raise DataError(
+            f"data.transfer '{data.transfer}' gave no problems outside the training and held-out ones"
+        )
+    return problems
