@@ -59,14 +59,14 @@ def _config(sweep_file: str, variant: str, seed: int, steps: int, out: Path) -> 
 
 def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> dict[str, float]:
     """Train ``variant`` once and time its evaluations (this process; see the module docstring)."""
-    from semrl.data.problem_sets import load_problem_sets, load_transfer_problems
+    from semrl.data.problem_sets import run_problems
     from semrl.evaluation import evaluate_splits
     from semrl.runtime.trainer import Trainer
 
     # Study 2's evaluation settings are every variant's (it had no TreePO): its Dr.GRPO config holds them
     before_cfg = _config(STUDY2, "dr_grpo", seed, steps, out / "before")
-    held_out, stages = load_problem_sets(before_cfg)
-    before_splits = {"eval": held_out, "transfer": load_transfer_problems(before_cfg, [held_out, *stages])}
+    held_out, _, transfer = run_problems(before_cfg)
+    before_splits = {"eval": held_out, "transfer": transfer}
     start = time.perf_counter()
     trainer = Trainer(_config(STUDY3, variant, seed, steps, out / "after"))
     engine, times = trainer.engine, {"start-up: set-up": time.perf_counter() - start}

@@ -65,9 +65,8 @@ def run(args: argparse.Namespace) -> int:
 def _check_inputs(cfg: Config) -> None:
     """What ``semrl train`` reads before any model: the problems of data.* (files, columns, ids) and
     the reward functions (imported, signatures checked). Torch stays out: this takes seconds."""
-    from semrl.data.problem_sets import load_problem_sets, load_transfer_problems
+    from semrl.data.problem_sets import run_problems
     from semrl.reward import reward_functions
 
     reward_functions(cfg.reward.functions, cfg.reward.weights, None, cfg.reward.correctness)
-    held_out, stages = load_problem_sets(cfg)
-    load_transfer_problems(cfg, [held_out, *stages])
+    run_problems(cfg)

@@ -64,3 +64,9 @@ def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Pr
             f"data.transfer '{data.transfer}' gave no problems outside the training and held-out ones"
         )
     return problems
+
+
+def run_problems(cfg: Config) -> tuple[list[Problem], list[list[Problem]], list[Problem]]:
+    """(held-out, training stages, transfer) of a run: the transfer split excludes the others."""
+    held_out, stages = load_problem_sets(cfg)
+    return held_out, stages, load_transfer_problems(cfg, [held_out, *stages])

@@ -25,7 +25,7 @@ import semrl.runtime.setup as setup
 from semrl.config.sections import Config
 from semrl.data import PromptFormat
 from semrl.data.curriculum import Curriculum
-from semrl.data.problem_sets import load_problem_sets, load_transfer_problems
+from semrl.data.problem_sets import run_problems
 from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_splits
 from semrl.methods.catalog import get_method, get_policy_loss
@@ -89,8 +89,7 @@ class Trainer:
         setup.check_machine(cfg)
         setup.check_world_size(cfg, self.processes.world)
         # data before the run directory: a missing file or column fails with nothing written
-        eval_problems, stages = load_problem_sets(cfg)
-        transfer = load_transfer_problems(cfg, [eval_problems, *stages])
+        eval_problems, stages, transfer = run_problems(cfg)
         ckpt = setup.prepare_run_dir(cfg, resume, self.processes)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
