@@ -6,6 +6,7 @@ CHANGELOG and the long description agree."""
 from __future__ import annotations
 
 import email
+import json
 import os
 import re
 import subprocess
@@ -54,8 +55,19 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     assert not (tmp_path / "configs").exists()  # the config below is the wheel's, by name
     checked = subprocess.run([str(semrl), "config", "--check", "demo"], **run)
     assert checked.returncode == 0 and "demo: OK (method dr_grpo)" in checked.stdout, checked.stderr
-    for name in ("rose_demo", "sent_demo", "treepo_paper", "latr_demo"):
+    for name in ("rose_demo", "treepo_paper", "latr_demo"):
         assert subprocess.run([str(semrl), "config", "--check", name], **run).returncode == 0, name
+    # SENT trains on a scored curriculum: the check reads it, and names the command that writes it
+    unscored = subprocess.run([str(semrl), "config", "--check", "sent_demo"], **run)
+    assert unscored.returncode == 2 and "semrl curriculum score --output" in unscored.stderr, unscored.stderr
+    scored = tmp_path / "runs" / "curriculum" / "arithmetic_l1.jsonl"
+    scored.parent.mkdir(parents=True)
+    scored.write_text("".join(
+        json.dumps({"id": f"p{i}", "problem": f"What is {i} + 5?", "answer": str(i + 5), "semantic_entropy": i / 10})
+        + "\n" for i in range(6)
+    ))
+    checked = subprocess.run([str(semrl), "config", "--check", "sent_demo"], **run)
+    assert checked.returncode == 0 and "sent_demo: OK (method sent)" in checked.stdout, checked.stderr
     bad = subprocess.run([str(semrl), "config", "--check", "demo", "trainer.lr=-1"], **run)
     assert bad.returncode == 2 and "config key 'trainer.lr' must be > 0" in bad.stderr
 
