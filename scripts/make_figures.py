@@ -2,9 +2,10 @@
 
     python scripts/make_figures.py            # from the repository's root; needs the dev extra
 
-1. ``semrl compare`` over Study 1's and Study 2's runs, as docs/results.md records the commands,
-   into ``results/study_arith/compare/`` and ``results/study_sparse/compare/`` (tables, aggregate.json,
-   figures; an unchanged semrl writes them byte for byte again);
+1. ``semrl compare`` over Study 1's, Study 2's and Study 3's runs, as docs/results.md records the
+   commands, into ``results/study_arith/compare/``, ``results/study_sparse/compare/`` and
+   ``results/study3/compare-look-3/`` (tables, aggregate.json, figures, the decisions' forest plot;
+   an unchanged semrl writes them byte for byte again);
 2. the figures docs/ shows, copied from there into ``docs/figures/``;
 3. the tree-viewer screenshot (``docs/figures/rose_demo_tree_viewer.png``) from Study 1's ROSE run at
    seed 0 (``semrl report``, then headless Chromium through playwright), at twice the pixel density of
@@ -22,24 +23,30 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPARES = {
-    "study_arith": ["--baseline", "dr_grpo"],
-    "study_sparse": ["--decide", "configs/study/study_sparse_rules.yaml", "--baseline", "dr_grpo"],
+COMPARES = {  # results/STUDY: (the options, the output directory under it)
+    "study_arith": (["--baseline", "dr_grpo"], "compare"),
+    "study_sparse": (
+        ["--decide", "configs/study/study_sparse_rules.yaml", "--baseline", "dr_grpo"], "compare"
+    ),
+    # the last look (docs/results.md, "Study 3: look 3 at 12 seeds"); the looks log already holds it
+    "study3": (["--decide", "configs/study/study3_rules.yaml", "--baseline", "dr_grpo"], "compare-look-3"),
 }
 SHOWN = {  # docs/figures/NAME: the compare figure it is
     "study_pass_at_k_eval.png": "study_arith/compare/figures/pass_at_k_eval.png",
     "study_pass_at_k_transfer.png": "study_arith/compare/figures/pass_at_k_transfer.png",
     "study_entropy.png": "study_arith/compare/figures/entropy.png",
     "study2_pass_at_k_eval.png": "study_sparse/compare/figures/pass_at_k_eval.png",
+    "study2_decisions.png": "study_sparse/compare/figures/decisions.png",
+    "study3_decisions.png": "study3/compare-look-3/figures/decisions.png",
 }
 VIEWER_RUN = "results/study_arith/rose/seed-0"
 VIEWER_STEP = 7  # the first tree of this step, its first correct branched chain clicked
 
 
 def compare_studies() -> None:
-    for study, options in COMPARES.items():
+    for study, (options, output) in COMPARES.items():
         command = [sys.executable, "-m", "semrl", "compare", f"results/{study}", *options,
-                   "--output", f"results/{study}/compare"]
+                   "--output", f"results/{study}/{output}"]
         print("$", " ".join(command[2:]), flush=True)
         subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     for name, source in SHOWN.items():

@@ -10,6 +10,21 @@ import torch
 
 TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 
+# The suite runs on 2 pytest-xdist workers (pyproject's addopts, --dist loadgroup). The tests of a
+# group run on one worker, one after another: vLLM starts once per process and keeps its engine for
+# the next test (semrl.rollout.engines.vllm), and building the wheel and the sdist share build/.
+SERIAL_GROUPS = {
+    "vllm": {"test_engines.py", "test_evaluation.py", "test_tree_driver.py", "test_layout_parts.py"},
+    "build": {"test_packaging.py"},
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for group, files in SERIAL_GROUPS.items():
+            if item.path.name in files:
+                item.add_marker(pytest.mark.xdist_group(group))
+
 
 def _save_atomically(model, tokenizer, target: Path) -> Path:  # noqa: ANN001
     tmp = target.with_name(target.name + ".tmp")

@@ -365,14 +365,15 @@ def test_did_you_mean_names_the_closest_entry_with_its_prefix_or_nothing() -> No
 
 @pytest.mark.parametrize("override, message", [
     ("data.train={tmp}/missing.jsonl", "missing.jsonl"),
-    ("data.eval={tmp}/no_ids.jsonl", "id"),
+    ("data.eval={tmp}/no_answer.jsonl", "missing required field(s) ['answer']"),
+    ("data.train={tmp}/no_answer.jsonl", "no_answer.jsonl line 1"),
     ("reward.functions=[math, {tmp}/missing_reward.py:score]", "missing_reward.py"),
 ])
 def test_config_check_refuses_what_training_would(override, message, tmp_path, capsys):
     """`semrl config --check` reads the problems and imports the reward functions as `semrl train`
     does before any model (exit 2, the file named); `semrl train` refuses them before it writes a run
     directory."""
-    (tmp_path / "no_ids.jsonl").write_text('{"problem": "What is 1 + 1?", "answer": "2"}\n')
+    (tmp_path / "no_answer.jsonl").write_text('{"problem": "What is 1 + 1?", "final": "2"}\n')
     override = override.format(tmp=tmp_path)
     config = tmp_path / "c.yaml"
     config.write_text(f"logging:\n  output_dir: {tmp_path / 'run'}\n")

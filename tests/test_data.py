@@ -8,6 +8,7 @@ from semrl.config.load import load_config
 from semrl.config.sections import ConfigError
 from semrl.data import (
     BENCHMARKS,
+    Columns,
     DataError,
     EpochSampler,
     load_problems,
@@ -131,3 +132,77 @@ def test_transfer_split_draws_other_levels_without_training_or_held_out_texts():
     assert load_transfer_problems(load_config(None, []), [held_out, train]) == []
     with pytest.raises(ConfigError, match="data.transfer_levels"):
         load_config(None, ["data.transfer=arithmetic", "data.transfer_levels=[]"])
+
+
+@pytest.mark.parametrize("rows", [5, 9, 37, 160, 400])
+def test_own_data_without_data_eval_is_evaluated_on_a_fixed_slice_of_itself(tmp_path, rows):
+    """data.eval=auto (the default) on a user's file: min(eval_size, rows // 5) problems of that file,
+    never trained on, the same slice for every trainer.seed; 'arithmetic' stays procedural."""
+    from semrl.data.problem_sets import eval_source, load_problem_sets
+
+    path = _write(tmp_path / "mine.jsonl", [
+        {"question": f"What is {i} times 3?", "final": str(3 * i)} for i in range(rows)
+    ])
+    own = [f"data.train={path}", "data.problem_key=question", "data.answer_key=final", "data.eval_size=32"]
+    slices = []
+    for seed in (0, 1, 7):
+        held_out, (train,) = load_problem_sets(load_config(None, [*own, f"trainer.seed={seed}"]))
+        texts = {p.problem for p in held_out}
+        assert len(held_out) == len(texts) == min(32, rows // 5)
+        assert not texts & {p.problem for p in train} and len(train) == rows - len(held_out)
+        assert texts <= {f"What is {i} times 3?" for i in range(rows)}
+        slices.append([p.problem for p in held_out])
+    assert slices[0] == slices[1] == slices[2]
+    if rows >= 10:  # a draw, not the file's first rows
+        assert slices[0] != [f"What is {i} times 3?" for i in range(len(slices[0]))]
+    assert eval_source(load_config(None, own).to_dict()["data"]) == f"{path}, not trained on"
+    # an explicit data.eval wins: its first eval_size problems, and training keeps every row of the file
+    explicit = load_config(None, [*own, f"data.eval={path}", "data.eval_size=3"])
+    held_out, (train,) = load_problem_sets(explicit)
+    assert [p.problem for p in held_out] == [f"What is {i} times 3?" for i in range(3)] and len(train) == rows - 3
+    assert eval_source(explicit.to_dict()["data"]) == str(path)
+
+
+def test_own_data_too_small_to_hold_out_names_the_fix(tmp_path):
+    from semrl.data.problem_sets import load_problem_sets
+
+    path = _write(tmp_path / "tiny.jsonl", [{"problem": f"{i} + 1?", "answer": str(i + 1)} for i in range(4)])
+    with pytest.raises(DataError, match=r"has 4 problems, too few to hold out .* data.eval=null"):
+        load_problem_sets(load_config(None, [f"data.train={path}"]))
+    held_out, (train,) = load_problem_sets(load_config(None, [f"data.train={path}", "data.eval=null"]))
+    assert held_out == [] and len(train) == 4
+
+
+def test_arithmetic_auto_is_the_arithmetic_held_out_split():
+    from semrl.data.problem_sets import eval_source, load_problem_sets
+
+    for levels in ("[1]", "[2, 3]"):
+        auto = load_problem_sets(load_config(None, [f"data.arithmetic_levels={levels}"]))
+        named = load_problem_sets(load_config(None, [f"data.arithmetic_levels={levels}", "data.eval=arithmetic"]))
+        assert auto == named
+    assert eval_source(load_config(None, []).to_dict()["data"]) == "arithmetic"
+
+
+def test_rows_without_an_id_are_numbered_by_their_position(tmp_path):
+    """TRL and verl need no id: a jsonl or parquet row without one is row-N (N: its 1-based position
+    among the rows, blank lines not counted); a given id is kept and must stay unique."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"q": f"{i} + 1?", "a": i + 1} for i in range(6)]
+    rows[3]["key"] = "mine"
+    path = _write(tmp_path / "no_ids.jsonl", rows[:2] + [b""] + rows[2:])
+    columns = Columns(problem="q", answer="a", id="key")
+    problems, _ = load_problems(path, columns=columns)
+    assert [p.id for p in problems] == ["row-1", "row-2", "row-3", "mine", "row-5", "row-6"]
+    assert [p.answer for p in problems] == [str(i + 1) for i in range(6)]
+    pq.write_table(pa.table({"q": [r["q"] for r in rows], "a": [r["a"] for r in rows]}), tmp_path / "t.parquet")
+    assert [p.id for p in load_problems(tmp_path / "t.parquet", columns=columns)[0]] == [
+        f"row-{i}" for i in range(1, 7)]
+    clash = _write(tmp_path / "clash.jsonl", [{"problem": "a", "answer": 1},
+                                             {"problem": "b", "answer": 2, "id": "row-1"}])
+    with pytest.raises(DataError, match="duplicate id 'row-1'"):
+        load_problems(clash)
+    null = _write(tmp_path / "null.jsonl", [{"problem": "a", "answer": 1, "id": None}])
+    with pytest.raises(DataError, match="line 1: field 'id' is null"):
+        load_problems(null)

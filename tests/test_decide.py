@@ -205,3 +205,49 @@ def test_compare_decide_judges_each_rule_end_to_end(tmp_path, capsys):
     assert "Decision rules" in (out / "results.md").read_text()
     assert main(["compare", str(sweep / "base" / "seed-0"), "--decide", str(path)]) == 2
     assert "--decide compares variants across seeds" in capsys.readouterr().err
+
+
+def test_compare_draws_the_decisions_as_a_forest_plot(tmp_path):
+    """`semrl compare --decide RULES --output DIR` with a design: figures/decisions.png first, its
+    rows the look's estimate, the design's interval, the descriptive 95% t-interval and every seed's
+    difference, computed here again from the run records with scipy."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_rgb
+    from matplotlib.image import imread
+    from scipy import stats as st
+
+    from semrl.studies.designs import load_rules
+    from semrl.studies.forest import forest_rows
+    from semrl.studies.runs import method_color
+    from semrl.studies.seeds import compare_seeds, design_section, find_runs
+
+    sweep = _sweep(tmp_path / "sweep")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({
+        "design": {"type": "fixed", "looks": [5]}, "families": {"primary": "holm", "secondary": "bh"},
+        "rules": [RULE | {"id": "lift", "pair": ["better", "base"], "family": "primary"},
+                  RULE | {"id": "none", "pair": ["same", "base"], "family": "secondary"}],
+    }))
+    rules = load_rules(path)
+    (_, _, rows), forest = design_section(find_runs([sweep]), rules, False, False, None)
+    assert [r.label.split(":")[0] for r in forest] == ["lift", "none"]
+    for row, table_row, variant in zip(forest, rows, ("better", "same"), strict=True):
+        d = [json.loads((sweep / variant / f"seed-{s}" / "metrics.jsonl").read_text().splitlines()[-1])["eval/pass@1"]
+             - json.loads((sweep / "base" / f"seed-{s}" / "metrics.jsonl").read_text().splitlines()[-1])["eval/pass@1"]
+             for s in range(5)]
+        assert row.differences == pytest.approx(d) and row.estimate == pytest.approx(np.mean(d))
+        half = st.t.ppf(0.975, 4) * np.std(d, ddof=1) / np.sqrt(5)
+        assert row.descriptive == pytest.approx((np.mean(d) - half, np.mean(d) + half))
+        assert f"[{row.design[0]:+.3f}, {row.design[1]:+.3f}]" in table_row
+        assert table_row[10].startswith(row.outcome) and row.variant == variant and row.margin == RULE["margin"]
+        half = st.t.ppf(1 - (1 - row.level) / 2, 4) * np.std(d, ddof=1) / np.sqrt(5)
+        assert row.design == pytest.approx((np.mean(d) - half, np.mean(d) + half))
+    out = tmp_path / "cmp"
+    compare_seeds([sweep], out, rules=rules)
+    figures = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("![")]
+    assert figures[0] == "![decisions](figures/decisions.png)" and len(figures) > 1
+    pixels = (imread(out / "figures" / "decisions.png")[..., :3] * 255).round()
+    for variant in ("better", "same"):
+        colour = np.array(to_rgb(method_color(variant))) * 255
+        assert (np.abs(pixels - colour).max(axis=-1) <= 2).sum() >= 50, variant
+    assert forest_rows([], {}) == []

@@ -32,7 +32,7 @@ def _args(model_dir, task, out):
 def _train(*args, env=None):
     run = subprocess.run([sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("run finished:") == 1 and "held-out (5 problems)" in run.stdout  # one table, main only
+    assert run.stdout.count("run finished:") == 1 and "held-out (5 problems of " in run.stdout  # main only
 
 
 def _final_weights(run_dir, step=3):
@@ -256,6 +256,28 @@ def test_a_bad_config_fails_before_any_process_starts(capsys):
 
     assert main(["train", "--num-processes", "2", "trainer.stpes=3"]) == 2
     assert "trainer.steps" in capsys.readouterr().err
+
+
+def test_each_launch_takes_a_free_port_unless_master_port_is_set(monkeypatch):
+    """Two `semrl train --num-processes N` on one machine do not both take torch's 29500."""
+    import socket
+
+    from semrl.cli import main
+
+    launched = []
+    monkeypatch.setattr(subprocess, "call", lambda command: launched.append(command) or 0)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        for _ in range(3):
+            assert main(["train", "--num-processes", "2", "--config", "configs/demo.yaml"]) == 0
+    ports = [int(c[c.index("--main_process_port") + 1]) for c in launched]
+    assert taken not in ports and 29500 not in ports and all(p > 0 for p in ports)
+    monkeypatch.setenv("MASTER_PORT", "31234")
+    assert main(["train", "--num-processes", "2", "--config", "configs/demo.yaml"]) == 0
+    assert launched[-1][launched[-1].index("--main_process_port") + 1] == "31234"
 
 
 def test_lora_on_two_processes_trains_like_one(digit_model_dir, single_process_run, tmp_path):

@@ -182,6 +182,43 @@ def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monk
     assert (tmp_path / "runs" / "eval" / "base" / "results.md").is_file()
 
 
+def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The README's demo, then its own-data command as written (a parquet file of 'question' and
+    'final' only, the README's my_reward.py), in a fresh directory with tiny sizes added: both train,
+    and the own-data run is evaluated on problems of its own file that it never trains on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    readme = (ROOT / "README.md").read_text()
+    reward_code = re.search(r"```python\n(# my_reward\.py.*?)```", readme, re.S).group(1)
+    demo = re.search(r"&& (semrl train --config demo)$", readme, re.M).group(1)  # after the install
+    (own,) = re.findall(r"^semrl train --config demo data\.train=my_train\.parquet.*$", readme, re.M)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_reward.py").write_text(reward_code)
+    pq.write_table(pa.table({"question": [f"What is {i} + 2?" for i in range(40)],
+                             "final": [str(i + 2) for i in range(40)]}), tmp_path / "my_train.parquet")
+    tiny = [f"model.name={tiny_model_dir}", "rollout.group_size=2", "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=4", "trainer.steps=1", "trainer.micro_batch_size=4", "data.eval_size=2",
+            "logging.eval_samples=2", "reward.num_workers=1", "logging.progress=false", "logging.report_to=[]"]
+    for command in (demo, own):
+        assert main([*shlex.split(command)[1:], *tiny]) == 0, command
+    out = capsys.readouterr().out
+    assert "held-out (2 problems of arithmetic)" in out
+    assert "held-out (2 problems of my_train.parquet, not trained on)" in out
+    assert (tmp_path / "runs" / "demo" / "metrics.jsonl").is_file()
+    assert (tmp_path / "runs" / "my_data" / "metrics.jsonl").is_file()
+    # the Python example, as written, with the same tiny sizes added to its overrides
+    import semrl.api
+
+    example = re.search(r"```python\n(import semrl\n.*?)```", readme, re.S).group(1)
+    train = semrl.api.train
+    sized = [o for o in tiny if not o.startswith("logging.eval_samples")]  # the example reads mean@8
+    monkeypatch.setattr(semrl.api, "train", lambda config, overrides, **kw: train(config, [*overrides, *sized], **kw))
+    exec(compile(example, "README.md", "exec"), {})
+    assert re.search(r"^\d\.\d+$", capsys.readouterr().out, re.M)  # the held-out mean@8, printed
+    assert (tmp_path / "runs" / "api" / "metrics.jsonl").is_file()
+
+
 def test_the_docs_extra_installs_what_the_site_build_imports():
     """`pip install -e ".[docs]" && mkdocs serve` (the README) must not stop on a missing module:
     every third-party module the mkdocs hooks import is in the docs extra."""
@@ -237,25 +274,36 @@ def test_each_method_has_its_own_colour_in_every_docs_figure():
 
     from semrl.studies.runs import method_color
 
-    for name, source in _make_figures().SHOWN.items():
+    make_figures = _make_figures()
+    for name, source in make_figures.SHOWN.items():
         study = source.split("/")[0]
         variants = list(yaml.safe_load((ROOT / "configs" / f"{study}.yaml").read_text())["variants"])
+        if name.endswith("_decisions.png"):  # a rule's marks take its variant's colour, not its baseline's
+            rules = make_figures.COMPARES[study][0][1]
+            body = yaml.safe_load((ROOT / rules).read_text())
+            variants = sorted({r["pair"][0] for r in (body["rules"] if isinstance(body, dict) else body)})
         pixels = (imread(ROOT / "docs" / "figures" / name)[..., :3] * 255).round()
         for variant in variants + (["base model"] if "pass_at_k" in name else []):
             colour = np.array(to_rgb(method_color(variant))) * 255
             assert (np.abs(pixels - colour).max(axis=-1) <= 2).sum() >= 200, (name, variant)
 
 
-def test_the_site_builds_from_the_docs_extra_alone(tmp_path):
-    """`pip install -e ".[docs]" && mkdocs serve` (the README): a fresh virtual environment with the
-    docs extra's requirements and nothing else (no semrl, no torch) builds the site strictly."""
+def test_the_site_builds_from_the_docs_requirements_alone(tmp_path):
+    """`pip install -r docs/requirements.txt && mkdocs serve` (the README): a fresh virtual environment
+    with those requirements and nothing else (no semrl, no torch) builds the site strictly; the file
+    lists what pyproject's docs extra does."""
     import tomllib
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    requirements = ROOT / "docs" / "requirements.txt"
+    listed = [line for line in requirements.read_text().splitlines() if line and not line.startswith("#")]
+    assert listed == extra
+    assert "pip install -r docs/requirements.txt && mkdocs serve" in (ROOT / "README.md").read_text()
     env_dir = tmp_path / "docs-venv"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", *extra], capture_output=True, text=True)
+    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)],
+                               capture_output=True, text=True)
     assert installed.returncode == 0, installed.stderr[-2000:]
     assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
     built = subprocess.run(
@@ -285,3 +333,17 @@ def test_a_method_page_has_a_quick_start_and_names_every_metric_its_code_logs(me
     if method == "sent":
         written = {f"actor/{k}" for k in re.findall(r'metrics\["(sent_\w+)"\]', source)}
     assert written and not [k for k in sorted(written) if f"`{k}`" not in logs], sorted(written)
+
+
+def test_the_gpu_is_described_one_way():
+    """README, the PyPI description and `semrl --help` say what ran on a GPU (one H200, the hf engine,
+    a 2-layer test model for the methods) and what has not (multi-GPU, vLLM on a GPU)."""
+    from semrl.cli import build_parser
+
+    texts = {"README.md": (ROOT / "README.md").read_text(), "README.pypi.md": (ROOT / "README.pypi.md").read_text(),
+             "semrl --help": " ".join(build_parser().format_help().split())}
+    for where, text in texts.items():
+        text = " ".join(text.split())
+        assert "H200" in text and "2-layer" in text and "hf engine" in text, where
+        assert re.search(r"[Mm]ulti-GPU training and vLLM on (a GPU|GPUs|CUDA) (are written|have not)", text), where
+        assert "CPU only" not in text and "not yet run on a GPU (README" not in text, where

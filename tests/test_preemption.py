@@ -1,10 +1,12 @@
 """Preemption and a full disk, with real `semrl train` processes: SIGTERM during the rollout, the
 update or the evaluation stops after that step with a checkpoint and exit code 75, and --resume
-ends bit-identical to the run that was never stopped; a second signal exits at once; ENOSPC while
+ends bit-identical to the run that was never stopped; Ctrl-C while loading stops at once with one
+line (exit 130), during the base evaluation or a step as SIGTERM does; a second signal exits at once; ENOSPC while
 writing a checkpoint leaves the previous one intact."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -63,6 +65,49 @@ def test_sigterm_stops_after_the_step_and_resume_is_exact(uninterrupted, digit_m
     assert proc.returncode == 0, proc.stderr[-2000:]
     a, b = _final(full), _final(run)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _ctrl_c(*args, at):
+    """``semrl train`` in a session of its own, sent Ctrl-C (SIGINT to its process group) at ``at``."""
+    return subprocess.run([sys.executable, "-m", "semrl", "train", *args], capture_output=True, text=True,
+                          env={**os.environ, "SEMRL_FAULT_CTRL_C": at}, timeout=600, start_new_session=True)
+
+
+def test_ctrl_c_while_loading_stops_at_once_with_one_line(uninterrupted, digit_model_dir, tmp_path):
+    task, _ = uninterrupted
+    run = tmp_path / "run"
+    proc = _ctrl_c(*_args(digit_model_dir, task, run), at="load@0")
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"semrl: interrupted while loading, before step 1: nothing was trained or saved in {run}" in proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]  # so the same command starts again
+
+
+def test_ctrl_c_in_the_base_evaluation_keeps_it_and_resume_is_exact(uninterrupted, digit_model_dir, tmp_path):
+    task, full = uninterrupted
+    run = tmp_path / "run"
+    proc = _ctrl_c(*_args(digit_model_dir, task, run), at="evaluate@0")
+    assert proc.returncode == EXIT_PREEMPTED, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "SIGINT received: stopped after the base evaluation, before step 1," in proc.stderr
+    assert [c.name for c in list_checkpoints(run)] == ["step-000000"]
+    base = (run / "metrics.jsonl").read_text()
+    proc = _train("--resume", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # the base evaluation is not run twice: the log is the uninterrupted run's, less its timings
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3] and (run / "metrics.jsonl").read_text().startswith(base)
+    a, b = _final(full), _final(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ctrl_c_during_a_step_finishes_it_without_a_traceback(uninterrupted, digit_model_dir, tmp_path):
+    task, _ = uninterrupted
+    run = tmp_path / "run"
+    proc = _ctrl_c(*_args(digit_model_dir, task, run), at="rollout@2")
+    assert proc.returncode == EXIT_PREEMPTED, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "SIGINT received: stopped after step 2" in proc.stderr
+    assert [c.name for c in list_checkpoints(run)] == ["step-000002"]
 
 
 def test_a_second_signal_exits_at_once(uninterrupted, digit_model_dir, tmp_path):

@@ -307,6 +307,29 @@ def test_a_changed_sweep_refuses_to_mix_runs(digit_model_dir, seven_task, tmp_pa
         run_local(load_sweep(path), print)
 
 
+@pytest.mark.parametrize(("held", "same"), [("arithmetic", True), ("auto", True), ("math500", False)])
+def test_a_run_from_before_data_eval_auto_has_the_same_settings(tmp_path, held, same):
+    """data.eval=auto on arithmetic training is the arithmetic held-out split that older runs named
+    'arithmetic': a study written before resumes; another split is still refused."""
+    from semrl.config.load import load_config
+    from semrl.studies.sweep import check_run_config
+
+    _write(tmp_path / "base.yaml", {"data": {"train": "arithmetic", "eval": "auto"}})
+    sweep = load_sweep(_write(tmp_path / "sweep.yaml", {
+        "base": "base.yaml", "output_dir": str(tmp_path / "out"), "seeds": [0], "variants": {"dr": {}},
+    }))
+    (run,) = sweep.runs
+    run.run_dir.mkdir(parents=True)
+    written = load_config(sweep.base, list(run.overrides)).to_dict()
+    written["data"]["eval"] = held
+    _write(run.run_dir / "config.yaml", written)
+    if same:
+        check_run_config(sweep, run)
+    else:
+        with pytest.raises(SweepError, match=r"data\.eval"):
+            check_run_config(sweep, run)
+
+
 def test_submitit_local_executor_runs_two_tiny_runs(digit_model_dir, seven_task, tmp_path):
     pytest.importorskip("submitit")
     path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0, 1])

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from semrl.runtime.threads import wait_passively
+
+wait_passively()  # before torch loads OpenMP (semrl.runtime.threads)
+
 __version__ = "0.2.0"
 
 __all__ = ["Config", "ConfigError", "__version__", "load_config", "train"]

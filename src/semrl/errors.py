@@ -48,8 +48,26 @@ class Preempted(TrainingError):
     """The run stopped on a signal after a complete step, with a checkpoint (``semrl.runtime.preemption``)."""
 
     def __init__(self, signal_name: str, step: int, checkpoint: Path, run_dir: Path) -> None:
+        done = f"after step {step}" if step else "after the base evaluation, before step 1,"
         super().__init__(
-            f"{signal_name} received: stopped after step {step} "
+            f"{signal_name} received: stopped {done} "
             f"with its checkpoint {checkpoint}; continue with "
             f"'semrl train --resume {run_dir}'"
+        )
+
+
+class Interrupted(Exception):
+    """Ctrl-C before the run's signal handler was installed (while loading): nothing was trained or
+    saved. The message says what was done and how to start again."""
+
+    @classmethod
+    def while_loading(cls, run_dir: Path, resume: bool) -> Interrupted:
+        if resume:
+            return cls(
+                f"interrupted while loading, before training resumed: {run_dir} is as it was; "
+                f"continue it with 'semrl train --resume {run_dir}'"
+            )
+        return cls(
+            f"interrupted while loading, before step 1: nothing was trained or saved in {run_dir}; "
+            "the same command starts the run again"
         )

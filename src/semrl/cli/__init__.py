@@ -10,7 +10,7 @@ import logging
 import sys
 
 from semrl.cli import checkpoint, compare, config, curriculum, evaluate, export, report, sweep, train
-from semrl.errors import ConfigError, Preempted, TrainingError, closest
+from semrl.errors import ConfigError, Interrupted, Preempted, TrainingError, closest
 from semrl.runtime.preemption import EXIT_PREEMPTED
 
 COMMANDS = (train, evaluate, report, compare, sweep, config, checkpoint, export, curriculum)
@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="semrl",
         description="RL with verifiable rewards for LLM reasoning: ROSE, SENT and their baselines on one "
-        "trainer, run and compared over seeds. Run so far on CPUs; the GPU paths are written and tested on "
-        "CPU, not yet run on a GPU (README, 'What has run where').",
+        "trainer, run and compared over seeds. Run on CPUs (hf and vLLM engines, 1-2 processes) and on one "
+        "GPU (an H200, hf engine: every method, with a 2-layer test model); multi-GPU training and vLLM "
+        "on a GPU have not run yet (README, 'What has run where').",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -83,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as err:
         print(f"semrl: stopped: {err}", file=sys.stderr)
         return 3
+    except Interrupted as err:
+        print(f"semrl: {err}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+    except KeyboardInterrupt:
+        print(f"semrl: interrupted: 'semrl {args.command}' stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `semrl config | head`: the reader left; say nothing more
         import os
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from semrl.cli.common import SubParsers, add_plugin_arg, load_plugins_of
-from semrl.errors import ConfigError
+from semrl.errors import ConfigError, Interrupted
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -46,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from semrl.runtime.trainer import Trainer
     from semrl.tracking.run_summary import summary_of_run
 
-    trainer = Trainer(cfg, resume=bool(args.resume))
+    try:
+        trainer = Trainer(cfg, resume=bool(args.resume))
+    except KeyboardInterrupt:  # the run's own handler starts with training (semrl.runtime.preemption)
+        raise Interrupted.while_loading(Path(cfg.logging.output_dir), bool(args.resume)) from None
     try:
         trainer.train()
     except BaseException:
@@ -72,6 +76,15 @@ def _check_run_dir(run_dir: Path) -> None:
         )
 
 
+def _free_port() -> int:
+    """A TCP port that no process listens on now (the kernel's pick)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def _launch(args: argparse.Namespace) -> int:
     """Re-run this ``semrl train`` command in ``args.num_processes`` processes through accelerate."""
     import subprocess
@@ -89,7 +102,10 @@ def _launch(args: argparse.Namespace) -> int:
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
         "--num_processes", str(args.num_processes), "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "semrl", "train",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        # a free port rather than torch's fixed 29500: two runs on one machine do not collide
+        "--main_process_port", os.environ.get("MASTER_PORT") or str(_free_port()),
+        "-m", "semrl", "train",
     ]
     command += ["--config", args.config] if args.config else []
     command += ["--resume", args.resume] if args.resume else []

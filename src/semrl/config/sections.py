@@ -131,7 +131,11 @@ class DataConfig:
         "columns mapped with data.problem_key / answer_key / id_key).",
     )
     eval: str | None = option(
-        "arithmetic", "Held-out problems for evaluation during training (same forms as train)."
+        "auto",
+        "Held-out problems for evaluation during training (same forms as train). 'auto': problems of "
+        "data.train that training never sees: for 'arithmetic', problems generated from another seed; "
+        "for a file or benchmark, data.eval_size problems (at most a fifth of them) drawn with a fixed "
+        "seed, the same for every trainer.seed. null: no evaluation.",
     )
     eval_size: int = option(
         32, "Number of held-out problems used by in-training evaluation.", valid=AT_LEAST_1
@@ -150,7 +154,8 @@ class DataConfig:
     problem_key: str = option("problem", "Column holding the problem text (e.g. 'question' for GSM8K).")
     answer_key: str = option("answer", "Column holding the gold answer.")
     id_key: str = option(
-        "id", "Column holding a unique id; rows read through the datasets library without it are numbered."
+        "id", "Column holding a unique id (optional): a row without it is numbered row-N, N its 1-based "
+        "position among the file's rows."
     )
     train_split: str = option(
         "train", "Split of data.train when it is a dataset with splits (a directory or hub id)."
@@ -480,7 +485,10 @@ class TrainerConfig:
         valid=NON_NEGATIVE,
     )
     seed: int = option(0, "Seed for data order, sampling and initialisation.", valid=NON_NEGATIVE)
-    num_threads: int | None = option(None, "torch CPU threads (null: torch's default).", valid=AT_LEAST_1)
+    num_threads: int | None = option(
+        None, "torch CPU threads. null: torch's default (OMP_NUM_THREADS when set, else the machine's "
+        "cores), capped at the cores this process may run on (its CPU affinity).", valid=AT_LEAST_1,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Loading problems, with row-level errors: the shared jsonl schema (also parquet) read here, and
 any other file, directory or hub id through the ``datasets`` library.
 
-Schema (one object per row): ``id`` (str, unique), ``problem`` (str), ``answer`` (str or number),
-optional ``solution`` (str), ``level`` (int or null), ``subject`` (str); other columns are kept
-(``Problem.extra``) for reward functions. ``Columns`` maps other column names onto these; rows read
-through ``datasets`` without an id column are numbered.
+Schema (one object per row): ``problem`` (str), ``answer`` (str or number), optional ``id`` (str,
+unique; a row without one is numbered ``row-N``, N its 1-based position among the file's rows, as
+TRL and verl need no id), ``solution`` (str), ``level`` (int or null), ``subject`` (str); other
+columns are kept (``Problem.extra``) for reward functions. ``Columns`` maps other column names onto
+these.
 """
 
 from __future__ import annotations
@@ -65,13 +66,15 @@ def _row_to_problem(row: Any, where: str, columns: Columns = DEFAULT_COLUMNS) ->
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     row = columns.rename(row)
-    missing = [getattr(columns, k) for k in ("id", "problem", "answer") if k not in row or row[k] is None]
+    missing = [getattr(columns, k) for k in ("problem", "answer") if k not in row or row[k] is None]
     if missing:
         raise DataError(
-            f"{where}: missing required field(s) {missing}; every row needs an id, a problem and an "
-            f"answer (columns '{columns.id}', '{columns.problem}', '{columns.answer}'; name yours with "
-            "data.id_key, data.problem_key, data.answer_key)"
+            f"{where}: missing required field(s) {missing}; every row needs a problem and an answer "
+            f"(columns '{columns.problem}', '{columns.answer}'; name yours with data.problem_key and "
+            f"data.answer_key; found {sorted(row)})"
         )
+    if row.get("id") is None:
+        raise DataError(f"{where}: field '{columns.id}' is null; give the row an id or leave the column out")
     problem, answer = row["problem"], row["answer"]
     if not isinstance(problem, str) or not problem.strip():
         raise DataError(f"{where}: field 'problem' must be a non-empty string")
@@ -177,12 +180,10 @@ def load_problems(
     first bad row raises ``DataError`` naming the file and line.
     """
     path = Path(path)
-    if path.suffix == ".jsonl" and path.is_file():
-        rows = _iter_rows(path)
-    elif path.suffix == ".parquet" and path.is_file():  # a table, numbered like the datasets library's
+    if path.suffix in (".jsonl", ".parquet") and path.is_file():  # numbered like the datasets library's
         rows = (
-            (where, {columns.id: f"row-{i}", **row}) for i,
-            (where, row) in enumerate(_iter_rows(path), start=1)
+            (where, {columns.id: f"row-{i}", **row} if isinstance(row, dict) else row)
+            for i, (where, row) in enumerate(_iter_rows(path), start=1)
         )
     elif path.exists() or not str(path).endswith((".jsonl", ".parquet", ".json")):
         rows = _dataset_rows(str(path), split, columns)

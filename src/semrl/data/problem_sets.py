@@ -4,13 +4,46 @@ before anything heavy does: a missing file or column fails in seconds, with no r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import random
+from typing import TYPE_CHECKING, Any, Literal
 
 from semrl.data.loader import Columns, DataError, Problem
-from semrl.data.sources import load_dataset
+from semrl.data.sources import ARITHMETIC, load_dataset
 
 if TYPE_CHECKING:
     from semrl.config.sections import Config
+
+HELD_OUT_OF_TRAIN = "auto"  # data.eval: problems held out of data.train (procedural ones for arithmetic)
+HELD_OUT_SHARE = 5  # data.eval=auto holds out at most 1/HELD_OUT_SHARE of data.train's problems
+HELD_OUT_SEED = 0  # one slice for every trainer.seed: seeds are compared on the same problems
+
+
+def eval_source(data: dict[str, Any]) -> str:
+    """Where ``data.eval`` (a config's ``data`` mapping) takes the held-out problems from, in words:
+    the end-of-run table names it."""
+    name = eval_problems_named(data)
+    return f"{data['train']}, not trained on" if name == HELD_OUT_OF_TRAIN else str(name)
+
+
+def eval_problems_named(data: dict[str, Any]) -> str | None:
+    """``data.eval`` of a config's ``data`` mapping with 'auto' for arithmetic training written as
+    'arithmetic', the same problems: configs written before 'auto' existed compare equal."""
+    if data.get("eval") == HELD_OUT_OF_TRAIN and data.get("train") == ARITHMETIC:
+        return ARITHMETIC
+    return data.get("eval")
+
+
+def held_out_of(problems: list[Problem], size: int, name: str) -> list[Problem]:
+    """``data.eval=auto`` for a file or benchmark: ``min(size, len(problems) // HELD_OUT_SHARE)``
+    problems of ``name`` drawn with ``HELD_OUT_SEED`` (the same for every run of the file)."""
+    count = min(size, len(problems) // HELD_OUT_SHARE)
+    if count == 0:
+        raise DataError(
+            f"data.train '{name}' has {len(problems)} problems, too few to hold out any for evaluation "
+            f"(data.eval=auto holds out up to 1/{HELD_OUT_SHARE} of them); give data.eval a file or "
+            "benchmark to evaluate on, or data.eval=null for no evaluation"
+        )
+    return random.Random(HELD_OUT_SEED).sample(problems, count)
 
 
 def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
@@ -28,7 +61,13 @@ def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
             dataset_split=data.train_split if split == "train" else data.eval_split,
         )
 
-    held_out_problems = load(data.eval, "eval")[: data.eval_size] if data.eval else []
+    if data.eval == HELD_OUT_OF_TRAIN and data.train != ARITHMETIC:
+        held_out_problems = held_out_of(load(data.train, "train"), data.eval_size, data.train)
+    elif data.eval:
+        held_out_problems = load(ARITHMETIC if data.eval == HELD_OUT_OF_TRAIN else data.eval, "eval")
+        held_out_problems = held_out_problems[: data.eval_size]
+    else:
+        held_out_problems = []
     if data.eval and not held_out_problems:
         raise DataError(f"data.eval '{data.eval}' gave no problems; raise data.eval_size")
     held_out = {p.problem for p in held_out_problems}

@@ -5,7 +5,8 @@ training step ``STEP`` (1-based); ``SEMRL_FAULT_SIGNAL=POINT@STEP[,POINT@STEP...
 there once and goes on (a preemption); ``SEMRL_FAULT_CTRL_C=POINT@STEP[,...]`` sends SIGINT once to
 its whole process group, as Ctrl-C in a terminal does (start the outermost process in a session of
 its own: the group is everything that shares it); ``SEMRL_FAULT_ENOSPC=STEP`` makes writing the
-checkpoint of step ``STEP`` fail as on a full disk. Points: ``rollout`` (after generation, before
+checkpoint of step ``STEP`` fail as on a full disk. Points: ``load`` (the models loaded, before the
+run's signal handler; step 0), ``rollout`` (after generation, before
 rewards), ``update`` (after the first backward, before the optimizer step), ``evaluate`` (the
 evaluation after step STEP; 0: before training) and ``checkpoint`` (model written to the temporary
 directory, not yet renamed). Unset, each point costs a set lookup.
@@ -22,7 +23,7 @@ SIGNAL_ENV = "SEMRL_FAULT_SIGNAL"
 CTRL_C_ENV = "SEMRL_FAULT_CTRL_C"
 ENOSPC_ENV = "SEMRL_FAULT_ENOSPC"
 RANK_ENV = "SEMRL_FAULT_RANK"  # with several processes: only this rank is signalled
-POINTS = ("rollout", "update", "evaluate", "checkpoint")
+POINTS = ("load", "rollout", "update", "evaluate", "checkpoint")
 
 
 def _parse(spec: str, env: str) -> frozenset[tuple[str, int]]:

@@ -1,9 +1,10 @@
 """Graceful preemption: cluster schedulers send SIGTERM (then SIGKILL after a grace period).
 
-On SIGTERM or SIGINT the run finishes the step it is in (rollout, update, evaluation, logging),
-writes a checkpoint, closes its worker pools and exits with ``EXIT_PREEMPTED``; ``--resume`` then
-continues exactly where it stopped. A second signal exits at once. With several processes they
-agree, at the end of every step, to stop when any of them was signalled.
+On SIGTERM or SIGINT the run finishes the step it is in (rollout, update, evaluation, logging) or
+the base evaluation before step 1, writes a checkpoint, closes its worker pools and exits with
+``EXIT_PREEMPTED``; ``--resume`` then continues exactly where it stopped. A second signal exits at
+once. With several processes they agree, at the end of every step, to stop when any of them was
+signalled. Before the handler (while loading) Ctrl-C stops at once: nothing was trained or saved.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopSignal:
-    """Records SIGTERM / SIGINT between ``install`` and ``uninstall`` (around the training loop)."""
+    """Records SIGTERM / SIGINT between ``install`` and ``uninstall`` (around the base evaluation and
+    the training loop)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -44,7 +46,7 @@ class StopSignal:
             os._exit(128 + signum)
         self.received = signum
         logger.warning(
-            "%s received: finishing this step, then writing a "
+            "%s received: finishing this step (or the base evaluation), then writing a "
             "checkpoint and exiting (send it again to exit at once)",
             signal.Signals(signum).name,
         )

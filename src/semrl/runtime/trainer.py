@@ -41,6 +41,7 @@ from semrl.runtime.checkpoint import RunState, advance_stage, load_stage_referen
 from semrl.runtime.distributed import ProcessGroup, iter_full_parameters
 from semrl.runtime.faults import Faults
 from semrl.runtime.preemption import StopSignal
+from semrl.runtime.threads import torch_threads
 from semrl.tracking.metrics import cost_metrics, entropy_metrics, rollout_metrics
 from semrl.tracking.run_log import RunLog
 from semrl.update.actor import Actor, UpdateResult
@@ -91,8 +92,8 @@ class Trainer:
         # data before the run directory: a missing file or column fails with nothing written
         eval_problems, stages, transfer = run_problems(cfg)
         ckpt = setup.prepare_run_dir(cfg, resume, self.processes)
-        if cfg.trainer.num_threads:
-            torch.set_num_threads(cfg.trainer.num_threads)
+        if (threads := torch_threads(cfg.trainer.num_threads, torch.get_num_threads())) is not None:
+            torch.set_num_threads(threads)
         # one random stream per process (the data order is shared by all)
         self.generator = setup.seed_everything(cfg.trainer.seed + self.processes.rank)
         self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
@@ -107,6 +108,7 @@ class Trainer:
             self.loss_config.options
         )
         models = setup.load_models(cfg, model_path, self.processes, needs_ref)
+        self.faults.at("load", 0)
         self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
         self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
         self.reference_weights = models.reference_weights
@@ -131,6 +133,7 @@ class Trainer:
             load(self.policy_loss.prepare_fn) if self.policy_loss.prepare_fn else None, self.loss_config,
             self.generator, reuse_first_forward, self.faults,
         )
+        self.resumed = ckpt is not None
         if ckpt is not None:
             restore_run(ckpt, self.run, self.model, cfg, self.processes)
             if self.curriculum.stage > 0 and reset and self.ref_model is not None:
@@ -153,26 +156,30 @@ class Trainer:
 
     def train(self) -> dict[str, float]:
         cfg, run = self.cfg, self.run
-        if run.step == 0 and self.eval_sets and cfg.logging.eval_base:
-            self.log.metrics({"step": 0, **self.evaluate()})
-        bar = tqdm(
-            total=cfg.trainer.steps, initial=run.step, desc="train",
-            disable=not (cfg.logging.progress and self.processes.is_main), dynamic_ncols=True,
-        )
         last: dict[str, float] = {}
-        stop = StopSignal().install()  # SIGTERM / SIGINT: finish this step, checkpoint, exit
+        # SIGTERM / SIGINT: finish this step (or the base evaluation), checkpoint, exit
+        stop = StopSignal().install()
+        bar = None
         try:
+            # a run resumed at step 0 stopped after its base evaluation, which its log holds
+            if run.step == 0 and not self.resumed and self.eval_sets and cfg.logging.eval_base:
+                self.log.metrics({"step": 0, **self.evaluate()})
+                self._stop_if_needed(None, stop)
+            bar = tqdm(
+                total=cfg.trainer.steps, initial=run.step, desc="train",
+                disable=not (cfg.logging.progress and self.processes.is_main), dynamic_ncols=True,
+            )
             while run.step < cfg.trainer.steps:
                 if self.curriculum.advances(run.step):  # checkpoint, next stage (and its reference)
                     advance_stage(
                         self.run_dir, run, self.model, self.rollout_model, self.ref_model, self.tokenizer,
                         cfg, self.processes, self.faults,
                     )
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 collected = self.collect()
                 batch, scores = collected.batch, collected.scores
                 self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
-                t1 = time.perf_counter()
+                t1, cpu1 = time.perf_counter(), time.process_time()
                 advantages, advantage_metrics, update = self.learn(batch, scores)
                 # the sampling entropies the update's forwards measured where the engine gave none (vllm)
                 measured = update.sampling_entropy
@@ -181,7 +188,7 @@ class Trainer:
                 # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
                 # vllm takes them in place (a no-op for hf, which samples from the trained model)
                 self.engine.sync_weights(iter_full_parameters(self.model) if cfg.trainer.fsdp else None)
-                t3 = time.perf_counter()
+                t3, cpu3 = time.perf_counter(), time.process_time()
                 run.step += 1
                 last = {
                     "step": run.step,
@@ -197,6 +204,10 @@ class Trainer:
                     "time/reward_s": collected.reward_s,
                     "time/update_s": t3 - t1,
                     "time/step_s": t3 - t0,
+                    # this process's CPU seconds (every thread): far below wall x threads on a busy
+                    # machine (docs/benchmarks.md, "A busy machine")
+                    "time/collect_cpu_s": cpu1 - cpu0,
+                    "time/update_cpu_s": cpu3 - cpu1,
                 }
                 last = self.processes.mean_metrics(last)
                 every = cfg.logging.eval_every
@@ -219,7 +230,8 @@ class Trainer:
                 )
         finally:
             stop.uninstall()
-            bar.close()
+            if bar is not None:
+                bar.close()
             self.pool.close()
             self.log.close()
         self.processes.barrier()

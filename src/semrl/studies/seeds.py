@@ -50,6 +50,7 @@ from semrl.studies.designs import (
     primary_done,
 )
 from semrl.studies.designs import descriptive as descriptive_rules
+from semrl.studies.forest import ForestRow, draw_forest, forest_rows
 from semrl.studies.stats import compare_paired
 from semrl.tracking.jsonl import read_jsonl
 
@@ -295,10 +296,11 @@ def rule_differences(
 
 def design_section(
     groups: dict[str, list[Run]], rules: RulesFile, chosen: bool, descriptive: bool, log: Path | None,
-) -> tuple[str, list[str], list[list[str]]]:
+) -> tuple[Section, list[ForestRow]]:
     """The decision section of a rules file with a design: its latest planned look on the first
-    seeds that finished every variant the rules name (``semrl.studies.designs``). ``chosen``: the
-    seeds were picked (``--seeds``), so they must form a planned look or be ``descriptive``."""
+    seeds that finished every variant the rules name (``semrl.studies.designs``), and that look's
+    rows of the forest plot. ``chosen``: the seeds were picked (``--seeds``), so they must form a
+    planned look or be ``descriptive``."""
     design = rules.design
     assert design is not None
     diffs = rule_differences(groups, rules.rules)
@@ -312,13 +314,15 @@ def design_section(
         )
     looks = judge_looks(diffs, rules, complete)
     if not looks or (chosen and descriptive and len(complete) not in design.looks):
-        judged = descriptive_rules({k: [v[s] for s in complete] for k, v in diffs.items()}, rules)
+        at_seeds = {k: [v[s] for s in complete] for k, v in diffs.items()}
+        judged = descriptive_rules(at_seeds, rules)
         heading = (
             f"Decision rules: descriptive only, {len(complete)} seeds ({design.type} design, looks at "
             f"{planned} seeds)"
         )
-        return heading, JUDGED_HEADER, judged_rows(judged)
+        return (heading, JUDGED_HEADER, judged_rows(judged)), forest_rows(judged, at_seeds)
     k, n = len(looks), design.looks[len(looks) - 1]
+    at_look = {rule_id: [by_seed[s] for s in sorted(complete)[:n]] for rule_id, by_seed in diffs.items()}
     if log is not None:
         log_looks(log, looks, design, complete)
     nxt = f"; next look at {design.looks[k]} seeds" if k < len(design.looks) else "; the last look"
@@ -329,7 +333,7 @@ def design_section(
         f"alpha {design.alpha:g} two-sided per "
         f"family, {', '.join(f'{f}: {c}' for f, c in design.families.items())}; {stop}{nxt})"
     )
-    return heading, JUDGED_HEADER, judged_rows(looks[-1])
+    return (heading, JUDGED_HEADER, judged_rows(looks[-1])), forest_rows(looks[-1], at_look)
 
 
 def decide_all(groups: dict[str, list[Run]], rules: Sequence[Hypothesis]) -> list[Decision]:
@@ -348,6 +352,24 @@ def decide_all(groups: dict[str, list[Run]], rules: Sequence[Hypothesis]) -> lis
         outcome = decide(comparison, rule.expect, rule.margin) if comparison else "undecided"
         decisions.append(Decision(rule, comparison, outcome))
     return decisions
+
+
+def decision_forest(groups: dict[str, list[Run]], decisions: Sequence[Decision]) -> list[ForestRow]:
+    """The forest plot's rows of rules judged without a design (one look, each at 95%): the
+    descriptive interval is the one they were judged by; rules with no seed are left out."""
+    rows = []
+    for decision in decisions:
+        rule = decision.hypothesis
+        if decision.comparison is None:
+            continue
+        d = seed_differences(groups[rule.variant], groups[rule.baseline], rule.metric, window=rule.window)
+        rows.append(ForestRow(
+            label=f"{rule.id}: {rule.variant} - {rule.baseline}\n{rule.metric}", variant=rule.variant,
+            estimate=decision.comparison.estimate, design=None, level=None,
+            descriptive=(decision.comparison.low, decision.comparison.high), margin=rule.margin,
+            outcome=decision.outcome, differences=d,
+        ))
+    return rows
 
 
 COMPARISON_HEADER = [
@@ -705,12 +727,14 @@ def _training_sections(
 
 def _write_outputs(
     out: Path, groups: dict[str, list[Run]], title: str, sections: list[Section], md: list[str],
-    metrics: list[str], x_axis: str,
+    metrics: list[str], x_axis: str, forest: Sequence[ForestRow] = (),
 ) -> list[str]:
-    """``results.md`` (``md`` and the figures), ``aggregate.json``, the PNG figures and a
-    self-contained ``index.html`` in ``out``; returns ``md`` with the figures and what was written."""
+    """``results.md`` (``md`` and the figures), ``aggregate.json``, the PNG figures (first the
+    decisions' forest plot, with ``forest``) and a self-contained ``index.html`` in ``out``; returns
+    ``md`` with the figures and what was written."""
     out.mkdir(parents=True, exist_ok=True)
-    figures = _plots(groups, out / "figures", metrics, x_axis)
+    decisions = draw_forest(forest, out / "figures" / "decisions.png", sections[0][0]) if forest else None
+    figures = [*([decisions] if decisions else []), *_plots(groups, out / "figures", metrics, x_axis)]
     md = [*md, *(f"![{p.stem}](figures/{p.name})" for p in figures)]
     (out / "results.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     aggregated = {
@@ -769,12 +793,15 @@ def compare_seeds(
     budget = equal_token_budget(groups)
     sections = [s for split in SPLITS for s in _split_sections(groups, split, pairs, budget)]
     sections += _training_sections(groups, pairs, metrics, budget, window)
+    forest: list[ForestRow] = []
     if isinstance(rules, RulesFile) and rules.design is not None:
         log = Path(paths[0]) / LOOKS_LOG if group_by is None else None
-        sections.insert(0, design_section(groups, rules, seeds is not None, descriptive, log))
+        section, forest = design_section(groups, rules, seeds is not None, descriptive, log)
+        sections.insert(0, section)
     elif rules:
         listed = rules.rules if isinstance(rules, RulesFile) else rules
         decisions = decide_all(groups, listed)
+        forest = decision_forest(groups, decisions)
         heading = (
             f"Decision rules, at equal steps ({decision_summary(decisions)}; no design declared: one look "
             "at 95% per rule assumed, docs/evaluation.md 'Designs')"
@@ -786,5 +813,5 @@ def compare_seeds(
     for heading, header, rows in sections:
         md += [f"**{heading}**", "", *_markdown(header, rows), ""]
     if output is not None:
-        md = _write_outputs(Path(output), groups, title, sections, md, metrics, x_axis)
+        md = _write_outputs(Path(output), groups, title, sections, md, metrics, x_axis, forest)
     return "\n".join(md)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from semrl.config.load import load_config
+from semrl.data.problem_sets import eval_problems_named
 from semrl.errors import ConfigError
 from semrl.runtime.atomic import write_text_atomic
 from semrl.studies.seeds import DONE_FILE
@@ -259,6 +260,8 @@ def check_run_config(sweep: Sweep, run: SweepRun) -> None:
         return
     wanted = load_config(sweep.base, list(run.overrides)).to_dict()
     found = load_config(held).to_dict()
+    for settings in (wanted, found):  # runs from before data.eval=auto named the same problems
+        settings["data"]["eval"] = eval_problems_named(settings["data"])
     diff = [
         f"{section}.{key}"
         for section in wanted

@@ -29,9 +29,9 @@ def _cost_columns(row: dict[str, Any]) -> str:
     return f"  {sampled:>7.0f}  {prefill:>7.0f}  {batch:>6.1f}"
 
 
-def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
-    """Held-out metrics before and after, reward, accuracy, length and time of every step, and
-    where the run's files are."""
+def run_summary(rows: list[dict[str, Any]], run_dir: str | Path, eval_source: str | None = None) -> str:
+    """Held-out metrics before and after (on the problems of ``eval_source``, in words), reward,
+    accuracy, length and time of every step, and where the run's files are."""
     steps = [r for r in rows if "reward" in r]
     evals = [r for r in rows if any(k.startswith("eval/mean@") for k in r)]
     minutes = sum(r.get("time/step_s", 0.0) for r in steps) / 60
@@ -46,7 +46,8 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
         problems = int(last.get("eval/problems", 0))
         before = f"step {first.get('step', 0):>3}" if first is not last else " " * 8
         steps_row = f"{before}  step {last.get('step', 0):>3}"
-        lines += ["", f"held-out ({problems} problems)   {steps_row}"]
+        source = f" of {eval_source}" if eval_source else ""
+        lines += ["", f"held-out ({problems} problems{source})   {steps_row}"]
         lines += _held_out_rows(first if first is not last else {}, last)
     if steps:
         every = -(-len(steps) // MAX_STEP_ROWS)  # long runs: every n-th step, and the last
@@ -70,5 +71,10 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path) -> str:
 
 def summary_of_run(run_dir: str | Path) -> str:
     """``run_summary`` of a run directory's metrics."""
+    import yaml
+
+    from semrl.data.problem_sets import eval_source
+
+    config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
     path = Path(run_dir) / "metrics.jsonl"
-    return run_summary(read_jsonl(path), run_dir)
+    return run_summary(read_jsonl(path), run_dir, eval_source(config["data"]))
