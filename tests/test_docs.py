@@ -4,6 +4,7 @@ ones run."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -347,3 +348,46 @@ def test_the_gpu_is_described_one_way():
         assert "H200" in text and "2-layer" in text and "hf engine" in text, where
         assert re.search(r"[Mm]ulti-GPU training and vLLM on (a GPU|GPUs|CUDA) (are written|have not)", text), where
         assert "CPU only" not in text and "not yet run on a GPU (README" not in text, where
+
+
+@pytest.mark.skipif(
+    not (shutil.which("chromium") or shutil.which("chromium-browser")) and not os.environ.get("SEMRL_REQUIRE_BROWSER"),
+    reason="Chromium is not installed (Debian: apt-get install chromium)",
+)
+@pytest.mark.parametrize("width", [1280, 390])
+def test_wide_tables_stay_inside_the_content_column(tmp_path, width):
+    """On the pages with the widest tables, at a laptop's and a phone's width, every table scrolls or
+    wraps inside the content column: the page itself never scrolls sideways (headless Chromium)."""
+    pytest.importorskip("mkdocs")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "SEMRL_REQUIRE_BROWSER is set but no chromium is on PATH"
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(site)], cwd=ROOT, check=True,
+                   capture_output=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        for name in ("results", "benchmarks", "config-reference", ""):
+            page.goto((site / name / "index.html").as_uri())
+            tables = page.locator("article table").count()
+            assert tables > 0, name
+            overflow = page.evaluate("""() => {
+                const column = document.querySelector(".md-content").getBoundingClientRect();
+                const inside = (el) => {
+                    const r = el.getBoundingClientRect();
+                    return r.left >= column.left - 1 && r.right <= column.right + 1;
+                };
+                const out = [];
+                for (const table of document.querySelectorAll("article table")) {
+                    // fits, or scrolls inside a box (itself or an ancestor) that fits
+                    let shown = inside(table);
+                    for (let el = table; !shown && el && el.tagName !== "ARTICLE"; el = el.parentElement) {
+                        shown = ["auto", "scroll"].includes(getComputedStyle(el).overflowX) && inside(el);
+                    }
+                    if (!shown) out.push(table.innerText.slice(0, 60));
+                }
+                return {tables: out, page: document.documentElement.scrollWidth - window.innerWidth};
+            }""")
+            assert overflow["tables"] == [] and overflow["page"] <= 0, (name or "index", width, overflow)
+        browser.close()
