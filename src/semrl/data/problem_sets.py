@@ -61,13 +61,11 @@ def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
             dataset_split=data.train_split if split == "train" else data.eval_split,
         )
 
-    if data.eval == HELD_OUT_OF_TRAIN and data.train != ARITHMETIC:
+    named = eval_problems_named({"eval": data.eval, "train": data.train})
+    if named == HELD_OUT_OF_TRAIN:
         held_out_problems = held_out_of(load(data.train, "train"), data.eval_size, data.train)
-    elif data.eval:
-        held_out_problems = load(ARITHMETIC if data.eval == HELD_OUT_OF_TRAIN else data.eval, "eval")
-        held_out_problems = held_out_problems[: data.eval_size]
     else:
-        held_out_problems = []
+        held_out_problems = load(named, "eval")[: data.eval_size] if named else []
     if data.eval and not held_out_problems:
         raise DataError(f"data.eval '{data.eval}' gave no problems; raise data.eval_size")
     held_out = {p.problem for p in held_out_problems}

@@ -89,6 +89,11 @@ def draw_forest(rows: Sequence[ForestRow], path: Path, title: str) -> Path | Non
     return path
 
 
+def rule_label(rule: Any) -> str:
+    """A rule's row label: its id and pair, then its metric."""
+    return f"{rule.id}: {rule.variant} - {rule.baseline}\n{rule.metric}"
+
+
 def forest_rows(judged: Sequence[Any], differences: dict[str, list[float]]) -> list[ForestRow]:
     """Rows of ``semrl.studies.designs.Judged`` rules at one look, with the per-seed
     ``differences`` of that look (rule id -> differences)."""
@@ -100,7 +105,7 @@ def forest_rows(judged: Sequence[Any], differences: dict[str, list[float]]) -> l
         _, low, high = repeated_interval(d, 0.05)
         descriptive_only = math.isnan(j.level)
         rows.append(ForestRow(
-            label=f"{rule.id}: {rule.variant} - {rule.baseline}\n{rule.metric}", variant=rule.variant,
+            label=rule_label(rule), variant=rule.variant,
             estimate=j.estimate, design=None if descriptive_only else (j.low, j.high),
             level=None if descriptive_only else 1 - j.level, descriptive=(low, high), margin=rule.margin,
             outcome=j.outcome, differences=list(d),

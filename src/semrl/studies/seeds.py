@@ -50,7 +50,7 @@ from semrl.studies.designs import (
     primary_done,
 )
 from semrl.studies.designs import descriptive as descriptive_rules
-from semrl.studies.forest import ForestRow, draw_forest, forest_rows
+from semrl.studies.forest import ForestRow, draw_forest, forest_rows, rule_label
 from semrl.studies.stats import compare_paired
 from semrl.tracking.jsonl import read_jsonl
 
@@ -364,7 +364,7 @@ def decision_forest(groups: dict[str, list[Run]], decisions: Sequence[Decision])
             continue
         d = seed_differences(groups[rule.variant], groups[rule.baseline], rule.metric, window=rule.window)
         rows.append(ForestRow(
-            label=f"{rule.id}: {rule.variant} - {rule.baseline}\n{rule.metric}", variant=rule.variant,
+            label=rule_label(rule), variant=rule.variant,
             estimate=decision.comparison.estimate, design=None, level=None,
             descriptive=(decision.comparison.low, decision.comparison.high), margin=rule.margin,
             outcome=decision.outcome, differences=d,
