@@ -16,6 +16,7 @@ docs/results.md's look tables against ``rebuild``).
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -35,9 +36,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def read_lines(path: Path) -> list[dict]:
+    """The JSON lines of a record file, plain or gzip-compressed (``FILE.jsonl.gz``, how a finished
+    study's records are committed)."""
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
 def eval_value(run: Path, metric: str) -> float:
-    files = sorted((run / "eval").glob("eval-step-*.jsonl"))
-    records = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    files = sorted((run / "eval").glob("eval-step-*.jsonl*"))
+    records = read_lines(files[-1])
     name = metric.removeprefix("eval/")
     if name.startswith("pass@"):
         k = int(name.split("@")[1])
@@ -56,7 +66,7 @@ def eval_value(run: Path, metric: str) -> float:
 
 
 def train_value(run: Path, metric: str, window: int) -> float:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_lines(run / "metrics.jsonl")
     points = sorted((row["step"], row[metric]) for row in rows if metric in row)
     return float(np.mean([value for _, value in points[-window:]]))
 

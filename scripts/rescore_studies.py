@@ -25,7 +25,7 @@ from semrl.evaluation import summarize_records
 from semrl.reward.answer_form import fails_numeral_rule
 from semrl.studies.designs import load_rules
 from semrl.studies.seeds import Run, find_runs, rule_differences
-from semrl.tracking.jsonl import read_jsonl
+from semrl.tracking.jsonl import COMPRESSED_SUFFIX, log_exists, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = {
@@ -57,8 +57,9 @@ def rescore_run(run: Run) -> tuple[Run, list[dict[str, Any]], int]:
     by_step = {int(r["step"]): r for r in rows}
     changed: list[dict[str, Any]] = []
     total = 0
-    for path in sorted((run.run_dir / "eval").glob("*-step-*.jsonl")):
-        split, step = path.stem.split("-step-")[0], int(path.stem.split("-step-")[1])
+    for path in sorted((run.run_dir / "eval").glob("*-step-*.jsonl*")):  # plain or compressed
+        name = path.name.removesuffix(COMPRESSED_SUFFIX).removesuffix(".jsonl")
+        split, step = name.split("-step-")[0], int(name.split("-step-")[1])
         records = read_jsonl(path)
         total += sum(len(r["samples"]) for r in records)
         row = by_step.get(step)
@@ -69,7 +70,7 @@ def rescore_run(run: Run) -> tuple[Run, list[dict[str, Any]], int]:
             if logged is not None and not math.isclose(logged, value, rel_tol=1e-9, abs_tol=1e-12):
                 raise SystemExit(f"{path}: {split}/{key} is {value} from the records, {logged} logged")
         new, gone = rescored(records)
-        changed += [{**c, "file": str(path.relative_to(ROOT))} for c in gone]
+        changed += [{**c, "file": str(path.relative_to(ROOT)).removesuffix(COMPRESSED_SUFFIX)} for c in gone]
         row.update({f"{split}/{k}": v for k, v in summarize_records(new).items()})
     return replace(run, rows=rows), changed, total
 
@@ -77,7 +78,7 @@ def rescore_run(run: Run) -> tuple[Run, list[dict[str, Any]], int]:
 def training_samples_credited(run: Run) -> tuple[int, int]:
     """(logged training samples, those credited (a reward of 1) that break the rule)."""
     path = run.run_dir / "samples.jsonl"
-    if not path.exists():
+    if not log_exists(path):
         return 0, 0
     rows = read_jsonl(path)
     bad = sum(r.get("reward", 0.0) >= 1.0 and r.get("answer") is not None

@@ -33,6 +33,8 @@ for done in "$repo/$results"/*/seed-*/sweep_done.json; do
   if [ ! -e "$tree/$results/$rel/sweep_done.json" ]; then
     rm -rf "${tree:?}/$results/$rel" && mkdir -p "$tree/$results/$rel"
     cp -r "$run"/. "$tree/$results/$rel"/ && copied=$((copied + 1))
+    # plain again: the frozen commit may be older than semrl's reading of compressed records
+    find "$tree/$results/$rel" -name '*.jsonl.gz' -exec gunzip -f {} +
   fi
 done
 [ ! -e "$repo/$results/looks.jsonl" ] || cp "$repo/$results/looks.jsonl" "$tree/$results/looks.jsonl"

@@ -382,3 +382,44 @@ def test_config_check_refuses_what_training_would(override, message, tmp_path, c
     assert main(["train", "--config", str(config), override]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_each_run_gets_a_directory_of_its_own_unless_one_is_named(tmp_path, monkeypatch):
+    """logging.output_dir: auto (the default, and no packaged run config sets one) is
+    runs/CONFIG-YYYYMMDD-HHMMSS, numbered on when taken; a named directory wins; nothing is created."""
+    from datetime import datetime
+
+    from semrl.config.load import fresh_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    before = datetime.now().replace(microsecond=0)
+    made = load_config("demo").logging.output_dir
+    stamp = re.fullmatch(r"runs/demo-(\d{8}-\d{6})", made)
+    assert stamp and before <= datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S") <= datetime.now()
+    assert not (tmp_path / "runs").exists()
+    assert re.fullmatch(r"runs/rose_demo-\d{8}-\d{6}", load_config("rose_demo").logging.output_dir)
+    assert re.fullmatch(r"runs/grpo-\d{8}-\d{6}", load_config(None, ["algorithm.method=grpo"]).logging.output_dir)
+    assert re.fullmatch(r"runs/demo-\d{8}-\d{6}", load_config("demo", ["logging.output_dir=auto"]).logging.output_dir)
+    assert load_config("demo", ["logging.output_dir=mine"]).logging.output_dir == "mine"
+    now = datetime(2026, 11, 28, 1, 2, 3)
+    assert fresh_run_dir("demo", now=now) == "runs/demo-20261128-010203"
+    (tmp_path / "runs" / "demo-20261128-010203").mkdir(parents=True)
+    assert fresh_run_dir("demo", now=now) == "runs/demo-20261128-010203-2"
+    (tmp_path / "runs" / "demo-20261128-010203-2").mkdir()
+    assert fresh_run_dir("demo", now=now) == "runs/demo-20261128-010203-3"
+    assert fresh_run_dir("demo", tmp_path / "elsewhere", now) == str(tmp_path / "elsewhere" / "demo-20261128-010203")
+
+
+def test_the_processes_of_one_run_share_the_directory_chosen_once(tmp_path, monkeypatch):
+    """semrl train --num-processes N picks the time-stamped directory in the launcher and hands it to
+    every process (each would otherwise read its own clock)."""
+    import subprocess
+
+    launched = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(subprocess, "call", lambda command: launched.append(command) or 0)
+    assert main(["train", "--num-processes", "2", "--config", "demo", "trainer.steps=1"]) == 0
+    (command,) = launched
+    dirs = [arg for arg in command if arg.startswith("logging.output_dir=")]
+    assert len(dirs) == 1 and re.fullmatch(r"logging\.output_dir=runs/demo-\d{8}-\d{6}", dirs[0])
+    assert command[-2:] == ["trainer.steps=1", dirs[0]]

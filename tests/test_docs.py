@@ -164,22 +164,32 @@ def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monk
             "rollout.max_new_tokens=4", "trainer.steps=1", "trainer.micro_batch_size=4", "data.eval_size=2",
             "logging.eval_samples=2", "reward.num_workers=1", "logging.progress=false", "logging.report_to=[]"]
 
+    made, printed = {}, {}  # the run directories made by name; the pages' examples -> those
+
     def run(command: str, *extra: str) -> None:
+        for example, made in printed.items():
+            command = command.replace(example, made)
         assert main([*shlex.split(command)[1:], *extra]) == 0, command
 
     run("semrl train --config configs/demo.yaml", *tiny)
-    run(_shown("semrl train --resume runs/demo")[0], "trainer.steps=2", "logging.progress=false")
     run("semrl train --config configs/rose_demo.yaml", *tiny)
+    for name in ("demo", "rose_demo"):  # each run made a directory of its own, named as the page says
+        (run_dir,) = (tmp_path / "runs").glob(f"{name}-2*")
+        made[name] = f"runs/{run_dir.name}"
+        (example,) = set(re.findall(rf"runs/{name}-\d{{8}}-\d{{6}}", (ROOT / "docs" / "getting-started.md").read_text()))
+        printed[example] = made[name]
+    run(_shown("semrl train --resume runs/demo-")[0], "trainer.steps=2", "logging.progress=false")
     for command in _shown("semrl train --config configs/demo.yaml \"reward.functions"):
-        run(command, *tiny, "logging.output_dir=runs/own_reward")
+        run(command, *tiny)
     eval_command = _shown("semrl eval --data arithmetic")[0]
     run(eval_command, "--model", str(tiny_model_dir), "--n", "2", "--limit", "2", "--max-new-tokens", "4", "--quiet")
-    run("semrl eval --model runs/demo/checkpoints/step-000002 --data arithmetic --n 2 --limit 2 --max-new-tokens 4 --quiet")
+    run(f"semrl eval --model {made['demo']}/checkpoints/step-000002 --data arithmetic --n 2 --limit 2 "
+        "--max-new-tokens 4 --quiet")
     for command in (*_shown("semrl report"), *_shown("semrl export")):
         run(command)
-    run("semrl compare runs/demo runs/rose_demo --output runs/cmp_plots")
-    assert (tmp_path / "runs" / "rose_demo" / "report" / "index.html").is_file()
-    assert (tmp_path / "runs" / "demo" / "export" / "config.json").is_file()
+    run(f"semrl compare {made['demo']} {made['rose_demo']} --output runs/cmp_plots")
+    assert (tmp_path / made["rose_demo"] / "report" / "index.html").is_file()
+    assert (tmp_path / made["demo"] / "export" / "config.json").is_file()
     assert (tmp_path / "runs" / "eval" / "base" / "results.md").is_file()
 
 
@@ -206,18 +216,19 @@ def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(tiny_model_di
     out = capsys.readouterr().out
     assert "held-out (2 problems of arithmetic)" in out
     assert "held-out (2 problems of my_train.parquet, not trained on)" in out
-    assert (tmp_path / "runs" / "demo" / "metrics.jsonl").is_file()
-    assert (tmp_path / "runs" / "my_data" / "metrics.jsonl").is_file()
+    # both name the config demo, and each run has a directory of its own (the second in the same
+    # second, if it came to that, gets -2)
+    assert len(list((tmp_path / "runs").glob("demo-2*/metrics.jsonl"))) == 2
     # the Python example, as written, with the same tiny sizes added to its overrides
     import semrl.api
 
     example = re.search(r"```python\n(import semrl\n.*?)```", readme, re.S).group(1)
     train = semrl.api.train
     sized = [o for o in tiny if not o.startswith("logging.eval_samples")]  # the example reads mean@8
-    monkeypatch.setattr(semrl.api, "train", lambda config, overrides, **kw: train(config, [*overrides, *sized], **kw))
+    monkeypatch.setattr(semrl.api, "train", lambda config, overrides=(), **kw: train(config, [*overrides, *sized], **kw))
     exec(compile(example, "README.md", "exec"), {})
     assert re.search(r"^\d\.\d+$", capsys.readouterr().out, re.M)  # the held-out mean@8, printed
-    assert (tmp_path / "runs" / "api" / "metrics.jsonl").is_file()
+    assert len(list((tmp_path / "runs").glob("demo-2*/metrics.jsonl"))) == 3
 
 
 def test_the_docs_extra_installs_what_the_site_build_imports():

@@ -186,7 +186,8 @@ def test_evaluation_judges_with_the_configured_correctness_function(digit_model_
 def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(digit32_model_dir, kind):
     """Every request in flight at once (vllm refills its 64 slots; hf runs chunks) gives the samples of
     chunks of 8 drawn from the same generator, on responses of widely different lengths; progress
-    counts each sample once, and every problem is judged as its own batch was."""
+    counts each sample once, as it stops (issue 64, item 4), and every problem is judged as its own
+    batch was."""
     import torch
 
     from semrl.data import Problem, build_prompt_ids
@@ -203,11 +204,11 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     engine = build_engine(kind, model, tok, 8, 512, logprobs_top_k=20)
     problems = [Problem(f"p{i}", f"Pick a number ({i}).", str(i % 10)) for i in range(12)]
     params = SamplingParams(temperature=2.0, top_p=1.0, max_new_tokens=40, logprobs_top_k=0)
-    counts: list[int] = []
+    counts: list[tuple[int, int]] = []  # (samples finished, the engine's forward steps so far)
     with VerifierPool(1, 5.0) as pool:
         sampled = sample_and_verify(
             engine, tok, problems, params, 8, PromptFormat(DIGIT_SYSTEM_PROMPT), Judge(pool),
-            torch.Generator().manual_seed(3), counts.append,
+            torch.Generator().manual_seed(3), lambda n: counts.append((n, engine.cost.engine_steps)),
         )
         requests = [
             GenerationRequest(build_prompt_ids(tok, p.problem, DIGIT_SYSTEM_PROMPT)) for p in problems for _ in range(8)
@@ -224,7 +225,9 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     assert [g.token_ids.tolist() for g in continuous] == [g.token_ids.tolist() for g in chunked]
     assert [r.correct for s in sampled for r in s.rewards] == [v.correct for v in verdicts]
     assert [t for s in sampled for t in s.texts] == texts
-    assert counts == [1] * len(requests)
+    # every sample counted once, as it finished: within a chunk too, not when the chunk returns
+    assert sum(n for n, _ in counts) == len(requests)
+    assert len({steps for _, steps in counts}) > len(requests) // 8
 
 
 def test_base_evaluation_cache_misses_when_any_setting_that_decides_the_samples_changes(

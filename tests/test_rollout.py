@@ -148,3 +148,35 @@ def test_invalid_requests_are_rejected(tiny):
         engine.generate([GenerationRequest([])], SamplingParams())
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate([GenerationRequest([1, 2], max_new_tokens=0)], SamplingParams())
+
+
+def test_the_cache_goes_by_the_name_the_installed_transformers_takes(tiny):
+    """transformers 5.2x renamed forward's ``past_key_values`` to ``cache`` and warns on the old
+    name at every decoding step (issue 64, item 4): the engine asks the model's forward, with
+    LoRA adapters too, and sampling prints no FutureWarning."""
+    import inspect
+    import warnings
+
+    from semrl.config.sections import ModelConfig
+    from semrl.models.lora import add_adapters
+    from semrl.rollout.engines.hf import with_cache
+
+    class NewStyle(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=False): ...
+
+    class OldStyle(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=False): ...
+
+    assert with_cache(NewStyle(), "kv") == {"cache": "kv"}
+    assert with_cache(OldStyle(), "kv") == {"past_key_values": "kv"}
+    tok, model, engine = tiny
+    expected = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    assert list(with_cache(model, "kv")) == [expected]
+    lora = load_model(str(model.name_or_path))
+    add_adapters(lora, ModelConfig(lora_r=4, lora_alpha=8))
+    assert list(with_cache(lora, "kv")) == [expected]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for sampler in (engine, HFEngine(lora, [tok.eos_token_id], tok.pad_token_id, batch_size=4)):
+            sampler.generate([GenerationRequest(p) for p in _prompts(tok, 2)], SamplingParams(max_new_tokens=4),
+                             torch.Generator().manual_seed(0))

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from semrl.config.load import load_config, validate
+from semrl.config.load import fresh_run_dir, load_config, validate
 from semrl.config.sections import Config
 
 RewardFunction = str | Callable[..., Any]
@@ -53,6 +53,9 @@ def train(
                 "semrl.train: overrides apply to a config file; with a Config object, use dataclasses.replace"
             )
         cfg = config
+        if cfg.logging.output_dir == "auto":  # what load_config does for a file
+            run_dir = fresh_run_dir(cfg.algorithm.method)
+            cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, output_dir=run_dir))
     else:
         cfg = load_config(config, list(overrides))
     in_process: dict[str, Callable[..., Any]] = {}

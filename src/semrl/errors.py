@@ -61,13 +61,12 @@ class Interrupted(Exception):
     saved. The message says what was done and how to start again."""
 
     @classmethod
-    def while_loading(cls, run_dir: Path, resume: bool) -> Interrupted:
+    def while_loading(cls, run_dir: Path, resume: bool, removed: bool = False) -> Interrupted:
         if resume:
             return cls(
                 f"interrupted while loading, before training resumed: {run_dir} is as it was; "
                 f"continue it with 'semrl train --resume {run_dir}'"
             )
-        return cls(
-            f"interrupted while loading, before step 1: nothing was trained or saved in {run_dir}; "
-            "the same command starts the run again"
-        )
+        saved = f"and the new run directory {run_dir} is removed" if removed else f"or saved in {run_dir}"
+        return cls(f"interrupted while loading, before step 1: nothing was trained {saved}; the same command "
+                   "starts the run again")

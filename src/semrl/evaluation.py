@@ -30,7 +30,7 @@ from semrl.methods.semantic_entropy import cluster_answers
 from semrl.reward import Judge, RewardFunctions, RewardResult, VerifierPool, score_responses
 from semrl.rollout.engines import Engine, Generation, GenerationRequest, SamplingParams, sampling_params
 from semrl.runtime.atomic import write_text_atomic
-from semrl.tracking.jsonl import read_jsonl
+from semrl.tracking.jsonl import log_exists, read_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -172,7 +172,8 @@ def sample_and_verify(
     at once (``Engine.generate_dynamic``); the others get chunks of ``engine.batch_size``. Either
     way the requests take their seeds from ``generator`` in the same order, so the samples do not
     depend on the path (docs/evaluation.md, "Continuous batching"). ``progress`` gets a count for
-    every finished sample; a problem is judged as soon as its last sample finishes."""
+    every finished sample as it finishes, also inside a chunk; a problem is judged as soon as its last
+    sample finishes (at the end of its chunk on a chunked engine)."""
     prompt_ids = [prompt.ids(tokenizer, p.problem) for p in problems]
     tagged = [
         ((i, j), GenerationRequest(ids)) for i, ids in enumerate(prompt_ids) for j in range(num_samples)
@@ -185,7 +186,7 @@ def sample_and_verify(
         i, j = tag
         gens[i][j] = generation
         waiting[i] -= 1
-        if progress is not None:
+        if progress is not None and engine.continuous_batching:  # the others count as rows stop
             progress(1)
         if waiting[i] == 0:
             done = [g for g in gens[i] if g is not None]
@@ -197,9 +198,8 @@ def sample_and_verify(
     else:
         for start in range(0, len(tagged), engine.batch_size):
             chunk = tagged[start : start + engine.batch_size]
-            for (tag, request), generation in zip(
-                chunk, engine.generate([r for _, r in chunk], params, generator), strict=True
-            ):
+            generations = engine.generate([r for _, r in chunk], params, generator, on_finished=progress)
+            for (tag, request), generation in zip(chunk, generations, strict=True):
                 finished(tag, request, generation)
     return [s for s in out if s is not None]
 
@@ -299,7 +299,7 @@ def evaluate_dataset(
     Problems are sampled in fixed chunks of ``settings.problems_per_chunk``, chunk i with seed
     ``settings.seed + i``, so a resumed evaluation gives the same samples as an uninterrupted one.
     Returns (summary, number of problems reused); the summary has ``metrics``, ``by_level`` and
-    ``by_subject``. ``progress`` gets problem counts, reused ones included.
+    ``by_subject``. ``progress`` gets sample counts as samples finish, reused ones included.
     """
     seen: set[str] = set()
     for p in problems:
@@ -312,8 +312,6 @@ def evaluate_dataset(
     reused = sum(p.id in done for p in problems)
     # rewrite without any torn line before appending
     records_file.write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
-    if progress is not None and reused:
-        progress(reused)
     params = SamplingParams(
         settings.temperature, settings.top_p, 0, settings.max_new_tokens, logprobs_top_k=0
     )
@@ -321,6 +319,8 @@ def evaluate_dataset(
     for chunk, start in enumerate(range(0, len(problems), size)):
         todo = [p for p in problems[start : start + size] if p.id not in done]
         if not todo:
+            if progress is not None:
+                progress(len(problems[start : start + size]) * settings.num_samples)
             continue
         if len(todo) < len(problems[start : start + size]):
             todo = list(problems[start : start + size])  # a partly written chunk: redo it whole
@@ -328,14 +328,12 @@ def evaluate_dataset(
         records = [s.record() for s in sample_and_verify(
             engine, tokenizer, todo, params, settings.num_samples,
             PromptFormat(settings.system_prompt, settings.prompt_template),
-            Judge(pool, settings.final_number_fallback), generator,
+            Judge(pool, settings.final_number_fallback), generator, progress,
         )]
         new = [r for r in records if r["id"] not in done]
         with records_file.open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r) + "\n" for r in new))
         done.update((r["id"], r) for r in new)
-        if progress is not None:
-            progress(len(new))
     ordered = [done[p.id] for p in problems]
     summary = {
         "settings": wanted,
@@ -362,7 +360,8 @@ def evaluate_datasets(
     Returns the summaries and, per dataset, the problems reused from an earlier run."""
     summaries, reused = {}, {}
     for name, dataset in problems.items():
-        with tqdm(total=len(dataset), desc=f"eval {name}", unit="problem", disable=quiet) as bar:
+        total = len(dataset) * settings[name].num_samples
+        with tqdm(total=total, desc=f"eval {name}", unit="sample", disable=quiet) as bar:
             summaries[name], reused[name] = evaluate_dataset(
                 engine, tokenizer, pool, dataset, settings[name], output / name, bar.update
             )
@@ -484,7 +483,7 @@ def evaluate_held_out(
     if step == 0 and log.eval_cache:
         key = evaluation_key(cfg, problems, split, processes.world)
         cached = _cache_file(log.eval_cache, key)
-        if processes.all_true(cached.exists()):
+        if processes.all_true(log_exists(cached)):
             records = read_jsonl(cached) if processes.is_main else []
             return _finish_evaluation(records, split, step, run_dir, processes)
     # A separate generator: evaluation must not change the training random stream.

@@ -77,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
     from semrl.studies.designs import load_rules
     from semrl.studies.runs import compare_runs
     from semrl.studies.seeds import compare_seeds
+    from semrl.tracking.jsonl import log_exists
 
-    sweep_dir = len(args.run_dirs) == 1 and not (Path(args.run_dirs[0]) / "metrics.jsonl").exists()
+    sweep_dir = len(args.run_dirs) == 1 and not log_exists(Path(args.run_dirs[0]) / "metrics.jsonl")
     if args.group_by or sweep_dir:
         rules = load_rules(args.decide) if args.decide else ()
         print(

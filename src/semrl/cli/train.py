@@ -47,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
     from semrl.runtime.trainer import Trainer
     from semrl.tracking.run_summary import summary_of_run
 
+    run_dir = Path(cfg.logging.output_dir)
+    new_dir = not run_dir.exists()
     try:
         trainer = Trainer(cfg, resume=bool(args.resume))
     except KeyboardInterrupt:  # the run's own handler starts with training (semrl.runtime.preemption)
-        raise Interrupted.while_loading(Path(cfg.logging.output_dir), bool(args.resume)) from None
+        removed = new_dir and _remove_if_only_config(run_dir)
+        raise Interrupted.while_loading(run_dir, bool(args.resume), removed) from None
     try:
         trainer.train()
     except BaseException:
@@ -61,6 +64,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print("\n" + summary_of_run(cfg.logging.output_dir))
     return 0
+
+
+def _remove_if_only_config(run_dir: Path) -> bool:
+    """Remove a run directory that holds nothing but the config this command wrote (a run stopped
+    while loading, which would otherwise leave one such directory per try)."""
+    if run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == ["config.yaml"]:
+        (run_dir / "config.yaml").unlink()
+        run_dir.rmdir()
+        return True
+    return False
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -98,7 +111,9 @@ def _launch(args: argparse.Namespace) -> int:
     if args.resume:
         _check_run_dir(Path(args.resume))
     config_file = args.config or (Path(args.resume) / "config.yaml" if args.resume else None)
-    load_config(config_file, args.overrides)
+    cfg = load_config(config_file, args.overrides)
+    # every process writes to the one run directory chosen here, also where it is chosen by the clock
+    overrides = [*args.overrides, *([] if args.resume else [f"logging.output_dir={cfg.logging.output_dir}"])]
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
         "--num_processes", str(args.num_processes), "--num_machines", "1",
@@ -110,4 +125,4 @@ def _launch(args: argparse.Namespace) -> int:
     command += ["--config", args.config] if args.config else []
     command += ["--resume", args.resume] if args.resume else []
     command += [flag for plugin in args.plugin for flag in ("--plugin", plugin)]
-    return subprocess.call(command + list(args.overrides))
+    return subprocess.call(command + overrides)

@@ -15,6 +15,7 @@ so that most config errors answer at once (``benchmarks/bench_startup.py``).
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,10 @@ from semrl.config.options import section_options, section_reference
 from semrl.config.sections import (
     AlgorithmConfig,
     Config,
+    LoggingConfig,
     build_config,
     check_trainer_sections,
+    config_file,
     core_sections,
     read_values,
 )
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
     from semrl.methods.registry import PolicyLoss
 
 __all__ = [
-    "config_from_dict", "config_reference", "load_config", "method_sections", "methods_table", "validate",
+    "config_from_dict", "config_reference", "fresh_run_dir", "load_config", "method_sections",
+    "methods_table", "validate",
 ]
 
 
@@ -46,15 +50,22 @@ def method_sections() -> dict[str, type]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML file (optional), apply ``section.key=value`` overrides, validate."""
-    return config_from_dict(read_values(path, overrides))
+    """Read a YAML file (optional), apply ``section.key=value`` overrides, validate. A run
+    directory left ``auto`` becomes a new one named after the file (``fresh_run_dir``)."""
+    name = config_file(path).stem if path is not None else None
+    return config_from_dict(read_values(path, overrides), name)
 
 
-def config_from_dict(values: dict[str, Any]) -> Config:
-    """A final config from nested values: the method's defaults fill the algorithm keys left null."""
+def config_from_dict(values: dict[str, Any], name: str | None = None) -> Config:
+    """A final config from nested values: the method's defaults fill the algorithm keys left null,
+    and ``logging.output_dir: auto`` becomes ``fresh_run_dir(name)`` (``name`` None: the method's)."""
     if not isinstance(values, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {values!r}")
     check_trainer_sections(values)
+    logging_values = values.get("logging") or {}
+    if logging_values.get("output_dir", LoggingConfig.output_dir) == "auto":
+        run_dir = fresh_run_dir(name or _method_name(values))
+        values = {**values, "logging": {**logging_values, "output_dir": run_dir}}
     from semrl.methods.catalog import get_method
 
     spec = get_method(_method_name(values))
@@ -71,6 +82,17 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     cfg = build_config({**values, "algorithm": algorithm}, method_sections())
     validate(cfg)
     return cfg
+
+
+def fresh_run_dir(name: str, root: Path = Path("runs"), now: datetime | None = None) -> str:
+    """``root/NAME-YYYYMMDD-HHMMSS`` (local time), with ``-2``, ``-3``... when that exists already:
+    a run directory of its own for every run started, as TRL's and verl's time-stamped defaults
+    give. Nothing is created here; the trainer creates it."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    run_dir, n = root / f"{name}-{stamp}", 2
+    while run_dir.exists():
+        run_dir, n = root / f"{name}-{stamp}-{n}", n + 1
+    return str(run_dir)
 
 
 def _method_name(values: dict[str, Any]) -> str:

@@ -495,7 +495,12 @@ class TrainerConfig:
 class LoggingConfig:
     """The ``logging`` section: output directory, checkpoints, evaluation during training, trackers."""
 
-    output_dir: str = option("runs/demo", "Run directory (config, metrics, samples, checkpoints).")
+    output_dir: str = option(
+        "auto",
+        "Run directory (config, metrics, samples, checkpoints). auto: a new one, "
+        "runs/NAME-YYYYMMDD-HHMMSS with NAME the config file's name (the method's without a file), "
+        "so that a run never lands in an earlier run's directory; the run prints it.",
+    )
     save_every: int = option(0, "Checkpoint every N steps (0: only at the end).", valid=NON_NEGATIVE)
     keep_last: int = option(2, "Checkpoints kept; older ones are deleted.", valid=AT_LEAST_1)
     eval_every: int = option(

@@ -24,6 +24,8 @@ from semrl.models.precision import Precision
 from semrl.rollout.engines import Engine, build_engine
 from semrl.runtime.checkpoint import cleanup_partial, list_checkpoints, resumable_checkpoint
 from semrl.runtime.distributed import ProcessGroup, iter_full_parameters, shard_model
+from semrl.tracking.jsonl import log_exists, stored
+from semrl.tracking.run_log import LOG_FILES
 from semrl.tracking.trackers import Tracker, open_trackers
 from semrl.update.packing import supports_packing
 
@@ -45,9 +47,15 @@ def prepare_run_dir(cfg: Config, resume: bool, processes: ProcessGroup) -> Path 
     """The checkpoint to resume from (``resume``), or None after creating a new run directory that
     holds the config. Refuses to start a new run over an existing one."""
     run_dir = Path(cfg.logging.output_dir)
-    holds_run = bool(list_checkpoints(run_dir)) or (run_dir / "metrics.jsonl").exists()
+    holds_run = bool(list_checkpoints(run_dir)) or log_exists(run_dir / "metrics.jsonl")
     processes.barrier()  # every process has looked before the main one writes
     if resume:
+        compressed = [stored(run_dir / n).name for n in LOG_FILES if stored(run_dir / n).suffix == ".gz"]
+        if compressed:  # a trainer appends to plain logs only
+            raise ConfigError(
+                f"--resume: {run_dir}'s logs are compressed ({', '.join(compressed)}, as a committed study "
+                f"stores them); decompress them first: gunzip {run_dir}/*.jsonl.gz"
+            )
         ckpt, skipped = resumable_checkpoint(run_dir)  # damaged newer ones are named in warnings
         if ckpt is None:
             reasons = "".join(f"\n  {c.name}: {'; '.join(problems)}" for c, problems in reversed(skipped))
@@ -68,6 +76,7 @@ def prepare_run_dir(cfg: Config, resume: bool, processes: ProcessGroup) -> Path 
         cleanup_partial(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
+        logger.info("run directory %s (continue it with 'semrl train --resume %s')", run_dir, run_dir)
     return None
 
 

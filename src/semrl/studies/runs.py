@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from semrl.tracking.jsonl import read_jsonl
+from semrl.tracking.jsonl import log_exists, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ COMPARE_METRICS = [
 
 def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
+    if not log_exists(path):
         raise FileNotFoundError(f"{path} does not exist: is '{run_dir}' a semrl run directory?")
     return read_jsonl(path)
 

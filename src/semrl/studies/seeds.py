@@ -52,7 +52,7 @@ from semrl.studies.designs import (
 from semrl.studies.designs import descriptive as descriptive_rules
 from semrl.studies.forest import ForestRow, draw_forest, forest_rows, rule_label
 from semrl.studies.stats import compare_paired
-from semrl.tracking.jsonl import read_jsonl
+from semrl.tracking.jsonl import log_exists, read_jsonl
 
 # semrl.studies.sweep.DONE_FILE (not imported: the sweep module loads the config system)
 DONE_FILE = "sweep_done.json"
@@ -130,7 +130,7 @@ def _sweep_runs(root: Path) -> list[tuple[str, int, Path]]:
         (variant_dir.name, int(match.group(1)), run_dir)
         for variant_dir in variant_dirs
         for run_dir in sorted(variant_dir.iterdir())
-        if (match := SEED_DIR.match(run_dir.name)) and (run_dir / "metrics.jsonl").exists()
+        if (match := SEED_DIR.match(run_dir.name)) and log_exists(run_dir / "metrics.jsonl")
     ]
     if any((run_dir / DONE_FILE).exists() for _, _, run_dir in found):
         unfinished = [r for r in found if not (r[2] / DONE_FILE).exists()]
@@ -152,7 +152,7 @@ def _grouped_runs(paths: Sequence[str | Path], group_by: str) -> list[tuple[str,
     ``group_by`` and the seed from ``trainer.seed``."""
     found = []
     for path in map(Path, paths):
-        if not (path / "metrics.jsonl").exists():
+        if not log_exists(path / "metrics.jsonl"):
             raise FileNotFoundError(
                 f"{path / 'metrics.jsonl'} does not exist: is '{path}' a semrl run directory?"
             )

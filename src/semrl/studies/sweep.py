@@ -43,6 +43,7 @@ from semrl.data.problem_sets import eval_problems_named
 from semrl.errors import ConfigError
 from semrl.runtime.atomic import write_text_atomic
 from semrl.studies.seeds import DONE_FILE
+from semrl.tracking.jsonl import log_exists
 
 if TYPE_CHECKING:
     from semrl.config.sections import Config
@@ -247,7 +248,7 @@ def run_state(run: SweepRun) -> str:
     if (run.run_dir / DONE_FILE).exists():
         return "done"
     if not run.run_dir.exists() or not (
-        list_checkpoints(run.run_dir) or (run.run_dir / "metrics.jsonl").exists()
+        list_checkpoints(run.run_dir) or log_exists(run.run_dir / "metrics.jsonl")
     ):
         return "new"
     return "resume" if resumable_checkpoint(run.run_dir)[0] is not None else "restart"

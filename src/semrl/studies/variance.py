@@ -277,13 +277,13 @@ VARIANCE_METRICS = ("pass@1", "pass@4", "pass@16", "distinct_answers", "response
 def final_samples(run: Run, split: str) -> Samples | None:
     """The problem records of ``run``'s final evaluation of ``split``, or None without one."""
     from semrl.evaluation import records_path
-    from semrl.tracking.jsonl import read_jsonl
+    from semrl.tracking.jsonl import log_exists, read_jsonl
 
     steps = run.eval_steps(split)
     if not steps or steps[-1] == 0:
         return None
     path = records_path(run.run_dir, split, steps[-1])
-    return Samples.from_records(read_jsonl(path)) if path.exists() else None
+    return Samples.from_records(read_jsonl(path)) if log_exists(path) else None
 
 
 def variance_section(

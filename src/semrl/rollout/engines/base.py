@@ -275,8 +275,10 @@ class Engine(Protocol):
         params: SamplingParams,
         generator: torch.Generator | None = None,
         return_cache: bool = False,
+        on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
-        """One ``Generation`` per request, in request order."""
+        """One ``Generation`` per request, in request order. ``on_finished(n)``: n more requests have
+        finished, called as they finish (a progress bar's count), before the results return."""
         ...
 
     def generate_dynamic(

@@ -16,7 +16,8 @@ distribution the trainer's forward pass computes with the same temperature.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +51,20 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         remove = torch.zeros_like(remove_sorted).scatter(-1, sorted_idx, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits
+
+
+def with_cache(model: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
+    """The forward keyword that hands ``model`` its KV cache: ``cache`` from transformers 5.2x on,
+    where ``past_key_values`` warns (a FutureWarning on every call) and goes in 5.40; before,
+    ``past_key_values``."""
+    model_class = type(model)
+    if model_class not in _CACHE_KEYWORD:
+        parameters = inspect.signature(model_class.forward).parameters
+        _CACHE_KEYWORD[model_class] = "cache" if "cache" in parameters else "past_key_values"
+    return {_CACHE_KEYWORD[model_class]: cache}
+
+
+_CACHE_KEYWORD: dict[type[torch.nn.Module], str] = {}
 
 
 def _batched_cache(
@@ -130,13 +145,14 @@ class HFEngine:
         params: SamplingParams,
         generator: torch.Generator | None = None,
         return_cache: bool = False,
+        on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
         out: list[Generation] = []
         with autocast_to(self.compute_dtype, self.model):  # bf16 sampling over fp32 master weights
             for start in range(0, len(requests), self.batch_size):
                 chunk = requests[start : start + self.batch_size]
                 submitted = self.cost.engine_steps
-                out.extend(self._generate_batch(chunk, params, generator, return_cache))
+                out.extend(self._generate_batch(chunk, params, generator, return_cache, on_finished))
                 if self.request_log is not None:
                     self.request_log += [
                         RequestRecord(
@@ -185,6 +201,7 @@ class HFEngine:
         params: SamplingParams,
         generator: torch.Generator | None,
         return_cache: bool,
+        on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
         model = self.model
         was_training = model.training
@@ -218,7 +235,7 @@ class HFEngine:
         self.cost.running_rows += batch
         logits = model(
             input_ids=input_ids.to(device), attention_mask=attention, position_ids=positions.to(device),
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            **with_cache(model, cache), use_cache=True, logits_to_keep=1,
         ).logits[:, -1, :].float()
 
         max_steps = int(budgets.max().item())
@@ -268,6 +285,8 @@ class HFEngine:
             is_eos = torch.isin(token, eos).cpu()
             finished[active] |= is_eos
             done = is_eos | (lengths[active] >= budgets[active])
+            if on_finished is not None and (count := int(done.sum())):
+                on_finished(count)
             if bool(done.any()):
                 if return_cache:
                     for row in done.nonzero().flatten().tolist():
@@ -289,7 +308,7 @@ class HFEngine:
             self.cost.running_rows += len(active)
             logits = model(
                 input_ids=token[:, None], attention_mask=attention, position_ids=next_pos[:, None],
-                past_key_values=cache, use_cache=True,
+                **with_cache(model, cache), use_cache=True,
             ).logits[:, -1, :].float()
             next_pos = next_pos + 1
         if was_training:
@@ -333,7 +352,7 @@ class RowLoop:
         with torch.inference_mode(), autocast_to(self.compute_dtype, self.model):
             self.logits = self.model(
                 input_ids=input_ids.to(self.device), attention_mask=self.attention.to(self.device),
-                position_ids=positions.to(self.device), past_key_values=self.cache, use_cache=True,
+                position_ids=positions.to(self.device), **with_cache(self.model, self.cache), use_cache=True,
                 logits_to_keep=1,
             ).logits[:, -1, :].float().cpu()
         if was_training:

@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -435,11 +435,14 @@ class VLLMEngine:
         params: SamplingParams,
         generator: torch.Generator | None = None,
         return_cache: bool = False,  # unused: prefix caching replaces explicit KV caches
+        on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
         results: list[Generation | None] = [None] * len(requests)
 
         def keep(index: int, _: GenerationRequest, out: Generation) -> list[tuple[Any, GenerationRequest]]:
             results[index] = out
+            if on_finished is not None:
+                on_finished(1)
             return []
 
         self._drive(list(enumerate(requests)), params, generator, keep)
