@@ -16,6 +16,7 @@ TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 SERIAL_GROUPS = {
     "vllm": {"test_engines.py", "test_evaluation.py", "test_tree_driver.py", "test_layout_parts.py"},
     "build": {"test_packaging.py"},
+    "error_rates": {"test_error_rates.py"},  # one worker computes each design's levels once
 }
 
 

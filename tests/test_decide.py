@@ -14,6 +14,7 @@ import yaml
 from semrl.cli import main
 from semrl.errors import ConfigError
 from semrl.studies.decide import EXPECTATIONS, Decision, Hypothesis, decide, decision_rows, load_hypotheses
+from semrl.studies.seeds import Run
 from semrl.studies.stats import compare_paired
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,3 +252,63 @@ def test_compare_draws_the_decisions_as_a_forest_plot(tmp_path):
         colour = np.array(to_rgb(method_color(variant))) * 255
         assert (np.abs(pixels - colour).max(axis=-1) <= 2).sum() >= 50, variant
     assert forest_rows([], {}) == []
+
+
+def _curve_run(variant: str, seed: int, values: dict[int, float], samples: int = 8) -> Run:
+    rows = [{"step": s, "eval/pass@1": v, "eval/pass@4": v, f"eval/mean@{samples}": v, "reward": 0.0}
+            for s, v in values.items()]
+    return Run(variant, seed, Path(f"{variant}/seed-{seed}"), rows)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_curve_rule_compares_the_mean_over_evaluations_after_step_0(seed):
+    """over: curve (issue 62, item 3) reads each run's evaluations after step 0 and averages them,
+    by hand on random curves; changing one checkpoint's value changes the difference by that change
+    over the number of checkpoints, and the base evaluation (step 0) is not read."""
+    from semrl.studies.decide import _hypothesis, metric_label
+    from semrl.studies.seeds import decide_all, rule_differences
+
+    rng = np.random.default_rng(seed)
+    steps = [0, *sorted(rng.choice(np.arange(1, 60), size=rng.integers(1, 6), replace=False).tolist())]
+    curves = {(v, s): dict(zip(steps, rng.uniform(0, 1, len(steps)), strict=True))
+              for v in ("rose", "dr_grpo") for s in range(4)}
+    groups = {v: [_curve_run(v, s, curves[v, s]) for s in range(4)] for v in ("rose", "dr_grpo")}
+    rule = _hypothesis({"id": "C1", "metric": "eval/pass@1", "pair": ["rose", "dr_grpo"], "expect": "greater",
+                        "margin": 0.05, "over": "curve"}, "test")
+    by_hand = {s: float(np.mean([curves["rose", s][t] - curves["dr_grpo", s][t] for t in steps[1:]]))
+               for s in range(4)}
+    got = rule_differences(groups, [rule])["C1"]
+    assert got.keys() == by_hand.keys() and all(math.isclose(got[s], by_hand[s], abs_tol=1e-12) for s in got)
+    (decision,) = decide_all(groups, [rule])
+    assert math.isclose(decision.comparison.estimate, float(np.mean(list(by_hand.values()))), abs_tol=1e-12)
+    assert metric_label(rule) == "eval/pass@1 (mean over evaluations)"
+    assert decision_rows([decision])[0][3] == "eval/pass@1 (mean over evaluations)"
+    groups["rose"][0].rows[-1]["eval/pass@1"] += 0.3  # one checkpoint's record
+    changed = rule_differences(groups, [rule])["C1"][0]
+    assert math.isclose(changed - got[0], 0.3 / (len(steps) - 1), abs_tol=1e-12)
+    groups["rose"][1].rows[0]["eval/pass@1"] += 0.3  # the base evaluation: not part of the curve
+    assert rule_differences(groups, [rule])["C1"][1] == got[1]
+
+
+def test_a_curve_rule_refuses_unequal_checkpoints_and_pass_at_k_from_fewer_than_2k_samples(tmp_path):
+    from semrl.studies.decide import _hypothesis
+    from semrl.studies.seeds import rule_differences
+
+    def rule(metric: str, **extra) -> Hypothesis:
+        return _hypothesis({"id": "C1", "metric": metric, "pair": ["a", "b"], "expect": "greater",
+                            "margin": 0.05, "over": "curve", **extra}, "rules.yaml, rule 1")
+
+    a, b = _curve_run("a", 0, {0: 0.1, 10: 0.2, 20: 0.3}), _curve_run("b", 0, {0: 0.1, 10: 0.2})
+    with pytest.raises(ConfigError, match=r"rule C1 \(over: curve\).*at steps \[10, 20\].*at \[10\]"):
+        rule_differences({"a": [a], "b": [b]}, [rule("eval/pass@1")])
+    b = _curve_run("b", 0, {0: 0.1, 10: 0.2, 20: 0.4})
+    assert math.isclose(rule_differences({"a": [a], "b": [b]}, [rule("eval/pass@1")])["C1"][0], -0.05)
+    four = ({"a": [_curve_run("a", 0, {10: 0.5}, 4)], "b": [_curve_run("b", 0, {10: 0.4}, 4)]})
+    with pytest.raises(ConfigError, match=r"eval/pass@4 from 4 samples per problem.*logging.eval_samples=8"):
+        rule_differences(four, [rule("eval/pass@4")])
+    assert rule_differences(four, [rule("eval/pass@1")])["C1"] == {0: pytest.approx(0.1)}
+    assert rule_differences({"a": [a], "b": [b]}, [rule("eval/pass@4")])["C1"]  # 8 samples: enough
+    with pytest.raises(ConfigError, match="'over' must be one of last, curve"):
+        rule("eval/pass@1", over="area")
+    with pytest.raises(ConfigError, match="leave out 'window'"):
+        rule("eval/pass@1", window=3)

@@ -24,7 +24,14 @@ The rules file is YAML, a list of entries such as:
   expect: greater
   margin: 0.05
   window: 1                   # training metrics: mean over each run's last N steps
+  over: last                  # or curve: the mean over every evaluation after step 0
 ```
+
+``over: curve`` compares a run's learning curve rather than its last point: the mean of the metric
+over every evaluation after step 0 (``logging.eval_every``), the area under the curve per
+evaluation. The two runs of a seed must have evaluated at the same steps, and a ``pass@k`` curve
+needs at least 2k samples per problem (``logging.eval_samples``): pass@k from n = k samples is
+only whether any sample was correct, the noisiest of the estimator's forms.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from semrl.studies.stats import MAX_SEEDS, PairedComparison, seeds_needed
 
 Expectation = Literal["greater", "less", "not_below"]
 EXPECTATIONS: tuple[str, ...] = ("greater", "less", "not_below")
+OVER: tuple[str, ...] = ("last", "curve")
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class Hypothesis:
         expect: ``greater`` (the difference is > 0), ``less`` (< 0), or ``not_below`` (> -margin).
         margin: δ > 0, in the metric's units.
         window: compare a training metric as its mean over each run's last ``window`` steps.
+        over: ``last`` (the last value, or the ``window`` mean) or ``curve`` (the mean over every
+            evaluation after step 0; module docstring).
     """
 
     id: str
@@ -67,6 +77,14 @@ class Hypothesis:
     expect: Expectation
     margin: float
     window: int = 1
+    over: str = "last"
+
+
+def metric_label(rule: Hypothesis) -> str:
+    """The rule's metric as the tables name it: with its window, or as a curve."""
+    if rule.over == "curve":
+        return f"{rule.metric} (mean over evaluations)"
+    return rule.metric if rule.window == 1 else f"{rule.metric} (last {rule.window} steps)"
 
 
 @dataclass(frozen=True)
@@ -136,9 +154,15 @@ def _hypothesis(entry: Any, where: str) -> Hypothesis:
     window = entry.get("window", 1)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ConfigError(f"{where}: 'window' must be an integer >= 1, got {window!r}")
+    over = entry.get("over", "last")
+    if over not in OVER:
+        raise ConfigError(f"{where}: 'over' must be one of {', '.join(OVER)}, got {over!r}")
+    if over == "curve" and window != 1:
+        raise ConfigError(f"{where}: 'over: curve' takes every evaluation after step 0; leave out 'window'")
     return Hypothesis(
         id=str(entry["id"]), claim=str(entry.get("claim", "")), metric=str(entry["metric"]),
         variant=pair[0], baseline=pair[1], expect=entry["expect"], margin=float(margin), window=window,
+        over=over,
     )
 
 
@@ -169,7 +193,7 @@ def decision_rows(decisions: Sequence[Decision]) -> list[list[str]]:
     for dec in decisions:
         rule, c = dec.hypothesis, dec.comparison
         expect = {"greater": "> 0", "less": "< 0", "not_below": "> -δ"}[rule.expect]
-        metric = rule.metric if rule.window == 1 else f"{rule.metric} (last {rule.window} steps)"
+        metric = metric_label(rule)
         outcome = dec.outcome
         if outcome == "undecided":
             outcome += ": " + _seeds_needed(c, rule)

@@ -91,7 +91,9 @@ def draw_forest(rows: Sequence[ForestRow], path: Path, title: str) -> Path | Non
 
 def rule_label(rule: Any) -> str:
     """A rule's row label: its id and pair, then its metric."""
-    return f"{rule.id}: {rule.variant} - {rule.baseline}\n{rule.metric}"
+    from semrl.studies.decide import metric_label
+
+    return f"{rule.id}: {rule.variant} - {rule.baseline}\n{metric_label(rule)}"
 
 
 def forest_rows(judged: Sequence[Any], differences: dict[str, list[float]]) -> list[ForestRow]:

@@ -51,6 +51,7 @@ from semrl.studies.designs import (
 )
 from semrl.studies.designs import descriptive as descriptive_rules
 from semrl.studies.forest import ForestRow, draw_forest, forest_rows, rule_label
+from semrl.studies.sequential import CONTROLS
 from semrl.studies.stats import compare_paired
 from semrl.tracking.jsonl import log_exists, read_jsonl
 
@@ -100,6 +101,11 @@ class Run:
             return None
         last = sorted(points)[-window:]
         return float(np.mean([points[s] for s in last]))
+
+    def curve(self, metric: str) -> float | None:
+        """The mean over every value logged after step 0: a learning curve's area per evaluation."""
+        points = [value for step, value in self.series(metric).items() if step > 0]
+        return float(np.mean(points)) if points else None
 
     def eval_steps(self, split: str) -> list[int]:
         return sorted(self.series(f"{split}/problems"))
@@ -278,8 +284,8 @@ def comparison_rows(
 def rule_differences(
     groups: dict[str, list[Run]], rules: Sequence[Hypothesis]
 ) -> dict[str, dict[int, float]]:
-    """rule id -> seed -> the rule's per-seed difference (final values, or the mean of the last
-    ``window`` steps), for the seeds where both of its variants have one."""
+    """rule id -> seed -> the rule's per-seed difference (``rule_value``), for the seeds where both
+    of its variants have one."""
     out: dict[str, dict[int, float]] = {}
     for rule in rules:
         theirs = {r.seed: r for r in groups.get(rule.baseline, [])}
@@ -287,11 +293,37 @@ def rule_differences(
         for run in groups.get(rule.variant, []):
             other = theirs.get(run.seed)
             if other is not None:
-                a, b = run.final(rule.metric, rule.window), other.final(rule.metric, rule.window)
+                a, b = rule_value(run, rule, other), rule_value(other, rule, run)
                 if a is not None and b is not None:
                     values[run.seed] = a - b
         out[rule.id] = values
     return out
+
+
+def rule_value(run: Run, rule: Hypothesis, paired: Run) -> float | None:
+    """What ``rule`` reads of ``run`` (whose pair of the same seed is ``paired``): its last value or
+    the mean of its last ``window`` steps, or with ``over: curve`` the mean over its evaluations
+    after step 0, which the pair must have taken at the same steps (``semrl.studies.decide``)."""
+    if rule.over != "curve":
+        return run.final(rule.metric, rule.window)
+    split, _, name = rule.metric.partition("/")
+    steps, theirs = (sorted(s for s in r.series(rule.metric) if s > 0) for r in (run, paired))
+    if steps != theirs:
+        raise ConfigError(
+            f"rule {rule.id} (over: curve): {run.run_dir} evaluated {rule.metric} at steps {steps}, "
+            f"{paired.run_dir} at {theirs}; a curve compares the same checkpoints, so give both "
+            "runs the same logging.eval_every and trainer.steps"
+        )
+    if name.startswith("pass@") and name[5:].isdigit():
+        k = int(name[5:])
+        n = max((int(key.split("@")[1]) for row in run.rows for key in row
+                 if key.startswith(f"{split}/mean@")), default=0)
+        if n < 2 * k:
+            raise ConfigError(
+                f"rule {rule.id} (over: curve): {rule.metric} from {n} samples per problem; a pass@{k} curve "
+                f"needs at least {2 * k} (logging.eval_samples={2 * k}), or compare pass@{max(n // 2, 1)}"
+            )
+    return run.curve(rule.metric)
 
 
 def design_section(
@@ -331,7 +363,7 @@ def design_section(
         f"Decision rules, look {k} of {len(design.looks)} at {n} seeds ({design.type} design, "
         f"{ {'fixed': 'one look', 'anytime': 't-test e-value'}.get(design.type, design.boundary)}, "
         f"alpha {design.alpha:g} two-sided per "
-        f"family, {', '.join(f'{f}: {c}' for f, c in design.families.items())}; {stop}{nxt})"
+        f"family, {', '.join(f'{f}: {c} ({CONTROLS[c]})' for f, c in design.families.items())}; {stop}{nxt})"
     )
     return (heading, JUDGED_HEADER, judged_rows(looks[-1])), forest_rows(looks[-1], at_look)
 
@@ -345,9 +377,7 @@ def decide_all(groups: dict[str, list[Run]], rules: Sequence[Hypothesis]) -> lis
         if missing:  # a study still running, or a misspelt name: the row says so, the others go on
             variants = ", ".join(groups)
             logger.warning("rule %s: no finished run of %s; the variants are %s", rule.id, missing, variants)
-        d = [] if missing else seed_differences(
-            groups[rule.variant], groups[rule.baseline], rule.metric, window=rule.window
-        )
+        d = [] if missing else list(rule_differences(groups, [rule])[rule.id].values())
         comparison = compare_paired(d, tie=1e-9) if d else None
         outcome = decide(comparison, rule.expect, rule.margin) if comparison else "undecided"
         decisions.append(Decision(rule, comparison, outcome))
@@ -362,7 +392,7 @@ def decision_forest(groups: dict[str, list[Run]], decisions: Sequence[Decision])
         rule = decision.hypothesis
         if decision.comparison is None:
             continue
-        d = seed_differences(groups[rule.variant], groups[rule.baseline], rule.metric, window=rule.window)
+        d = list(rule_differences(groups, [rule])[rule.id].values())
         rows.append(ForestRow(
             label=rule_label(rule), variant=rule.variant,
             estimate=decision.comparison.estimate, design=None, level=None,
