@@ -200,6 +200,29 @@ def test_python_api_with_file_and_in_process_functions(tiny_model_dir, tmp_path)
         + 2.0 * metrics["rewards/short_answers/mean"], abs=1e-9)
 
 
+def test_the_api_gives_a_config_object_left_auto_a_directory_of_its_own(tiny_model_dir, tmp_path, monkeypatch):
+    """semrl.train(Config) with logging.output_dir 'auto' (a Config built in Python, not loaded from
+    a file) trains into runs/METHOD-YYYYMMDD-HHMMSS, as load_config would have named it."""
+    import dataclasses
+    import re
+
+    import semrl
+    from semrl.config.load import load_config
+
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"problem": f"Say {i}.", "answer": "7"}) + "\n" for i in range(8)))
+    cfg = load_config(None, [f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null",
+                             "rollout.group_size=2", "rollout.prompts_per_step=2", "rollout.max_new_tokens=4",
+                             "trainer.steps=1", "logging.progress=false", "logging.report_to=[]",
+                             "reward.num_workers=1", "logging.output_dir=placeholder"])
+    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, output_dir="auto"))
+    monkeypatch.chdir(tmp_path)
+    semrl.train(cfg)
+    (made,) = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"dr_grpo-\d{8}-\d{6}", made.name) and (made / "metrics.jsonl").is_file()
+    assert not (tmp_path / "auto").exists()
+
+
 def test_functions_with_one_name_from_two_files_get_distinct_metric_keys(user_module):
     other = user_module / "other"
     other.mkdir()
