@@ -62,13 +62,13 @@ def config_from_dict(values: dict[str, Any], name: str | None = None) -> Config:
     if not isinstance(values, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {values!r}")
     check_trainer_sections(values)
+    method = _method_name(values)
     logging_values = values.get("logging") or {}
     if logging_values.get("output_dir", LoggingConfig.output_dir) == "auto":
-        run_dir = fresh_run_dir(name or _method_name(values))
-        values = {**values, "logging": {**logging_values, "output_dir": run_dir}}
+        values = {**values, "logging": {**logging_values, "output_dir": fresh_run_dir(name or method)}}
     from semrl.methods.catalog import get_method
 
-    spec = get_method(_method_name(values))
+    spec = get_method(method)
     if spec.host is not None:  # LATR trains with its host method's loss and advantage defaults
         spec = get_method(spec.host(values.get(spec.name)))
     algorithm = dict(values.get("algorithm") or {})

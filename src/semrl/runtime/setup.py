@@ -50,7 +50,7 @@ def prepare_run_dir(cfg: Config, resume: bool, processes: ProcessGroup) -> Path 
     holds_run = bool(list_checkpoints(run_dir)) or log_exists(run_dir / "metrics.jsonl")
     processes.barrier()  # every process has looked before the main one writes
     if resume:
-        compressed = [stored(run_dir / n).name for n in LOG_FILES if stored(run_dir / n).suffix == ".gz"]
+        compressed = [log.name for log in (stored(run_dir / n) for n in LOG_FILES) if log.suffix == ".gz"]
         if compressed:  # a trainer appends to plain logs only
             raise ConfigError(
                 f"--resume: {run_dir}'s logs are compressed ({', '.join(compressed)}, as a committed study "

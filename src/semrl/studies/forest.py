@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from semrl.studies.decide import metric_label
+
 
 @dataclass(frozen=True)
 class ForestRow:
@@ -91,8 +93,6 @@ def draw_forest(rows: Sequence[ForestRow], path: Path, title: str) -> Path | Non
 
 def rule_label(rule: Any) -> str:
     """A rule's row label: its id and pair, then its metric."""
-    from semrl.studies.decide import metric_label
-
     return f"{rule.id}: {rule.variant} - {rule.baseline}\n{metric_label(rule)}"
 
 
