@@ -6,8 +6,10 @@ For every look in RESULTS/looks.jsonl and every rule of RULES, the per-seed diff
 rebuilt from the per-problem evaluation records (``eval/eval-step-*.jsonl``: pass@k by the
 unbiased estimator of Chen et al. 2021, distinct answer classes among answered samples, length of
 the correct samples pooled) or from ``metrics.jsonl`` (training metrics: the mean over the last
-``window`` steps), and the look's estimate, interval at its logged level, t p-value and exact
-sign-flip p-value are compared with the logged ones. The nominal levels themselves come from the
+``window`` steps; ``collapsed``: more than half the steps with every group's rewards equal), and
+the look's estimate, interval at its logged level, t p-value and exact sign-flip p-value are
+compared with the logged ones (a ``test: sign`` rule: the median of the non-zero differences, its
+order-statistic interval and the exact binomial p-value). The nominal levels themselves come from the
 design (docs/evaluation.md, "Designs") and are taken from the log. Exits 1 on any mismatch.
 Each rule's line also prints what the write-up shows beside the logged figures and the log does
 not hold: the descriptive 95% t-interval and the seeds above / at / below 0 (the test suite checks
@@ -71,8 +73,18 @@ def train_value(run: Path, metric: str, window: int) -> float:
     return float(np.mean([value for _, value in points[-window:]]))
 
 
+def collapsed(run: Path) -> float:
+    """1.0 when more than half of the run's steps had every group's rewards equal, else 0.0."""
+    rows = [row for row in read_lines(run / "metrics.jsonl") if row["step"] > 0]
+    key = "reward/frac_groups_all_equal"
+    shares = {row["step"]: row[key] for row in rows if key in row}
+    return float(sum(share >= 1.0 for share in shares.values()) > len(shares) / 2)
+
+
 def value(results: Path, variant: str, seed: int, rule: dict) -> float:
     run = results / variant / f"seed-{seed}"
+    if rule["metric"] == "collapsed":
+        return collapsed(run)
     if rule["metric"].startswith("eval/"):
         return eval_value(run, rule["metric"])
     return train_value(run, rule["metric"], int(rule.get("window", 1)))
@@ -82,6 +94,22 @@ def sign_flip_p(d: np.ndarray) -> float:
     observed = abs(d.sum())
     sums = [abs(np.dot(signs, d)) for signs in itertools.product((1.0, -1.0), repeat=d.size)]
     return float(np.mean([s >= observed - 1e-12 * max(1.0, observed) for s in sums]))
+
+
+def sign_test(d: np.ndarray, level: float) -> tuple[float, float, float, float]:
+    """(median, low, high, p) of the differences that are not 0: the exact binomial test and the
+    order-statistic interval at ``level`` (``test: sign``)."""
+    x = np.sort(d[d != 0])
+    m = x.size
+    p = stats.binomtest(int((x > 0).sum()), m, 0.5).pvalue if m else math.nan
+    if m == 0:
+        return math.nan, math.nan, math.nan, p
+    # the order statistics whose ranks k and m + 1 - k leave at most level / 2 on each side
+    ks = [k for k in range(1, m + 1) if 2 * stats.binom.cdf(k - 1, m, 0.5) <= level]
+    if not ks:
+        return float(np.median(x)), -math.inf, math.inf, p
+    k = max(ks)
+    return float(np.median(x)), float(x[k - 1]), float(x[m - k]), p
 
 
 def rebuild(results: Path, rules_file: Path) -> list[dict]:
@@ -106,12 +134,17 @@ def rebuild(results: Path, rules_file: Path) -> list[dict]:
                 p_t = 2 * stats.t.sf(abs(d.mean()) / se, d.size - 1)
             else:  # equal differences: the t statistic is infinite, or 0/0 read as no evidence
                 p_t = 0.0 if d.mean() != 0 else 1.0
+            estimate, low, high = d.mean(), d.mean() - half, d.mean() + half
+            mine = {}
+            if rule.get("test", "t") == "sign":
+                estimate, low, high, mine["p_sign"] = sign_test(d, logged["level"])
             rebuilt.append({
+                **mine,
                 "logged": logged,
                 "differences": d,
-                "estimate": d.mean(),
-                "low": d.mean() - half,
-                "high": d.mean() + half,
+                "estimate": estimate,
+                "low": low,
+                "high": high,
                 "p_t": p_t,
                 "p_sign_flip": sign_flip_p(d),
                 "low95": d.mean() - half95,
@@ -125,14 +158,24 @@ def rebuild(results: Path, rules_file: Path) -> list[dict]:
 LOGGED = ("estimate", "low", "high", "p_t", "p_sign_flip")
 
 
+def same(mine: float, logged: float | None) -> bool:
+    """Equal within TOLERANCE; infinities equal only themselves, and a nan matches only where this
+    script computes a nan too (a sign test with every difference 0), never as a silent pass."""
+    if logged is None:
+        return False
+    if math.isnan(mine) or math.isnan(logged):
+        return math.isnan(mine) and math.isnan(logged)
+    return mine == logged or abs(mine - logged) <= TOLERANCE * max(1.0, abs(mine))
+
+
 def main(results: Path, rules_file: Path) -> int:
     mismatches = 0
     for look in rebuild(results, rules_file):
         print(f"look {look['look']} at seeds {look['seeds']}")
         for mine in look["rules"]:
             logged = mine["logged"]
-            # written so that a nan on either side is a mismatch, not a silent pass
-            bad = [k for k in LOGGED if not abs(mine[k] - logged[k]) <= TOLERANCE * max(1.0, abs(mine[k]))]
+            checked = (*LOGGED, *(["p_sign"] if "p_sign" in mine else []))
+            bad = [k for k in checked if not same(mine[k], logged.get(k))]
             mismatches += bool(bad)
             print(
                 f"  {logged['id']}: {mine['estimate']:+.4f} [{mine['low']:+.3f}, {mine['high']:+.3f}]"

@@ -312,3 +312,59 @@ def test_a_curve_rule_refuses_unequal_checkpoints_and_pass_at_k_from_fewer_than_
         rule("eval/pass@1", over="area")
     with pytest.raises(ConfigError, match="leave out 'window'"):
         rule("eval/pass@1", window=3)
+
+
+def _signal_run(variant: str, seed: int, silent: list[bool]) -> Run:
+    """A run whose step s (1-based) had no reward signal when silent[s - 1]; step 0 has none to log."""
+    rows = [{"step": 0, "eval/pass@1": 0.0}] + [
+        {"step": s, "reward/frac_groups_all_equal": 1.0 if quiet else 0.25, "eval/pass@1": float(s)}
+        for s, quiet in enumerate(silent, start=1)
+    ]
+    return Run(variant, seed, Path(f"{variant}/seed-{seed}"), rows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_collapsed_counts_runs_with_no_reward_signal_in_most_steps_and_a_sign_rule_reads_it(seed):
+    """The run-level metric ``collapsed`` (issue 62, item 2) by hand on random runs: 1 when more than
+    half the steps had every group's rewards equal; a rule on it with test: sign is the paired
+    (McNemar) comparison of the collapses, its p-value the exact binomial test of the discordant
+    seeds."""
+    from scipy import stats as st
+
+    from semrl.studies.decide import _hypothesis
+    from semrl.studies.seeds import decide_all, rule_differences
+    from semrl.studies.stats import sign_p_value
+
+    rng = np.random.default_rng(seed)
+    runs = {(v, s): rng.random(int(rng.integers(1, 12))) < rng.uniform(0, 1) for v in ("a", "b") for s in range(10)}
+    groups = {v: [_signal_run(v, s, list(runs[v, s])) for s in range(10)] for v in ("a", "b")}
+    by_hand = {key: float(silent.sum() > len(silent) / 2) for key, silent in runs.items()}
+    assert all(r.collapsed() == by_hand[r.variant, r.seed] for rs in groups.values() for r in rs)
+    rule = _hypothesis({"id": "K", "metric": "collapsed", "pair": ["a", "b"], "expect": "less",
+                        "margin": 0.1, "test": "sign"}, "test")
+    d = rule_differences(groups, [rule])["K"]
+    assert d == {s: by_hand["a", s] - by_hand["b", s] for s in range(10)}
+    (decision,) = decide_all(groups, [rule])
+    c = decision.comparison
+    assert (c.wins, c.ties, c.losses) == (sum(x > 0 for x in d.values()), sum(x == 0 for x in d.values()),
+                                          sum(x < 0 for x in d.values()))
+    discordant = c.wins + c.losses  # McNemar: the seeds where one variant collapsed and the other did not
+    if discordant:
+        assert math.isclose(sign_p_value(list(d.values())), st.binomtest(c.wins, discordant).pvalue)
+        assert c.estimate == float(np.median([x for x in d.values() if x != 0]))
+    else:
+        assert math.isnan(c.estimate) and decision.outcome == "undecided"
+    assert decision_rows([decision])[0][3] == "collapsed, median"
+    assert _signal_run("a", 0, []).collapsed() is None  # no reward/frac_groups_all_equal logged
+
+
+def test_a_rule_refuses_an_unknown_test_and_a_collapse_over_a_curve():
+    from semrl.studies.decide import _hypothesis
+
+    base = {"id": "K", "metric": "collapsed", "pair": ["a", "b"], "expect": "less", "margin": 0.1}
+    with pytest.raises(ConfigError, match="'test' must be one of t, sign, got 'wilcoxon'"):
+        _hypothesis({**base, "test": "wilcoxon"}, "rules.yaml, rule 1")
+    with pytest.raises(ConfigError, match="'collapsed' is one value per run.*leave out 'over' and 'window'"):
+        _hypothesis({**base, "over": "curve"}, "rules.yaml, rule 1")
+    with pytest.raises(ConfigError, match="'collapsed' is one value per run"):
+        _hypothesis({**base, "window": 5}, "rules.yaml, rule 1")

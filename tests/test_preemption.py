@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -67,16 +68,25 @@ def test_sigterm_stops_after_the_step_and_resume_is_exact(uninterrupted, digit_m
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _ctrl_c(*args, at):
-    """``semrl train`` in a session of its own, sent Ctrl-C (SIGINT to its process group) at ``at``."""
+def _block_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _ctrl_c(*args, at, blocked=False):
+    """``semrl train`` in a session of its own, sent Ctrl-C (SIGINT to its process group) at ``at``;
+    ``blocked``: started with SIGINT and SIGTERM blocked, as a child of a process (or a test runner's
+    worker) that had blocked them inherits them."""
     return subprocess.run([sys.executable, "-m", "semrl", "train", *args], capture_output=True, text=True,
-                          env={**os.environ, "SEMRL_FAULT_CTRL_C": at}, timeout=600, start_new_session=True)
+                          env={**os.environ, "SEMRL_FAULT_CTRL_C": at}, timeout=600, start_new_session=True,
+                          preexec_fn=_block_stop_signals if blocked else None)
 
 
 def test_ctrl_c_while_loading_stops_at_once_with_one_line(uninterrupted, digit_model_dir, tmp_path):
     task, _ = uninterrupted
     run = tmp_path / "run"
-    proc = _ctrl_c(*_args(digit_model_dir, task, run), at="load@0")
+    # started with the signals blocked: without semrl unblocking them, Ctrl-C would stay pending
+    # and the run would train to the end (exit 0)
+    proc = _ctrl_c(*_args(digit_model_dir, task, run), at="load@0", blocked=True)
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"semrl: interrupted while loading, before step 1: nothing was trained and the new run directory {run} is removed" in proc.stderr

@@ -410,3 +410,38 @@ def test_study3s_write_up_tables_are_what_its_run_records_give():
                 assert _shown_equals(se, float(np.std(values, ddof=1) / math.sqrt(len(values)))), name
                 checked += 1
     assert checked >= 14  # look 1's tables at least
+
+
+def test_sign_test_rules_are_logged_and_rebuilt_from_the_raw_records_without_semrl(tmp_path):
+    """Study 3's records judged with sign-test rules (two on pass@16 and one on ``collapsed``): the
+    looks semrl compare logs are what scripts/check_look.py rebuilds on its own (the median of the
+    non-zero differences, the order-statistic interval at the look's level, the exact binomial
+    p-value); a p-value changed in the log is caught."""
+    import yaml
+
+    from semrl.cli import main
+
+    root = Path(__file__).parents[1]
+    study = root / "results" / "study3"
+    for variant in ("dr_grpo", "rose", "treepo"):
+        (tmp_path / variant).symlink_to(study / variant)
+    body = yaml.safe_load((root / "configs" / "study" / "study3_rules.yaml").read_text())
+    body["rules"] = [{**rule, "test": "sign"} for rule in body["rules"][:2]] + [
+        {"id": "K1", "family": "secondary", "metric": "collapsed", "pair": ["rose", "treepo"], "expect": "less",
+         "margin": 0.1, "test": "sign"},
+    ]
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(body))
+    assert main(["compare", str(tmp_path), "--decide", str(rules), "--output", str(tmp_path / "out")]) == 0
+    looks = [json.loads(line) for line in (tmp_path / "looks.jsonl").read_text().splitlines()]
+    assert [look["look"] for look in looks] == [1, 2, 3]
+    k1 = looks[-1]["rules"][2]
+    assert k1["test"] == "sign" and k1["estimate"] == -1.0 and k1["p_sign"] == 1.0  # 1 seed differs: seed 108
+    assert "collapsed, median" in (tmp_path / "out" / "results.md").read_text()
+    script = [sys.executable, str(root / "scripts" / "check_look.py"), str(tmp_path), str(rules)]
+    good = subprocess.run(script, capture_output=True, text=True)
+    assert good.returncode == 0 and good.stdout.count("matches") == 9, good.stdout + good.stderr
+    looks[1]["rules"][0]["p_sign"] += 1e-3
+    (tmp_path / "looks.jsonl").write_text("".join(json.dumps(look) + "\n" for look in looks))
+    bad = subprocess.run(script, capture_output=True, text=True)
+    assert bad.returncode == 1 and "MISMATCH p_sign" in bad.stdout

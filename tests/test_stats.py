@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats as st
 
 from semrl.studies.seeds import Run, comparison_rows, seed_differences
 from semrl.studies.stats import (
@@ -119,3 +120,78 @@ def test_seed_differences_pair_by_seed_and_skip_unpaired():
     assert seed_differences(a, b, "m", window=2) == pytest.approx([0.15, 0.05])
     rows = comparison_rows({"a": a, "b": b}, [("a", "b")], ["m", "missing"])
     assert len(rows) == 1 and rows[0][:7] == ["a - b", "m", "+0.200", "[-1.071, +1.471]", "2", "2 / 0 / 0", "no"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The sign test and the median's interval (issue 62, item 2)
+
+
+def test_sign_p_value_is_scipys_exact_binomial_test_of_the_differences_that_are_not_zero():
+    from semrl.studies.stats import sign_p_value
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 25))
+        d = np.round(rng.standard_normal(n) + rng.normal(0, 1), int(rng.integers(0, 3)))  # some zeros
+        above, below = int((d > 0).sum()), int((d < 0).sum())
+        if above + below == 0:
+            assert math.isnan(sign_p_value(d))
+            continue
+        assert math.isclose(sign_p_value(d), st.binomtest(above, above + below, 0.5).pvalue, rel_tol=1e-9)
+    assert math.isnan(sign_p_value([])) and math.isnan(sign_p_value([0.0, 0.0]))
+
+
+def test_median_interval_is_the_dual_of_the_sign_test_and_covers_skewed_medians():
+    """On random data with zeros, the interval at level L excludes 0 exactly when the sign test's p is
+    <= L; and on a skewed, heavy-tailed shape (a collapsed seed in 12, t(3) noise) it covers the true
+    median at least 1 - L of the time, where the t-interval misses the true mean more often."""
+    from semrl.studies.stats import median_interval, sign_p_value
+
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        n = int(rng.integers(1, 20))
+        d = np.round(rng.standard_normal(n) + rng.normal(0, 1), 1)
+        level = float(rng.choice([0.001, 0.01, 0.05, 0.2]))
+        median, low, high = median_interval(d, level)
+        if not (d != 0).any():
+            assert math.isnan(median) and math.isnan(sign_p_value(d))
+            continue
+        assert median == np.median(d[d != 0]) and low <= median <= high
+        assert (low > 0 or high < 0) == (sign_p_value(d) <= level)
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0], 0.05)[1:] == (-math.inf, math.inf)  # 5 seeds: 0.0625
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 0.05)[1:] == (1.0, 6.0)  # 2 / 64 = 0.031
+    assert median_interval([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 0.05)[1:] == (1.0, 6.0)  # the zero: left out
+    q, far, studies, n = 1 / 12, -7.0, 5_000, 12
+    x = np.where(rng.random((studies, n)) < q, far, rng.standard_t(3, (studies, n)))
+    true_median = _mixture_median(q, far)
+    covered = np.mean([(lambda m: m[1] <= true_median <= m[2])(median_interval(row, 0.05)) for row in x])
+    assert covered >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / studies)
+    true_mean = q * far
+    t_low, t_high = zip(*[paired_t(row)[1:] for row in x], strict=True)
+    t_covered = np.mean((np.array(t_low) <= true_mean) & (true_mean <= np.array(t_high)))
+    assert t_covered < 0.93
+
+
+def _mixture_median(q: float, far: float) -> float:
+    """The median of: far with probability q, else t(3): q + (1 - q) T3(m) = 1/2."""
+    return float(st.t.ppf((0.5 - q) / (1 - q), 3))
+
+
+def test_sign_test_power_and_seeds_needed_match_a_monte_carlo_and_a_scan():
+    from semrl.studies.stats import sign_p_value, sign_seeds_needed, sign_seeds_to_settle, sign_test_power
+
+    rng = np.random.default_rng(2)
+    for share, n in [(0.75, 8), (0.8, 12), (0.6, 20), (0.3, 15)]:
+        above = (rng.random((20_000, n)) < share).sum(1)  # each count's p-value, computed once
+        p_of = {k: sign_p_value([1.0] * k + [-1.0] * (n - k)) for k in range(n + 1)}
+        simulated = np.mean([p_of[k] <= 0.05 for k in above])
+        assert abs(simulated - sign_test_power(share, n)) < 4 * math.sqrt(0.25 / 20_000)
+    for share in (0.8, 0.7, 0.3):
+        needed = sign_seeds_needed(share)
+        assert sign_test_power(share, needed) >= 0.8
+        assert all(sign_test_power(share, m) < 0.8 for m in range(1, needed))
+    assert sign_seeds_needed(0.5) is None
+    # ties settle nothing: half the seeds tied doubles the seeds a new study needs
+    assert sign_seeds_to_settle([1.0] * 8 + [-1.0] * 2) == sign_seeds_needed(0.8)
+    assert sign_seeds_to_settle([1.0] * 8 + [-1.0] * 2 + [0.0] * 10) == 2 * sign_seeds_needed(0.8)
+    assert sign_seeds_to_settle([0.0, 0.0]) is None

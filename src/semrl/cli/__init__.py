@@ -11,7 +11,7 @@ import sys
 
 from semrl.cli import checkpoint, compare, config, curriculum, evaluate, export, report, sweep, train
 from semrl.errors import ConfigError, Interrupted, Preempted, TrainingError, closest
-from semrl.runtime.preemption import EXIT_PREEMPTED
+from semrl.runtime.preemption import EXIT_PREEMPTED, unblock_stop_signals
 
 COMMANDS = (train, evaluate, report, compare, sweep, config, checkpoint, export, curriculum)
 
@@ -64,6 +64,7 @@ def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
 
 
 def main(argv: list[str] | None = None) -> int:
+    unblock_stop_signals()  # before any thread starts: threads inherit the mask
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:

@@ -21,6 +21,18 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later (with --resume)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def unblock_stop_signals() -> None:
+    """Let SIGTERM and SIGINT reach this thread, and every thread and process it starts later.
+
+    A signal mask survives fork and exec, so a process started by one that had blocked them (a
+    launcher, a test runner's worker, a library's helper thread) would hold Ctrl-C and a scheduler's
+    SIGTERM pending for ever and run on as if it had none. An ignored signal (``nohup``, ``cmd &``
+    in a script) stays ignored: that is the caller's choice, not an accident.
+    """
+    if hasattr(signal, "pthread_sigmask"):  # POSIX
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
 class StopSignal:
     """Records SIGTERM / SIGINT between ``install`` and ``uninstall`` (around the base evaluation and
     the training loop)."""

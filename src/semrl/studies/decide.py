@@ -25,6 +25,7 @@ The rules file is YAML, a list of entries such as:
   margin: 0.05
   window: 1                   # training metrics: mean over each run's last N steps
   over: last                  # or curve: the mean over every evaluation after step 0
+  test: t                     # or sign: the median difference, by the exact sign test
 ```
 
 ``over: curve`` compares a run's learning curve rather than its last point: the mean of the metric
@@ -32,6 +33,21 @@ over every evaluation after step 0 (``logging.eval_every``), the area under the 
 evaluation. The two runs of a seed must have evaluated at the same steps, and a ``pass@k`` curve
 needs at least 2k samples per problem (``logging.eval_samples``): pass@k from n = k samples is
 only whether any sample was correct, the noisiest of the estimator's forms.
+
+``test`` picks what the rule's interval is about (docs/evaluation.md, "Designs"):
+
+- ``t`` (default): the mean difference, by the t-interval. It assumes the per-seed differences are
+  near normal; one seed far out (a run that stopped learning) can push its error rate to 2-4 times
+  alpha.
+- ``sign``: the median difference, by the order-statistic interval dual to the exact sign test
+  (``semrl.studies.stats.median_interval``). It assumes only independent seeds, and holds its
+  rate for any shape of the differences; it needs 6 seeds to reach 0.05 and has about the power
+  of the t-test at 0.64 times the seeds when the differences are normal.
+
+The run-level metric ``collapsed`` is 1 for a run that had no reward signal (every group's rewards
+equal, ``reward/frac_groups_all_equal`` = 1) in more than half of its steps, else 0: a rule on it,
+with ``test: sign``, pre-registers the collapse itself as an outcome (an exact McNemar test of the
+paired collapses), so that collapsed seeds are counted, never dropped.
 """
 
 from __future__ import annotations
@@ -50,6 +66,9 @@ from semrl.studies.stats import MAX_SEEDS, PairedComparison, seeds_needed
 Expectation = Literal["greater", "less", "not_below"]
 EXPECTATIONS: tuple[str, ...] = ("greater", "less", "not_below")
 OVER: tuple[str, ...] = ("last", "curve")
+TESTS: tuple[str, ...] = ("t", "sign")
+COLLAPSED = "collapsed"  # the run-level metric of a run with no reward signal in most steps
+NO_SIGNAL = "reward/frac_groups_all_equal"  # 1: every group's rewards equal, so no policy gradient
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,7 @@ class Hypothesis:
         window: compare a training metric as its mean over each run's last ``window`` steps.
         over: ``last`` (the last value, or the ``window`` mean) or ``curve`` (the mean over every
             evaluation after step 0; module docstring).
+        test: ``t`` (the mean difference) or ``sign`` (the median, by the exact sign test).
     """
 
     id: str
@@ -78,13 +98,17 @@ class Hypothesis:
     margin: float
     window: int = 1
     over: str = "last"
+    test: str = "t"
 
 
 def metric_label(rule: Hypothesis) -> str:
-    """The rule's metric as the tables name it: with its window, or as a curve."""
+    """The rule's metric as the tables name it: with its window, or as a curve, and the median
+    when the rule takes the sign test."""
     if rule.over == "curve":
-        return f"{rule.metric} (mean over evaluations)"
-    return rule.metric if rule.window == 1 else f"{rule.metric} (last {rule.window} steps)"
+        label = f"{rule.metric} (mean over evaluations)"
+    else:
+        label = rule.metric if rule.window == 1 else f"{rule.metric} (last {rule.window} steps)"
+    return label + (", median" if rule.test == "sign" else "")
 
 
 @dataclass(frozen=True)
@@ -159,11 +183,25 @@ def _hypothesis(entry: Any, where: str) -> Hypothesis:
         raise ConfigError(f"{where}: 'over' must be one of {', '.join(OVER)}, got {over!r}")
     if over == "curve" and window != 1:
         raise ConfigError(f"{where}: 'over: curve' takes every evaluation after step 0; leave out 'window'")
+    test = _test(entry, over, window, where)
     return Hypothesis(
         id=str(entry["id"]), claim=str(entry.get("claim", "")), metric=str(entry["metric"]),
         variant=pair[0], baseline=pair[1], expect=entry["expect"], margin=float(margin), window=window,
-        over=over,
+        over=over, test=test,
     )
+
+
+def _test(entry: dict[str, Any], over: str, window: int, where: str) -> str:
+    """The rule's ``test``, checked, and that a ``collapsed`` rule reads one value per run."""
+    test = entry.get("test", "t")
+    if test not in TESTS:
+        raise ConfigError(f"{where}: 'test' must be one of {', '.join(TESTS)}, got {test!r}")
+    if entry["metric"] == COLLAPSED and (over != "last" or window != 1):
+        raise ConfigError(
+            f"{where}: '{COLLAPSED}' is one value per run (no reward signal in most steps); leave out "
+            "'over' and 'window'"
+        )
+    return str(test)
 
 
 def load_hypotheses(path: str | Path) -> list[Hypothesis]:
@@ -213,7 +251,13 @@ def _seeds_needed(c: PairedComparison | None, rule: Hypothesis) -> str:
         return "no seed finished both variants"
     if c.seeds < 2:
         return "1 seed, no interval"
-    seeds, for_the_claim = seeds_to_settle(c, rule.expect, rule.margin)
+    if rule.test == "sign":  # the sign test's power, at the observed share of seeds above 0
+        seeds = c.seeds_needed
+        for_the_claim = c.wins < c.losses if rule.expect == "less" else c.wins > c.losses
+        if seeds is None:
+            return "as many seeds above 0 as below, or more than 10,000 seeds needed"
+    else:
+        seeds, for_the_claim = seeds_to_settle(c, rule.expect, rule.margin)
     if seeds is None:
         return f"on the bound, or more than {MAX_SEEDS} seeds needed"
     if for_the_claim:

@@ -81,7 +81,7 @@ from semrl.studies.sequential import (
     spent_per_look,
     t_p_value,
 )
-from semrl.studies.stats import seeds_needed
+from semrl.studies.stats import median_interval, seeds_needed, sign_p_value, sign_seeds_to_settle
 
 DESIGN_TYPES = ("fixed", "group_sequential", "anytime")
 ANYTIME_CORRECTIONS = ("bonferroni", "none")
@@ -134,13 +134,23 @@ class Judged:
     outcome: str
     look: int | None  # 1-based look at which the outcome was reached; None: descriptive
     sd: float = math.nan
+    p_sign: float = math.nan  # the exact sign test's p-value (test: sign)
+    sign_seeds: int | None = None  # a new study's seeds for the sign test (stats.sign_seeds_to_settle)
+
+    @property
+    def p(self) -> float:
+        """The p-value of the rule's own test (``test``: t or sign), the one corrections read."""
+        return self.p_sign if self.rule.test == "sign" else self.p_t
 
     def record(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.rule.id, "family": self.family, "seeds": self.seeds, "estimate": self.estimate,
             "low": self.low, "high": self.high, "level": self.level, "p_t": self.p_t,
             "p_sign_flip": self.p_sign_flip, "outcome": self.outcome, "settled_at_look": self.look,
         }
+        if self.rule.test != "t":  # the looks logs of t rules keep the keys they always had
+            out |= {"test": self.rule.test, "p_sign": self.p_sign}
+        return out
 
 
 def outcome_of(low: float, high: float, rule: Hypothesis, decide_at_margin: bool = False) -> str:
@@ -257,7 +267,7 @@ def load_rules(path: str | Path) -> RulesFile:
         raise ConfigError(f"{path}: expected a non-empty list of rules")
     rules, of_family, at_margin = [], {}, set()
     for i, entry in enumerate(entries):
-        rule, family, decide_at = _rule(entry, families, f"{path}, rule {i + 1}")
+        rule, family, decide_at = _rule(entry, families, f"{path}, rule {i + 1}", design)
         rules.append(rule)
         of_family[rule.id] = family
         if decide_at == "margin":
@@ -293,8 +303,10 @@ def _families(families: Any, path: Path, kind: str) -> dict[str, str]:
     return dict(families)
 
 
-def _rule(entry: Any, families: dict[str, str], where: str) -> tuple[Hypothesis, str, str]:
-    """(rule, family, decide_at) of one entry."""
+def _rule(
+    entry: Any, families: dict[str, str], where: str, design: Design | None
+) -> tuple[Hypothesis, str, str]:
+    """(rule, family, decide_at) of one entry; an anytime design takes t-test rules only."""
     family, decide_at = "primary", "zero"
     if isinstance(entry, dict):
         entry = dict(entry)
@@ -304,7 +316,13 @@ def _rule(entry: Any, families: dict[str, str], where: str) -> tuple[Hypothesis,
             raise ConfigError(f"{where}: family {family!r} is not in 'families' ({', '.join(families)})")
         if decide_at not in ("zero", "margin"):
             raise ConfigError(f"{where}: 'decide_at' must be zero or margin, got {decide_at!r}")
-    return _hypothesis(entry, where), family, decide_at
+    rule = _hypothesis(entry, where)
+    if design is not None and design.type == "anytime" and rule.test != "t":
+        raise ConfigError(
+            f"{where}: an anytime design reads the t-test's e-value at every seed; 'test: {rule.test}' has "
+            "no confidence sequence here. Use a fixed or group_sequential design"
+        )
+    return rule, family, decide_at
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,17 +332,33 @@ def _rule(entry: Any, families: dict[str, str], where: str) -> tuple[Hypothesis,
 def _judge_rule(
     rule: Hypothesis, d: list[float], level: float, design: Design, family: str, look: int, at_margin: bool
 ) -> Judged:
-    """One rule's interval at ``level`` (a repeated t-interval, or an anytime design's confidence
-    sequence), p-values and outcome at look ``look`` (0-based)."""
+    """One rule's interval at ``level`` (a repeated t-interval, the sign test's median interval, or
+    an anytime design's confidence sequence), p-values and outcome at look ``look`` (0-based)."""
     if design.type == "anytime":
         mean, low, high = confidence_sequence(d, level, design.prior_scale)
     else:
-        mean, low, high = repeated_interval(d, level)
-    flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
+        mean, low, high = _interval(rule, d, level)
     outcome = outcome_of(low, high, rule, at_margin)
+    settled_at = look + 1 if outcome in STOPPING else None
+    return _judged(rule, family, d, mean, low, high, level, outcome, settled_at)
+
+
+def _interval(rule: Hypothesis, d: list[float], level: float) -> tuple[float, float, float]:
+    """(estimate, low, high) of the rule's test at two-sided ``level``: the mean's t-interval, or the
+    median's sign-test interval."""
+    return median_interval(d, level) if rule.test == "sign" else repeated_interval(d, level)
+
+
+def _judged(
+    rule: Hypothesis, family: str, d: list[float], estimate: float, low: float, high: float, level: float,
+    outcome: str, look: int | None,
+) -> Judged:
+    """A rule's ``Judged`` with every p-value and spread computed from its per-seed differences."""
+    flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
     sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
-    return Judged(rule, family, len(d), mean, low, high, level, t_p_value(d), flip, outcome,
-                  look + 1 if outcome in STOPPING else None, sd)
+    needed = sign_seeds_to_settle(d, tie=0.0) if rule.test == "sign" else None
+    return Judged(rule, family, len(d), estimate, low, high, level, t_p_value(d), flip, outcome, look, sd,
+                  sign_p_value(d), needed)
 
 
 def _judge_family(
@@ -352,7 +386,8 @@ def _judge_family(
         # or the alpha this look spends (bh_spent), which keeps the rate over the looks
         q = level(design.alpha) if correction == "bh" else design.spent(design.alpha)[look]
         m = max(len(open_rules), 1)
-        adjusted = benjamini_hochberg([t_p_value(diffs[r.id]) for r in open_rules])
+        p_of = {"t": t_p_value, "sign": sign_p_value}
+        adjusted = benjamini_hochberg([p_of[r.test](diffs[r.id]) for r in open_rules])
         k = max(sum(a <= q for a in adjusted), 1)
         out = {r.id: judged(r, k * q / m) for r in open_rules}
     else:
@@ -435,19 +470,18 @@ def descriptive(diffs: dict[str, list[float]], rules_file: RulesFile) -> list[Ju
     out = []
     for rule in rules_file.rules:
         d = diffs[rule.id]
-        mean, low, high = repeated_interval(d, 0.05)
-        flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
-        sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
-        out.append(Judged(
-            rule, rules_file.families[rule.id], len(d), mean, low, high, math.nan, t_p_value(d), flip,
-            "descriptive only", None, sd,
-        ))
+        estimate, low, high = _interval(rule, d, 0.05)
+        out.append(_judged(rule, rules_file.families[rule.id], d, estimate, low, high, math.nan,
+                           "descriptive only", None))
     return out
 
 
 def seeds_range(j: Judged) -> str:
     """Seeds a new study of one look would need to settle the rule at 80% power if the observed
-    difference were true, over the 95% interval of the s.d. (4 degrees of freedom at 5 seeds)."""
+    difference were true, over the 95% interval of the s.d. (4 degrees of freedom at 5 seeds); for
+    a sign-test rule, at the observed shares of seeds above, at and below 0."""
+    if j.rule.test == "sign":
+        return "" if j.sign_seeds is None else str(j.sign_seeds)
     if j.seeds < 2 or math.isnan(j.sd) or j.sd == 0:
         return ""
     bound = -j.rule.margin if j.rule.expect == "not_below" else 0.0
@@ -479,10 +513,17 @@ def judged_rows(judged: Sequence[Judged]) -> list[list[str]]:
             rule.id, j.family, f"{rule.variant} - {rule.baseline}", metric_label(rule),
             f"{expect} ({rule.margin:g})",
             f"{j.estimate:+.3f}", interval, "95% (none)" if math.isnan(j.level) else f"{1 - j.level:.2%}",
-            str(j.seeds), ("" if math.isnan(j.p_t) else f"{j.p_t:.3g}") + flip, outcome,
+            str(j.seeds), _p_text(j) + flip, outcome,
             "" if j.outcome in SETTLED else seeds_range(j),
         ])
     return rows
+
+
+def _p_text(j: Judged) -> str:
+    """The p-value cell: the t-test's, or for a sign-test rule the sign test's, so named."""
+    if j.rule.test == "sign":
+        return "" if math.isnan(j.p_sign) else f"{j.p_sign:.3g} (sign test)"
+    return "" if math.isnan(j.p_t) else f"{j.p_t:.3g}"
 
 
 def read_looks(log: Path) -> list[dict[str, Any]]:

@@ -32,7 +32,9 @@ import yaml
 
 from semrl.errors import ConfigError
 from semrl.studies.decide import (
+    COLLAPSED,
     DECISION_HEADER,
+    NO_SIGNAL,
     Decision,
     Hypothesis,
     decide,
@@ -106,6 +108,17 @@ class Run:
         """The mean over every value logged after step 0: a learning curve's area per evaluation."""
         points = [value for step, value in self.series(metric).items() if step > 0]
         return float(np.mean(points)) if points else None
+
+    def collapsed(self) -> float | None:
+        """1.0 when the run had no reward signal (every group's rewards equal) in more than half of
+        its steps, else 0.0; None when it logged no ``reward/frac_groups_all_equal``
+        (``semrl.studies.decide``, the ``collapsed`` metric)."""
+        shares = self.series(NO_SIGNAL)
+        if not shares:
+            return None
+        silent = sum(1 for step, share in shares.items() if step > 0 and share >= 1.0)
+        steps = sum(1 for step in shares if step > 0)
+        return float(silent > steps / 2)
 
     def eval_steps(self, split: str) -> list[int]:
         return sorted(self.series(f"{split}/problems"))
@@ -304,6 +317,8 @@ def rule_value(run: Run, rule: Hypothesis, paired: Run) -> float | None:
     """What ``rule`` reads of ``run`` (whose pair of the same seed is ``paired``): its last value or
     the mean of its last ``window`` steps, or with ``over: curve`` the mean over its evaluations
     after step 0, which the pair must have taken at the same steps (``semrl.studies.decide``)."""
+    if rule.metric == COLLAPSED:
+        return run.collapsed()
     if rule.over != "curve":
         return run.final(rule.metric, rule.window)
     split, _, name = rule.metric.partition("/")
@@ -378,7 +393,7 @@ def decide_all(groups: dict[str, list[Run]], rules: Sequence[Hypothesis]) -> lis
             variants = ", ".join(groups)
             logger.warning("rule %s: no finished run of %s; the variants are %s", rule.id, missing, variants)
         d = [] if missing else list(rule_differences(groups, [rule])[rule.id].values())
-        comparison = compare_paired(d, tie=1e-9) if d else None
+        comparison = compare_paired(d, tie=1e-9, test=rule.test) if d else None
         outcome = decide(comparison, rule.expect, rule.margin) if comparison else "undecided"
         decisions.append(Decision(rule, comparison, outcome))
     return decisions

@@ -149,9 +149,86 @@ def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = 
     return high
 
 
-def compare_paired(differences: Sequence[float], tie: float = 1e-12) -> PairedComparison:
-    """Everything ``semrl compare`` reports for one metric and pair, from the per-seed differences."""
+def sign_p_value(differences: Sequence[float]) -> float:
+    """Two-sided exact sign test that a seed's difference is as likely > 0 as < 0: over the m
+    non-zero differences, 2 P(Bin(m, 1/2) <= min(#{d > 0}, #{d < 0})), at most 1 (nan when every
+    difference is 0). A zero says nothing about the direction and is left out, as in McNemar's test,
+    which this is for a 0/1 metric. It assumes only independent seeds; for a continuous metric it
+    tests a median difference of 0. Its smallest value is 2 / 2^m (0.031 at 6 seeds, 0.0625 at 5)."""
     d = np.asarray(differences, dtype=float)
+    above, below = int((d > 0).sum()), int((d < 0).sum())
+    if above + below == 0:
+        return math.nan
+    return float(min(1.0, 2 * st.binom.cdf(min(above, below), above + below, 0.5)))
+
+
+def median_interval(differences: Sequence[float] | np.ndarray, level: float) -> tuple[float, float, float]:
+    """(median, low, high) of the m non-zero per-seed differences: the distribution-free interval
+    [d_(k), d_(m+1-k)] of their order statistics, with k the largest integer such that
+    2 P(Bin(m, 1/2) <= k - 1) <= ``level``. It is the dual of ``sign_p_value`` (it excludes 0
+    exactly when that p-value is <= ``level``), and covers the median with probability at least
+    1 - level for any continuous distribution, skewed or heavy-tailed. (-inf, +inf) when m cannot
+    reach ``level`` (fewer than 6 at 0.05); all nan when every difference is 0."""
+    d = np.asarray(differences, dtype=float)
+    d = np.sort(d[d != 0])
+    m = d.size
+    if m == 0:
+        return math.nan, math.nan, math.nan
+    k = 0
+    while 2 * st.binom.cdf(k, m, 0.5) <= level:
+        k += 1
+    median = float(np.median(d))
+    if k == 0:
+        return median, -math.inf, math.inf
+    return median, float(d[k - 1]), float(d[m - k])
+
+
+def sign_test_power(share: float, seeds: int, alpha: float = ALPHA) -> float:
+    """Probability that the two-sided exact sign test at ``alpha`` (``sign_p_value``) rejects over
+    ``seeds`` seeds when a seed's difference is > 0 with probability ``share``."""
+    fewest = int(st.binom.ppf(alpha / 2, seeds, 0.5))  # the largest c with 2 P(Bin <= c) <= alpha
+    while fewest >= 0 and 2 * st.binom.cdf(fewest, seeds, 0.5) > alpha:
+        fewest -= 1
+    if fewest < 0:
+        return 0.0
+    return float(st.binom.cdf(fewest, seeds, share) + st.binom.sf(seeds - fewest - 1, seeds, share))
+
+
+def sign_seeds_needed(share: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """The fewest seeds whose differences are not 0 at which the exact sign test detects a share
+    ``share`` of them above 0 with probability ``power`` (the sign test's power saws up and down
+    with n; this is the first n that reaches it); None at share 1/2 or beyond 10,000 seeds."""
+    if share == 0.5 or not 0 <= share <= 1:
+        return None
+    for n in range(1, 10_001):
+        if sign_test_power(share, n, alpha) >= power:
+            return n
+    return None
+
+
+def sign_seeds_to_settle(differences: Sequence[float] | np.ndarray, tie: float = 1e-12) -> int | None:
+    """Seeds a new study would need for the exact sign test to settle at 80% power, if the observed
+    shares were the truth: ``sign_seeds_needed`` of the share above 0 among the seeds that differ,
+    over the share of seeds that differ (a tie settles nothing)."""
+    wins, ties, losses = win_tie_loss(differences, tie)
+    if wins + losses == 0:
+        return None
+    needed = sign_seeds_needed(wins / (wins + losses))
+    return None if needed is None else math.ceil(needed * (wins + ties + losses) / (wins + losses))
+
+
+def compare_paired(differences: Sequence[float], tie: float = 1e-12, test: str = "t") -> PairedComparison:
+    """Everything ``semrl compare`` reports for one metric and pair, from the per-seed differences;
+    ``test="sign"``: the median of the non-zero differences, its sign-test interval and
+    ``sign_seeds_to_settle``."""
+    d = np.asarray(differences, dtype=float)
+    if test == "sign":
+        median, low, high = median_interval(d, ALPHA)
+        return PairedComparison(
+            median, low, high, int(d.size), *win_tie_loss(d, tie),
+            sd=float(d.std(ddof=1)) if d.size > 1 else math.nan, mde=math.nan,
+            seeds_needed=sign_seeds_to_settle(d, tie),
+        )
     estimate, low, high = paired_t(d)
     sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
     return PairedComparison(
