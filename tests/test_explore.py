@@ -109,3 +109,52 @@ def test_paired_differences_average_each_problems_rollouts_at_their_own_cost():
     with pytest.raises(ValueError, match="problem z has no independent samples"):
         paired_differences([Leaves("z", 5, (True,), (0,))], independent, "solved")
     assert per_token(trees, "solved") == pytest.approx(1000 * 1 / 75)
+
+
+def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_model_dir, tmp_path):
+    """``semrl explore`` on the tiny model taught to answer a random digit, for problems whose answer
+    is 7: each record's verdicts and answer classes equal a recount from its responses (correct: the
+    digit is 7; classes: equal digits), independent sampling's cost is the sum of its responses'
+    lengths, a tree's cost is at most its leaves' lengths summed, the summary's equal-cost
+    differences are ``paired_differences`` of the records, and a re-run adds nothing."""
+    import json
+
+    from semrl.cli import main
+    from semrl.studies.explore_run import read_records, summarize
+
+    from .conftest import DIGIT_SYSTEM_PROMPT, write_seven_task
+
+    task = write_seven_task(tmp_path / "seven.jsonl")
+    out = tmp_path / "explore"
+    args = ["explore", "--methods", "treepo", "rose", "--seeds", "0", "1", "--data", str(task), "--limit", "5",
+            "--independent-samples", "16", "--output", str(out), f"model.name={digit_model_dir}",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.max_new_tokens=8",
+            "treepo.segment_length=2", "reward.num_workers=1"]
+    assert main(args) == 0
+    records = read_records(out)
+    assert sorted({(r.method, r.seed) for r in records}) == [("independent", 0), ("rose", 0), ("rose", 1),
+                                                             ("treepo", 0), ("treepo", 1)]
+    assert all(sum(1 for r in records if (r.method, r.seed) == key) == 5 for key in {(r.method, r.seed) for r in records})
+    for r in records:
+        digits = [text.strip() for text in r.responses]
+        assert r.correct == [d == "7" for d in digits], (r.method, digits)
+        answered = [d for d, c in zip(digits, r.clusters, strict=True) if c is not None]
+        classes = [c for c in r.clusters if c is not None]
+        assert len(set(classes)) == len(set(answered))  # one class per distinct digit
+        assert all((a == b) == (x == y) for (a, x), (b, y) in itertools.combinations(zip(answered, classes, strict=True), 2))
+        if r.method == "independent":
+            assert len(r.lengths) == 16 and r.sampled_tokens == sum(r.lengths)
+        else:
+            assert len(r.lengths) == 4 and 0 < r.sampled_tokens <= sum(r.lengths)
+    assert any(any(r.correct) for r in records) and not all(all(r.correct) for r in records)  # not vacuous
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == json.loads(json.dumps(summarize(records)))
+    reference = {r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
+                 for r in records if r.method == "independent"}
+    for method in ("treepo", "rose"):
+        leaves = [Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
+                  for r in records if r.method == method]
+        d = paired_differences(leaves, reference, "solved")
+        assert summary["methods"][method]["solved"]["mean"] == pytest.approx(float(np.mean(list(d.values()))))
+    size = (out / "records.jsonl").stat().st_size
+    assert main(args) == 0 and (out / "records.jsonl").stat().st_size == size  # resumed: nothing redone

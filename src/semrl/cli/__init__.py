@@ -9,11 +9,11 @@ import argparse
 import logging
 import sys
 
-from semrl.cli import checkpoint, compare, config, curriculum, evaluate, export, report, sweep, train
+from semrl.cli import checkpoint, compare, config, curriculum, evaluate, explore, export, report, sweep, train
 from semrl.errors import ConfigError, Interrupted, Preempted, TrainingError, closest
 from semrl.runtime.preemption import EXIT_PREEMPTED, unblock_stop_signals
 
-COMMANDS = (train, evaluate, report, compare, sweep, config, checkpoint, export, curriculum)
+COMMANDS = (train, evaluate, explore, report, compare, sweep, config, checkpoint, export, curriculum)
 
 
 def _version() -> str:

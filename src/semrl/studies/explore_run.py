@@ -1,0 +1,214 @@
+"""Running the exploration comparison (``semrl explore``): each rollout method samples every
+problem at a fixed policy, each leaf is verified and its answer clustered, and one record per
+(method, seed, problem) goes to ``records.jsonl``; the summary compares every method with
+independent sampling at equal cost, problem by problem (``semrl.studies.explore``).
+
+Each problem is rolled out on its own, so that the tokens the engine sampled for it are exactly its
+cost (``Engine.generated_tokens`` before and after). Independent sampling draws
+``independent_samples`` responses per problem once, with the first seed: it is the reference every
+method's rollouts are priced against. A re-run into the same directory skips the records already
+there, so an interrupted comparison continues.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from semrl.config.sections import Config
+from semrl.data import Problem, PromptFormat
+from semrl.methods.catalog import get_method
+from semrl.methods.interface import RolloutContext
+from semrl.methods.registry import load, method_config
+from semrl.methods.semantic_entropy import cluster_answers
+from semrl.reward import VerifierPool, score_responses
+from semrl.rollout.engines import Engine, Generation, GenerationRequest, sampling_params
+from semrl.studies.explore import (
+    EQUAL_COST_METRICS,
+    IndependentSamples,
+    Leaves,
+    paired_differences,
+    per_token,
+)
+from semrl.studies.stats import median_interval, paired_t, sign_p_value
+from semrl.update.passes import with_sampling_entropy
+
+RECORDS = "records.jsonl"
+INDEPENDENT = "independent"
+
+
+@dataclass(frozen=True)
+class Explored:
+    """One method's rollout of one problem, as ``records.jsonl`` holds it."""
+
+    method: str
+    seed: int
+    problem: str
+    sampled_tokens: int
+    lengths: list[int]
+    correct: list[bool]
+    clusters: list[int | None]
+    responses: list[str]
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "seed": self.seed, "problem": self.problem,
+            "sampled_tokens": self.sampled_tokens, "lengths": self.lengths, "correct": self.correct,
+            "clusters": self.clusters, "responses": self.responses,
+        }
+
+
+def _verified(
+    method: str, seed: int, problem: Problem, gens: Sequence[Generation], sampled: int,
+    decode: Callable[[list[int]], str], pool: VerifierPool, fallback: bool,
+) -> Explored:
+    """The leaves decoded, verified against the problem's answer and clustered by equivalence."""
+    texts = [decode(g.token_ids.tolist()) for g in gens]
+    rewards = score_responses(pool, texts, [problem.answer] * len(texts), final_number_fallback=fallback)
+    answers = [r.answer for r in rewards]
+    ids = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
+    clusters = [c if a is not None else None for c, a in zip(ids, answers, strict=True)]
+    return Explored(method, seed, problem.id, sampled, [len(g.token_ids) for g in gens],
+                    [bool(r.correct) for r in rewards], clusters, texts)
+
+
+def explore_problem(
+    method: str, seed: int, problem: Problem, prompt_ids: list[int], engine: Engine, cfg: Config,
+    model: torch.nn.Module, decode: Callable[[list[int]], str], pool: VerifierPool, leaves: int,
+) -> Explored:
+    """One rollout of one problem: ``leaves`` independent samples (``method == 'independent'``), or
+    the method's registry rollout with its config section, on one prompt."""
+    generator = torch.Generator().manual_seed(seed)
+    before = engine.generated_tokens
+    if method == INDEPENDENT:
+        params = sampling_params(cfg.rollout, top_logprobs=False)
+        gens = engine.generate([GenerationRequest(prompt_ids) for _ in range(leaves)], params, generator)
+    else:
+        spec = get_method(method)
+        params = sampling_params(cfg.rollout, top_logprobs=spec.reads_top_logprobs)
+        entropy = partial(with_sampling_entropy, model, temperature=params.temperature,
+                          compute_dtype=engine.compute_dtype)
+        section = method_config(cfg, spec.section)
+        ctx = RolloutContext(engine, params, generator, section, entropy, decode=decode)
+        assert spec.rollout_fn is not None
+        gens = load(spec.rollout_fn)(ctx, [prompt_ids]).generations
+    return _verified(method, seed, problem, gens, engine.generated_tokens - before, decode, pool,
+                     cfg.reward.final_number_fallback)
+
+
+def read_records(out_dir: Path) -> list[Explored]:
+    path = out_dir / RECORDS
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [Explored(**json.loads(line)) for line in lines if line.strip()]
+
+
+def run_exploration(
+    cfg: Config, methods: Sequence[str], seeds: Sequence[int], problems: Sequence[Problem],
+    independent_samples: int, out_dir: Path, engine: Engine, model: torch.nn.Module,
+    tokenizer: Any, progress: Callable[[str], None] | None = None,
+) -> list[Explored]:
+    """Every (method, seed, problem) not yet in ``out_dir/records.jsonl``, appended as it finishes;
+    independent sampling once per problem with the first seed. Returns every record."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = {(r.method, r.seed, r.problem) for r in read_records(out_dir)}
+    prompt = PromptFormat.of(cfg.data)
+    decode = partial(tokenizer.decode, skip_special_tokens=True)
+    jobs = [(INDEPENDENT, seeds[0], independent_samples)] + [
+        (m, s, cfg.rollout.group_size) for s in seeds for m in methods if m != INDEPENDENT
+    ]
+    reward = cfg.reward
+    with VerifierPool(reward.num_workers, reward.timeout_s, numeral_answers=reward.numeral_answers) as pool, \
+            (out_dir / RECORDS).open("a", encoding="utf-8") as log:
+        for method, seed, leaves in jobs:
+            for problem in problems:
+                if (method, seed, problem.id) in done:
+                    continue
+                prompt_ids = prompt.ids(tokenizer, problem.problem)
+                record = explore_problem(
+                    method, seed, problem, prompt_ids, engine, cfg, model, decode, pool, leaves
+                )
+                log.write(json.dumps(record.record()) + "\n")
+                log.flush()
+                if progress is not None:
+                    progress(f"{method} seed {seed} {problem.id}: {record.sampled_tokens} tokens, "
+                             f"{sum(record.correct)}/{len(record.correct)} correct")
+    return read_records(out_dir)
+
+
+def summarize(records: Sequence[Explored]) -> dict[str, Any]:
+    """Per method and metric at equal cost: the mean over problems of method - independent, its
+    95% t-interval, the median's sign-test interval and p-value, how many problems are above, at and
+    below 0, and the method's metric per 1,000 sampled tokens beside independent sampling's."""
+    reference = {
+        r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
+        for r in records if r.method == INDEPENDENT
+    }
+    by_method: dict[str, list[Leaves]] = {}
+    for r in records:
+        leaves = Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
+        by_method.setdefault(r.method, []).append(leaves)
+    out: dict[str, Any] = {"problems": len(reference), "methods": {}}
+    for method, rollouts in by_method.items():
+        row: dict[str, Any] = {
+            "rollouts": len(rollouts), "sampled_tokens": sum(x.sampled_tokens for x in rollouts),
+            "per_1k_tokens": {m: per_token(rollouts, m) for m in EQUAL_COST_METRICS},
+        }
+        if method != INDEPENDENT:
+            for metric in EQUAL_COST_METRICS:
+                d = list(paired_differences(rollouts, reference, metric).values())
+                mean, low, high = paired_t(d)
+                median, median_low, median_high = median_interval(d, 0.05)
+                x = np.asarray(d)
+                row[metric] = {
+                    "mean": mean, "t_interval": [low, high], "median": median,
+                    "sign_interval": [median_low, median_high], "p_sign": sign_p_value(d),
+                    "above_at_below": [int((x > 0).sum()), int((x == 0).sum()), int((x < 0).sum())],
+                }
+        out["methods"][method] = row
+    return out
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The summary as Markdown: one row per method and metric."""
+    lines = [
+        f"{summary['problems']} problems; each method - independent sampling at equal sampled tokens, "
+        "per problem (the unit), then over problems.\n",
+        "| method | metric | mean difference | 95% t-interval | median | 95% sign-test interval | p (sign) "
+        "| problems above / at / below 0 | per 1k tokens (method / independent) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    reference = summary["methods"].get(INDEPENDENT, {}).get("per_1k_tokens", {})
+
+    def num(x: float) -> str:
+        return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3f}"
+
+    for method, row in summary["methods"].items():
+        if method == INDEPENDENT:
+            continue
+        for metric in EQUAL_COST_METRICS:
+            c = row[metric]
+            lines.append(
+                f"| {method} | {metric} | {num(c['mean'])} "
+                f"| [{num(c['t_interval'][0])}, {num(c['t_interval'][1])}] "
+                f"| {num(c['median'])} | [{num(c['sign_interval'][0])}, {num(c['sign_interval'][1])}] "
+                f"| {c['p_sign']:.3g} | {' / '.join(map(str, c['above_at_below']))} "
+                f"| {row['per_1k_tokens'][metric]:.3f} / {reference.get(metric, math.nan):.3f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out_dir: Path, records: Sequence[Explored]) -> dict[str, Any]:
+    summary = summarize(records)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (out_dir / "results.md").write_text(summary_table(summary), encoding="utf-8")
+    return summary
