@@ -119,8 +119,12 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
     differences are ``paired_differences`` of the records, and a re-run adds nothing."""
     import json
 
+    import yaml
+
     from semrl.cli import main
-    from semrl.studies.explore_run import read_records, summarize
+    from semrl.errors import ConfigError
+    from semrl.studies.designs import load_rules
+    from semrl.studies.explore_run import read_records, rule_differences_by_problem, summarize
 
     from .conftest import DIGIT_SYSTEM_PROMPT, write_seven_task
 
@@ -157,4 +161,33 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
         d = paired_differences(leaves, reference, "solved")
         assert summary["methods"][method]["solved"]["mean"] == pytest.approx(float(np.mean(list(d.values()))))
     size = (out / "records.jsonl").stat().st_size
-    assert main(args) == 0 and (out / "records.jsonl").stat().st_size == size  # resumed: nothing redone
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({
+        "design": {"type": "fixed", "looks": [5]}, "families": {"primary": "holm"},
+        "rules": [
+            {"id": "E1", "metric": "distinct_answers", "pair": ["rose", "independent"], "expect": "greater",
+             "margin": 0.1, "test": "sign"},
+            {"id": "E2", "metric": "solved", "pair": ["rose", "treepo"], "expect": "greater", "margin": 0.05},
+        ],
+    }))
+    assert main([*args, "--decide", str(rules)]) == 0
+    assert (out / "records.jsonl").stat().st_size == size  # resumed: nothing redone
+    diffs, order = rule_differences_by_problem(records, load_rules(rules))
+
+    def of(method: str, metric: str) -> dict[str, float]:
+        rollouts = [Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
+                    for r in records if r.method == method]
+        return paired_differences(rollouts, reference, metric)
+
+    assert order == [f"s{i}" for i in range(5)]
+    rose_answers = of("rose", "distinct_answers")
+    assert diffs["E1"] == pytest.approx({i: rose_answers[p] for i, p in enumerate(order)})
+    solved = {m: of(m, "solved") for m in ("rose", "treepo")}
+    assert diffs["E2"] == pytest.approx({i: solved["rose"][p] - solved["treepo"][p] for i, p in enumerate(order)})
+    (look,) = [json.loads(line) for line in (out / "looks.jsonl").read_text().splitlines()]
+    assert look["seeds"] == list(range(5)) and [r["id"] for r in look["rules"]] == ["E1", "E2"]
+    assert "Exploration rules, look 1 of 1 at 5 problems" in (out / "decisions.md").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(rules.read_text().replace("metric: solved", "metric: eval/pass@1"))
+    with pytest.raises(ConfigError, match="rule E2: an exploration rule compares one of solved"):
+        rule_differences_by_problem(records, load_rules(bad))

@@ -37,6 +37,11 @@ def add_parser(sub: SubParsers) -> None:
     )
     ex.add_argument("--output",
                     help="directory (default runs/explore-YYYYMMDD-HHMMSS); a re-run continues it")
+    ex.add_argument(
+        "--decide", metavar="RULES",
+        help="a rules file with a design whose looks count problems; pairs name methods or 'independent', "
+        "metrics are solved, distinct_answers or distinct_correct (docs/evaluation.md)",
+    )
     add_plugin_arg(ex)
     ex.add_argument("overrides", nargs="*", help="section.key=value overrides")
     ex.set_defaults(func=run)
@@ -49,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     from semrl.methods.catalog import get_method
 
     cfg = load_config(args.config, args.overrides)
+    rules = None
+    if args.decide:
+        from semrl.studies.designs import load_rules
+
+        rules = load_rules(args.decide)  # a bad rules file fails before the model loads
     for name in args.methods:
         if get_method(name).rollout_fn is None:
             raise ConfigError(
@@ -84,5 +94,13 @@ def run(args: argparse.Namespace) -> int:
                                   tokenizer, progress=print)
     summary = write_summary(out, records)
     print(summary_table(summary))
+    if rules is not None:
+        from semrl.studies.explore_run import judge_exploration
+
+        heading, rows, _ = judge_exploration(records, rules, out)
+        lines = [rows[0], ["---"] * len(rows[0]), *rows[1:]]
+        table = "\n".join("| " + " | ".join(row) + " |" for row in lines)
+        (out / "decisions.md").write_text(f"{heading}\n\n{table}\n", encoding="utf-8")
+        print(f"\n{heading}\n\n{table}")
     print(f"written: {out / 'records.jsonl'}, {out / 'summary.json'}, {out / 'results.md'}")
     return 0

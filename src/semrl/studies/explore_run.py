@@ -25,12 +25,23 @@ import torch
 
 from semrl.config.sections import Config
 from semrl.data import Problem, PromptFormat
+from semrl.errors import ConfigError
 from semrl.methods.catalog import get_method
 from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.methods.semantic_entropy import cluster_answers
 from semrl.reward import VerifierPool, score_responses
 from semrl.rollout.engines import Engine, Generation, GenerationRequest, sampling_params
+from semrl.studies.designs import (
+    JUDGED_HEADER,
+    LOOKS_LOG,
+    Judged,
+    RulesFile,
+    complete_seeds,
+    judge_looks,
+    judged_rows,
+    log_looks,
+)
 from semrl.studies.explore import (
     EQUAL_COST_METRICS,
     IndependentSamples,
@@ -149,10 +160,7 @@ def summarize(records: Sequence[Explored]) -> dict[str, Any]:
     """Per method and metric at equal cost: the mean over problems of method - independent, its
     95% t-interval, the median's sign-test interval and p-value, how many problems are above, at and
     below 0, and the method's metric per 1,000 sampled tokens beside independent sampling's."""
-    reference = {
-        r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
-        for r in records if r.method == INDEPENDENT
-    }
+    reference = _reference(records)
     by_method: dict[str, list[Leaves]] = {}
     for r in records:
         leaves = Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
@@ -212,3 +220,81 @@ def write_summary(out_dir: Path, records: Sequence[Explored]) -> dict[str, Any]:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out_dir / "results.md").write_text(summary_table(summary), encoding="utf-8")
     return summary
+
+
+def _reference(records: Sequence[Explored]) -> dict[str, IndependentSamples]:
+    return {
+        r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
+        for r in records if r.method == INDEPENDENT
+    }
+
+
+def rule_differences_by_problem(
+    records: Sequence[Explored], rules_file: RulesFile
+) -> tuple[dict[str, dict[int, float]], list[str]]:
+    """(rule id -> problem index -> difference, the problems in data order): a rule's pair
+    ``[variant, baseline]`` compares their equal-cost differences from independent sampling
+    (``independent`` itself: 0), so that problems stand where seeds stand in a study's design."""
+    reference = _reference(records)
+    order = list(dict.fromkeys(r.problem for r in records if r.method == INDEPENDENT))
+    methods = {r.method for r in records}
+    out: dict[str, dict[int, float]] = {}
+    for rule in rules_file.rules:
+        if rule.metric not in EQUAL_COST_METRICS:
+            raise ConfigError(
+                f"rule {rule.id}: an exploration rule compares one of {', '.join(EQUAL_COST_METRICS)} "
+                f"at equal cost, got {rule.metric!r}"
+            )
+        if rule.over != "last" or rule.window != 1:
+            raise ConfigError(
+                f"rule {rule.id}: an exploration rule has one value per problem; leave out over and window"
+            )
+        missing = [m for m in (rule.variant, rule.baseline) if m not in methods]
+        if missing:
+            raise ConfigError(
+                f"rule {rule.id}: no records of {', '.join(missing)}; the records hold "
+                f"{', '.join(sorted(methods))}"
+            )
+        differences = []
+        for method in (rule.variant, rule.baseline):
+            if method == INDEPENDENT:
+                differences.append(dict.fromkeys(order, 0.0))
+                continue
+            rollouts = [Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
+                        for r in records if r.method == method]
+            differences.append(paired_differences(rollouts, reference, rule.metric))
+        variant, baseline = differences
+        out[rule.id] = {
+            i: variant[p] - baseline[p] for i, p in enumerate(order) if p in variant and p in baseline
+        }
+    return out, order
+
+
+def judge_exploration(
+    records: Sequence[Explored], rules_file: RulesFile, out_dir: Path
+) -> tuple[str, list[list[str]], list[Judged]]:
+    """The rules judged at the latest planned look the problems reach (a look at n problems reads
+    the first n in data order), every look appended once to ``out_dir/looks.jsonl``; (heading,
+    table rows, judged rules)."""
+    design = rules_file.design
+    if design is None:
+        raise ConfigError(
+            "an exploration rules file needs a design (fixed or group_sequential, looks in problems)"
+        )
+    if design.type == "anytime":
+        raise ConfigError("an exploration rules file takes a fixed or group_sequential design, not anytime")
+    diffs, _ = rule_differences_by_problem(records, rules_file)
+    units = complete_seeds(diffs)
+    looks = judge_looks(diffs, rules_file, units)
+    if not looks:
+        raise ConfigError(
+            f"{len(units)} problems have records of every method the rules name; the design's first look "
+            f"is at {design.looks[0]} problems"
+        )
+    log_looks(out_dir / LOOKS_LOG, looks, design, units)
+    k = len(looks)
+    families = ", ".join(f"{f}: {c}" for f, c in design.families.items())
+    heading = (f"Exploration rules, look {k} of {len(design.looks)} at {design.looks[k - 1]} problems "
+               f"(problems as the unit; {design.type} design, alpha {design.alpha:g} two-sided per family, "
+               f"{families})")
+    return heading, [JUDGED_HEADER, *judged_rows(looks[-1])], looks[-1]
