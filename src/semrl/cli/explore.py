@@ -88,10 +88,11 @@ def run(args: argparse.Namespace) -> int:
                           longest + cfg.rollout.max_new_tokens, cfg.rollout.logprobs_top_k,
                           seed=cfg.trainer.seed, vllm_options=cfg.rollout)
     print(f"exploration into {out}: {len(problems)} problems, methods {', '.join(args.methods)}, seeds "
-          f"{args.seeds}, {leaves} leaves per rollout, {independent} independent samples per problem")
+          f"{args.seeds}, {leaves} leaves per rollout, {independent} independent samples per problem",
+          flush=True)
     with torch.no_grad():
         records = run_exploration(cfg, args.methods, args.seeds, problems, independent, out, engine, model,
-                                  tokenizer, progress=print)
+                                  tokenizer, progress=lambda line: print(line, flush=True))
     summary = write_summary(out, records)
     print(summary_table(summary))
     if rules is not None:
