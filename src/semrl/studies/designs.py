@@ -39,6 +39,10 @@ look's nominal level (``semrl.studies.sequential.nominal_levels``) for its famil
 confidence sequence of the t-test e-value (``semrl.studies.sequential.t_e_value``), valid however
 often it is read, and a family is corrected by ``bonferroni`` (alpha / m for each of its m rules).
 
+A rule with ``test: sign`` is judged by the median's order-statistic interval at the same levels,
+and BH reads its exact sign-test p-value (``semrl.studies.decide``); anytime designs take t rules
+only.
+
 A rule settled (decided, decided against) at a look keeps its outcome at later looks. A rule whose
 interval lies inside (-margin, +margin) is ruled out: for a primary rule that stops it (non-binding
 futility; it spends no alpha). Outcomes are exclusive, in this order of precedence:
@@ -136,11 +140,6 @@ class Judged:
     sd: float = math.nan
     p_sign: float = math.nan  # the exact sign test's p-value (test: sign)
     sign_seeds: int | None = None  # a new study's seeds for the sign test (stats.sign_seeds_to_settle)
-
-    @property
-    def p(self) -> float:
-        """The p-value of the rule's own test (``test``: t or sign), the one corrections read."""
-        return self.p_sign if self.rule.test == "sign" else self.p_t
 
     def record(self) -> dict[str, Any]:
         out = {
@@ -387,7 +386,10 @@ def _judge_family(
         q = level(design.alpha) if correction == "bh" else design.spent(design.alpha)[look]
         m = max(len(open_rules), 1)
         p_of = {"t": t_p_value, "sign": sign_p_value}
-        adjusted = benjamini_hochberg([p_of[r.test](diffs[r.id]) for r in open_rules])
+        # a sign test with every difference 0 has no p-value (nan); it is no evidence, p = 1, and a
+        # nan must not reach the step-up, where it would void every other rule's adjusted p-value
+        p_values = [p_of[r.test](diffs[r.id]) for r in open_rules]
+        adjusted = benjamini_hochberg([1.0 if math.isnan(p) else p for p in p_values])
         k = max(sum(a <= q for a in adjusted), 1)
         out = {r.id: judged(r, k * q / m) for r in open_rules}
     else:

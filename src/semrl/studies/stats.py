@@ -14,6 +14,7 @@ below is computed from d_1..d_n alone (docs/evaluation.md, "Statistics").
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -183,15 +184,30 @@ def median_interval(differences: Sequence[float] | np.ndarray, level: float) -> 
     return median, float(d[k - 1]), float(d[m - k])
 
 
+@functools.lru_cache(maxsize=8)
+def _sign_critical(max_seeds: int, alpha: float) -> np.ndarray:
+    """c[n - 1] for n = 1..max_seeds: the largest c with 2 P(Bin(n, 1/2) <= c) <= alpha (the exact
+    sign test rejects when the fewer of the signs is <= c), or -1 where no c is small enough."""
+    n = np.arange(1, max_seeds + 1)
+    c = st.binom.ppf(alpha / 2, n, 0.5).astype(int)
+    while (too_big := (c >= 0) & (2 * st.binom.cdf(c, n, 0.5) > alpha)).any():
+        c[too_big] -= 1
+    return c
+
+
+def _sign_power(share: float, n: np.ndarray, alpha: float) -> np.ndarray:
+    c = _sign_critical(int(n.max()), alpha)[n - 1]
+    power = st.binom.cdf(c, n, share) + st.binom.sf(n - c - 1, n, share)
+    return np.where(c >= 0, power, 0.0)
+
+
 def sign_test_power(share: float, seeds: int, alpha: float = ALPHA) -> float:
     """Probability that the two-sided exact sign test at ``alpha`` (``sign_p_value``) rejects over
     ``seeds`` seeds when a seed's difference is > 0 with probability ``share``."""
-    fewest = int(st.binom.ppf(alpha / 2, seeds, 0.5))  # the largest c with 2 P(Bin <= c) <= alpha
-    while fewest >= 0 and 2 * st.binom.cdf(fewest, seeds, 0.5) > alpha:
-        fewest -= 1
-    if fewest < 0:
-        return 0.0
-    return float(st.binom.cdf(fewest, seeds, share) + st.binom.sf(seeds - fewest - 1, seeds, share))
+    return float(_sign_power(share, np.array([seeds]), alpha)[0])
+
+
+MAX_SIGN_SEEDS = 10_000
 
 
 def sign_seeds_needed(share: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
@@ -200,10 +216,8 @@ def sign_seeds_needed(share: float, alpha: float = ALPHA, power: float = POWER) 
     with n; this is the first n that reaches it); None at share 1/2 or beyond 10,000 seeds."""
     if share == 0.5 or not 0 <= share <= 1:
         return None
-    for n in range(1, 10_001):
-        if sign_test_power(share, n, alpha) >= power:
-            return n
-    return None
+    reached = np.flatnonzero(_sign_power(share, np.arange(1, MAX_SIGN_SEEDS + 1), alpha) >= power)
+    return int(reached[0]) + 1 if reached.size else None
 
 
 def sign_seeds_to_settle(differences: Sequence[float] | np.ndarray, tie: float = 1e-12) -> int | None:
