@@ -113,8 +113,9 @@ def test_paired_differences_average_each_problems_rollouts_at_their_own_cost():
 
 def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_model_dir, tmp_path):
     """``semrl explore`` on the tiny model taught to answer a random digit, for problems whose answer
-    is 7: each record's verdicts and answer classes equal a recount from its responses (correct: the
-    digit is 7; classes: equal digits), independent sampling's cost is the sum of its responses'
+    is 7: every response is one digit (FR3E's too, whose leaves continue a prefix of a response), each
+    record's verdicts and answer classes equal a recount from its responses (correct: the digit is 7;
+    classes: equal digits), independent sampling's cost is the sum of its responses'
     lengths, a tree's cost is at most its leaves' lengths summed, the summary's equal-cost
     differences are ``paired_differences`` of the records, and a re-run adds nothing."""
     import json
@@ -130,17 +131,19 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
 
     task = write_seven_task(tmp_path / "seven.jsonl")
     out = tmp_path / "explore"
-    args = ["explore", "--methods", "treepo", "rose", "--seeds", "0", "1", "--data", str(task), "--limit", "5",
+    args = ["explore", "--methods", "treepo", "rose", "fr3e", "--seeds", "0", "1", "--data", str(task), "--limit", "5",
             "--independent-samples", "16", "--output", str(out), f"model.name={digit_model_dir}",
             f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.max_new_tokens=8",
             "treepo.segment_length=2", "reward.num_workers=1"]
     assert main(args) == 0
     records = read_records(out)
-    assert sorted({(r.method, r.seed) for r in records}) == [("independent", 0), ("rose", 0), ("rose", 1),
-                                                             ("treepo", 0), ("treepo", 1)]
+    assert sorted({(r.method, r.seed) for r in records}) == [("fr3e", 0), ("fr3e", 1), ("independent", 0),
+                                                             ("rose", 0), ("rose", 1), ("treepo", 0), ("treepo", 1)]
     assert all(sum(1 for r in records if (r.method, r.seed) == key) == 5 for key in {(r.method, r.seed) for r in records})
     for r in records:
         digits = [text.strip() for text in r.responses]
+        # the model answers one digit: FR3E's leaves that continue an anchor read it from the prefix
+        assert all(len(d) == 1 and d.isdigit() for d in digits), (r.method, digits)
         assert r.correct == [d == "7" for d in digits], (r.method, digits)
         answered = [d for d, c in zip(digits, r.clusters, strict=True) if c is not None]
         classes = [c for c in r.clusters if c is not None]

@@ -31,7 +31,7 @@ from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.methods.semantic_entropy import cluster_answers
 from semrl.reward import VerifierPool, score_responses
-from semrl.rollout.engines import Engine, Generation, GenerationRequest, sampling_params
+from semrl.rollout.engines import Engine, GenerationRequest, sampling_params
 from semrl.studies.designs import (
     JUDGED_HEADER,
     LOOKS_LOG,
@@ -78,16 +78,17 @@ class Explored:
 
 
 def _verified(
-    method: str, seed: int, problem: Problem, gens: Sequence[Generation], sampled: int,
+    method: str, seed: int, problem: Problem, responses: Sequence[list[int]], sampled: int,
     decode: Callable[[list[int]], str], pool: VerifierPool, fallback: bool,
 ) -> Explored:
-    """The leaves decoded, verified against the problem's answer and clustered by equivalence."""
-    texts = [decode(g.token_ids.tolist()) for g in gens]
+    """The leaves' whole responses decoded, verified against the problem's answer and clustered by
+    equivalence."""
+    texts = [decode(ids) for ids in responses]
     rewards = score_responses(pool, texts, [problem.answer] * len(texts), final_number_fallback=fallback)
     answers = [r.answer for r in rewards]
     ids = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
     clusters = [c if a is not None else None for c, a in zip(ids, answers, strict=True)]
-    return Explored(method, seed, problem.id, sampled, [len(g.token_ids) for g in gens],
+    return Explored(method, seed, problem.id, sampled, [len(ids) for ids in responses],
                     [bool(r.correct) for r in rewards], clusters, texts)
 
 
@@ -96,9 +97,11 @@ def explore_problem(
     model: torch.nn.Module, decode: Callable[[list[int]], str], pool: VerifierPool, leaves: int,
 ) -> Explored:
     """One rollout of one problem: ``leaves`` independent samples (``method == 'independent'``), or
-    the method's registry rollout with its config section, on one prompt."""
+    the method's registry rollout with its config section, on one prompt. A leaf's length is its
+    whole response, a shared prefix included; the cost is what the engine sampled."""
     generator = torch.Generator().manual_seed(seed)
     before = engine.generated_tokens
+    prefixes: list[list[int]] | None = None
     if method == INDEPENDENT:
         params = sampling_params(cfg.rollout, top_logprobs=False)
         gens = engine.generate([GenerationRequest(prompt_ids) for _ in range(leaves)], params, generator)
@@ -110,8 +113,15 @@ def explore_problem(
         section = method_config(cfg, spec.section)
         ctx = RolloutContext(engine, params, generator, section, entropy, decode=decode)
         assert spec.rollout_fn is not None
-        gens = load(spec.rollout_fn)(ctx, [prompt_ids]).generations
-    return _verified(method, seed, problem, gens, engine.generated_tokens - before, decode, pool,
+        out = load(spec.rollout_fn)(ctx, [prompt_ids])
+        gens, prefixes = out.generations, out.sequence_prompt_ids
+    # a leaf that continues a prefix of the response (FR3E's anchors) is that prefix and its
+    # continuation: the answer is read from the whole response
+    responses = [
+        (prefixes[i][len(prompt_ids):] if prefixes is not None else []) + g.token_ids.tolist()
+        for i, g in enumerate(gens)
+    ]
+    return _verified(method, seed, problem, responses, engine.generated_tokens - before, decode, pool,
                      cfg.reward.final_number_fallback)
 
 
