@@ -97,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(summary))
     if rules is not None:
         from semrl.studies.explore_run import judge_exploration
+        from semrl.studies.seeds import markdown_lines
 
         heading, rows, _ = judge_exploration(records, rules, out)
-        lines = [rows[0], ["---"] * len(rows[0]), *rows[1:]]
-        table = "\n".join("| " + " | ".join(row) + " |" for row in lines)
+        table = "\n".join(markdown_lines(rows[0], rows[1:]))
         (out / "decisions.md").write_text(f"{heading}\n\n{table}\n", encoding="utf-8")
         print(f"\n{heading}\n\n{table}")
     print(f"written: {out / 'records.jsonl'}, {out / 'summary.json'}, {out / 'results.md'}")

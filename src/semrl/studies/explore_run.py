@@ -69,6 +69,10 @@ class Explored:
     clusters: list[int | None]
     responses: list[str]
 
+    def leaves(self) -> Leaves:
+        """What ``semrl.studies.explore`` compares of this rollout."""
+        return Leaves(self.problem, self.sampled_tokens, tuple(self.correct), tuple(self.clusters))
+
     def record(self) -> dict[str, Any]:
         return {
             "method": self.method, "seed": self.seed, "problem": self.problem,
@@ -173,8 +177,7 @@ def summarize(records: Sequence[Explored]) -> dict[str, Any]:
     reference = _reference(records)
     by_method: dict[str, list[Leaves]] = {}
     for r in records:
-        leaves = Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
-        by_method.setdefault(r.method, []).append(leaves)
+        by_method.setdefault(r.method, []).append(r.leaves())
     out: dict[str, Any] = {"problems": len(reference), "methods": {}}
     for method, rollouts in by_method.items():
         row: dict[str, Any] = {
@@ -270,8 +273,7 @@ def rule_differences_by_problem(
             if method == INDEPENDENT:
                 differences.append(dict.fromkeys(order, 0.0))
                 continue
-            rollouts = [Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
-                        for r in records if r.method == method]
+            rollouts = [r.leaves() for r in records if r.method == method]
             differences.append(paired_differences(rollouts, reference, rule.metric))
         variant, baseline = differences
         out[rule.id] = {

@@ -583,7 +583,8 @@ def pass_at_k_curves(
     return curves
 
 
-def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_lines(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule and one line per row."""
     return [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -856,7 +857,7 @@ def compare_seeds(
     title = f"{len(groups)} variants x seeds {seeds}: {counts}"
     md = [f"# {title}", ""]
     for heading, header, rows in sections:
-        md += [f"**{heading}**", "", *_markdown(header, rows), ""]
+        md += [f"**{heading}**", "", *markdown_lines(header, rows), ""]
     if output is not None:
         md = _write_outputs(Path(output), groups, title, sections, md, metrics, x_axis, forest)
     return "\n".join(md)

@@ -184,11 +184,15 @@ def median_interval(differences: Sequence[float] | np.ndarray, level: float) -> 
     return median, float(d[k - 1]), float(d[m - k])
 
 
-@functools.lru_cache(maxsize=8)
-def _sign_critical(max_seeds: int, alpha: float) -> np.ndarray:
-    """c[n - 1] for n = 1..max_seeds: the largest c with 2 P(Bin(n, 1/2) <= c) <= alpha (the exact
-    sign test rejects when the fewer of the signs is <= c), or -1 where no c is small enough."""
-    n = np.arange(1, max_seeds + 1)
+MAX_SIGN_SEEDS = 10_000
+
+
+@functools.lru_cache(maxsize=4)
+def _sign_critical(alpha: float) -> np.ndarray:
+    """c[n - 1] for n = 1..MAX_SIGN_SEEDS: the largest c with 2 P(Bin(n, 1/2) <= c) <= alpha (the
+    exact sign test rejects when the fewer of the signs is <= c), or -1 where no c is small enough;
+    computed once per alpha."""
+    n = np.arange(1, MAX_SIGN_SEEDS + 1)
     c = st.binom.ppf(alpha / 2, n, 0.5).astype(int)
     while (too_big := (c >= 0) & (2 * st.binom.cdf(c, n, 0.5) > alpha)).any():
         c[too_big] -= 1
@@ -196,18 +200,16 @@ def _sign_critical(max_seeds: int, alpha: float) -> np.ndarray:
 
 
 def _sign_power(share: float, n: np.ndarray, alpha: float) -> np.ndarray:
-    c = _sign_critical(int(n.max()), alpha)[n - 1]
+    c = _sign_critical(alpha)[n - 1]
     power = st.binom.cdf(c, n, share) + st.binom.sf(n - c - 1, n, share)
     return np.where(c >= 0, power, 0.0)
 
 
 def sign_test_power(share: float, seeds: int, alpha: float = ALPHA) -> float:
     """Probability that the two-sided exact sign test at ``alpha`` (``sign_p_value``) rejects over
-    ``seeds`` seeds when a seed's difference is > 0 with probability ``share``."""
+    ``seeds`` seeds (at most MAX_SIGN_SEEDS) when a seed's difference is > 0 with probability
+    ``share``."""
     return float(_sign_power(share, np.array([seeds]), alpha)[0])
-
-
-MAX_SIGN_SEEDS = 10_000
 
 
 def sign_seeds_needed(share: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
