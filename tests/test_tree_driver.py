@@ -79,12 +79,15 @@ def _leaf_tokens(out):
 @pytest.mark.parametrize("kind", ["hf", "vllm"])
 def test_engine_cost_equals_a_hand_count(setup, kind):
     """Two requests in one call, then a branch of the first: sampled and prefill tokens, forward
-    passes and the running batch, counted by hand from the lengths."""
+    passes and the running batch, counted by hand from the lengths; the sampled tokens per prompt."""
+    from collections import Counter
+
     tok, model = setup
     engine = _engine(kind, model, tok)
     prompts = _prompts(tok, 2)
     params = SamplingParams(temperature=1.0, max_new_tokens=9, logprobs_top_k=0)
     engine.request_log = []
+    engine.sampled_by_prompt = Counter()
     before = engine.cost.snapshot()
     gens = engine.generate(
         [GenerationRequest(prompts[0], seed=1), GenerationRequest(prompts[1], max_new_tokens=4, seed=2)], params,
@@ -101,10 +104,12 @@ def test_engine_cost_equals_a_hand_count(setup, kind):
     k = n[0] - 1
     context = len(prompts[0]) + k
     before = engine.cost.snapshot()
-    engine.generate([GenerationRequest(
+    (branch,) = engine.generate([GenerationRequest(
         prompts[0], gens[0].token_ids[:k].tolist(), max_new_tokens=3, cache=gens[0].cache, seed=3,
     )], params)
     spent = engine.cost.since(before)
+    assert engine.sampled_by_prompt == {tuple(prompts[0]): n[0] + len(branch.token_ids), tuple(prompts[1]): n[1]}
+    engine.sampled_by_prompt = None
     # hf: the parent's KV serves all but the last context token; vllm: whole blocks, the rest again
     assert spent.prefill_tokens == (1 if kind == "hf" else (context - 1) % BLOCK + 1)
     assert spent.engine_steps == spent.sampled_tokens and spent.mean_running_batch == 1.0

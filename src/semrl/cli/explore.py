@@ -35,6 +35,9 @@ def add_parser(sub: SubParsers) -> None:
         help="independent responses per problem, the equal-cost reference (default 2 x rollout.group_size); "
         "a tree that spends more than that many responses' tokens on a problem is refused",
     )
+    ex.add_argument("--batch-problems", type=int, default=32,
+                    help="problems per engine call (default %(default)s); a problem's records do not "
+                    "depend on it, except LATR's finishing samples")
     ex.add_argument("--output",
                     help="directory (default runs/explore-YYYYMMDD-HHMMSS); a re-run continues it")
     ex.add_argument(
@@ -92,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     with torch.no_grad():
         records = run_exploration(cfg, args.methods, args.seeds, problems, independent, out, engine, model,
-                                  tokenizer, progress=lambda line: print(line, flush=True))
+                                  tokenizer, progress=lambda line: print(line, flush=True),
+                                  batch_problems=args.batch_problems)
     summary = write_summary(out, records)
     print(summary_table(summary))
     if rules is not None:

@@ -3,8 +3,10 @@ problem at a fixed policy, each leaf is verified and its answer clustered, and o
 (method, seed, problem) goes to ``records.jsonl``; the summary compares every method with
 independent sampling at equal cost, problem by problem (``semrl.studies.explore``).
 
-Each problem is rolled out on its own, so that the tokens the engine sampled for it are exactly its
-cost (``Engine.generated_tokens`` before and after). Independent sampling draws
+Many problems share an engine call (``batch_problems``); the tokens the engine sampled under a
+problem's prompt are exactly its cost (``Engine.sampled_by_prompt``), and every request of the seeded
+methods draws from (seed, problem, node), so a problem's records do not depend on its batch.
+Independent sampling draws
 ``independent_samples`` responses per problem once, with the first seed: it is the reference every
 method's rollouts are priced against. A re-run into the same directory skips the records already
 there, so an interrupted comparison continues.
@@ -14,6 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
+import zlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -31,7 +36,7 @@ from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.methods.semantic_entropy import cluster_answers
 from semrl.reward import VerifierPool, score_responses
-from semrl.rollout.engines import Engine, GenerationRequest, sampling_params
+from semrl.rollout.engines import Engine, GenerationRequest, node_seed, sampling_params
 from semrl.studies.designs import (
     JUDGED_HEADER,
     LOOKS_LOG,
@@ -96,37 +101,85 @@ def _verified(
                     [bool(r.correct) for r in rewards], clusters, texts)
 
 
-def explore_problem(
-    method: str, seed: int, problem: Problem, prompt_ids: list[int], engine: Engine, cfg: Config,
-    model: torch.nn.Module, decode: Callable[[list[int]], str], pool: VerifierPool, leaves: int,
-) -> Explored:
-    """One rollout of one problem: ``leaves`` independent samples (``method == 'independent'``), or
-    the method's registry rollout with its config section, on one prompt. A leaf's length is its
-    whole response, a shared prefix included; the cost is what the engine sampled."""
+def problem_seed(seed: int, problem: str) -> int:
+    """The seed of one problem's rollout under rollout seed ``seed``: a tree's requests derive theirs
+    from it and their node (``engines.node_seed``), so a problem's tokens do not depend on which
+    problems share its engine call."""
+    key = [seed, zlib.crc32(problem.encode("utf-8"))]
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
+
+
+def explore_batch(
+    method: str, seed: int, problems: Sequence[Problem], prompt_ids: Sequence[list[int]], engine: Engine,
+    cfg: Config, model: torch.nn.Module, decode: Callable[[list[int]], str], pool: VerifierPool, leaves: int,
+) -> list[Explored]:
+    """One rollout of each problem, all in one engine call: ``leaves`` independent samples
+    (``method == 'independent'``), or the method's registry rollout with its config section. A
+    leaf's length is its whole response, a shared prefix included; a problem's cost is what the
+    engine sampled under its prompt (``Engine.sampled_by_prompt``), so the prompts must differ.
+
+    Every request of independent sampling, ROSE, TreePO and FR3E draws from (seed, problem, node),
+    so their records do not depend on the batch; LATR's finishing requests draw from one stream."""
+    if len({tuple(ids) for ids in prompt_ids}) != len(prompt_ids):
+        raise ValueError("explore_batch: two problems of one call have the same prompt; their costs "
+                         "could not be told apart")
+    seeds = [problem_seed(seed, problem.id) for problem in problems]
     generator = torch.Generator().manual_seed(seed)
     before = engine.generated_tokens
-    prefixes: list[list[int]] | None = None
-    if method == INDEPENDENT:
-        params = sampling_params(cfg.rollout, top_logprobs=False)
-        gens = engine.generate([GenerationRequest(prompt_ids) for _ in range(leaves)], params, generator)
-    else:
-        spec = get_method(method)
-        params = sampling_params(cfg.rollout, top_logprobs=spec.reads_top_logprobs)
-        entropy = partial(with_sampling_entropy, model, temperature=params.temperature,
-                          compute_dtype=engine.compute_dtype)
-        section = method_config(cfg, spec.section)
-        ctx = RolloutContext(engine, params, generator, section, entropy, decode=decode)
-        assert spec.rollout_fn is not None
-        out = load(spec.rollout_fn)(ctx, [prompt_ids])
-        gens, prefixes = out.generations, out.sequence_prompt_ids
-    # a leaf that continues a prefix of the response (FR3E's anchors) is that prefix and its
-    # continuation: the answer is read from the whole response
-    responses = [
-        (prefixes[i][len(prompt_ids):] if prefixes is not None else []) + g.token_ids.tolist()
-        for i, g in enumerate(gens)
-    ]
-    return _verified(method, seed, problem, responses, engine.generated_tokens - before, decode, pool,
-                     cfg.reward.final_number_fallback)
+    engine.sampled_by_prompt = Counter()
+    try:
+        prefixes: list[list[int]] | None = None
+        if method == INDEPENDENT:
+            params = sampling_params(cfg.rollout, top_logprobs=False)
+            requests = [GenerationRequest(ids, seed=node_seed(s, i))
+                        for ids, s in zip(prompt_ids, seeds, strict=True) for i in range(leaves)]
+            gens = engine.generate(requests, params, generator)
+        else:
+            spec = get_method(method)
+            params = sampling_params(cfg.rollout, top_logprobs=spec.reads_top_logprobs)
+            entropy = partial(with_sampling_entropy, model, temperature=params.temperature,
+                              compute_dtype=engine.compute_dtype)
+            section = method_config(cfg, spec.section)
+            ctx = RolloutContext(engine, params, generator, section, entropy, decode=decode,
+                                 prompt_seeds=seeds)
+            assert spec.rollout_fn is not None
+            out = load(spec.rollout_fn)(ctx, list(prompt_ids))
+            gens, prefixes = out.generations, out.sequence_prompt_ids
+        cost = engine.sampled_by_prompt
+    finally:
+        engine.sampled_by_prompt = None
+    if sum(cost.values()) != engine.generated_tokens - before:
+        raise RuntimeError(f"{method}: {sum(cost.values())} sampled tokens counted per prompt, "
+                           f"{engine.generated_tokens - before} by the engine")
+    if len(gens) != leaves * len(problems):
+        raise RuntimeError(f"{method}: {len(gens)} leaves for {len(problems)} problems of {leaves}")
+    records = []
+    for p, (problem, ids) in enumerate(zip(problems, prompt_ids, strict=True)):
+        rows = range(p * leaves, (p + 1) * leaves)
+        # a leaf that continues a prefix of the response (FR3E's anchors) is that prefix and its
+        # continuation: the answer is read from the whole response
+        responses = [
+            (prefixes[i][len(ids):] if prefixes is not None else []) + gens[i].token_ids.tolist()
+            for i in rows
+        ]
+        records.append(_verified(method, seed, problem, responses, cost[tuple(ids)], decode, pool,
+                                 cfg.reward.final_number_fallback))
+    return records
+
+
+def batches(problems: Sequence[Problem], prompt_ids: Sequence[list[int]], size: int) -> list[list[int]]:
+    """The problems' indices in calls of at most ``size``, in order, a prompt at most once per call
+    (its cost is counted per prompt)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    seen: set[tuple[int, ...]] = set()
+    for i, ids in enumerate(prompt_ids):
+        if len(current) == size or tuple(ids) in seen:
+            out.append(current)
+            current, seen = [], set()
+        current.append(i)
+        seen.add(tuple(ids))
+    return [*out, current] if current else out
 
 
 def read_records(out_dir: Path) -> list[Explored]:
@@ -140,10 +193,13 @@ def read_records(out_dir: Path) -> list[Explored]:
 def run_exploration(
     cfg: Config, methods: Sequence[str], seeds: Sequence[int], problems: Sequence[Problem],
     independent_samples: int, out_dir: Path, engine: Engine, model: torch.nn.Module,
-    tokenizer: Any, progress: Callable[[str], None] | None = None,
+    tokenizer: Any, progress: Callable[[str], None] | None = None, batch_problems: int = 32,
 ) -> list[Explored]:
-    """Every (method, seed, problem) not yet in ``out_dir/records.jsonl``, appended as it finishes;
-    independent sampling once per problem with the first seed. Returns every record."""
+    """Every (method, seed, problem) not yet in ``out_dir/records.jsonl``, ``batch_problems`` problems
+    per engine call, each call's records appended as it finishes; independent sampling once per
+    problem with the first seed. Returns every record."""
+    if batch_problems < 1:
+        raise ConfigError(f"--batch-problems must be >= 1, got {batch_problems}")
     out_dir.mkdir(parents=True, exist_ok=True)
     done = {(r.method, r.seed, r.problem) for r in read_records(out_dir)}
     prompt = PromptFormat.of(cfg.data)
@@ -155,18 +211,21 @@ def run_exploration(
     with VerifierPool(reward.num_workers, reward.timeout_s, numeral_answers=reward.numeral_answers) as pool, \
             (out_dir / RECORDS).open("a", encoding="utf-8") as log:
         for method, seed, leaves in jobs:
-            for problem in problems:
-                if (method, seed, problem.id) in done:
-                    continue
-                prompt_ids = prompt.ids(tokenizer, problem.problem)
-                record = explore_problem(
-                    method, seed, problem, prompt_ids, engine, cfg, model, decode, pool, leaves
-                )
-                log.write(json.dumps(record.record()) + "\n")
+            todo = [p for p in problems if (method, seed, p.id) not in done]
+            ids = [prompt.ids(tokenizer, p.problem) for p in todo]
+            for batch in batches(todo, ids, batch_problems):
+                t0 = time.perf_counter()
+                records = explore_batch(method, seed, [todo[i] for i in batch], [ids[i] for i in batch],
+                                        engine, cfg, model, decode, pool, leaves)
+                for record in records:
+                    log.write(json.dumps(record.record()) + "\n")
                 log.flush()
                 if progress is not None:
-                    progress(f"{method} seed {seed} {problem.id}: {record.sampled_tokens} tokens, "
-                             f"{sum(record.correct)}/{len(record.correct)} correct")
+                    tokens = sum(r.sampled_tokens for r in records)
+                    correct = sum(sum(r.correct) for r in records)
+                    progress(f"{method} seed {seed} {records[0].problem}..{records[-1].problem} "
+                             f"({len(records)} problems): {tokens} tokens, {correct}/{leaves * len(records)} "
+                             f"correct, {time.perf_counter() - t0:.1f} s")
     return read_records(out_dir)
 
 

@@ -57,7 +57,8 @@ def lookahead_phase(
     if model is None:
         return forest, _lookahead_by_requests(ctx, prompt_ids, forest, limit)
     pad = getattr(ctx.engine, "pad_token_id", None)
-    loop = RowLoop(model, ctx.engine.compute_dtype, pad if pad is not None else min(eos), ctx.engine.cost)
+    loop = RowLoop(model, ctx.engine.compute_dtype, pad if pad is not None else min(eos), ctx.engine.cost,
+                   getattr(ctx.engine, "sampled_by_prompt", None))
     rows = forest.active()
     loop.start([prompt_ids[b.root] for b in rows])
     following: list[Branch] = []

@@ -135,9 +135,10 @@ def tree_rollout(  # noqa: PLR0915
         sampling_entropy: gives a chain the engine sampled without the full-vocabulary entropy
             it (``RolloutContext.sampling_entropy``); needed with ``entropy_mode=full_vocab`` on an
             engine that computes none (vllm).
-        prompt_seeds: one seed per prompt: chain i of prompt p draws from ``node_seed(seed, i)`` and
-            the random branch metric from the prompt's own stream, so the trees do not depend on
-            scheduling. None: every draw comes from ``generator``, in submission order.
+        prompt_seeds: one seed per prompt: chain i of prompt p draws from ``node_seed(seed, i)``, its
+            epsilon coins and the random branch metric from the prompt's own stream, so a prompt's
+            tree depends neither on scheduling nor on the other prompts of the call. None: every draw
+            comes from ``generator``, in submission order.
     """
     if options.entropy_mode == "full_vocab" and not engine.computes_entropy and sampling_entropy is None:
         raise ValueError(
@@ -145,7 +146,12 @@ def tree_rollout(  # noqa: PLR0915
             "pass sampling_entropy (the trainer's RolloutContext.sampling_entropy)"
         )
     n, g = len(prompts), group_size
-    is_fresh = torch.rand((n, g), generator=generator) < options.epsilon
+    streams = [generator] * n if prompt_seeds is None else [prompt_generator(seed) for seed in prompt_seeds]
+    # a prompt's epsilon coins come first from its own stream: its tree does not depend on the other
+    # prompts of the call (nor on the number of processes)
+    coins = (torch.rand((n, g), generator=generator) if prompt_seeds is None
+             else torch.stack([torch.rand(g, generator=stream) for stream in streams]))
+    is_fresh = coins < options.epsilon
     is_fresh[:, 0] = True
     chains: list[list[Generation | None]] = [[None] * g for _ in range(n)]
     scores: list[list[torch.Tensor]] = [[torch.empty(0)] * g for _ in range(n)]
@@ -156,7 +162,6 @@ def tree_rollout(  # noqa: PLR0915
     generated = [0] * n
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
     timing = {"score": 0.0}
-    streams = [generator] * n if prompt_seeds is None else [prompt_generator(seed) for seed in prompt_seeds]
 
     def request_for(job: _Job) -> GenerationRequest:
         seed = None if prompt_seeds is None else node_seed(prompt_seeds[job.prompt], job.index)

@@ -9,6 +9,7 @@ interface, so they run unchanged on either engine; ``semrl.rollout.engines.build
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -255,6 +256,9 @@ class Engine(Protocol):
             ``sampled_tokens``.
         request_log: None, or a list the engine appends a ``RequestRecord`` to for every request
             it serves (set it to ``[]`` to watch scheduling and per-request cost).
+        sampled_by_prompt: None, or a ``Counter`` to which every sampled token is added under its
+            request's prompt (``tuple(prompt_ids)``), LATR's lookahead rows included: what each
+            prompt of a batched call cost (``semrl explore`` rolls out many problems per call).
     """
 
     name: str
@@ -265,6 +269,7 @@ class Engine(Protocol):
     eos_token_ids: Any
     cost: EngineCost
     request_log: list[RequestRecord] | None
+    sampled_by_prompt: Counter[tuple[int, ...]] | None
 
     @property
     def generated_tokens(self) -> int: ...

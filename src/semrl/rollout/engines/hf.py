@@ -17,6 +17,7 @@ distribution the trainer's forward pass computes with the same temperature.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -116,6 +117,7 @@ class HFEngine:
         self.batch_size = batch_size
         self.cost = EngineCost()
         self.request_log: list[RequestRecord] | None = None
+        self.sampled_by_prompt: Counter[tuple[int, ...]] | None = None
         self._prefills: list[int] = []  # context tokens each row of the last batch computed
 
     @property
@@ -165,6 +167,9 @@ class HFEngine:
                     ]
         self.cost.sampled_tokens += sum(len(g.token_ids) for g in out)
         self.cost.requests += len(requests)
+        if self.sampled_by_prompt is not None:
+            for request, generation in zip(requests, out, strict=True):
+                self.sampled_by_prompt[tuple(request.prompt_ids)] += len(generation.token_ids)
         return out
 
     def generate_dynamic(
@@ -336,10 +341,12 @@ class RowLoop:
     """
 
     def __init__(
-        self, model: PreTrainedModel, compute_dtype: torch.dtype, pad_token_id: int, cost: EngineCost
+        self, model: PreTrainedModel, compute_dtype: torch.dtype, pad_token_id: int, cost: EngineCost,
+        sampled_by_prompt: Counter[tuple[int, ...]] | None = None,
     ) -> None:
         self.model, self.compute_dtype, self.pad_token_id = model, compute_dtype, pad_token_id
-        self.cost = cost
+        self.cost, self.sampled_by_prompt = cost, sampled_by_prompt
+        self.row_prompts: list[tuple[int, ...]] = []  # each row's prompt, for ``sampled_by_prompt``
         self.device = next(model.parameters()).device
         self.cache = DynamicCache()
         self.attention = torch.zeros((0, 0), dtype=torch.long)
@@ -361,7 +368,8 @@ class RowLoop:
         self.cost.running_rows += len(input_ids)
 
     def start(self, contexts: list[list[int]]) -> None:
-        """Encode every row's context (left-padded), ready for its first token."""
+        """Encode every row's context, its prompt (left-padded), ready for its first token."""
+        self.row_prompts = [tuple(c) for c in contexts]
         width = max(len(c) for c in contexts)
         input_ids = torch.full((len(contexts), width), self.pad_token_id, dtype=torch.long)
         positions = torch.zeros((len(contexts), width), dtype=torch.long)
@@ -381,11 +389,14 @@ class RowLoop:
         filtering) and their log-probs; each row's next token is one of them (a sampled token)."""
         values, ids = torch.topk(torch.log_softmax(self.logits, dim=-1), 2, dim=-1)
         self.cost.sampled_tokens += len(ids)
+        if self.sampled_by_prompt is not None:
+            self.sampled_by_prompt.update(self.row_prompts)
         return [(a, b) for a, b in ids.tolist()], [(a, b) for a, b in values.tolist()]
 
     def select(self, rows: list[int]) -> None:
         """Keep ``rows`` (indices of the current rows, repeats allowed: a copy) in this order."""
         index = torch.tensor(rows, dtype=torch.long)
+        self.row_prompts = [self.row_prompts[i] for i in rows]
         self.attention, self.next_pos = self.attention[index], self.next_pos[index]
         self.logits = self.logits[index]
         # the leading columns that only dropped rows used

@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,6 +327,7 @@ class VLLMEngine:
         self.settings = settings
         self.cost = EngineCost()
         self.request_log: list[RequestRecord] | None = None
+        self.sampled_by_prompt: Counter[tuple[int, ...]] | None = None
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         self.asleep = False
@@ -490,6 +492,8 @@ class VLLMEngine:
                 prefill = context - (out.num_cached_tokens or 0)
                 self.cost.prefill_tokens += prefill
                 generation = self._to_generation(out.outputs[0], params.logprobs_top_k)
+                if self.sampled_by_prompt is not None:
+                    self.sampled_by_prompt[tuple(request.prompt_ids)] += len(generation.token_ids)
                 if self.request_log is not None:
                     self.request_log.append(RequestRecord(
                         tag, context, prefill, len(generation.token_ids), submitted, self.cost.engine_steps
