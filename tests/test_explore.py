@@ -125,7 +125,7 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
     from semrl.cli import main
     from semrl.errors import ConfigError
     from semrl.studies.designs import load_rules
-    from semrl.studies.explore_run import read_records, rule_differences_by_problem, summarize
+    from semrl.studies.explore_run import read_calls, read_records, rule_differences_by_problem, summarize
 
     from .conftest import DIGIT_SYSTEM_PROMPT, write_seven_task
 
@@ -158,7 +158,15 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
     assert any(any(r.correct) for r in records) and not all(all(r.correct) for r in records)  # not vacuous
     assert one_digit >= 0.9 * sum(len(r.responses) for r in records)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary == json.loads(json.dumps(summarize(records)))
+    calls = read_calls(out)
+    # one call per (method, seed) at the default batch: its problems, seconds and the tokens sampled
+    assert [(c["method"], c["seed"], len(c["problems"])) for c in calls] == [
+        ("independent", 0, 5), *[(m, s, 5) for s in (0, 1) for m in ("treepo", "rose", "fr3e")]]
+    for call in calls:
+        mine = [r for r in records if (r.method, r.seed) == (call["method"], call["seed"])]
+        assert call["sampled_tokens"] == sum(r.sampled_tokens for r in mine) and call["rollout_s"] > 0
+    assert summary == json.loads(json.dumps(summarize(records, calls)))
+    assert summary["methods"]["rose"]["solved"]["equal_time"]["problems"] > 0
     reference = {r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
                  for r in records if r.method == "independent"}
     for method in ("treepo", "rose"):
@@ -206,3 +214,78 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
     bad.write_text(rules.read_text().replace("metric: solved", "metric: eval/pass@1"))
     with pytest.raises(ConfigError, match="rule E2: an exploration rule compares one of solved"):
         rule_differences_by_problem(records, load_rules(bad))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_equal_time_prices_each_problem_at_its_share_of_its_calls_seconds(seed):
+    """At equal seconds, a problem's rollout is compared with independent sampling at the tokens that
+    independent sampling samples in the problem's share of its call's seconds (shared by sampled
+    tokens), at independent sampling's pooled throughput; recomputed by hand on random records and
+    calls, with a rollout whose equal time needs more samples than were drawn left out."""
+    from semrl.studies.explore_run import INDEPENDENT, Explored, equal_time_differences, summarize
+
+    rng = np.random.default_rng(seed)
+    problems = [f"q{i}" for i in range(6)]
+
+    def explored(method: str, s: int, problem: str, n: int) -> Explored:
+        lengths = [int(x) for x in rng.integers(1, 30, n)]
+        clusters = [None if rng.random() < 0.2 else int(rng.integers(0, 3)) for _ in range(n)]
+        return Explored(method, s, problem, sum(lengths) if method == INDEPENDENT else int(rng.integers(5, 60)),
+                        lengths, [c == 0 for c in clusters], clusters, [""] * n)
+
+    records = [explored(INDEPENDENT, 0, p, 12) for p in problems]
+    records += [explored("tree", s, p, 4) for s in (0, 1) for p in problems]
+    calls = [{"method": INDEPENDENT, "seed": 0, "problems": problems[:4], "rollout_s": 3.0,
+              "sampled_tokens": sum(r.sampled_tokens for r in records[:4])},
+             {"method": INDEPENDENT, "seed": 0, "problems": problems[4:], "rollout_s": 1.0 + rng.random(),
+              "sampled_tokens": sum(r.sampled_tokens for r in records[4:6])}]
+    for s in (0, 1):
+        for part in (problems[:3], problems[3:]):
+            spent = sum(r.sampled_tokens for r in records if (r.method, r.seed) == ("tree", s) and r.problem in part)
+            calls.append({"method": "tree", "seed": s, "problems": part, "rollout_s": float(rng.uniform(0.2, 3)),
+                          "sampled_tokens": spent})
+    rate = sum(c["sampled_tokens"] for c in calls[:2]) / sum(c["rollout_s"] for c in calls[:2])
+    reference = {r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
+                 for r in records[:6]}
+    for metric in EQUAL_COST_METRICS:
+        expected: dict[str, list[float]] = {}
+        left_out = 0
+        for call in calls[2:]:
+            mine = [r for r in records if r.method == "tree" and r.seed == call["seed"] and r.problem in call["problems"]]
+            total = sum(r.sampled_tokens for r in mine)
+            for r in mine:
+                tokens = call["rollout_s"] * r.sampled_tokens / total * rate
+                if tokens > reference[r.problem].mean_length * 12:
+                    left_out += 1
+                    continue
+                value = r.leaves().value(metric) - reference[r.problem].at_cost(metric, tokens)
+                expected.setdefault(r.problem, []).append(value)
+        got, got_left_out = equal_time_differences(records, calls, "tree", metric)
+        assert got_left_out == left_out
+        assert got == pytest.approx({p: float(np.mean(v)) for p, v in expected.items()})
+        assert summarize(records, calls)["methods"]["tree"][metric]["equal_time"]["problems"] == len(expected)
+
+
+def test_records_read_compressed_and_a_torn_line_is_dropped_before_appending(tmp_path):
+    """A committed study's records.jsonl.gz reads as the plain log; appending to it is refused with
+    the command that decompresses it; a torn last line (a run killed mid-write) is cut before the
+    next record is appended, so that record is read back."""
+    import gzip
+    import json
+
+    from semrl.errors import ConfigError
+    from semrl.studies.explore_run import RECORDS, Explored, _appendable, read_records
+
+    rows = [Explored("rose", 0, f"q{i}", 10 + i, [3], [True], [0], ["7"]) for i in range(3)]
+    text = "".join(json.dumps(r.record()) + "\n" for r in rows)
+    (tmp_path / (RECORDS + ".gz")).write_bytes(gzip.compress(text.encode()))
+    assert read_records(tmp_path) == rows
+    with pytest.raises(ConfigError, match="gunzip"):
+        _appendable(tmp_path / RECORDS)
+    (tmp_path / (RECORDS + ".gz")).unlink()
+    (tmp_path / RECORDS).write_text(text + text.splitlines()[0][:25])
+    assert read_records(tmp_path) == rows  # the torn line is skipped
+    _appendable(tmp_path / RECORDS)
+    with (tmp_path / RECORDS).open("a") as log:
+        log.write(json.dumps(rows[0].record()) + "\n")
+    assert read_records(tmp_path) == [*rows, rows[0]]

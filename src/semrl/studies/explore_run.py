@@ -55,9 +55,11 @@ from semrl.studies.explore import (
     per_token,
 )
 from semrl.studies.stats import median_interval, paired_t, sign_p_value
+from semrl.tracking.jsonl import read_jsonl, stored
 from semrl.update.passes import with_sampling_entropy
 
 RECORDS = "records.jsonl"
+CALLS = "calls.jsonl"  # one line per engine call: its problems, rollout seconds and engine cost
 INDEPENDENT = "independent"
 
 
@@ -112,8 +114,9 @@ def problem_seed(seed: int, problem: str) -> int:
 def explore_batch(
     method: str, seed: int, problems: Sequence[Problem], prompt_ids: Sequence[list[int]], engine: Engine,
     cfg: Config, model: torch.nn.Module, decode: Callable[[list[int]], str], pool: VerifierPool, leaves: int,
-) -> list[Explored]:
-    """One rollout of each problem, all in one engine call: ``leaves`` independent samples
+) -> tuple[list[Explored], dict[str, Any]]:
+    """(the records, the call's record for ``calls.jsonl``: its problems, rollout seconds and
+    ``EngineCost``). One rollout of each problem, all in one engine call: ``leaves`` independent samples
     (``method == 'independent'``), or the method's registry rollout with its config section. A
     leaf's length is its whole response, a shared prefix included; a problem's cost is what the
     engine sampled under its prompt (``Engine.sampled_by_prompt``), so the prompts must differ.
@@ -126,6 +129,8 @@ def explore_batch(
     seeds = [problem_seed(seed, problem.id) for problem in problems]
     generator = torch.Generator().manual_seed(seed)
     before = engine.generated_tokens
+    spent = engine.cost.snapshot()
+    started = time.perf_counter()
     engine.sampled_by_prompt = Counter()
     try:
         prefixes: list[list[int]] | None = None
@@ -148,6 +153,8 @@ def explore_batch(
         cost = engine.sampled_by_prompt
     finally:
         engine.sampled_by_prompt = None
+    call = {"method": method, "seed": seed, "problems": [p.id for p in problems],
+            "rollout_s": time.perf_counter() - started, **vars(engine.cost.since(spent))}
     if sum(cost.values()) != engine.generated_tokens - before:
         raise RuntimeError(f"{method}: {sum(cost.values())} sampled tokens counted per prompt, "
                            f"{engine.generated_tokens - before} by the engine")
@@ -164,7 +171,7 @@ def explore_batch(
         ]
         records.append(_verified(method, seed, problem, responses, cost[tuple(ids)], decode, pool,
                                  cfg.reward.final_number_fallback))
-    return records
+    return records, call
 
 
 def batches(problems: Sequence[Problem], prompt_ids: Sequence[list[int]], size: int) -> list[list[int]]:
@@ -183,11 +190,20 @@ def batches(problems: Sequence[Problem], prompt_ids: Sequence[list[int]], size: 
 
 
 def read_records(out_dir: Path) -> list[Explored]:
-    path = out_dir / RECORDS
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [Explored(**json.loads(line)) for line in lines if line.strip()]
+    """The records of ``out_dir``, plain or gzip-compressed (a committed study's); a torn last line
+    (a run killed mid-write) is skipped."""
+    return [Explored(**row) for row in read_jsonl(out_dir / RECORDS)]
+
+
+def _appendable(path: Path) -> None:
+    """Ready ``path`` for appending: refuse a compressed log without its plain copy (appending would
+    start a new log beside it) and drop a torn last line, so that the next line starts clean."""
+    if not path.exists() and stored(path) != path:
+        raise ConfigError(f"{stored(path)} is compressed; decompress it to continue: gunzip {stored(path)}")
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 def run_exploration(
@@ -201,6 +217,8 @@ def run_exploration(
     if batch_problems < 1:
         raise ConfigError(f"--batch-problems must be >= 1, got {batch_problems}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    for log_path in (out_dir / RECORDS, out_dir / CALLS):
+        _appendable(log_path)
     done = {(r.method, r.seed, r.problem) for r in read_records(out_dir)}
     prompt = PromptFormat.of(cfg.data)
     decode = partial(tokenizer.decode, skip_special_tokens=True)
@@ -209,17 +227,20 @@ def run_exploration(
     ]
     reward = cfg.reward
     with VerifierPool(reward.num_workers, reward.timeout_s, numeral_answers=reward.numeral_answers) as pool, \
-            (out_dir / RECORDS).open("a", encoding="utf-8") as log:
+            (out_dir / RECORDS).open("a", encoding="utf-8") as log, \
+            (out_dir / CALLS).open("a", encoding="utf-8") as calls:
         for method, seed, leaves in jobs:
             todo = [p for p in problems if (method, seed, p.id) not in done]
             ids = [prompt.ids(tokenizer, p.problem) for p in todo]
             for batch in batches(todo, ids, batch_problems):
                 t0 = time.perf_counter()
-                records = explore_batch(method, seed, [todo[i] for i in batch], [ids[i] for i in batch],
-                                        engine, cfg, model, decode, pool, leaves)
+                records, call = explore_batch(method, seed, [todo[i] for i in batch], [ids[i] for i in batch],
+                                              engine, cfg, model, decode, pool, leaves)
                 for record in records:
                     log.write(json.dumps(record.record()) + "\n")
                 log.flush()
+                calls.write(json.dumps(call) + "\n")
+                calls.flush()
                 if progress is not None:
                     tokens = sum(r.sampled_tokens for r in records)
                     correct = sum(sum(r.correct) for r in records)
@@ -229,10 +250,65 @@ def run_exploration(
     return read_records(out_dir)
 
 
-def summarize(records: Sequence[Explored]) -> dict[str, Any]:
+def read_calls(out_dir: Path) -> list[dict[str, Any]]:
+    """The engine calls' log of ``out_dir`` (``CALLS``), plain or compressed."""
+    return read_jsonl(out_dir / CALLS)
+
+
+def problem_seconds(
+    records: Sequence[Explored], calls: Sequence[dict[str, Any]]
+) -> dict[tuple[str, int, str], float]:
+    """(method, seed, problem) -> the rollout seconds of its engine call, shared among the call's
+    problems in proportion to the tokens each sampled (a call's problems run together, so their
+    own times are not observed; this is the share they would take at one throughput)."""
+    tokens = {(r.method, r.seed, r.problem): r.sampled_tokens for r in records}
+    out: dict[tuple[str, int, str], float] = {}
+    for call in calls:
+        keys = [(call["method"], call["seed"], p) for p in call["problems"]]
+        total = sum(tokens.get(k, 0) for k in keys)
+        for key in keys:
+            if key in tokens:
+                out[key] = call["rollout_s"] * (tokens[key] / total if total else 1 / len(keys))
+    return out
+
+
+def equal_time_differences(
+    records: Sequence[Explored], calls: Sequence[dict[str, Any]], method: str, metric: str
+) -> tuple[dict[str, float], int]:
+    """(problem -> the method's ``metric`` minus independent sampling's at the same rollout seconds,
+    averaged over the method's seeds; rollouts left out because equal time needs more independent
+    samples than were drawn). Independent sampling's seconds become tokens at its own throughput
+    (its sampled tokens over its rollout seconds, pooled over its calls); descriptive, since the
+    seconds depend on the machine and on what else ran on it."""
+    reference = _reference(records)
+    seconds = problem_seconds(records, calls)
+    independent = [c for c in calls if c["method"] == INDEPENDENT]
+    spent = sum(c["rollout_s"] for c in independent)
+    if not spent:
+        return {}, 0
+    rate = sum(c["sampled_tokens"] for c in independent) / spent
+    per_problem: dict[str, list[float]] = {}
+    left_out = 0
+    for r in records:
+        key = (r.method, r.seed, r.problem)
+        if r.method != method or key not in seconds or r.problem not in reference:
+            continue
+        samples = reference[r.problem]
+        tokens = seconds[key] * rate
+        if tokens / samples.mean_length > samples.n:
+            left_out += 1
+            continue
+        difference = r.leaves().value(metric) - samples.at_cost(metric, tokens)
+        per_problem.setdefault(r.problem, []).append(difference)
+    return {p: sum(d) / len(d) for p, d in per_problem.items()}, left_out
+
+
+def summarize(records: Sequence[Explored], calls: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Per method and metric at equal cost: the mean over problems of method - independent, its
     95% t-interval, the median's sign-test interval and p-value, how many problems are above, at and
-    below 0, and the method's metric per 1,000 sampled tokens beside independent sampling's."""
+    below 0, and the method's metric per 1,000 sampled tokens beside independent sampling's. With
+    the engine calls' log: each method's rollout seconds, and the mean difference at equal seconds
+    (``equal_time_differences``)."""
     reference = _reference(records)
     by_method: dict[str, list[Leaves]] = {}
     for r in records:
@@ -254,6 +330,16 @@ def summarize(records: Sequence[Explored]) -> dict[str, Any]:
                     "sign_interval": [median_low, median_high], "p_sign": sign_p_value(d),
                     "above_at_below": [int((x > 0).sum()), int((x == 0).sum()), int((x < 0).sum())],
                 }
+                if calls:
+                    timed, left_out = equal_time_differences(records, calls, method, metric)
+                    t_mean, t_low, t_high = paired_t(list(timed.values()))
+                    row[metric]["equal_time"] = {"mean": t_mean, "t_interval": [t_low, t_high],
+                                                 "problems": len(timed), "rollouts_left_out": left_out}
+        mine = [c for c in calls if c["method"] == method]
+        if mine:
+            seconds = sum(c["rollout_s"] for c in mine)
+            row["rollout_s"] = seconds
+            row["tokens_per_s"] = sum(c["sampled_tokens"] for c in mine) / seconds if seconds else math.nan
         out["methods"][method] = row
     return out
 
@@ -284,11 +370,30 @@ def summary_table(summary: dict[str, Any]) -> str:
                 f"| {c['p_sign']:.3g} | {' / '.join(map(str, c['above_at_below']))} "
                 f"| {row['per_1k_tokens'][metric]:.3f} / {reference.get(metric, math.nan):.3f} |"
             )
+    timed = [(m, row) for m, row in summary["methods"].items() if "rollout_s" in row]
+    if timed:
+        lines += [
+            "\nAt equal rollout seconds (descriptive: seconds depend on the machine and what shared it; a "
+            "call's seconds are shared among its problems by their sampled tokens).\n",
+            "| method | rollout s | sampled tokens / s | metric | mean difference at equal seconds "
+            "| 95% t-interval | problems | rollouts left out |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for method, row in timed:
+            for metric in EQUAL_COST_METRICS if method != INDEPENDENT else ():
+                t = row[metric]["equal_time"]
+                lines.append(
+                    f"| {method} | {row['rollout_s']:.1f} | {row['tokens_per_s']:.1f} | {metric} "
+                    f"| {num(t['mean'])} | [{num(t['t_interval'][0])}, {num(t['t_interval'][1])}] "
+                    f"| {t['problems']} | {t['rollouts_left_out']} |"
+                )
+            if method == INDEPENDENT:
+                lines.append(f"| {method} | {row['rollout_s']:.1f} | {row['tokens_per_s']:.1f} | | | | | |")
     return "\n".join(lines) + "\n"
 
 
 def write_summary(out_dir: Path, records: Sequence[Explored]) -> dict[str, Any]:
-    summary = summarize(records)
+    summary = summarize(records, read_calls(out_dir))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out_dir / "results.md").write_text(summary_table(summary), encoding="utf-8")
     return summary
