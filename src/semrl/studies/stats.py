@@ -10,6 +10,8 @@ below is computed from d_1..d_n alone (docs/evaluation.md, "Statistics").
 - ``win_tie_loss``: how many seeds agree in sign.
 - ``min_detectable_effect`` and ``seeds_needed``: the two-sided paired t-test's power from the
   noncentral t distribution, with the observed s.d. of the per-seed differences taken as the truth.
+- ``sd_interval`` and ``size_from_pilot``: a pilot's s.d. with its chi-square interval, and the seeds
+  a study would need at a planned effect for each end of it (issue 62's Study 4b rule).
 """
 
 from __future__ import annotations
@@ -148,6 +150,56 @@ def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = 
         else:
             low = mid + 1
     return high
+
+
+def sd_interval(differences: Sequence[float], alpha: float = ALPHA) -> tuple[float, float, float]:
+    """(s, low, high): the sample s.d. of normal per-seed differences and its two-sided 1 - alpha
+    interval for sigma, s sqrt((n - 1) / chi2_{1-alpha/2, n-1}) to s sqrt((n - 1) / chi2_{alpha/2, n-1})."""
+    n = len(differences)
+    if n < 2:
+        return math.nan, math.nan, math.nan
+    s = float(np.std(differences, ddof=1))
+    df = n - 1
+    return (s, s * math.sqrt(df / float(st.chi2.ppf(1 - alpha / 2, df))),
+            s * math.sqrt(df / float(st.chi2.ppf(alpha / 2, df))))
+
+
+@dataclass(frozen=True)
+class PilotSizing:
+    """What a pilot says about a planned study of one rule (``size_from_pilot``).
+
+    Attributes:
+        seeds: the pilot's seeds; sd, sd_low, sd_high: the s.d. of its per-seed differences and its
+            95% interval; effect: the planned true difference; needed, needed_low, needed_high: the
+            seeds for ``power`` at ``effect`` with the two-sided paired t-test at alpha, if sigma is
+            sd, sd_low or sd_high (None: beyond MAX_SEEDS); within: needed <= max_seeds.
+    """
+
+    seeds: int
+    sd: float
+    sd_low: float
+    sd_high: float
+    effect: float
+    needed: int | None
+    needed_low: int | None
+    needed_high: int | None
+    max_seeds: int
+
+    @property
+    def within(self) -> bool:
+        return self.needed is not None and self.needed <= self.max_seeds
+
+
+def size_from_pilot(
+    differences: Sequence[float], effect: float, max_seeds: int, alpha: float = ALPHA, power: float = POWER
+) -> PilotSizing:
+    """The seeds a fixed-design study needs for ``power`` at ``effect``, from a pilot's per-seed
+    differences: at their s.d. and at both ends of its interval. The pilot's mean is not used (it is
+    descriptive, never evidence for the planned study)."""
+    sd, low, high = sd_interval(differences, alpha)
+    return PilotSizing(len(differences), sd, low, high, effect, seeds_needed(effect, sd, alpha, power),
+                       seeds_needed(effect, low, alpha, power), seeds_needed(effect, high, alpha, power),
+                       max_seeds)
 
 
 def sign_p_value(differences: Sequence[float]) -> float:
