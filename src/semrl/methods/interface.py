@@ -27,7 +27,7 @@ class RolloutContext:
     """What a method's rollout may use.
 
     Attributes:
-        engine: the sampling engine (``semrl.engines.Engine``), at the current weights.
+        engine: the sampling engine (``semrl.rollout.engines.Engine``), at the current weights.
         params: the training sampler (temperature, top-p/k, response budget, top-k log-probs).
         generator: the process's random stream; every random choice of the rollout draws from it.
         config: the method's options and the ``algorithm`` and ``rollout`` sections.

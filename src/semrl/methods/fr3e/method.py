@@ -4,19 +4,14 @@ from each) and its advantages (GRPO's, modulated by the anchors' states), as the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from semrl.methods.advantages import broadcast_to_tokens
+from semrl.methods.fr3e import FR3EConfig
 from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
 from semrl.methods.registry import MethodConfig
 from semrl.rollout.batch import GroupInfo
 from semrl.rollout.engines import Generation, GenerationRequest, node_seed
-
-if TYPE_CHECKING:
-    pass
-from semrl.methods.fr3e import FR3EConfig
 
 
 def select_anchors(scores: torch.Tensor, num_anchors: int) -> list[int]:

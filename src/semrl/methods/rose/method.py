@@ -4,21 +4,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
 from semrl.methods.registry import MethodConfig
+from semrl.methods.rose import RoseConfig
 from semrl.methods.rose.advantages import segment_advantages
 from semrl.methods.rose.branching import normalized_embeddings
 from semrl.methods.rose.rollout import tree_rollout
 from semrl.rollout.batch import GroupInfo
 from semrl.rollout.tree import ChainTree
-
-if TYPE_CHECKING:
-    pass
-from semrl.methods.rose import RoseConfig
 
 
 def _depth(tree: ChainTree, chain: int) -> int:

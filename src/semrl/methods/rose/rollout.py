@@ -19,11 +19,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-from semrl.methods.rose.branching import BranchMetric, EntropyMode, SDMode, branch_scores
+from semrl.methods.rose import RoseConfig
+from semrl.methods.rose.branching import branch_scores
 from semrl.rollout.engines import (
     Engine,
     Generation,
@@ -33,26 +33,6 @@ from semrl.rollout.engines import (
     prompt_generator,
 )
 from semrl.rollout.tree import ChainTree
-
-
-class TreeOptions(Protocol):
-    """The options the tree rollout reads; ``semrl.methods.rose.RoseConfig`` has them (the ``rose``
-    section, where each is documented). A protocol, so that this module does not import the method."""
-
-    @property
-    def epsilon(self) -> float: ...
-    @property
-    def branch_metric(self) -> BranchMetric: ...
-    @property
-    def entropy_mode(self) -> EntropyMode: ...
-    @property
-    def entropy_with_sampled(self) -> bool: ...
-    @property
-    def sd_mode(self) -> SDMode: ...
-    @property
-    def sd_top_k(self) -> int: ...
-    @property
-    def reuse_kv_cache(self) -> bool: ...
 
 
 @dataclass
@@ -113,7 +93,7 @@ def _argmax_position(chain_scores: list[torch.Tensor]) -> tuple[int, int] | None
     return chain, best
 
 
-# One of the three functions allowed past ruff's size limits (pyproject.toml): ROSE's tree rollout
+# One of the two functions allowed past ruff's size limits (pyproject.toml): ROSE's tree rollout
 # with its per-prompt state and the callback that schedules each prompt's next branch, read as one.
 def tree_rollout(  # noqa: PLR0915
     engine: Engine,
@@ -121,7 +101,7 @@ def tree_rollout(  # noqa: PLR0915
     group_size: int,
     params: SamplingParams,
     unit_embeddings: torch.Tensor,
-    options: TreeOptions,
+    options: RoseConfig,
     generator: torch.Generator | None = None,
     sampling_entropy: Callable[[list[list[int]], list[Generation]], list[Generation]] | None = None,
     prompt_seeds: list[int] | None = None,

@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
 from semrl.methods.registry import MethodConfig
+from semrl.methods.treepo import TreePOConfig, treepo_depth
 from semrl.methods.treepo.advantages import tree_outcome_advantages, whiten
 from semrl.methods.treepo.rollout import (
     STOP_REASONS,
@@ -19,10 +18,6 @@ from semrl.methods.treepo.rollout import (
 )
 from semrl.rollout.batch import GroupInfo
 from semrl.rollout.engines import join_generations
-
-if TYPE_CHECKING:
-    pass
-from semrl.methods.treepo import TreePOConfig, treepo_depth
 
 
 def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:

@@ -198,7 +198,7 @@ class HFEngine:
             requests = following
         return calls
 
-    # One of the three functions allowed past ruff's size limits (pyproject.toml): the decoding loop,
+    # One of the two functions allowed past ruff's size limits (pyproject.toml): the decoding loop,
     # kept in one piece so that each step's cache, sampling and stop rules read in order.
     def _generate_batch(  # noqa: C901, PLR0912, PLR0915
         self,
