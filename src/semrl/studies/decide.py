@@ -63,13 +63,14 @@ import yaml
 
 from semrl.errors import ConfigError
 from semrl.studies.stats import MAX_SEEDS, PairedComparison, seeds_needed
+from semrl.tracking import metric_names as names
 
 Expectation = Literal["greater", "less", "not_below"]
 EXPECTATIONS: tuple[str, ...] = ("greater", "less", "not_below")
 OVER: tuple[str, ...] = ("last", "curve")
 TESTS: tuple[str, ...] = ("t", "sign")
 COLLAPSED = "collapsed"  # the run-level metric of a run with no reward signal in most steps
-NO_SIGNAL = "reward/frac_groups_all_equal"  # 1: every group's rewards equal, so no policy gradient
+NO_SIGNAL = names.ALL_EQUAL  # 1: every group's rewards equal, so no policy gradient
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from semrl.tracking import metric_names as names
 from semrl.tracking.jsonl import log_exists, read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -28,16 +29,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["compare_runs", "load_metrics", "read_jsonl", "series", "write_report"]
 
 TRAIN_METRICS = [
-    "reward", "accuracy", "entropy", "entropy/low_frac", "kl", "response_length",
-    "response_length/correct", "response_length/truncated_frac", "reward/distinct_answers_per_group",
-    "actor/clip_frac", "actor/grad_norm", "rose/branched_chains", "rose/generated_vs_independent",
-    "rose/branch_entropy", "rose/branch_divergence", "curriculum/stage", "time/step_s",
-    # the rollout's cost (docs/engines.md, "What a rollout costs")
-    "rollout/sampled_tokens", "rollout/prefill_tokens", "rollout/engine_steps", "rollout/running_batch",
-    "time/rollout_tokens_per_s", "time/rollout_trajectories_per_s",
+    names.REWARD, names.ACCURACY, names.ENTROPY, names.LOW_ENTROPY_FRAC, names.KL, names.RESPONSE_LENGTH,
+    names.CORRECT_LENGTH, names.TRUNCATED_FRAC, names.DISTINCT_ANSWERS, names.CLIP_FRAC, names.GRAD_NORM,
+    *names.ROSE, names.CURRICULUM_STAGE, names.STEP_S,
+    *names.COST,  # the rollout's cost (docs/engines.md, "What a rollout costs")
 ]
 COMPARE_METRICS = [
-    "reward", "accuracy", "entropy", "entropy/low_frac", "kl", "response_length", "time/step_s"
+    names.REWARD, names.ACCURACY, names.ENTROPY, names.LOW_ENTROPY_FRAC, names.KL, names.RESPONSE_LENGTH,
+    names.STEP_S,
 ]
 
 

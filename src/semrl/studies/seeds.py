@@ -55,6 +55,7 @@ from semrl.studies.designs import descriptive as descriptive_rules
 from semrl.studies.forest import ForestRow, draw_forest, forest_rows, rule_label
 from semrl.studies.sequential import CONTROLS
 from semrl.studies.stats import compare_paired
+from semrl.tracking import metric_names as names
 from semrl.tracking.jsonl import log_exists, read_jsonl
 
 # semrl.studies.sweep.DONE_FILE (not imported: the sweep module loads the config system)
@@ -62,19 +63,12 @@ DONE_FILE = "sweep_done.json"
 
 logger = logging.getLogger(__name__)
 
-TOKENS = "rollout/sampled_tokens"  # logged every step: the compute axis
+TOKENS = names.SAMPLED_TOKENS  # logged every step: the compute axis
 SEED_DIR = re.compile(r"^seed-(\d+)$")
 SPLITS = ("eval", "transfer")
 CURVE_METRICS = [
-    "reward",
-    "accuracy",
-    "entropy",
-    "entropy/low_frac",
-    "kl",
-    "response_length",
-    "response_length/correct",
-    "reward/distinct_answers_per_group",
-    "time/step_s",
+    names.REWARD, names.ACCURACY, names.ENTROPY, names.LOW_ENTROPY_FRAC, names.KL, names.RESPONSE_LENGTH,
+    names.CORRECT_LENGTH, names.DISTINCT_ANSWERS, names.STEP_S,
 ]
 
 

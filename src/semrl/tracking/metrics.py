@@ -12,12 +12,10 @@ from semrl.methods.token_losses import token_covariance
 from semrl.reward import Scores
 from semrl.rollout.batch import RolloutBatch
 from semrl.rollout.engines import EngineCost
+from semrl.tracking import metric_names as names
 
 # what a step's rollout cost (docs/engines.md, "What a rollout costs"); the rates are timings
-COST_METRICS = (
-    "rollout/sampled_tokens", "rollout/prefill_tokens", "rollout/engine_steps", "rollout/running_batch",
-    "time/rollout_tokens_per_s", "time/rollout_trajectories_per_s",
-)
+COST_METRICS = names.COST
 
 
 def cost_metrics(
@@ -33,12 +31,12 @@ def cost_metrics(
     """
     sampled, trajectories_all = total(cost.sampled_tokens), total(trajectories)
     return {
-        "rollout/sampled_tokens": sampled,
-        "rollout/prefill_tokens": total(cost.prefill_tokens),
-        "rollout/engine_steps": float(cost.engine_steps),
-        "rollout/running_batch": cost.mean_running_batch,
-        "time/rollout_tokens_per_s": sampled / seconds if seconds > 0 else 0.0,
-        "time/rollout_trajectories_per_s": trajectories_all / seconds if seconds > 0 else 0.0,
+        names.SAMPLED_TOKENS: sampled,
+        names.PREFILL_TOKENS: total(cost.prefill_tokens),
+        names.ENGINE_STEPS: float(cost.engine_steps),
+        names.RUNNING_BATCH: cost.mean_running_batch,
+        names.TOKENS_PER_S: sampled / seconds if seconds > 0 else 0.0,
+        names.TRAJECTORIES_PER_S: trajectories_all / seconds if seconds > 0 else 0.0,
     }
 
 
@@ -52,10 +50,10 @@ def reward_metrics(rounds: list[tuple[RolloutBatch, Scores]]) -> dict[str, float
     # distinct extracted answers per group (None = no answer found counts as one more)
     distinct = [len({r.answer for r in results[i : i + g]}) for i in range(0, len(results), g)]
     return {
-        "reward": rewards.mean().item(),
-        "accuracy": float(np.mean([r.correct for r in results])),
-        "reward/frac_groups_all_equal": all_equal.float().mean().item(),
-        "reward/distinct_answers_per_group": float(np.mean(distinct)),
+        names.REWARD: rewards.mean().item(),
+        names.ACCURACY: float(np.mean([r.correct for r in results])),
+        names.ALL_EQUAL: all_equal.float().mean().item(),
+        names.DISTINCT_ANSWERS: float(np.mean(distinct)),
         "reward/verify_timeouts": float(sum(s.verify_timeouts for _, s in rounds)),
         **function_metrics([s for _, s in rounds]),
     }
@@ -86,10 +84,10 @@ def rollout_metrics(
     entropy = torch.cat(entropies)
     correct = np.array([r.correct for r in scores.results])
     return {
-        "entropy": entropy.mean().item() if entropy.numel() else 0.0,
-        "response_length": float(lengths.mean()),
-        "response_length/correct": float(lengths[correct].mean()) if correct.any() else 0.0,
-        "response_length/truncated_frac": float(np.mean([g.truncated for g in batch.generations])),
+        names.ENTROPY: entropy.mean().item() if entropy.numel() else 0.0,
+        names.RESPONSE_LENGTH: float(lengths.mean()),
+        names.CORRECT_LENGTH: float(lengths[correct].mean()) if correct.any() else 0.0,
+        names.TRUNCATED_FRAC: float(np.mean([g.truncated for g in batch.generations])),
     }
 
 

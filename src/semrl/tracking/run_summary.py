@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from semrl.tracking import metric_names as names
 from semrl.tracking.jsonl import read_jsonl
 
 MAX_STEP_ROWS = 20
-COST_COLUMNS = ("rollout/sampled_tokens", "rollout/prefill_tokens", "rollout/running_batch")
+COST_COLUMNS = (names.SAMPLED_TOKENS, names.PREFILL_TOKENS, names.RUNNING_BATCH)
 
 
 def _held_out_rows(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -32,18 +33,18 @@ def _cost_columns(row: dict[str, Any]) -> str:
 def run_summary(rows: list[dict[str, Any]], run_dir: str | Path, eval_source: str | None = None) -> str:
     """Held-out metrics before and after (on the problems of ``eval_source``, in words), reward,
     accuracy, length and time of every step, and where the run's files are."""
-    steps = [r for r in rows if "reward" in r]
+    steps = [r for r in rows if names.REWARD in r]
     evals = [r for r in rows if any(k.startswith("eval/mean@") for k in r)]
-    minutes = sum(r.get("time/step_s", 0.0) for r in steps) / 60
-    eval_minutes = sum(r.get("time/eval_s", 0.0) for r in rows) / 60
+    minutes = sum(r.get(names.STEP_S, 0.0) for r in steps) / 60
+    eval_minutes = sum(r.get(names.EVAL_S, 0.0) for r in rows) / 60
     plural = "s" * (len(steps) != 1)
     timing = f"{minutes:.1f} min training"
-    if any("time/eval_s" in r for r in rows):
+    if any(names.EVAL_S in r for r in rows):
         timing += f", {eval_minutes:.1f} min evaluation"
     lines = [f"run finished: {run_dir}  ({len(steps)} step{plural}, {timing})"]
     if evals:
         first, last = evals[0], evals[-1]
-        problems = int(last.get("eval/problems", 0))
+        problems = int(last.get(names.EVAL_PROBLEMS, 0))
         before = f"step {first.get('step', 0):>3}" if first is not last else " " * 8
         steps_row = f"{before}  step {last.get('step', 0):>3}"
         source = f" of {eval_source}" if eval_source else ""
