@@ -122,3 +122,25 @@ def test_a_plugin_method_trains_with_its_state_and_metrics(toy_plugin, digit_mod
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["toy/rollout_calls"] for r in rows] == [1.0, 2.0]  # the method's state lives across steps
     assert all(r["toy/scale"] == 0.5 for r in rows)
+
+
+def test_a_seam_function_with_the_wrong_signature_fails_when_loaded():
+    """load checks a function against the arguments its seam passes: too few or too many required
+    positional parameters fail with the seam named and what it is called with; defaults, *args and a
+    'module:function' reference that fits pass."""
+    from semrl.errors import ConfigError
+    from semrl.methods.registry import load
+
+    def one(ctx):  # noqa: ANN001, ANN202
+        return ctx
+
+    def three(ctx, prompt_ids, extra):  # noqa: ANN001, ANN202
+        return ctx
+
+    for wrong in (one, three):
+        with pytest.raises(ConfigError, match=r"method toy's rollout_fn is called as f\(ctx, prompt_ids\)"):
+            load(wrong, ("ctx", "prompt_ids"), "method toy's rollout_fn")
+    assert load(lambda ctx, prompt_ids, extra=None: 0, ("ctx", "prompt_ids"))
+    assert load(lambda *args: 0, ("ctx", "prompt_ids"))
+    rose = load("semrl.methods.rose.method:rose_rollout", ("ctx", "prompt_ids"), "method rose's rollout_fn")
+    assert rose.__name__ == "rose_rollout"

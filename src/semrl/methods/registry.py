@@ -23,11 +23,12 @@ editing (cf. verl's ``register_adv_est``); ``semrl.methods.catalog`` imports the
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from semrl.errors import did_you_mean
+from semrl.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from semrl.config.sections import AlgorithmConfig, Config, RolloutConfig
@@ -39,14 +40,29 @@ EntryT = TypeVar("EntryT")
 FunctionRef = str | Callable[..., Any]
 
 
-def load(ref: FunctionRef) -> Callable[..., Any]:
-    """The function ``ref`` names (``"package.module:function"``), imported; a callable is itself."""
+def load(ref: FunctionRef, takes: tuple[str, ...] | None = None, role: str = "") -> Callable[..., Any]:
+    """The function ``ref`` names (``"package.module:function"``), imported; a callable is itself.
+    ``takes``: the positional arguments the caller passes (``role``, e.g. "method rose's rollout_fn",
+    names the seam), checked now, so that a plug-in's function with the wrong signature fails when
+    training starts, naming what it must take. The caller annotates the result with the seam's type
+    (``semrl.methods.interface.AdvantageFn``, ``RolloutFn``; ``semrl.methods.policy_loss.LossFn``)."""
     if callable(ref):
-        return ref
-    module, _, name = ref.partition(":")
-    if not name:
-        raise ValueError(f"a function reference is 'package.module:function', got {ref!r}")
-    function: Callable[..., Any] = getattr(importlib.import_module(module), name)
+        function: Callable[..., Any] = ref
+    else:
+        module, _, name = ref.partition(":")
+        if not name:
+            raise ValueError(f"a function reference is 'package.module:function', got {ref!r}")
+        function = getattr(importlib.import_module(module), name)
+    if takes is not None:
+        try:
+            inspect.signature(function).bind(*takes)
+        except TypeError as e:
+            name = getattr(function, "__qualname__", repr(function))
+            raise ConfigError(
+                f"{role or 'a registered function'} is called as f({', '.join(takes)}), but "
+                f"{name}{inspect.signature(function)} cannot take that ({e}); give it those "
+                "positional parameters (docs/methods/adding.md)"
+            ) from None
     return function
 
 

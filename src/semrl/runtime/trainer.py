@@ -30,7 +30,8 @@ from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_splits
 from semrl.methods.catalog import get_method, get_policy_loss
 from semrl.methods.entropy_bonus import EntropyBonus
-from semrl.methods.interface import AdvantageInputs, RolloutContext
+from semrl.methods.interface import AdvantageFn, AdvantageInputs, RolloutContext, RolloutFn
+from semrl.methods.policy_loss import LossFn, PrepareFn
 from semrl.methods.registry import load, method_config
 from semrl.models.loading import resolve_model_path
 from semrl.reward import Scores, VerifierPool, reward_functions, score
@@ -49,6 +50,23 @@ from semrl.update.optim import Optimization
 from semrl.update.passes import with_sampling_entropy
 
 logger = logging.getLogger(__name__)
+
+
+def _seam_functions(cfg: Config) -> tuple[AdvantageFn, RolloutFn | None, LossFn, PrepareFn | None]:
+    """The method's and the policy loss's tensor functions, imported now that training starts, each
+    checked against the arguments the trainer passes it and typed as its seam."""
+    method, policy_loss = get_method(cfg.algorithm.method), get_policy_loss(cfg.algorithm.policy_loss)
+    name, loss = f"method {cfg.algorithm.method}'s", f"policy loss {cfg.algorithm.policy_loss}'s"
+    advantage_fn: AdvantageFn = load(method.advantage_fn, ("inputs", "config"), f"{name} advantage_fn")
+    rollout_fn: RolloutFn | None = (
+        load(method.rollout_fn, ("ctx", "prompt_ids"), f"{name} rollout_fn") if method.rollout_fn else None
+    )
+    loss_fn: LossFn = load(policy_loss.loss_fn, ("inputs", "config"), f"{loss} loss_fn")
+    prepare_fn: PrepareFn | None = (
+        load(policy_loss.prepare_fn, ("mini_batch", "config"), f"{loss} prepare_fn")
+        if policy_loss.prepare_fn else None
+    )
+    return advantage_fn, rollout_fn, loss_fn, prepare_fn
 
 
 class Trainer:
@@ -77,8 +95,7 @@ class Trainer:
         self.prompt = PromptFormat.of(cfg.data)  # how a problem becomes its prompt
         self.loss_config = method_config(cfg, self.policy_loss.section)
         # the method's and the loss's tensor functions, imported now that training starts
-        self.advantage_fn = load(self.method.advantage_fn)
-        self.rollout_fn = load(self.method.rollout_fn) if self.method.rollout_fn else None
+        self.advantage_fn, self.rollout_fn, loss_fn, prepare_fn = _seam_functions(cfg)
         # reward_callables: functions of reward.functions run in this process (semrl.train's own)
         self.rewards = reward_functions(
             cfg.reward.functions, cfg.reward.weights, reward_callables, cfg.reward.correctness
@@ -129,8 +146,7 @@ class Trainer:
         self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
         self.actor = Actor(
             cfg, self.model, self.ref_model, self.reference_weights, self.precision, self.packing,
-            self.processes, optim, bonus, load(self.policy_loss.loss_fn),
-            load(self.policy_loss.prepare_fn) if self.policy_loss.prepare_fn else None, self.loss_config,
+            self.processes, optim, bonus, loss_fn, prepare_fn, self.loss_config,
             self.generator, reuse_first_forward, self.faults,
         )
         self.resumed = ckpt is not None

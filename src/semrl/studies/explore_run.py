@@ -32,7 +32,7 @@ from semrl.config.sections import Config
 from semrl.data import Problem, PromptFormat
 from semrl.errors import ConfigError
 from semrl.methods.catalog import get_method
-from semrl.methods.interface import RolloutContext
+from semrl.methods.interface import RolloutContext, RolloutFn
 from semrl.methods.registry import load, method_config
 from semrl.methods.semantic_entropy import cluster_answers
 from semrl.reward import VerifierPool, score_responses
@@ -148,7 +148,8 @@ def explore_batch(
             ctx = RolloutContext(engine, params, generator, section, entropy, decode=decode,
                                  prompt_seeds=seeds)
             assert spec.rollout_fn is not None
-            out = load(spec.rollout_fn)(ctx, list(prompt_ids))
+            rollout: RolloutFn = load(spec.rollout_fn, ("ctx", "prompt_ids"), f"method {method}'s rollout_fn")
+            out = rollout(ctx, list(prompt_ids))
             gens, prefixes = out.generations, out.sequence_prompt_ids
         cost = engine.sampled_by_prompt
     finally:
