@@ -330,3 +330,18 @@ def test_package_lines_keep_to_the_configured_length():
         if len(re.sub(r"\s*# (type: ignore|noqa)\S*$", "", line)) > limit  # ruff lets a pragma overflow
     ]
     assert not long, f"lines over {limit} columns: {long[:10]}"
+
+
+def test_the_data_layer_imports_no_torch():
+    """Problems, prompts, datasets and the curriculum's stages are data: no module of ``semrl.data``,
+    nor anything it imports (lazily too), imports torch. Scoring problems by sampling lives in
+    ``semrl.evaluation.difficulty``."""
+    modules = _modules()
+    data = [name for name in modules if name == "semrl.data" or name.startswith("semrl.data.")]
+    assert "semrl.data.curriculum" in data
+    offenders = {}
+    for name in data:
+        torch_users = {m for m, heavy in _heavy_reached(name, modules).items() if "torch" in heavy}
+        if torch_users:
+            offenders[name] = torch_users
+    assert not offenders, f"the data layer reaches torch: {offenders}"

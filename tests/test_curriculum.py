@@ -8,7 +8,8 @@ import torch
 from semrl.cli import main
 from semrl.config.load import load_config
 from semrl.data import DataError, Problem, PromptFormat, load_problems
-from semrl.data.curriculum import curriculum_stages, load_curriculum, score_problems
+from semrl.data.curriculum import curriculum_stages, load_curriculum
+from semrl.evaluation.difficulty import score_problems
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.reward import Judge, VerifierPool
 from semrl.rollout.engines import SamplingParams

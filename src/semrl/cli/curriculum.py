@@ -65,7 +65,7 @@ def run_score(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from semrl.data.curriculum import score_problems
+    from semrl.evaluation.difficulty import score_problems
     from semrl.reward import Judge, VerifierPool
     from semrl.rollout.engines import SamplingParams
 

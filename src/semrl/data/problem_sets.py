@@ -70,7 +70,7 @@ def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
         raise DataError(f"data.eval '{data.eval}' gave no problems; raise data.eval_size")
     held_out = {p.problem for p in held_out_problems}
     if data.curriculum:
-        from semrl.data.curriculum import curriculum_stages, load_curriculum  # its scoring needs torch
+        from semrl.data.curriculum import curriculum_stages, load_curriculum
 
         scored = [(p, h) for p, h in load_curriculum(data.curriculum) if p.problem not in held_out]
         stages = curriculum_stages(scored, data.curriculum_stages)

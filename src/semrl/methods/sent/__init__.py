@@ -6,7 +6,7 @@ entropy, inside GRPO.
   the other regularised low-entropy tokens. The pure functions are
   ``token_losses.sent_coefficients`` and ``token_losses.sent_loss`` (the loss: ``semrl.methods.sent.loss``).
 * Data level: a curriculum of increasing semantic entropy: ``semrl curriculum score`` writes the
-  per-problem semantic entropy (``semrl.data.curriculum.score_problems``), ``data.curriculum`` trains in
+  per-problem semantic entropy (``semrl.evaluation.difficulty.score_problems``), ``data.curriculum`` trains in
   stages (``semrl.data.curriculum.StageSchedule``).
 
 Formulas, and where the SENT code differs from the paper (each difference is an option here):
