@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Continue Study 4a on a new machine (docs/results.md, "Study 4a: status"):
+#   scripts/resume_study4a.sh [WORKTREE]     (default ../study4a)
+# Makes the frozen worktree of the pre-registering commit if it is missing, copies into it what has
+# landed here (results/study4a: explorations resume from their records; a training run that landed
+# without its checkpoint is trained again by scripts/study4a.sh and checked line for line against
+# the landed metrics), then starts the study there in the background under nice 19.
+# Log: WORKTREE.log beside the worktree.
+set -euo pipefail
+commit=25085db  # Study 4a's pre-registration
+tree=${1:-../study4a}
+repo=$(git rev-parse --show-toplevel)
+if [ ! -d "$tree" ]; then
+  git worktree prune
+  git worktree add -q "$tree" "$commit"
+fi
+tree=$(cd "$tree" && pwd)
+[ "$(git -C "$tree" rev-parse HEAD)" = "$(git rev-parse "$commit^{commit}")" ] || {
+  echo "$tree is not at $commit" >&2; exit 2; }
+if pgrep -f "scripts/study4a.sh" >/dev/null; then echo "Study 4a is already running" >&2; exit 2; fi
+if [ -d "$repo/results/study4a" ]; then
+  mkdir -p "$tree/results/study4a"
+  for dir in "$repo"/results/study4a/*/; do
+    name=$(basename "$dir")
+    [ "$name" = train ] && continue  # trained again where its checkpoint is missing
+    mkdir -p "$tree/results/study4a/$name"
+    cp -rn "$dir". "$tree/results/study4a/$name/"  # never over what the worktree has
+  done
+fi
+(cd "$tree" && PYTHON=${PYTHON:-python} nohup nice -n 19 bash scripts/study4a.sh >> "$tree.log" 2>&1 &)
+echo "Study 4a continues in $tree; log: $tree.log"
