@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Continue Study 4a on a new machine (docs/results.md, "Study 4a: status"):
 #   scripts/resume_study4a.sh [WORKTREE]     (default ../study4a)
-# Makes the frozen worktree of the pre-registering commit if it is missing, copies into it what has
-# landed here (results/study4a: explorations resume from their records; a training run that landed
-# without its checkpoint is trained again by scripts/study4a.sh and checked line for line against
-# the landed metrics), then starts the study there in the background under nice 19.
+# Makes the frozen worktree of the study's commit (its pre-registration with its deviations) if it
+# is missing, copies into it what has landed here (results/study4a: explorations resume from their
+# records; a training run that landed without its checkpoint is trained again by scripts/study4a.sh
+# and checked step by step against the landed metrics), then starts the study there in the
+# background under nice 19.
 # Log: WORKTREE.log beside the worktree.
 set -euo pipefail
-commit=25085db  # Study 4a's pre-registration
+commit=4b4eda5  # Study 4a: its pre-registration (25085db) with deviation 1 (docs/results.md)
 tree=${1:-../study4a}
 repo=$(git rev-parse --show-toplevel)
 if [ ! -d "$tree" ]; then
