@@ -8,7 +8,7 @@
 # background under nice 19.
 # Log: WORKTREE.log beside the worktree.
 set -euo pipefail
-commit=4b4eda5  # Study 4a: its pre-registration (25085db) with deviation 1 (docs/results.md)
+commit=3ec36c1  # Study 4a: its pre-registration (25085db) with deviation 1 (docs/results.md)
 tree=${1:-../study4a}
 repo=$(git rev-parse --show-toplevel)
 if [ ! -d "$tree" ]; then
