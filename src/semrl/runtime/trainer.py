@@ -32,7 +32,7 @@ from semrl.methods.catalog import get_method, get_policy_loss
 from semrl.methods.entropy_bonus import EntropyBonus
 from semrl.methods.interface import AdvantageFn, AdvantageInputs, RolloutContext, RolloutFn
 from semrl.methods.policy_loss import LossFn, PrepareFn
-from semrl.methods.registry import load, method_config
+from semrl.methods.registry import MethodSpec, PolicyLoss, load, method_config
 from semrl.models.loading import resolve_model_path
 from semrl.reward import Scores, VerifierPool, reward_functions, score
 from semrl.rollout.batch import CollectedStep, RolloutBatch
@@ -52,10 +52,11 @@ from semrl.update.passes import with_sampling_entropy
 logger = logging.getLogger(__name__)
 
 
-def _seam_functions(cfg: Config) -> tuple[AdvantageFn, RolloutFn | None, LossFn, PrepareFn | None]:
+def _seam_functions(
+    cfg: Config, method: MethodSpec, policy_loss: PolicyLoss
+) -> tuple[AdvantageFn, RolloutFn | None, LossFn, PrepareFn | None]:
     """The method's and the policy loss's tensor functions, imported now that training starts, each
     checked against the arguments the trainer passes it and typed as its seam."""
-    method, policy_loss = get_method(cfg.algorithm.method), get_policy_loss(cfg.algorithm.policy_loss)
     name, loss = f"method {cfg.algorithm.method}'s", f"policy loss {cfg.algorithm.policy_loss}'s"
     advantage_fn: AdvantageFn = load(method.advantage_fn, ("inputs", "config"), f"{name} advantage_fn")
     rollout_fn: RolloutFn | None = (
@@ -95,7 +96,9 @@ class Trainer:
         self.prompt = PromptFormat.of(cfg.data)  # how a problem becomes its prompt
         self.loss_config = method_config(cfg, self.policy_loss.section)
         # the method's and the loss's tensor functions, imported now that training starts
-        self.advantage_fn, self.rollout_fn, loss_fn, prepare_fn = _seam_functions(cfg)
+        self.advantage_fn, self.rollout_fn, loss_fn, prepare_fn = _seam_functions(
+            cfg, self.method, self.policy_loss
+        )
         # reward_callables: functions of reward.functions run in this process (semrl.train's own)
         self.rewards = reward_functions(
             cfg.reward.functions, cfg.reward.weights, reward_callables, cfg.reward.correctness
