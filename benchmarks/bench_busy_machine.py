@@ -6,7 +6,7 @@ the other process takes, and how much is threads waiting for each other.
 Each run is ``semrl train --config demo trainer.steps=1`` with no evaluation, in a fresh process,
 alone or beside ``python -c "while True: pass"`` (started before, killed after). The settings are
 environments of the run: ``default`` is semrl's own (``import semrl`` asks OpenMP for a passive
-wait, ``semrl.runtime.threads``); ``libgomp-default`` is the wait libgomp has without a policy, as
+wait, ``semrl.core.threads``); ``libgomp-default`` is the wait libgomp has without a policy, as
 before semrl set one (a spin of 300,000 iterations, about 3 ms, before sleeping); ``active`` spins
 for minutes (``OMP_WAIT_POLICY=ACTIVE``); ``one-thread`` sets ``OMP_NUM_THREADS=1``.
 Runs are alternated (setting x condition within each repeat) so that drift on the machine falls on

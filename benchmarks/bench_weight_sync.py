@@ -1,7 +1,7 @@
 """Peak extra memory of pushing FSDP-sharded weights to an engine, 2 processes on the CPU (gloo):
 the whole model gathered at once on every process (torch's ``get_model_state_dict`` with
 ``full_state_dict=True``, the push as it was before) vs one parameter at a time
-(``semrl.runtime.distributed.iter_full_parameters``, what ``sync_weights`` now receives), in one run.
+(``semrl.core.distributed.iter_full_parameters``, what ``sync_weights`` now receives), in one run.
 
     python benchmarks/bench_weight_sync.py [--model smollm2-135m]
 
@@ -39,8 +39,8 @@ def _reset_peak() -> None:
 def _worker(rank: int, variant: str, model_path: str, init: str, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    from semrl.core.distributed import iter_full_parameters
     from semrl.models.loading import load_model
-    from semrl.runtime.distributed import iter_full_parameters
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     from torch.distributed.fsdp import fully_shard

@@ -57,8 +57,8 @@ def compare_studies() -> None:
 def screenshot_viewer() -> None:
     from playwright.sync_api import sync_playwright
 
+    from semrl.core.jsonl import read_jsonl
     from semrl.studies.runs import write_report
-    from semrl.tracking.jsonl import read_jsonl
 
     tree = next(t for t in read_jsonl(ROOT / VIEWER_RUN / "trees.jsonl") if t["step"] == VIEWER_STEP)
     chains = [c for c in tree["chains"] if c["correct"] and c["parent"] >= 0] or tree["chains"]

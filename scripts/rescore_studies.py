@@ -21,11 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from semrl.core.jsonl import COMPRESSED_SUFFIX, log_exists, read_jsonl
 from semrl.evaluation import summarize_records
 from semrl.reward.answer_form import fails_numeral_rule
 from semrl.studies.designs import load_rules
 from semrl.studies.seeds import Run, find_runs, rule_differences
-from semrl.tracking.jsonl import COMPRESSED_SUFFIX, log_exists, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = {

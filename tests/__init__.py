@@ -1,5 +1,5 @@
 """semrl's tests. semrl is imported before conftest imports torch, so that OpenMP in this process and in
-every process a test starts waits passively (semrl.runtime.threads): tests that run two processes on
+every process a test starts waits passively (semrl.core.threads): tests that run two processes on
 two cores would otherwise spin against each other."""
 
 import semrl  # noqa: F401

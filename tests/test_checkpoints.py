@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from semrl.cli import main
 from semrl.config.load import load_config
+from semrl.core.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
 from semrl.runtime.checkpoint import (
     LEGACY_STATE,
     MANIFEST,
@@ -25,7 +26,6 @@ from semrl.runtime.checkpoint import (
     trainer_state_dir,
     verify_checkpoint,
 )
-from semrl.runtime.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
 from semrl.runtime.trainer import Trainer
 
 from .conftest import DIGIT_SYSTEM_PROMPT
@@ -165,8 +165,8 @@ def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_d
     among them (it failed with "no module or parameter named 't0'")."""
     import torch
 
+    from semrl.core.safe_state import STATE_TENSORS, save_state
     from semrl.rollout.engines.vllm import weights_view
-    from semrl.runtime.safe_state import STATE_TENSORS, save_state
 
     ckpt = tmp_path / "step-000001"
     shutil.copytree(tiny_model_dir, ckpt)

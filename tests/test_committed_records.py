@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from semrl.cli import main
+from semrl.core.jsonl import log_exists, read_jsonl, stored
 from semrl.studies.seeds import find_runs
-from semrl.tracking.jsonl import log_exists, read_jsonl, stored
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -158,7 +158,7 @@ with socket.socket() as s:
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
 dist.init_process_group("gloo")
 from semrl.config.load import load_config
-from semrl.runtime.distributed import ProcessGroup
+from semrl.core.distributed import ProcessGroup
 from semrl.runtime.setup import load_models
 moves = []
 original_to = torch.nn.Module.to
@@ -184,7 +184,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, LOCAL_RA
 dist.init_process_group("gloo")
 # atexit runs its handlers last in, first out: this one runs after the one ProcessGroup registers
 atexit.register(lambda: print("GROUP ALIVE AT EXIT", dist.is_initialized(), flush=True))
-from semrl.runtime.distributed import ProcessGroup
+from semrl.core.distributed import ProcessGroup
 group = ProcessGroup(cpu=True)
 assert group.world == 2
 dist.all_reduce(torch.ones(1))

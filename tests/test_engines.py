@@ -726,7 +726,7 @@ def test_resume_on_vllm_is_exact(digit32_model_dir, seven_task, tmp_path, method
 def test_a_streamed_weight_push_reaches_every_engine_weight(digit32_model_dir):
     """sync_weights takes a stream of (name, tensor), as FSDP's one-parameter-at-a-time gather gives
     it (tied weights under each name): after it both engines sample with the model's new weights."""
-    from semrl.runtime.distributed import iter_full_parameters
+    from semrl.core.distributed import iter_full_parameters
 
     tok = load_tokenizer(str(digit32_model_dir))
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]

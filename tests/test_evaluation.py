@@ -97,11 +97,11 @@ def _cached_evaluation(model_dir, cache, problems, **overrides):
     import torch
 
     from semrl.config.load import load_config
+    from semrl.core.distributed import ProcessGroup
     from semrl.evaluation import evaluate_held_out
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool
     from semrl.rollout.engines.hf import HFEngine
-    from semrl.runtime.distributed import ProcessGroup
 
     torch.manual_seed(0)
     values = {"model.name": str(model_dir), "logging.eval_cache": str(cache), "logging.eval_samples": 2,
@@ -144,12 +144,12 @@ def test_evaluation_judges_with_the_configured_correctness_function(digit_model_
     import torch
 
     from semrl.config.load import load_config
+    from semrl.core.distributed import ProcessGroup
     from semrl.data import load_problems
     from semrl.evaluation import evaluate_held_out, records_path
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool, reward_functions
     from semrl.rollout.engines.hf import HFEngine
-    from semrl.runtime.distributed import ProcessGroup
 
     from .conftest import DIGIT_SYSTEM_PROMPT
 

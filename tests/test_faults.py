@@ -130,7 +130,7 @@ def test_faults_are_read_from_the_environment_once_and_checked_there(monkeypatch
     variable fails when it is read, not at the point; a disk-full fault fails only its checkpoint."""
     import errno
 
-    from semrl.runtime.faults import Faults
+    from semrl.core.faults import Faults
 
     monkeypatch.setenv("SEMRL_FAULT_KILL", "rollout@x")
     with pytest.raises(ValueError, match="SEMRL_FAULT_KILL='rollout@x': expected POINT@STEP"):

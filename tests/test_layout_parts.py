@@ -9,9 +9,9 @@ import torch
 
 from semrl.config.load import load_config
 from semrl.config.sections import ConfigError
+from semrl.core.atomic import atomic_directory, write_text_atomic
 from semrl.data import Problem
 from semrl.data.curriculum import Curriculum
-from semrl.runtime.atomic import atomic_directory, write_text_atomic
 
 
 def test_atomic_directory_appears_whole_or_not_at_all(tmp_path):
@@ -65,7 +65,7 @@ def test_curriculum_advances_at_the_stage_ends_and_restores_its_place():
 
 
 def test_optimization_skips_non_finite_updates_and_counts_them_in_a_row():
-    from semrl.runtime.distributed import ProcessGroup
+    from semrl.core.distributed import ProcessGroup
     from semrl.update.optim import Optimization
 
     torch.manual_seed(0)

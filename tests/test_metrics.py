@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from semrl.config.sections import AlgorithmConfig
+from semrl.core.distributed import ProcessGroup
 from semrl.data import Problem
 from semrl.data.curriculum import StageSchedule
 from semrl.reward import RewardResult, Scores
 from semrl.rollout.batch import RolloutBatch
 from semrl.rollout.engines import Generation
 from semrl.rollout.group_filter import GroupFilter, choose_groups, split_groups
-from semrl.runtime.distributed import ProcessGroup
 from semrl.tracking.metrics import entropy_metrics, reward_metrics, rollout_metrics
 
 
@@ -137,7 +137,8 @@ def test_group_filter_over_rounds_matches_a_direct_selection(seed):
         assert batch.generations == [rounds[r][0].generations[i] for r, i in zip(sources, expected, strict=True)]
         assert metrics["dynamic_sampling/kept_groups"] == min(len(informative), wanted)
         assert metrics["dynamic_sampling/rollout_batches"] == len(rounds)
-    assert metrics == {**reward_metrics(rounds), **{k: v for k, v in metrics.items() if k.startswith("dynamic")}}
+    assert all(k.startswith("dynamic_sampling/") for k in metrics)
+    assert groups.sampled == rounds  # what the trainer's reward metrics read
 
 
 def test_stage_schedule_splits_the_steps_evenly():

@@ -1,4 +1,4 @@
-"""Threads on a busy machine (semrl.runtime.threads): OpenMP waits passively unless the user chose a
+"""Threads on a busy machine (semrl.core.threads): OpenMP waits passively unless the user chose a
 policy, and torch gets no more threads than the process has cores."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from semrl.runtime.threads import available_cores, torch_threads
+from semrl.core.threads import available_cores, torch_threads
 
 
 def _policy_after_import(env: dict[str, str]) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from semrl.runtime.threads import wait_passively
+from semrl.core.threads import wait_passively
 
-wait_passively()  # before torch loads OpenMP (semrl.runtime.threads)
+wait_passively()  # before torch loads OpenMP (semrl.core.threads)
 
 __version__ = "0.2.0"
 

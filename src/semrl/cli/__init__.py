@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import cast
 
 from semrl.cli import checkpoint, compare, config, curriculum, evaluate, explore, export, report, sweep, train
 from semrl.errors import ConfigError, Interrupted, Preempted, TrainingError, closest
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("transformers", "httpx", "huggingface_hub", "vllm"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
-        return args.func(args)
+        return cast("int", args.func(args))
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"semrl: error: {err}", file=sys.stderr)
         return 2

@@ -74,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
                               "output_dir of a sweep file)")
     if args.decide and not Path(args.decide).is_file():
         raise ConfigError(f"decision rules file '{args.decide}' does not exist")
+    from semrl.core.jsonl import log_exists
     from semrl.studies.designs import load_rules
     from semrl.studies.runs import compare_runs
     from semrl.studies.seeds import compare_seeds
-    from semrl.tracking.jsonl import log_exists
 
     sweep_dir = len(args.run_dirs) == 1 and not log_exists(Path(args.run_dirs[0]) / "metrics.jsonl")
     if args.group_by or sweep_dir:

@@ -25,7 +25,7 @@ def add_parser(sub: SubParsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if not Path(args.run_dir).is_dir():
         raise ConfigError(f"no run directory '{args.run_dir}'; give the logging.output_dir of a finished run")
-    from semrl.models.export import export_model
+    from semrl.runtime.export import export_model
 
     output = export_model(
         Path(args.run_dir), Path(args.output) if args.output else None,

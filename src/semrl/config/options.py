@@ -14,7 +14,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from semrl.errors import ConfigError, did_you_mean
 
@@ -159,7 +159,7 @@ def reference_type(tp: Any) -> str:
         named = " or ".join(reference_type(a) for a in parts)
         return named + " or None" if len(parts) < len(typing.get_args(tp)) else named
     if origin in (list, tuple):
-        return origin.__name__
+        return cast("str", origin.__name__)
     return type_name(tp)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -36,14 +36,14 @@ def build_prompt_ids(
     """Token ids of ``[system], user: problem`` with the assistant turn opened; with ``template``
     (data.prompt_template, for base models) the plain text ``template.format(problem=problem)``."""
     if template is not None:
-        return tokenizer(template.format(problem=problem))["input_ids"]
+        return cast("list[int]", tokenizer(template.format(problem=problem))["input_ids"])
     messages = []
     if system_prompt is not None:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": problem})
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return cast("list[int]", tokenizer(text, add_special_tokens=False)["input_ids"])
     # A base model without a template: plain text with the instruction in front.
     text = (system_prompt + "\n\n" if system_prompt else "") + f"Problem: {problem}\nSolution:"
-    return tokenizer(text)["input_ids"]
+    return cast("list[int]", tokenizer(text)["input_ids"])

@@ -24,19 +24,19 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from semrl.core.atomic import write_text_atomic
+from semrl.core.jsonl import log_exists, read_jsonl
 from semrl.data import Problem
 from semrl.data.prompts import PromptFormat
 from semrl.methods.semantic_entropy import cluster_answers
 from semrl.reward import Judge, RewardFunctions, RewardResult, VerifierPool, score_responses
 from semrl.rollout.engines import Engine, Generation, GenerationRequest, SamplingParams, sampling_params
-from semrl.runtime.atomic import write_text_atomic
-from semrl.tracking.jsonl import log_exists, read_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from semrl.config.sections import Config
-    from semrl.runtime.distributed import ProcessGroup
+    from semrl.core.distributed import ProcessGroup
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from semrl.core.atomic import atomic_directory
 from semrl.models.lora import is_adapter_checkpoint
-from semrl.runtime.atomic import atomic_directory
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

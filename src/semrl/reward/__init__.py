@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from semrl.reward.extract import extract_answer, extract_boxed, extract_last_number
 from semrl.reward.functions import CORRECTNESS_CHECKS, Scorer, check_signature, load_function, scorer
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
     from semrl.config.sections import RewardConfig
     from semrl.data import Problem
-    from semrl.rollout.engines import Generation
 
 logger = logging.getLogger(__name__)
 
@@ -241,8 +240,21 @@ class Judge:
     functions: RewardFunctions | None = None
 
 
+class Response(Protocol):
+    """What scoring reads of a sampled response (``semrl.rollout.engines.Generation`` is one): the
+    reward stage sits below the rollout and knows no engine."""
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """(L,) new tokens, the final EOS included."""
+
+    @property
+    def truncated(self) -> bool:
+        """Whether it stopped at its token budget, not at EOS."""
+
+
 def score(
-    problems: list[Problem], texts: list[str], generations: list[Generation], functions: RewardFunctions,
+    problems: list[Problem], texts: list[str], generations: Sequence[Response], functions: RewardFunctions,
     pool: VerifierPool, rc: RewardConfig, max_new_tokens: int,
 ) -> Scores:
     """Score every response with the ``reward`` section's functions and shaping (DAPO's overlong

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from typing import cast
 
 _NUM = re.compile(r"^-?\d+(?:\.\d+)?(?:/\d+)?$")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
@@ -57,7 +58,7 @@ def extract_last_number(text: str) -> str | None:
     matches = _NUMBER.findall(text)
     if not matches:
         return None
-    return matches[-1].replace(",", "").rstrip(".")
+    return cast("str | None", matches[-1].replace(",", "").rstrip("."))
 
 
 def extract_answer(text: str, final_number_fallback: bool) -> str | None:

@@ -28,7 +28,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from semrl.reward.extract import as_number, extract_boxed, extract_last_number, normalize_answer
 
@@ -98,7 +98,7 @@ def load_function(name: str) -> Callable[..., Any]:
     function = getattr(module, attr, None)
     if not callable(function):
         raise RewardFunctionError(f"reward function '{name}': '{where}' has no function '{attr}'")
-    return function
+    return cast("Callable[..., Any]", function)
 
 
 def is_verl_style(function: Callable[..., Any]) -> bool:

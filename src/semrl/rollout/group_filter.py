@@ -6,7 +6,7 @@ back into the trainer::
     groups = GroupFilter(wanted, cfg.algorithm, processes)
     while not groups.full:
         batch = rollout(); groups.add(batch, reward(batch))
-    batch, scores, metrics = groups.result()
+    batch, scores, metrics = groups.result()  # metrics: the filter's own (dynamic_sampling/*)
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Literal
 
 from semrl.reward import Scores
 from semrl.rollout.batch import RolloutBatch, gather_groups
-from semrl.tracking.metrics import reward_metrics
 
 if TYPE_CHECKING:
     from semrl.config.sections import AlgorithmConfig
-    from semrl.runtime.distributed import ProcessGroup
+    from semrl.core.distributed import ProcessGroup
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +76,10 @@ class GroupFilter:
         self.full = enough or self.rounds >= self.algo.max_sampling_rounds
 
     def result(self) -> tuple[RolloutBatch, Scores, dict[str, float]]:
-        """The step's batch, its scores, and the reward metrics over every sampled sequence."""
+        """The step's batch, its scores, and the filter's metrics (``dynamic_sampling/*``, none without
+        dynamic sampling). The reward metrics over every sampled sequence read ``sampled``."""
         assert self.full, "the filter wants more rounds"
-        metrics = reward_metrics(self.sampled)
+        metrics: dict[str, float] = {}
         if not self.algo.dynamic_sampling:
             return *self.sampled[0], metrics
         if len(self.kept) < self.wanted:

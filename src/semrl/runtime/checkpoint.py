@@ -3,7 +3,7 @@
 A checkpoint directory ``checkpoints/step-000010`` holds the model (safetensors, loadable with
 ``AutoModelForCausalLM.from_pretrained``, ``vllm serve`` or SGLang as it is), the tokenizer, in the
 subfolder ``trainer_state/`` the trainer state (optimizer, scheduler, every RNG state, the data
-sampler position, the step; ``semrl.runtime.safe_state``: JSON + safetensors, no pickle; kept out of the
+sampler position, the step; ``semrl.core.safe_state``: JSON + safetensors, no pickle; kept out of the
 weight files' way, since inference engines load every ``*.safetensors`` beside the config) and,
 written last, ``manifest.json``: every file's size and SHA-256, the step and the semrl version.
 It is written to a temporary sibling directory and renamed into place, so a crash at any moment
@@ -22,31 +22,31 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from semrl import __version__
-from semrl.errors import ConfigError, TrainingError
-from semrl.methods.entropy_bonus import EntropyBonus
-from semrl.runtime.atomic import atomic_directory
-from semrl.runtime.distributed import (
+from semrl.core.atomic import atomic_directory
+from semrl.core.distributed import (
     full_optimizer_state,
     full_state_dict,
     iter_full_parameters,
     load_optimizer_state,
     load_streamed,
 )
-from semrl.runtime.faults import NO_FAULTS, Faults
-from semrl.runtime.safe_state import STATE_JSON, load_state, save_state
+from semrl.core.faults import NO_FAULTS, Faults
+from semrl.core.safe_state import STATE_JSON, load_state, save_state
+from semrl.errors import ConfigError, TrainingError
+from semrl.methods.entropy_bonus import EntropyBonus
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from semrl.config.sections import Config
+    from semrl.core.distributed import ProcessGroup
     from semrl.data.curriculum import Curriculum
-    from semrl.runtime.distributed import ProcessGroup
     from semrl.update.optim import Optimization
 
 logger = logging.getLogger(__name__)
@@ -124,10 +124,10 @@ def process_rng_state(state: dict[str, Any], ckpt: Path, rank: int, world: int) 
                 f"the checkpoint {ckpt} was written by {len(rng)} processes; resume it with "
                 f"--num-processes {len(rng)} (this run has {world})"
             )
-        return rng[rank]
+        return cast("dict[str, Any]", rng[rank])
     if world > 1:
         raise ConfigError(f"the checkpoint {ckpt} was written by 1 process; resume it with 1 process")
-    return rng
+    return cast("dict[str, Any]", rng)
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -17,14 +17,14 @@ import torch
 from transformers import PreTrainedModel
 
 from semrl.config.sections import Config, ConfigError, save_config
+from semrl.core.distributed import ProcessGroup, iter_full_parameters, shard_model
+from semrl.core.jsonl import log_exists, stored
 from semrl.data import DataError, Problem, PromptFormat
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.models.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
 from semrl.models.precision import Precision
 from semrl.rollout.engines import Engine, build_engine
 from semrl.runtime.checkpoint import cleanup_partial, list_checkpoints, resumable_checkpoint
-from semrl.runtime.distributed import ProcessGroup, iter_full_parameters, shard_model
-from semrl.tracking.jsonl import log_exists, stored
 from semrl.tracking.run_log import LOG_FILES
 from semrl.tracking.trackers import Tracker, open_trackers
 from semrl.update.packing import supports_packing

@@ -23,6 +23,9 @@ from tqdm.auto import tqdm
 
 import semrl.runtime.setup as setup
 from semrl.config.sections import Config
+from semrl.core.distributed import ProcessGroup, iter_full_parameters
+from semrl.core.faults import Faults
+from semrl.core.threads import torch_threads
 from semrl.data import PromptFormat
 from semrl.data.curriculum import Curriculum
 from semrl.data.problem_sets import run_problems
@@ -39,11 +42,8 @@ from semrl.rollout.batch import CollectedStep, RolloutBatch
 from semrl.rollout.engines import GenerationRequest, prompt_seed, sampling_params, sequence_seed
 from semrl.rollout.group_filter import GroupFilter
 from semrl.runtime.checkpoint import RunState, advance_stage, load_stage_reference, restore_run, save_run
-from semrl.runtime.distributed import ProcessGroup, iter_full_parameters
-from semrl.runtime.faults import Faults
 from semrl.runtime.preemption import StopSignal
-from semrl.runtime.threads import torch_threads
-from semrl.tracking.metrics import cost_metrics, entropy_metrics, rollout_metrics
+from semrl.tracking.metrics import cost_metrics, entropy_metrics, reward_metrics, rollout_metrics
 from semrl.tracking.run_log import RunLog
 from semrl.update.actor import Actor, UpdateResult
 from semrl.update.optim import Optimization
@@ -106,7 +106,7 @@ class Trainer:
         self.method_state = load(self.method.new_state)() if self.method.new_state else None
         self.run_dir = Path(cfg.logging.output_dir)
         self.processes = ProcessGroup()
-        self.faults = Faults.from_env()  # where a test makes the run fail (semrl.runtime.faults)
+        self.faults = Faults.from_env()  # where a test makes the run fail (semrl.core.faults)
         setup.check_machine(cfg)
         setup.check_world_size(cfg, self.processes.world)
         # data before the run directory: a missing file or column fails with nothing written
@@ -282,7 +282,9 @@ class Trainer:
             groups.add(batch, self.reward(batch))
             rollout_s, reward_s = rollout_s + t1 - t0, reward_s + time.perf_counter() - t1
             trajectories += len(batch.generations)
-        batch, scores, metrics = groups.result()
+        batch, scores, filter_metrics = groups.result()
+        # over every sequence sampled, dropped groups too
+        metrics = {**reward_metrics(groups.sampled), **filter_metrics}
         cost = self.engine.cost.since(cost_before)
         metrics.update(cost_metrics(cost, trajectories, rollout_s, self.processes.sum))
         return CollectedStep(batch, scores, metrics, rollout_s, reward_s)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from semrl.config.sections import Config
+from semrl.core.jsonl import read_jsonl, stored
 from semrl.data import Problem, PromptFormat
 from semrl.errors import ConfigError
 from semrl.methods.catalog import get_method
@@ -55,7 +56,6 @@ from semrl.studies.explore import (
     per_token,
 )
 from semrl.studies.stats import median_interval, paired_t, sign_p_value
-from semrl.tracking.jsonl import read_jsonl, stored
 from semrl.update.passes import with_sampling_entropy
 
 RECORDS = "records.jsonl"

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
+from semrl.core.jsonl import log_exists, read_jsonl
 from semrl.tracking import metric_names as names
-from semrl.tracking.jsonl import log_exists, read_jsonl
 
 logger = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ from typing import Any, cast
 import numpy as np
 import yaml
 
+from semrl.core.jsonl import log_exists, read_jsonl
 from semrl.errors import ConfigError
 from semrl.studies.decide import (
     COLLAPSED,
@@ -56,7 +57,6 @@ from semrl.studies.forest import ForestRow, draw_forest, forest_rows, rule_label
 from semrl.studies.sequential import CONTROLS
 from semrl.studies.stats import compare_paired
 from semrl.tracking import metric_names as names
-from semrl.tracking.jsonl import log_exists, read_jsonl
 
 # semrl.studies.sweep.DONE_FILE (not imported: the sweep module loads the config system)
 DONE_FILE = "sweep_done.json"

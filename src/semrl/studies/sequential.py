@@ -28,6 +28,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 from scipy import optimize
@@ -70,7 +71,7 @@ def _simpson(grid: np.ndarray) -> np.ndarray:
     h = grid[1] - grid[0]
     w = np.ones(len(grid))
     w[1:-1:2], w[2:-1:2] = 4.0, 2.0
-    return w * h / 3
+    return cast("np.ndarray", w * h / 3)
 
 
 def spent(kind: str, t: float, alpha: float) -> float:

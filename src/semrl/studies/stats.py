@@ -20,6 +20,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from scipy import optimize
@@ -128,7 +129,7 @@ def min_detectable_effect(sd: float, seeds: int, alpha: float = ALPHA, power: fl
     while shortfall(high) < 0:  # power grows with the shift; bracket it (nct is NaN far out)
         high *= 2
     shift = optimize.brentq(shortfall, 0.0, high, xtol=1e-10)
-    return shift * sd / math.sqrt(seeds)
+    return cast("float", shift * sd / math.sqrt(seeds))
 
 
 def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
@@ -248,7 +249,7 @@ def _sign_critical(alpha: float) -> np.ndarray:
     c = st.binom.ppf(alpha / 2, n, 0.5).astype(int)
     while (too_big := (c >= 0) & (2 * st.binom.cdf(c, n, 0.5) > alpha)).any():
         c[too_big] -= 1
-    return c
+    return cast("np.ndarray", c)
 
 
 def _sign_power(share: float, n: np.ndarray, alpha: float) -> np.ndarray:

@@ -34,16 +34,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
 from semrl.config.load import load_config
+from semrl.core.atomic import write_text_atomic
+from semrl.core.jsonl import log_exists
 from semrl.data.problem_sets import eval_problems_named
 from semrl.errors import ConfigError
-from semrl.runtime.atomic import write_text_atomic
 from semrl.studies.seeds import DONE_FILE
-from semrl.tracking.jsonl import log_exists
 
 if TYPE_CHECKING:
     from semrl.config.sections import Config
@@ -70,7 +70,7 @@ class SweepError(ConfigError):
     """A sweep file that cannot run; the message names the key and the fix."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type information
     """YAML loader that refuses a mapping key given twice (PyYAML keeps the last one silently)."""
 
 
@@ -83,7 +83,7 @@ def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode
                 f"the key '{key}' is given twice (line {key_node.start_mark.line + 1}); names must be unique"
             )
         seen.add(key)
-    return loader.construct_mapping(node)
+    return cast("dict[Any, Any]", loader.construct_mapping(node))
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
@@ -177,7 +177,7 @@ def _seeds(raw: dict[str, Any]) -> list[int]:
         raise SweepError(f"sweep key 'seeds' must be a non-empty list of integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise SweepError(f"sweep key 'seeds' lists a seed twice: {seeds}")
-    return seeds
+    return cast("list[int]", seeds)
 
 
 def _settings(raw: dict[str, Any], path: Path) -> tuple[Path | None, dict[str, Any], bool]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from scipy import optimize, special
@@ -88,7 +88,7 @@ def _leave_one_out(metric: str, samples: Samples) -> np.ndarray:
         for i, row in enumerate(clusters):
             for j, c in enumerate(row):
                 alone[i, j] = c >= 0 and int((row == c).sum()) == 1  # its class disappears without it
-        return (counts.sum() - alone) / p
+        return cast("np.ndarray", (counts.sum() - alone) / p)
     if metric == "response_length/correct":
         total, count = float(lengths[correct].sum()), int(correct.sum())
         num = total - lengths * correct
@@ -124,7 +124,7 @@ def pass_at_k_sampling_variance(counts: np.ndarray, n: int, k: int) -> np.ndarra
         return np.array([math.comb(n - j, m) / math.comb(n, m) for j in range(n + 1)])
 
     if 2 * k <= n:
-        return (q(k) ** 2 - q(2 * k))[c]
+        return cast("np.ndarray", (q(k) ** 2 - q(2 * k))[c])
     est = 1.0 - q(k)
     a, b = fit_beta_binomial(c, n)
     table = np.empty(n + 1)
@@ -136,7 +136,7 @@ def pass_at_k_sampling_variance(counts: np.ndarray, n: int, k: int) -> np.ndarra
             return math.exp(special.betaln(pa, pb + m) - special.betaln(pa, pb))
 
         table[j] = second - (1 - 2 * moment(k) + moment(2 * k))
-    return table[c]
+    return cast("np.ndarray", table[c])
 
 
 def samples_variance(metric: str, samples: Samples) -> float:
@@ -276,8 +276,8 @@ VARIANCE_METRICS = ("pass@1", "pass@4", "pass@16", "distinct_answers", "response
 
 def final_samples(run: Run, split: str) -> Samples | None:
     """The problem records of ``run``'s final evaluation of ``split``, or None without one."""
+    from semrl.core.jsonl import log_exists, read_jsonl
     from semrl.evaluation import records_path
-    from semrl.tracking.jsonl import log_exists, read_jsonl
 
     steps = run.eval_steps(split)
     if not steps or steps[-1] == 0:

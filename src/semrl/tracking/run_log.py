@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from semrl.core.jsonl import read_jsonl
 from semrl.reward import Scores
 from semrl.rollout.batch import RolloutBatch
-from semrl.tracking.jsonl import read_jsonl
 from semrl.tracking.trackers import Tracker
 from semrl.tracking.tree_log import tree_records
 

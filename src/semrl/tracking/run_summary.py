@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from semrl.core.jsonl import read_jsonl
 from semrl.tracking import metric_names as names
-from semrl.tracking.jsonl import read_jsonl
 
 MAX_STEP_ROWS = 20
 COST_COLUMNS = (names.SAMPLED_TOKENS, names.PREFILL_TOKENS, names.RUNNING_BATCH)

@@ -177,11 +177,12 @@ def _open_each(
             trackers.append(RunTracker(run, wandb.Table))
         elif tracker_name == "trackio":
             import trackio
+            from trackio.sqlite_storage import SQLiteStorage
 
             trackio_run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
 
             def stored_steps(project: str = project, name: str = name) -> list[int]:
-                logs = trackio.SQLiteStorage.get_logs(project, name)
+                logs = SQLiteStorage.get_logs(project, name)
                 return [int(row["step"]) for row in logs if "step" in row]
 
             trackers.append(RunTracker(trackio_run, trackio.Table, stored_steps))

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 from semrl.config.sections import Config
+from semrl.core.distributed import ProcessGroup
+from semrl.core.faults import NO_FAULTS, Faults
 from semrl.methods.entropy_bonus import EntropyBonus
 from semrl.methods.losses import masked_mean
 from semrl.methods.policy_loss import LossFn, MiniBatchInputs, PolicyLossInputs, PrepareFn, micro_batch_loss
 from semrl.methods.registry import MethodConfig
 from semrl.models.precision import Precision
 from semrl.rollout.batch import RolloutBatch
-from semrl.runtime.distributed import ProcessGroup
-from semrl.runtime.faults import NO_FAULTS, Faults
 from semrl.update.optim import Optimization
 from semrl.update.passes import batch_logprobs, micro_batches, rows_logprobs, shuffled_rows
 
@@ -148,7 +148,7 @@ class Actor:
         reuse_first_forward: the first mini-batch reuses the forward that gave its old log-probs
             (exact: it runs before any optimizer step); False runs a separate pass, for the tests and
             the benchmark that compare the two.
-        faults: where a test makes the update fail (``semrl.runtime.faults``).
+        faults: where a test makes the update fail (``semrl.core.faults``).
     """
 
     def __init__(

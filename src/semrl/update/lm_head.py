@@ -142,7 +142,8 @@ def chunked_logprobs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     compute_dtype = active_dtype(hidden)
     with torch.autocast(hidden.device.type, enabled=False):
-        logp, entropy = _ChunkedLogprobs.apply(
+        # torch.autograd.Function.apply is untyped
+        logp, entropy = _ChunkedLogprobs.apply(  # type: ignore[no-untyped-call]
             hidden, weight, bias, targets, temperature if temperature > 0 else 1.0, chunk_size, compute_dtype,
             with_entropy,
         )

@@ -10,7 +10,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from semrl.config.sections import Config
-from semrl.runtime.distributed import ProcessGroup
+from semrl.core.distributed import ProcessGroup
 
 
 def updates_per_step(cfg: Config) -> int:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -198,7 +198,7 @@ def flex_tree_attention(
         kernel = _compiled_flex
     out = kernel(query, key, value, block_mask=layout.block_mask(), scale=scaling,
                  enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2).contiguous()
+    return cast("torch.Tensor", out.transpose(1, 2).contiguous())
 
 
 def tree_attention_forward(
@@ -209,8 +209,10 @@ def tree_attention_forward(
     """A transformers attention function: tree attention when the forward got ``tree=``, otherwise
     the model's own implementation (padded rows, generation)."""
     if tree is None:
-        return _fallback(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                 **kwargs)
+        fallback = _fallback(module)
+        output = fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                          **kwargs)
+        return cast("tuple[torch.Tensor, None]", output)
     unsupported = [k for k in ("sliding_window", "softcap") if kwargs.get(k) is not None]
     if unsupported:
         raise ValueError(f"tree attention does not apply {', '.join(unsupported)}; set trainer.packing=none")
@@ -229,8 +231,8 @@ def _fallback(module: torch.nn.Module) -> Callable[..., Any]:
     config: Any = module.config
     name = config._attn_implementation.removeprefix(_PREFIX)
     if name == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return AttentionInterface._global_mapping[name]
+        return cast("Callable[..., Any]", sys.modules[type(module).__module__].eager_attention_forward)
+    return cast("Callable[..., Any]", AttentionInterface._global_mapping[name])
 
 
 def use_tree_attention(model: torch.nn.Module) -> None:

@@ -7,7 +7,7 @@ embedding matrix. Definitions and the paper-vs-code differences: docs/algorithms
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
@@ -19,7 +19,7 @@ BranchMetric = Literal["semantic_entropy", "entropy", "divergence", "random"]
 def normalized_embeddings(embedding_weight: torch.Tensor) -> torch.Tensor:
     """(V, D) input-embedding rows scaled to unit L2 norm. Compute once per model, not per call."""
     weight = embedding_weight.detach().float()
-    return weight / weight.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    return cast("torch.Tensor", weight / weight.norm(dim=-1, keepdim=True).clamp(min=1e-12))
 
 
 def topk_entropy(top_logprobs: torch.Tensor) -> torch.Tensor:

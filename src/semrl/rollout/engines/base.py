@@ -291,7 +291,7 @@ class Engine(Protocol):
         requests: list[tuple[Tag, GenerationRequest]],
         params: SamplingParams,
         generator: torch.Generator | None,
-        on_done: OnDone,
+        on_done: OnDone[Tag],
         return_cache: bool = False,
     ) -> int:
         """Sample tagged requests; each finished one goes to ``on_done(tag, request, generation)``,
@@ -305,7 +305,7 @@ class Engine(Protocol):
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Make the engine sample from new weights: ``weights``, a stream of (name, full tensor)
-        consumed one at a time (under FSDP, ``semrl.runtime.distributed.iter_full_parameters`` gathers each
+        consumed one at a time (under FSDP, ``semrl.core.distributed.iter_full_parameters`` gathers each
         when its turn comes) or, when None, the current weights of the model it was built with.
         Cached prefixes are dropped."""
         ...

@@ -20,7 +20,7 @@ import inspect
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -127,7 +127,7 @@ class HFEngine:
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the sampling model."""
         embeddings: Any = self.model.get_input_embeddings()
-        return embeddings.weight.detach()
+        return cast("torch.Tensor", embeddings.weight.detach())
 
     def release_memory(self) -> None:
         """Nothing to free: this engine keeps no cache between calls."""
@@ -136,7 +136,7 @@ class HFEngine:
         """Copy a stream of full tensors into the sampling model (its full copy under FSDP), one at a
         time; without it there is nothing to do, since this engine samples from the trained model."""
         if weights is not None:
-            from semrl.runtime.distributed import load_streamed
+            from semrl.core.distributed import load_streamed
 
             load_streamed(self.model, weights)
 
@@ -177,7 +177,7 @@ class HFEngine:
         requests: list[tuple[Tag, GenerationRequest]],
         params: SamplingParams,
         generator: torch.Generator | None,
-        on_done: OnDone,
+        on_done: OnDone[Tag],
         return_cache: bool = False,
     ) -> int:
         """``Engine.generate_dynamic`` in rounds: one batched ``generate`` per round, finished

@@ -34,12 +34,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from semrl.config.engine_checks import CPU_BLOCK_MULTIPLE, CPU_MIN_HEAD_DIM, INSTALL_HINT
+from semrl.core.distributed import on_close
 from semrl.errors import ConfigError, EngineError, TrainingError
 from semrl.models.lora import sampling_weights
 from semrl.rollout.engines.base import (
@@ -52,7 +53,6 @@ from semrl.rollout.engines.base import (
     Tag,
     request_budget,
 )
-from semrl.runtime.distributed import on_close
 
 if TYPE_CHECKING:
     from semrl.config.sections import RolloutConfig
@@ -159,7 +159,7 @@ def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    return cast("int", 2 * config.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8)
 
 
 def check_model_for_vllm(model: PreTrainedModel, settings: VLLMSettings, on_gpu: bool) -> None:
@@ -250,7 +250,7 @@ def weights_view(path: str | Path) -> str:
     links to its model files. vLLM loads every ``*.safetensors`` of a directory, and a checkpoint
     also holds the optimizer state in ``trainer_state.safetensors`` ("no module or parameter
     named 't0'")."""
-    from semrl.runtime.safe_state import STATE_TENSORS
+    from semrl.core.safe_state import STATE_TENSORS
 
     source = Path(path)
     if not (source / STATE_TENSORS).is_file():
@@ -422,7 +422,7 @@ class VLLMEngine:
         requests: list[tuple[Tag, GenerationRequest]],
         params: SamplingParams,
         generator: torch.Generator | None,
-        on_done: OnDone,
+        on_done: OnDone[Tag],
         return_cache: bool = False,
     ) -> int:
         """Sample tagged requests; what ``on_done(tag, request, generation)`` returns for a finished
@@ -458,7 +458,7 @@ class VLLMEngine:
         requests: list[tuple[Tag, GenerationRequest]],
         params: SamplingParams,
         generator: torch.Generator | None,
-        on_done: OnDone,
+        on_done: OnDone[Tag],
     ) -> None:
         """The one loop under ``generate`` and ``generate_dynamic`` (the loop ``LLM.generate`` runs):
         add requests, step the engine, hand each finished request to ``on_done`` and add what it

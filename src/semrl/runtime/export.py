@@ -9,12 +9,12 @@ name and renamed into place, so an interrupted export leaves nothing half-writte
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from semrl.core.atomic import atomic_directory
 from semrl.errors import ConfigError
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.models.lora import is_adapter_checkpoint
-from semrl.runtime.atomic import atomic_directory
 from semrl.runtime.checkpoint import latest_checkpoint, load_trainer_state, verify_checkpoint
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def load_trained_model(ckpt: Path) -> PreTrainedModel:
     from peft import PeftModel
 
     base = load_model(resolve_model_path(model_cfg["name"], model_cfg.get("cache_dir")), dtype)
-    return PeftModel.from_pretrained(base, str(ckpt)).merge_and_unload()
+    return cast("PreTrainedModel", PeftModel.from_pretrained(base, str(ckpt)).merge_and_unload())
 
 
 def export_model(run_dir: Path, output: Path | None = None, checkpoint: Path | None = None) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -77,4 +77,4 @@ def load_state(directory: Path) -> dict[str, Any]:
     """The state ``save_state`` wrote; no code runs while loading."""
     tensors = load_file(str(directory / STATE_TENSORS))
     structure = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
-    return _decode(structure, tensors)
+    return cast("dict[str, Any]", _decode(structure, tensors))

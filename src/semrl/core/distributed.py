@@ -49,7 +49,7 @@ class ProcessGroup:
 
     @property
     def distributed(self) -> bool:
-        return self.world > 1
+        return bool(self.world > 1)
 
     def barrier(self) -> None:
         if self.distributed:
