@@ -37,9 +37,22 @@ SETTINGS = {
     "active": {"OMP_WAIT_POLICY": "ACTIVE"},
     "one-thread": {"OMP_NUM_THREADS": "1"},
 }
-STEP = ["trainer.steps=1", "logging.eval_base=false", "data.eval=null", "logging.report_to=[]",
-        "logging.progress=false", "logging.save_every=0"]
-KEYS = ("time/step_s", "time/rollout_s", "time/reward_s", "time/update_s", "time/collect_cpu_s", "time/update_cpu_s")
+STEP = [
+    "trainer.steps=1",
+    "logging.eval_base=false",
+    "data.eval=null",
+    "logging.report_to=[]",
+    "logging.progress=false",
+    "logging.save_every=0",
+]
+KEYS = (
+    "time/step_s",
+    "time/rollout_s",
+    "time/reward_s",
+    "time/update_s",
+    "time/collect_cpu_s",
+    "time/update_cpu_s",
+)
 
 
 def one_run(setting: str, busy: bool, overrides: list[str], timeout: float) -> dict[str, float] | None:
@@ -48,14 +61,27 @@ def one_run(setting: str, busy: bool, overrides: list[str], timeout: float) -> d
     try:
         with tempfile.TemporaryDirectory() as tmp:
             env = {**os.environ, **SETTINGS[setting]}
-            command = [sys.executable, "-m", "semrl", "train", "--config", "demo", *STEP, *overrides,
-                       f"logging.output_dir={tmp}/run"]
+            command = [
+                sys.executable,
+                "-m",
+                "semrl",
+                "train",
+                "--config",
+                "demo",
+                *STEP,
+                *overrides,
+                f"logging.output_dir={tmp}/run",
+            ]
             t0 = time.perf_counter()
             try:
                 subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=timeout)
             except subprocess.TimeoutExpired:  # subprocess.run has killed it (SIGKILL)
                 return None
-            row = next(json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").open() if '"reward"' in line)
+            row = next(
+                json.loads(line)
+                for line in (Path(tmp) / "run" / "metrics.jsonl").open()
+                if '"reward"' in line
+            )
             return {**{k: row[k] for k in KEYS}, "process_s": time.perf_counter() - t0}
     finally:
         if hog is not None:
@@ -70,7 +96,9 @@ def _cell(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--settings", nargs="+", default=["default", "libgomp-default"], choices=list(SETTINGS))
+    parser.add_argument(
+        "--settings", nargs="+", default=["default", "libgomp-default"], choices=list(SETTINGS)
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides of the demo")
     args = parser.parse_args()
@@ -81,23 +109,31 @@ def main() -> None:
                 got = one_run(setting, busy, args.overrides, args.timeout)
                 label = f"{setting}, {'busy' if busy else 'alone'}"
                 print(f"repeat {repeat}: {label}: {json.dumps(got)}", file=sys.stderr, flush=True)
-                runs.setdefault((setting, busy), []).append(got or {k: float("nan") for k in (*KEYS, "process_s")})
+                runs.setdefault((setting, busy), []).append(
+                    got or {k: float("nan") for k in (*KEYS, "process_s")}
+                )
     cores = os.cpu_count()
     print(f"\n{cores} cores, {args.repeats} repeats, overrides {args.overrides or 'none'}\n")
-    print("| setting | machine | step s | rollout s | update s | cores used in rollout + reward | cores used in update "
-          "| step x alone |")
+    print(
+        "| setting | machine | step s | rollout s | update s | cores used in rollout + reward | cores used in update "
+        "| step x alone |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for setting in args.settings:
         alone = statistics.mean(r["time/step_s"] for r in runs[(setting, False)])
         for busy in (False, True):
             rows = runs[(setting, busy)]
-            used_rollout = [r["time/collect_cpu_s"] / (r["time/rollout_s"] + r["time/reward_s"]) for r in rows]
+            used_rollout = [
+                r["time/collect_cpu_s"] / (r["time/rollout_s"] + r["time/reward_s"]) for r in rows
+            ]
             used_update = [r["time/update_cpu_s"] / r["time/update_s"] for r in rows]
             ratio = [r["time/step_s"] / alone for r in rows]
-            print(f"| {setting} | {'beside one CPU-bound process' if busy else 'alone'} "
-                  f"| {_cell([r['time/step_s'] for r in rows])} | {_cell([r['time/rollout_s'] for r in rows])} "
-                  f"| {_cell([r['time/update_s'] for r in rows])} | {_cell(used_rollout)} | {_cell(used_update)} "
-                  f"| {_cell(ratio)} |")
+            print(
+                f"| {setting} | {'beside one CPU-bound process' if busy else 'alone'} "
+                f"| {_cell([r['time/step_s'] for r in rows])} | {_cell([r['time/rollout_s'] for r in rows])} "
+                f"| {_cell([r['time/update_s'] for r in rows])} | {_cell(used_rollout)} | {_cell(used_update)} "
+                f"| {_cell(ratio)} |"
+            )
 
 
 if __name__ == "__main__":

@@ -41,14 +41,18 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def throughput(engines: dict[str, Any], prompts: list[list[int]], sizes: list[int], new_tokens: int) -> list[str]:
+def throughput(
+    engines: dict[str, Any], prompts: list[list[int]], sizes: list[int], new_tokens: int
+) -> list[str]:
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
     rows = []
     for n in sizes:
         reqs = [GenerationRequest(prompts[i % len(prompts)]) for i in range(n)]
         rates = {}
         for name, engine in engines.items():
-            gens, seconds = _timed(lambda e=engine, q=reqs: e.generate(q, params, torch.Generator().manual_seed(0)))
+            gens, seconds = _timed(
+                lambda e=engine, q=reqs: e.generate(q, params, torch.Generator().manual_seed(0))
+            )
             rates[name] = sum(len(g.token_ids) for g in gens) / seconds
         rows.append(f"| {n} | {rates['hf']:.1f} | {rates['vllm']:.1f} | {rates['vllm'] / rates['hf']:.2f}x |")
     return ["| sequences | hf tok/s | vllm tok/s | vllm / hf |", "|---|---|---|---|", *rows]
@@ -58,7 +62,9 @@ def rose_vs_independent(
     engines: dict[str, Any], tok: Any, model: Any, cfg: Any, prompt_counts: list[int], seeds: list[int]
 ) -> list[str]:
     r = cfg.rollout
-    params = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens, logprobs_top_k=r.logprobs_top_k)
+    params = SamplingParams(
+        temperature=r.temperature, max_new_tokens=r.max_new_tokens, logprobs_top_k=r.logprobs_top_k
+    )
     emb = normalized_embeddings(model.get_input_embeddings().weight).cpu()
     rows = []
     for count in prompt_counts:
@@ -69,12 +75,20 @@ def rose_vs_independent(
             tokens = [0, 0]
             for seed in seeds:
                 reqs = [GenerationRequest(p) for p in prompts for _ in range(r.group_size)]
-                gens, s = _timed(lambda e=engine, q=reqs, sd=seed: e.generate(q, params, torch.Generator().manual_seed(sd)))
+                gens, s = _timed(
+                    lambda e=engine, q=reqs, sd=seed: e.generate(q, params, torch.Generator().manual_seed(sd))
+                )
                 indep += s
                 tokens[0] += sum(len(g.token_ids) for g in gens)
                 result, s = _timed(
                     lambda e=engine, sd=seed, ps=prompts: tree_rollout(
-                        e, ps, r.group_size, params, emb, replace(cfg.section("rose"), epsilon=0.5), torch.Generator().manual_seed(sd)
+                        e,
+                        ps,
+                        r.group_size,
+                        params,
+                        emb,
+                        replace(cfg.section("rose"), epsilon=0.5),
+                        torch.Generator().manual_seed(sd),
                     )
                 )
                 tree += s
@@ -92,14 +106,22 @@ def rose_vs_independent(
 
 
 def evaluation(engines: dict[str, Any], tok: Any, cfg: Any) -> list[str]:
-    problems = make_arithmetic_problems(cfg.data.eval_size, cfg.data.arithmetic_levels, seed=cfg.trainer.seed + 10_007)
+    problems = make_arithmetic_problems(
+        cfg.data.eval_size, cfg.data.arithmetic_levels, seed=cfg.trainer.seed + 10_007
+    )
     params = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
     seconds = {}
     with VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s) as pool:
         for name, engine in engines.items():
             _, seconds[name] = _timed(
                 lambda e=engine: sample_and_verify(
-                    e, tok, problems, params, cfg.logging.eval_samples, PromptFormat.of(cfg.data), Judge(pool),
+                    e,
+                    tok,
+                    problems,
+                    params,
+                    cfg.logging.eval_samples,
+                    PromptFormat.of(cfg.data),
+                    Judge(pool),
                     torch.Generator().manual_seed(1),
                 )
             )
@@ -117,10 +139,20 @@ def training_steps(config: str, steps: int) -> list[str]:
     means = {}
     for name in ENGINES:
         with tempfile.TemporaryDirectory() as out:
-            cfg = load_config(config, [f"rollout.engine={name}", "data.eval=null", f"trainer.steps={steps}",
-                                       f"logging.output_dir={Path(out) / 'run'}", "logging.progress=false"])
+            cfg = load_config(
+                config,
+                [
+                    f"rollout.engine={name}",
+                    "data.eval=null",
+                    f"trainer.steps={steps}",
+                    f"logging.output_dir={Path(out) / 'run'}",
+                    "logging.progress=false",
+                ],
+            )
             Trainer(cfg).train()
-            rows = [json.loads(line) for line in (Path(out) / "run" / "metrics.jsonl").read_text().splitlines()]
+            rows = [
+                json.loads(line) for line in (Path(out) / "run" / "metrics.jsonl").read_text().splitlines()
+            ]
         keys = ("time/rollout_s", "time/reward_s", "time/update_s", "time/step_s")
         means[name] = {k: sum(r[k] for r in rows) / len(rows) for k in keys}
         means[name]["reward"] = [round(r["reward"], 3) for r in rows]
@@ -138,8 +170,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="training steps per engine")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument(
-        "--sections", nargs="+", default=["throughput", "rose", "eval", "steps"],
-        choices=["throughput", "rose", "eval", "steps"], help="which sections to run",
+        "--sections",
+        nargs="+",
+        default=["throughput", "rose", "eval", "steps"],
+        choices=["throughput", "rose", "eval", "steps"],
+        help="which sections to run",
     )
     args = parser.parse_args()
     cfg = load_config(args.config)
@@ -147,7 +182,9 @@ def main() -> None:
     tok, model = load_tokenizer(path), load_model(path)
     r = cfg.rollout
     engines = {
-        name: build_engine(name, model, tok, 64, cfg.data.max_prompt_length + r.max_new_tokens, r.logprobs_top_k, 0, r)
+        name: build_engine(
+            name, model, tok, 64, cfg.data.max_prompt_length + r.max_new_tokens, r.logprobs_top_k, 0, r
+        )
         for name in ENGINES
     }
     problems = make_arithmetic_problems(64, cfg.data.arithmetic_levels, seed=7)
@@ -166,6 +203,7 @@ def main() -> None:
         print("\n".join(evaluation(engines, tok, cfg)), "\n", flush=True)
     if "steps" in args.sections:
         print("\n".join(training_steps(args.config, args.steps)), flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -40,7 +40,9 @@ def sampling_throughput(batches: list[int], max_new_tokens: int) -> list[tuple[i
         engine.eos_token_ids = torch.tensor([-1])
         reqs = [GenerationRequest(p) for p in prompts[:b]]
         start = time.perf_counter()
-        gens = engine.generate(reqs, SamplingParams(max_new_tokens=max_new_tokens), torch.Generator().manual_seed(0))
+        gens = engine.generate(
+            reqs, SamplingParams(max_new_tokens=max_new_tokens), torch.Generator().manual_seed(0)
+        )
         dt = time.perf_counter() - start
         n = sum(len(g.token_ids) for g in gens)
         rows.append((b, n, n / dt))
@@ -49,8 +51,16 @@ def sampling_throughput(batches: list[int], max_new_tokens: int) -> list[tuple[i
 
 def training_step(config: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(config, ["trainer.steps=1", "data.eval=null", f"logging.output_dir={out}",
-                                   "logging.progress=false", "logging.tensorboard=false"])
+        cfg = load_config(
+            config,
+            [
+                "trainer.steps=1",
+                "data.eval=null",
+                f"logging.output_dir={out}",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+            ],
+        )
         metrics = Trainer(cfg).train()
     return metrics
 

@@ -65,12 +65,18 @@ def run_once(variant: str, tokens: int, hidden: int, vocab: int, chunk: int, dev
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     seconds = time.perf_counter() - start
     assert entropy is not None and torch.isfinite(w.grad).all()
-    return {"seconds": seconds, "above_inputs_gib": (peak - base) / GIB, "gradients_gib": (h.numel() + w.numel()) * 4 / GIB}
+    return {
+        "seconds": seconds,
+        "above_inputs_gib": (peak - base) / GIB,
+        "gradients_gib": (h.numel() + w.numel()) * 4 / GIB,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens in the micro-batch (8 x 4,400 = 35,200)")
+    parser.add_argument(
+        "--tokens", type=int, default=4096, help="tokens in the micro-batch (8 x 4,400 = 35,200)"
+    )
     parser.add_argument("--hidden", type=int, default=2560)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--chunk", type=int, default=256)
@@ -86,16 +92,34 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for _ in range(args.repeats):
         for variant in variants:  # alternating, a fresh process each
-            cmd = [sys.executable, __file__, "--child", variant, "--tokens", str(args.tokens), "--hidden", str(args.hidden),
-                   "--vocab", str(args.vocab), "--chunk", str(args.chunk), "--device", args.device]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                variant,
+                "--tokens",
+                str(args.tokens),
+                "--hidden",
+                str(args.hidden),
+                "--vocab",
+                str(args.vocab),
+                "--chunk",
+                str(args.chunk),
+                "--device",
+                args.device,
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
-                print(f"{variant}: failed ({out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode})")
+                print(
+                    f"{variant}: failed ({out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode})"
+                )
                 continue
             results[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
     logits_gib = args.tokens * args.vocab * 4 / GIB
-    print(f"{args.tokens} tokens, hidden {args.hidden}, vocabulary {args.vocab}, chunk {args.chunk}, {args.device}; "
-          f"full fp32 logits would be {logits_gib:.2f} GiB; head gradient {args.vocab * args.hidden * 4 / GIB:.2f} GiB")
+    print(
+        f"{args.tokens} tokens, hidden {args.hidden}, vocabulary {args.vocab}, chunk {args.chunk}, {args.device}; "
+        f"full fp32 logits would be {logits_gib:.2f} GiB; head gradient {args.vocab * args.hidden * 4 / GIB:.2f} GiB"
+    )
     print("| variant | runs | median s | peak above inputs (GiB) | of which the gradients (GiB) |")
     print("|---|---|---|---|---|")
     medians = {}
@@ -104,7 +128,9 @@ def main() -> None:
             continue
         medians[variant] = statistics.median(r["seconds"] for r in runs)
         peak = max(r["above_inputs_gib"] for r in runs)
-        print(f"| {variant} | {len(runs)} | {medians[variant]:.2f} | {peak:.2f} | {runs[0]['gradients_gib']:.2f} |")
+        print(
+            f"| {variant} | {len(runs)} | {medians[variant]:.2f} | {peak:.2f} | {runs[0]['gradients_gib']:.2f} |"
+        )
     if len(medians) == 2:
         print(f"time ratio chunked / full: {medians['chunked'] / medians['full']:.2f}")
 

@@ -36,7 +36,9 @@ class DictLogprobsEngine(VLLMEngine):
     def __init__(self, engine: VLLMEngine) -> None:
         self.__dict__.update(engine.__dict__)
 
-    def _prepare(self, request: GenerationRequest, params: SamplingParams, generator: torch.Generator | None) -> Any:
+    def _prepare(
+        self, request: GenerationRequest, params: SamplingParams, generator: torch.Generator | None
+    ) -> Any:
         prompt, sampling = super()._prepare(request, params, generator)
         sampling.flat_logprobs = False
         return prompt, sampling
@@ -44,7 +46,11 @@ class DictLogprobsEngine(VLLMEngine):
     def _to_generation(self, completion: Any, k: int) -> Generation:
         tokens = list(completion.token_ids)
         n = len(tokens)
-        logprobs, top_lps, top_ids = torch.zeros(n), torch.zeros((n, k)), torch.zeros((n, k), dtype=torch.long)
+        logprobs, top_lps, top_ids = (
+            torch.zeros(n),
+            torch.zeros((n, k)),
+            torch.zeros((n, k), dtype=torch.long),
+        )
         for t, (token, entries) in enumerate(zip(tokens, completion.logprobs, strict=True)):
             logprobs[t] = entries[token].logprob
             ranked = sorted(((v.rank, -v.logprob, tid) for tid, v in entries.items() if v.rank <= k))[:k]
@@ -65,8 +71,16 @@ def main() -> None:
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
     r = cfg.rollout
-    new = build_engine("vllm", model, tok, r.generation_batch_size, cfg.data.max_prompt_length + r.max_new_tokens,
-                       r.logprobs_top_k, 0, r)
+    new = build_engine(
+        "vllm",
+        model,
+        tok,
+        r.generation_batch_size,
+        cfg.data.max_prompt_length + r.max_new_tokens,
+        r.logprobs_top_k,
+        0,
+        r,
+    )
     assert isinstance(new, VLLMEngine)
     old = DictLogprobsEngine(new)
     problems = make_arithmetic_problems(r.prompts_per_step, cfg.data.arithmetic_levels, seed=5)
@@ -78,15 +92,22 @@ def main() -> None:
     rose = replace(cfg.section("rose"), epsilon=0.5)
 
     def independent(engine: Any, params: SamplingParams, seed: int) -> int:
-        return sum(len(g.token_ids) for g in engine.generate(requests, params, torch.Generator().manual_seed(seed)))
+        return sum(
+            len(g.token_ids) for g in engine.generate(requests, params, torch.Generator().manual_seed(seed))
+        )
 
     def tree(engine: Any, params: SamplingParams, seed: int) -> int:
-        result = tree_rollout(engine, prompts, r.group_size, params, emb, rose, torch.Generator().manual_seed(seed))
+        result = tree_rollout(
+            engine, prompts, r.group_size, params, emb, rose, torch.Generator().manual_seed(seed)
+        )
         return sum(g.generated_tokens for g in result.groups)
 
     variants = {
-        "Dr.GRPO rollout (independent)": [("before", old, top20, independent), ("top-20 flat", new, top20, independent),
-                                          ("sampled only", new, sampled_only, independent)],
+        "Dr.GRPO rollout (independent)": [
+            ("before", old, top20, independent),
+            ("top-20 flat", new, top20, independent),
+            ("sampled only", new, sampled_only, independent),
+        ],
         "ROSE tree rollout": [("before", old, top20, tree), ("top-20 flat", new, top20, tree)],
     }
     independent(new, sampled_only, 99)  # warm-up

@@ -41,12 +41,22 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for method in args.methods:
         with tempfile.TemporaryDirectory() as out:
-            cfg = load_config("configs/demo.yaml", [
-                f"rollout.engine={args.engine}", "data.arithmetic_levels=[1,4]", "data.eval=null",
-                "trainer.mini_batch_size=32", "trainer.micro_batch_size=8", "trainer.lr=2e-5",
-                f"algorithm.method={method}", f"algorithm.kl_coef={0.001 if method == 'grpo' else 0.0}",
-                f"logging.output_dir={out}/run", "logging.progress=false", "logging.report_to=[]",
-            ])
+            cfg = load_config(
+                "configs/demo.yaml",
+                [
+                    f"rollout.engine={args.engine}",
+                    "data.arithmetic_levels=[1,4]",
+                    "data.eval=null",
+                    "trainer.mini_batch_size=32",
+                    "trainer.micro_batch_size=8",
+                    "trainer.lr=2e-5",
+                    f"algorithm.method={method}",
+                    f"algorithm.kl_coef={0.001 if method == 'grpo' else 0.0}",
+                    f"logging.output_dir={out}/run",
+                    "logging.progress=false",
+                    "logging.report_to=[]",
+                ],
+            )
             trainer = Trainer(cfg)
             t0 = time.perf_counter()
             collected = trainer.collect()
@@ -61,8 +71,11 @@ def main() -> None:
                     times[reuse].append(_train_side(trainer, collected, reuse))
             trainer.pool.close()
             sep, reu = statistics.median(times[False]), statistics.median(times[True])
-            print(f"| {method} | {rollout:.1f} | {sep:.1f} | {reu:.1f} | {sep / reu:.2f}x | "
-                  f"{(rollout + sep) / (rollout + reu):.2f}x |", flush=True)
+            print(
+                f"| {method} | {rollout:.1f} | {sep:.1f} | {reu:.1f} | {sep / reu:.2f}x | "
+                f"{(rollout + sep) / (rollout + reu):.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -58,9 +58,19 @@ def main() -> None:
     problems = make_arithmetic_problems(args.prompts, cfg.data.arithmetic_levels, seed=123)
     prompts = [build_prompt_ids(tok, p.problem, cfg.data.system_prompt) for p in problems]
     emb = normalized_embeddings(model.get_input_embeddings().weight)
-    result = tree_rollout(engine, prompts, r.group_size, params, emb, cfg.section("rose"), torch.Generator().manual_seed(args.seed))
+    result = tree_rollout(
+        engine,
+        prompts,
+        r.group_size,
+        params,
+        emb,
+        cfg.section("rose"),
+        torch.Generator().manual_seed(args.seed),
+    )
     model.train()
-    print("| group | chains | padded tokens | unique tokens | unique share | padded s | packed s | ratio | goal |")
+    print(
+        "| group | chains | padded tokens | unique tokens | unique share | padded s | packed s | ratio | goal |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     ratios, shares = [], []
     for i, (prompt, group) in enumerate(zip(prompts, result.groups, strict=True)):
@@ -83,10 +93,14 @@ def main() -> None:
             flush=True,
         )
     print(f"\nmean time ratio {statistics.mean(ratios):.2f}, mean unique share {statistics.mean(shares):.2f}")
-    paper = pack_trees([[1] * 300], [[[2] * 4096] * 8], [ChainTree((-1,) * 8, (-1,) + (0,) * 7, (4096,) * 8)], 0)
+    paper = pack_trees(
+        [[1] * 300], [[[2] * 4096] * 8], [ChainTree((-1,) * 8, (-1,) + (0,) * 7, (4096,) * 8)], 0
+    )
     width = paper.input_ids.shape[1]
-    print(f"attention structure at S = {width:,}: {paper.layout.structure_bytes() / 2**20:.1f} MiB "
-          f"(dense fp32 mask: {width * width * 4 / 2**30:.2f} GiB)")
+    print(
+        f"attention structure at S = {width:,}: {paper.layout.structure_bytes() / 2**20:.1f} MiB "
+        f"(dense fp32 mask: {width * width * 4 / 2**30:.2f} GiB)"
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,11 @@ def main() -> None:
         model, [tok.eos_token_id], tok.pad_token_id, args.generation_batch_size or r.generation_batch_size
     )
     params = SamplingParams(
-        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        max_new_tokens=args.max_new_tokens or r.max_new_tokens, logprobs_top_k=r.logprobs_top_k,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_new_tokens=args.max_new_tokens or r.max_new_tokens,
+        logprobs_top_k=r.logprobs_top_k,
     )
     num_prompts = args.prompts or r.prompts_per_step
     problems = make_arithmetic_problems(num_prompts, cfg.data.arithmetic_levels, seed=123)
@@ -63,7 +66,11 @@ def main() -> None:
             start = time.perf_counter()
             if rose is None:
                 reqs = [GenerationRequest(p) for p in prompts for _ in range(r.group_size)]
-                tokens, rounds, score_s = sum(len(g.token_ids) for g in engine.generate(reqs, params, gen)), 1, 0.0
+                tokens, rounds, score_s = (
+                    sum(len(g.token_ids) for g in engine.generate(reqs, params, gen)),
+                    1,
+                    0.0,
+                )
             else:
                 result = tree_rollout(engine, prompts, r.group_size, params, emb, rose, gen)
                 tokens = sum(g.generated_tokens for g in result.groups)
@@ -83,7 +90,9 @@ def main() -> None:
         f"generation batch {engine.batch_size}, epsilon={args.epsilon}, seeds {args.seeds}, "
         f"torch threads {torch.get_num_threads()}\n"
     )
-    print("| rollout | wall s (mean) | time ratio | generated tokens | token ratio | rounds | branch-score time |")
+    print(
+        "| rollout | wall s (mean) | time ratio | generated tokens | token ratio | rounds | branch-score time |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, t in totals.items():
         share = f"{100 * t['score_s'] / t['s']:.2f}%" if t["score_s"] else "-"

@@ -32,8 +32,15 @@ from semrl.update.passes import micro_batches, rows_logprobs
 
 # Qwen2.5-1.5B's shape (its config.json on the hub)
 QWEN25_15B = dict(
-    vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
 )
 # dense bf16 peak, TFLOP/s, by device name
 PEAKS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H200": 989.4, "A100": 312.0}
@@ -56,8 +63,12 @@ def synthetic_batch(chains: int, prompt: int, response: int, vocab: int, seed: i
     generations = []
     for _ in range(chains):
         tokens = torch.randint(0, vocab, (response,), generator=gen)
-        generations.append(Generation(tokens, torch.zeros(response), torch.zeros(response, 1), tokens[:, None], None, True))
-    return RolloutBatch([Problem("p", "q", "1")] * chains, [prompt_ids] * chains, generations, [""] * chains, chains, 0)
+        generations.append(
+            Generation(tokens, torch.zeros(response), torch.zeros(response, 1), tokens[:, None], None, True)
+        )
+    return RolloutBatch(
+        [Problem("p", "q", "1")] * chains, [prompt_ids] * chains, generations, [""] * chains, chains, 0
+    )
 
 
 def train_step(model, batch, advantages, precision, cfg, lr, budget):  # noqa: ANN001, ANN201
@@ -74,12 +85,24 @@ def train_step(model, batch, advantages, precision, cfg, lr, budget):  # noqa: A
         idx = rows[positions]
         with precision.autocast(model):
             logp, entropy, m = rows_logprobs(
-                model, batch, idx, 1.0, with_entropy=True, packed=False, chunk_size=cfg.trainer.logits_chunk_size
+                model,
+                batch,
+                idx,
+                1.0,
+                with_entropy=True,
+                packed=False,
+                chunk_size=cfg.trainer.logits_chunk_size,
             )
         r = m.shape[1]
         x = PolicyLossInputs(
-            logp=logp, old_logp=logp.detach(), advantages=advantages[idx, :r].cuda(), mask=m, entropy=entropy,
-            ref_logp=None, num_tokens=num_tokens, num_micro_batches=len(plan),
+            logp=logp,
+            old_logp=logp.detach(),
+            advantages=advantages[idx, :r].cuda(),
+            mask=m,
+            entropy=entropy,
+            ref_logp=None,
+            num_tokens=num_tokens,
+            num_micro_batches=len(plan),
         )
         loss, _, _ = micro_batch_loss(loss_fn, x, method_config(cfg, None), len(rows))
         scaler.scale(loss).backward()
@@ -107,8 +130,10 @@ def main() -> None:
     tokens = args.chains * (args.prompt + args.response)
     device = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAKS.items() if k in device), None)
-    print(f"device: {device}; model: {n_params / 1e9:.2f}B parameters, {config.num_hidden_layers} layers; "
-          f"{args.chains} x ({args.prompt} + {args.response}) tokens; micro-batch budget {args.micro_batch_tokens} tokens")
+    print(
+        f"device: {device}; model: {n_params / 1e9:.2f}B parameters, {config.num_hidden_layers} layers; "
+        f"{args.chains} x ({args.prompt} + {args.response}) tokens; micro-batch budget {args.micro_batch_tokens} tokens"
+    )
 
     bf16_master = Precision(torch.bfloat16, torch.float32)
     # the measured step: bf16 compute over fp32 master weights, lr 1e-6 (warm-up step first)
@@ -125,11 +150,15 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         if label == "measured":
             seq = args.prompt + args.response
-            flops_per_token = 6 * n_params + 6 * config.num_hidden_layers * config.hidden_size * seq  # causal attention
+            flops_per_token = (
+                6 * n_params + 6 * config.num_hidden_layers * config.hidden_size * seq
+            )  # causal attention
             achieved = flops_per_token * tokens / seconds / 1e12
-            print(f"step: {seconds:.2f} s, {n_micro} micro-batches, peak GPU memory "
-                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB, {tokens / seconds:,.0f} tokens/s, "
-                  f"{achieved:.0f} TFLOP/s model FLOPs" + (f", MFU {achieved / peak:.1%}" if peak else ""))
+            print(
+                f"step: {seconds:.2f} s, {n_micro} micro-batches, peak GPU memory "
+                f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB, {tokens / seconds:,.0f} tokens/s, "
+                f"{achieved:.0f} TFLOP/s model FLOPs" + (f", MFU {achieved / peak:.1%}" if peak else "")
+            )
         del model
         torch.cuda.empty_cache()
 

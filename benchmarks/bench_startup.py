@@ -28,21 +28,42 @@ COMMANDS: dict[str, list[str]] = {
     "import torch": [sys.executable, "-c", "import torch"],
     "semrl --help": [*SEMRL, "--help"],
     "semrl train --help": [*SEMRL, "train", "--help"],
-    "config error (trainer.lr=-1), semrl train": [*SEMRL, "train", "--config", "configs/demo.yaml", "trainer.lr=-1"],
+    "config error (trainer.lr=-1), semrl train": [
+        *SEMRL,
+        "train",
+        "--config",
+        "configs/demo.yaml",
+        "trainer.lr=-1",
+    ],
     "config error (trainer.lr=-1), semrl config --check": [
-        *SEMRL, "config", "--check", "configs/demo.yaml", "trainer.lr=-1"
+        *SEMRL,
+        "config",
+        "--check",
+        "configs/demo.yaml",
+        "trainer.lr=-1",
     ],
     "config error (rose.epsilon=2), a method's section": [
-        *SEMRL, "config", "--check", "configs/demo.yaml", "algorithm.method=rose", "rose.epsilon=2"
+        *SEMRL,
+        "config",
+        "--check",
+        "configs/demo.yaml",
+        "algorithm.method=rose",
+        "rose.epsilon=2",
     ],
     "semrl config --check configs/demo.yaml (valid)": [*SEMRL, "config", "--check", "configs/demo.yaml"],
     "config error (sent.beta_high=-1), semrl train": [
-        *SEMRL, "train", "--config", "configs/demo.yaml", "sent.beta_high=-1"
+        *SEMRL,
+        "train",
+        "--config",
+        "configs/demo.yaml",
+        "sent.beta_high=-1",
     ],
     "semrl config --methods": [*SEMRL, "config", "--methods"],
     "semrl config (the reference)": [*SEMRL, "config"],
     "Python API: semrl.load_config('configs/rose_demo.yaml')": [
-        sys.executable, "-c", "import semrl; semrl.load_config('configs/demo.yaml', ['algorithm.method=rose'])"
+        sys.executable,
+        "-c",
+        "import semrl; semrl.load_config('configs/demo.yaml', ['algorithm.method=rose'])",
     ],
 }
 

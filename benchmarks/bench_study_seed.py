@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 STUDY2, STUDY3 = "configs/study_sparse.yaml", "configs/study3.yaml"
-STAGES = ("start-up", "base evaluation", "rollout and reward", "update", "the rest of training", "final evaluation")
+STAGES = (
+    "start-up",
+    "base evaluation",
+    "rollout and reward",
+    "update",
+    "the rest of training",
+    "final evaluation",
+)
 
 
 SMOKE: list[str] = []  # --smoke: overrides that make every evaluation tiny
@@ -50,11 +57,18 @@ SMOKE: list[str] = []  # --smoke: overrides that make every evaluation tiny
 def _config(sweep_file: str, variant: str, seed: int, steps: int, out: Path) -> Any:
     from semrl.studies.sweep import load_sweep
 
-    return load_sweep(sweep_file).variant_config(variant, [
-        f"trainer.seed={seed}", f"trainer.steps={steps}", f"logging.output_dir={out}",
-        "logging.eval_cache=null", "logging.progress=false", "logging.report_to=[]",
-        *SMOKE,
-    ])
+    return load_sweep(sweep_file).variant_config(
+        variant,
+        [
+            f"trainer.seed={seed}",
+            f"trainer.steps={steps}",
+            f"logging.output_dir={out}",
+            "logging.eval_cache=null",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            *SMOKE,
+        ],
+    )
 
 
 def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> dict[str, float]:
@@ -76,8 +90,15 @@ def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> 
         engine._reset_prefix_cache()  # every evaluation starts from an empty prefix cache
         start = time.perf_counter()
         evaluate_splits(
-            engine, trainer.tokenizer, trainer.pool, before_splits, before_cfg, trainer.processes, step,
-            out / name, trainer.rewards,
+            engine,
+            trainer.tokenizer,
+            trainer.pool,
+            before_splits,
+            before_cfg,
+            trainer.processes,
+            step,
+            out / name,
+            trainer.rewards,
         )
         times[name] = time.perf_counter() - start
         engine.continuous_batching = True
@@ -88,7 +109,9 @@ def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> 
     trainer.train()
     times["training with its final evaluation"] = time.perf_counter() - start
     rows = [json.loads(line) for line in (out / "after" / "metrics.jsonl").read_text().splitlines()]
-    times["rollout and reward"] = sum(r["time/step_s"] - r["time/update_s"] for r in rows if "time/step_s" in r)
+    times["rollout and reward"] = sum(
+        r["time/step_s"] - r["time/update_s"] for r in rows if "time/step_s" in r
+    )
     times["update"] = sum(r["time/update_s"] for r in rows if "time/update_s" in r)
     times["final evaluation, after"] = rows[-1]["time/eval_s"]
     evaluate("final evaluation, chunked", False, steps)
@@ -101,7 +124,9 @@ def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> 
 def _stages(t: dict[str, float], wall: float, before: bool) -> dict[str, float]:
     training = t["training with its final evaluation"] - t["final evaluation, after"]
     inside = sum(
-        v for k, v in t.items() if k not in ("rollout and reward", "update", "final evaluation, after", "start-up: set-up")
+        v
+        for k, v in t.items()
+        if k not in ("rollout and reward", "update", "final evaluation, after", "start-up: set-up")
     )
     return {
         "start-up": wall - inside,
@@ -125,9 +150,13 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a variant's own process
     parser.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--smoke", action="store_true", help="tiny evaluations: checks the script, times nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny evaluations: checks the script, times nothing"
+    )
     parser.add_argument("--run", nargs="+", help="measure only these of --variants now (default: all)")
-    parser.add_argument("--records", default="benchmarks/records/study_seed", help="a JSON per variant measured")
+    parser.add_argument(
+        "--records", default="benchmarks/records/study_seed", help="a JSON per variant measured"
+    )
     args = parser.parse_args()
     if args.smoke:
         SMOKE.extend(["data.eval_size=4", "logging.eval_samples=2"])
@@ -143,23 +172,52 @@ def main() -> None:
             parser.error(f"--run {variant}: not one of --variants {' '.join(args.variants)}")
         first = variant == args.variants[0]
         # the code the variant's process imports: read before it starts, not after a later commit
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True
+        ).stdout.strip()
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             start = time.perf_counter()
-            subprocess.run([
-                sys.executable, __file__, "--one", variant, "--seed", str(args.seed), "--steps", str(args.steps),
-                "--out", str(out), *(["--first"] if first else []), *(["--smoke"] if args.smoke else []),
-            ], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    variant,
+                    "--seed",
+                    str(args.seed),
+                    "--steps",
+                    str(args.steps),
+                    "--out",
+                    str(out),
+                    *(["--first"] if first else []),
+                    *(["--smoke"] if args.smoke else []),
+                ],
+                check=True,
+            )
             wall = time.perf_counter() - start
             times = json.loads((out / "times.json").read_text())
         record = {
-            "variant": variant, "seed": args.seed, "steps": args.steps, "first": first, "smoke": args.smoke,
-            "times": times, "wall": wall, "commit": commit, "date": datetime.datetime.now().isoformat(timespec="minutes"),
+            "variant": variant,
+            "seed": args.seed,
+            "steps": args.steps,
+            "first": first,
+            "smoke": args.smoke,
+            "times": times,
+            "wall": wall,
+            "commit": commit,
+            "date": datetime.datetime.now().isoformat(timespec="minutes"),
         }
         (records / f"{variant}.json").write_text(json.dumps(record, indent=1))
-        print(f"{variant}: {json.dumps({k: round(v, 1) for k, v in times.items()})}, wall {wall:.0f} s", flush=True)
-    kept = {v: json.loads((records / f"{v}.json").read_text()) for v in args.variants if (records / f"{v}.json").exists()}
+        print(
+            f"{variant}: {json.dumps({k: round(v, 1) for k, v in times.items()})}, wall {wall:.0f} s",
+            flush=True,
+        )
+    kept = {
+        v: json.loads((records / f"{v}.json").read_text())
+        for v in args.variants
+        if (records / f"{v}.json").exists()
+    }
     missing = [v for v in args.variants if v not in kept]
     mismatched = [v for v, r in kept.items() if r["first"] != (v == args.variants[0])]
     if missing or mismatched:
@@ -186,9 +244,11 @@ def main() -> None:
         seed_before, seed_after = sum(b.values()), sum(a.values())
         ratio = f"{seed_after / seed_before:.2f}x" if seed_before else "-"
         print(f"| {stage} | " + " | ".join(cells) + f" | {seed_before:.0f} | {seed_after:.0f} | {ratio} |")
-    print(f"\n{args.variants[0]}'s final evaluation on Study 2's problems: chunked {batching['chunked']:.0f} s, "
-          f"continuously batched {batching['continuous']:.0f} s "
-          f"({batching['continuous'] / batching['chunked']:.2f}x)")
+    print(
+        f"\n{args.variants[0]}'s final evaluation on Study 2's problems: chunked {batching['chunked']:.0f} s, "
+        f"continuously batched {batching['continuous']:.0f} s "
+        f"({batching['continuous'] / batching['chunked']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -51,15 +51,24 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN
     else:
         method = get_method(name.removesuffix("-aligned"))
         params = sampling_params(cfg.rollout, top_logprobs=method.reads_top_logprobs)
-        entropy = partial(with_sampling_entropy, model, temperature=params.temperature,
-                          compute_dtype=engine.compute_dtype)
-        ctx = RolloutContext(engine, params, generator, method_config(cfg, method.section), entropy,
-                             decode=partial(tok.decode, skip_special_tokens=True))
+        entropy = partial(
+            with_sampling_entropy, model, temperature=params.temperature, compute_dtype=engine.compute_dtype
+        )
+        ctx = RolloutContext(
+            engine,
+            params,
+            generator,
+            method_config(cfg, method.section),
+            entropy,
+            decode=partial(tok.decode, skip_special_tokens=True),
+        )
         out = load(method.rollout_fn)(ctx, prompts)
         gens = out.generations
         # FR3E trains continuations whose anchor prefix is part of their prompt
-        prefixes = sum(len(s) - len(prompts[i // cfg.rollout.group_size])
-                       for i, s in enumerate(out.sequence_prompt_ids or []))
+        prefixes = sum(
+            len(s) - len(prompts[i // cfg.rollout.group_size])
+            for i, s in enumerate(out.sequence_prompt_ids or [])
+        )
     seconds = time.perf_counter() - t0
     trained = sum(len(g.token_ids) for g in gens)
     return seconds, engine.generated_tokens - before, trained, prefixes, len(gens), engine.cost.since(cost)
@@ -71,20 +80,30 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the config's)")
-    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS, help="independent always runs")
+    parser.add_argument(
+        "--methods", nargs="+", default=METHODS, choices=METHODS, help="independent always runs"
+    )
     args = parser.parse_args()
     methods = ["independent", *[m for m in args.methods if m != "independent"]]
     n = load_config(args.config).rollout.max_new_tokens
     segment = n // 4
     overrides = [
-        f"treepo.segment_length={segment}", "latr.tau_abs=0.15", "latr.tau_rel=0.25", "latr.edit_distance_threshold=null",
-        "latr.suffix_match_threshold=0.2", "latr.rouge_l_threshold=0.5", f"latr.lookahead=[{n // 16},{n // 10},{n // 6}]",
-        f"latr.force_return_step={n // 2}", "latr.return_threshold_decay=0.05",
+        f"treepo.segment_length={segment}",
+        "latr.tau_abs=0.15",
+        "latr.tau_rel=0.25",
+        "latr.edit_distance_threshold=null",
+        "latr.suffix_match_threshold=0.2",
+        "latr.rouge_l_threshold=0.5",
+        f"latr.lookahead=[{n // 16},{n // 10},{n // 6}]",
+        f"latr.force_return_step={n // 2}",
+        "latr.return_threshold_decay=0.05",
         *([f"rollout.prompts_per_step={args.prompts}"] if args.prompts else []),
     ]
     cfg = load_config(args.config, overrides)
     block = cfg.rollout.vllm_block_size
-    aligned = load_config(args.config, [*overrides, "treepo.segment_alignment=block", f"treepo.segment_length={block}"])
+    aligned = load_config(
+        args.config, [*overrides, "treepo.segment_alignment=block", f"treepo.segment_length={block}"]
+    )
     configs = {name: aligned if name == "treepo-aligned" else cfg for name in methods}
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
@@ -92,11 +111,19 @@ def main() -> None:
     prompts = [build_prompt_ids(tok, p.problem, cfg.data.system_prompt) for p in problems]
     rows = []
     for kind in args.engines:
-        engine = build_engine(kind, model, tok, cfg.rollout.generation_batch_size,
-                              cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, cfg.rollout.logprobs_top_k,
-                              vllm_options=cfg.rollout)
-        engine.generate([GenerationRequest(prompts[0])], replace(sampling_params(cfg.rollout, top_logprobs=False),
-                                                                 max_new_tokens=4))  # warm-up
+        engine = build_engine(
+            kind,
+            model,
+            tok,
+            cfg.rollout.generation_batch_size,
+            cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
+            cfg.rollout.logprobs_top_k,
+            vllm_options=cfg.rollout,
+        )
+        engine.generate(
+            [GenerationRequest(prompts[0])],
+            replace(sampling_params(cfg.rollout, top_logprobs=False), max_new_tokens=4),
+        )  # warm-up
         runs: dict[str, list] = {name: [] for name in methods}
         for seed in args.seeds:  # alternated: every method once per seed
             for name in methods:
@@ -118,11 +145,15 @@ def main() -> None:
                 f"| {sum(c.running_rows for c in costs) / max(1, steps):.1f} |"
             )
     g, p, n = cfg.rollout.group_size, cfg.rollout.prompts_per_step, cfg.rollout.max_new_tokens
-    print(f"\n{p} prompts x {g} leaves x {n} tokens, seeds {args.seeds} (n = {len(args.seeds)} per cell, "
-          f"alternated), torch threads {torch.get_num_threads()}, TreePO segments of {segment} tokens, "
-          f"aligned ones of {block}\n")
-    print("| engine | method | rollout s / step | x independent (min-max) | sampled tokens / leaf "
-          "| sampled tokens x independent | prefill tokens / leaf | engine steps / step | mean running batch |")
+    print(
+        f"\n{p} prompts x {g} leaves x {n} tokens, seeds {args.seeds} (n = {len(args.seeds)} per cell, "
+        f"alternated), torch threads {torch.get_num_threads()}, TreePO segments of {segment} tokens, "
+        f"aligned ones of {block}\n"
+    )
+    print(
+        "| engine | method | rollout s / step | x independent (min-max) | sampled tokens / leaf "
+        "| sampled tokens x independent | prefill tokens / leaf | engine steps / step | mean running batch |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 

@@ -62,7 +62,9 @@ def with_trainer_setting(cfg: Config, setting: str) -> Config:
     if section != "trainer" or not name:
         raise SystemExit(f"--try takes trainer.KEY=VALUE overrides, not '{setting}'")
     probe = load_config("configs/demo.yaml", [setting])
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, **{name: getattr(probe.trainer, name)}))
+    return dataclasses.replace(
+        cfg, trainer=dataclasses.replace(cfg.trainer, **{name: getattr(probe.trainer, name)})
+    )
 
 
 def _timed_update(
@@ -88,9 +90,13 @@ def first_step_gradients(
     def capture(step_losses: list[float]) -> tuple[float, bool]:
         if not grads:
             losses.extend(step_losses)
-            grads.update({
-                name: p.grad.detach().clone() for name, p in trainer.model.named_parameters() if p.grad is not None
-            })
+            grads.update(
+                {
+                    name: p.grad.detach().clone()
+                    for name, p in trainer.model.named_parameters()
+                    if p.grad is not None
+                }
+            )
         return original(step_losses)
 
     optimization.step = capture  # type: ignore[method-assign, assignment]  # an instance attribute, removed below
@@ -105,7 +111,10 @@ GRADIENT_TOLERANCE = 1e-3  # relative to the largest eager gradient: float32 sum
 
 
 def compiled_rows(
-    trainer: Trainer, collected: CollectedStep, weights: dict[str, torch.Tensor], optim: dict[str, Any],
+    trainer: Trainer,
+    collected: CollectedStep,
+    weights: dict[str, torch.Tensor],
+    optim: dict[str, Any],
     repeats: int,
 ) -> None:
     """Every decoder layer's forward compiled against eager, alternated, and the compiled update's
@@ -136,12 +145,16 @@ def compiled_rows(
     gap = max(float((compiled_grads[k] - eager_grads[k]).abs().max()) for k in eager_grads) / largest
     loss_gap = max(abs(c - e) for c, e in zip(compiled_losses, eager_losses, strict=True))
     eager, fast = statistics.median(seconds[False]), statistics.median(seconds[True])
-    print(f"\ncompiled decoder layers (inductor, dynamic shapes), alternated with eager, median of {repeats}: "
-          f"eager {eager:.2f} s, compiled {fast:.2f} s ({eager / fast:.2f}x); compilation's warm-up run "
-          f"{warm_up:.0f} s")
-    print(f"first optimizer step, compiled against eager: micro-batch losses at most {loss_gap:.2e} apart; "
-          f"gradients at most {gap:.2e} of the largest eager gradient ({largest:.2e}): "
-          f"{'within' if gap <= GRADIENT_TOLERANCE else 'OUTSIDE'} the tolerance {GRADIENT_TOLERANCE:g}")
+    print(
+        f"\ncompiled decoder layers (inductor, dynamic shapes), alternated with eager, median of {repeats}: "
+        f"eager {eager:.2f} s, compiled {fast:.2f} s ({eager / fast:.2f}x); compilation's warm-up run "
+        f"{warm_up:.0f} s"
+    )
+    print(
+        f"first optimizer step, compiled against eager: micro-batch losses at most {loss_gap:.2e} apart; "
+        f"gradients at most {gap:.2e} of the largest eager gradient ({largest:.2e}): "
+        f"{'within' if gap <= GRADIENT_TOLERANCE else 'OUTSIDE'} the tolerance {GRADIENT_TOLERANCE:g}"
+    )
 
 
 def main() -> None:
@@ -155,10 +168,17 @@ def main() -> None:
     args = parser.parse_args()
     sweep = load_sweep(args.sweep)
     with tempfile.TemporaryDirectory() as out:
-        cfg = sweep.variant_config(args.variant, [
-            f"trainer.seed={sweep.seeds[0]}", f"logging.output_dir={out}/run", f"logging.eval_cache={out}/cache",
-            "data.eval=null", "logging.progress=false", "logging.report_to=[]",
-        ])
+        cfg = sweep.variant_config(
+            args.variant,
+            [
+                f"trainer.seed={sweep.seeds[0]}",
+                f"logging.output_dir={out}/run",
+                f"logging.eval_cache={out}/cache",
+                "data.eval=null",
+                "logging.progress=false",
+                "logging.report_to=[]",
+            ],
+        )
         trainer = Trainer(cfg)
         for _ in range(10):  # a batch with a gradient: a group whose rewards differ
             collected = trainer.collect()
@@ -168,8 +188,10 @@ def main() -> None:
         tokens = int(collected.batch.sequences.response_mask.sum())
         weights = copy.deepcopy(trainer.model.state_dict())
         optim = copy.deepcopy(trainer.run.optim.optimizer.state_dict())
-        configs = {setting: cfg if setting == "as configured" else with_trainer_setting(cfg, setting)
-                   for setting in ["as configured", *args.settings]}
+        configs = {
+            setting: cfg if setting == "as configured" else with_trainer_setting(cfg, setting)
+            for setting in ["as configured", *args.settings]
+        }
         cases = [(threads, setting) for threads in args.threads for setting in configs]
         gflop: dict[tuple[int, str], float] = {}
         for threads, setting in cases:  # counted once each; also the warm-up
@@ -190,15 +212,21 @@ def main() -> None:
         for threads in args.threads:
             torch.set_num_threads(threads)
             peaks[threads] = sgemm_peak()
-        print(f"{args.variant}, {len(collected.batch.generations)} rows, {tokens} response tokens; median of "
-              f"{args.repeats} alternated runs per case\n")
-        print("| setting | threads | seconds | vs configured | GFLOP | GFLOP/s | sgemm peak GFLOP/s | of peak |")
+        print(
+            f"{args.variant}, {len(collected.batch.generations)} rows, {tokens} response tokens; median of "
+            f"{args.repeats} alternated runs per case\n"
+        )
+        print(
+            "| setting | threads | seconds | vs configured | GFLOP | GFLOP/s | sgemm peak GFLOP/s | of peak |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         base = statistics.median(seconds[args.threads[0], "as configured"])
         for threads, setting in cases:
             median, flops = statistics.median(seconds[threads, setting]), gflop[threads, setting]
-            print(f"| {setting} | {threads} | {median:.2f} | {base / median:.2f}x | {flops:.0f} | "
-                  f"{flops / median:.0f} | {peaks[threads]:.0f} | {flops / median / peaks[threads]:.0%} |")
+            print(
+                f"| {setting} | {threads} | {median:.2f} | {base / median:.2f}x | {flops:.0f} | "
+                f"{flops / median:.0f} | {peaks[threads]:.0f} | {flops / median / peaks[threads]:.0%} |"
+            )
         if args.compile:
             torch.set_num_threads(args.threads[0])
             trainer.actor.cfg = cfg

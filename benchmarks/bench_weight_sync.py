@@ -85,8 +85,10 @@ def main() -> None:
             mp.spawn(_worker, args=(variant, path, f"file://{tmp}/rendezvous", out), nprocs=2)
             extra, params, largest, received = (int(v) for v in open(out).read().split())
         rows[variant] = extra
-    print(f"model {args.model}: {params / 1e6:.1f} M parameters ({params * 4 / MIB:.0f} MiB fp32), largest "
-          f"parameter {largest / 1e6:.1f} M ({largest * 4 / MIB:.0f} MiB); {received / 1e6:.1f} M values pushed")
+    print(
+        f"model {args.model}: {params / 1e6:.1f} M parameters ({params * 4 / MIB:.0f} MiB fp32), largest "
+        f"parameter {largest / 1e6:.1f} M ({largest * 4 / MIB:.0f} MiB); {received / 1e6:.1f} M values pushed"
+    )
     print("| weight push under FSDP, 2 processes | peak extra memory per process | vs whole model |")
     print("|---|---|---|")
     for variant, extra in rows.items():

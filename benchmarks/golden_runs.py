@@ -32,31 +32,83 @@ RUNS: dict[str, list[str]] = {
     "dr_grpo": ["trainer.ppo_epochs=2", "trainer.mini_batch_size=16"],
     "grpo": ["algorithm.method=grpo", "algorithm.kl_coef=0.01"],
     "rose": ["algorithm.method=rose", "rollout.max_new_tokens=6", "trainer.packing=tree", "trainer.lr=5e-3"],
-    "rose_code": ["algorithm.method=rose", "rollout.max_new_tokens=6", "rose.code_compat=true", "rose.alpha=1.0"],
-    "sent": ["algorithm.method=sent", "trainer.ppo_epochs=2", "sent.kl_target=ref_k3", "algorithm.kl_coef=0.01"],
+    "rose_code": [
+        "algorithm.method=rose",
+        "rollout.max_new_tokens=6",
+        "rose.code_compat=true",
+        "rose.alpha=1.0",
+    ],
+    "sent": [
+        "algorithm.method=sent",
+        "trainer.ppo_epochs=2",
+        "sent.kl_target=ref_k3",
+        "algorithm.kl_coef=0.01",
+    ],
     "fr3e": ["algorithm.method=fr3e", "rollout.max_new_tokens=6", "fr3e.num_anchors=2"],
-    "dapo": ["algorithm.method=dapo", "algorithm.dynamic_sampling=true", "reward.overlong_buffer_len=2",
-             "algorithm.max_sampling_rounds=3"],
+    "dapo": [
+        "algorithm.method=dapo",
+        "algorithm.dynamic_sampling=true",
+        "reward.overlong_buffer_len=2",
+        "algorithm.max_sampling_rounds=3",
+    ],
     "seed_grpo": ["algorithm.method=seed_grpo"],
     "kl_cov": ["algorithm.method=kl_cov", "trainer.ppo_epochs=2", "kl_cov.ratio=0.1"],
     "clip_cov": ["algorithm.method=clip_cov", "trainer.ppo_epochs=2", "clip_cov.ratio=0.1", "clip_cov.lb=-1"],
     "entropy_8020": ["algorithm.method=entropy_8020"],
-    "treepo": ["algorithm.method=treepo", "rollout.max_new_tokens=6", "treepo.segment_length=2", "trainer.packing=tree",
-               "algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling_metric=accuracy"],
-    "treepo_paper_options": ["algorithm.method=treepo", "rollout.max_new_tokens=6", "treepo.segment_length=2",
-                             "treepo.stop_on_boxed=true", "treepo.subtract_batch_mean=false", "treepo.weight=group_size",
-                             "treepo.drop_zero_std_subgroups=true", "treepo.first_branch_max=4"],
-    "latr": ["algorithm.method=latr", "rollout.max_new_tokens=6", "latr.lookahead=[2,3]", "latr.tau_abs=0.02",
-             "latr.tau_rel=0.9", "latr.eta_values=[0.5]", "trainer.packing=tree"],
-    "latr_dapo_math": ["algorithm.method=latr", "latr.host=dapo", "rollout.max_new_tokens=6", "latr.lookahead=[2]",
-                       "latr.tau_abs=0.02", "latr.tau_rel=0.9", "latr.edit_distance_threshold=null",
-                       "latr.suffix_match_threshold=0.2", "latr.rouge_l_threshold=0.5", "algorithm.dynamic_sampling=true"],
+    "treepo": [
+        "algorithm.method=treepo",
+        "rollout.max_new_tokens=6",
+        "treepo.segment_length=2",
+        "trainer.packing=tree",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.dynamic_sampling_metric=accuracy",
+    ],
+    "treepo_paper_options": [
+        "algorithm.method=treepo",
+        "rollout.max_new_tokens=6",
+        "treepo.segment_length=2",
+        "treepo.stop_on_boxed=true",
+        "treepo.subtract_batch_mean=false",
+        "treepo.weight=group_size",
+        "treepo.drop_zero_std_subgroups=true",
+        "treepo.first_branch_max=4",
+    ],
+    "latr": [
+        "algorithm.method=latr",
+        "rollout.max_new_tokens=6",
+        "latr.lookahead=[2,3]",
+        "latr.tau_abs=0.02",
+        "latr.tau_rel=0.9",
+        "latr.eta_values=[0.5]",
+        "trainer.packing=tree",
+    ],
+    "latr_dapo_math": [
+        "algorithm.method=latr",
+        "latr.host=dapo",
+        "rollout.max_new_tokens=6",
+        "latr.lookahead=[2]",
+        "latr.tau_abs=0.02",
+        "latr.tau_rel=0.9",
+        "latr.edit_distance_threshold=null",
+        "latr.suffix_match_threshold=0.2",
+        "latr.rouge_l_threshold=0.5",
+        "algorithm.dynamic_sampling=true",
+    ],
     "entropy_bonus": ["algorithm.method=grpo", "algorithm.entropy_coeff=0.01", "algorithm.kl_coef=0.001"],
-    "entropy_bonus_adaptive": ["algorithm.entropy_coeff=0.02", "algorithm.entropy_target=1.0", "trainer.mini_batch_size=16"],
+    "entropy_bonus_adaptive": [
+        "algorithm.entropy_coeff=0.02",
+        "algorithm.entropy_target=1.0",
+        "trainer.mini_batch_size=16",
+    ],
     # a 2-stage curriculum (scores written below), and one that restarts the optimizer and reference
     "sent_curriculum": ["algorithm.method=sent", "data.curriculum_stages=2", "trainer.ppo_epochs=2"],
-    "grpo_curriculum_reset": ["algorithm.method=grpo", "algorithm.kl_coef=0.01", "data.curriculum_stages=2",
-                              "data.curriculum_reset_optimizer=true", "logging.save_every=1"],
+    "grpo_curriculum_reset": [
+        "algorithm.method=grpo",
+        "algorithm.kl_coef=0.01",
+        "data.curriculum_stages=2",
+        "data.curriculum_reset_optimizer=true",
+        "logging.save_every=1",
+    ],
 }
 CURRICULUM_RUNS = ("sent_curriculum", "grpo_curriculum_reset")
 
@@ -64,7 +116,10 @@ CURRICULUM_RUNS = ("sent_curriculum", "grpo_curriculum_reset")
 def _digest(path: Path) -> dict[str, str]:
     from safetensors.torch import load_file
 
-    return {k: hashlib.sha256(v.float().numpy().tobytes()).hexdigest()[:16] for k, v in sorted(load_file(path).items())}
+    return {
+        k: hashlib.sha256(v.float().numpy().tobytes()).hexdigest()[:16]
+        for k, v in sorted(load_file(path).items())
+    }
 
 
 def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") -> dict[str, object]:
@@ -75,22 +130,45 @@ def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") 
     if name in CURRICULUM_RUNS:
         rows = [json.loads(line) for line in task.read_text().splitlines()]
         curriculum = task.with_name("curriculum.jsonl")
-        curriculum.write_text("".join(json.dumps({**r, "semantic_entropy": (i * 7) % 11 / 10}) + "\n" for i, r in enumerate(rows)))
+        curriculum.write_text(
+            "".join(
+                json.dumps({**r, "semantic_entropy": (i * 7) % 11 / 10}) + "\n" for i, r in enumerate(rows)
+            )
+        )
         extra.append(f"data.curriculum={curriculum}")
-    cfg = load_config(None, [
-        f"model.name={model_dir}", f"data.train={task}", f"data.eval={task}", "data.eval_size=4",
-        f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=8", "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=4", "trainer.micro_batch_size=16", "trainer.lr=2e-3", "trainer.steps=2",
-        "reward.num_workers=1", "logging.eval_samples=2", "logging.progress=false", "logging.report_to=[]",
-        f"logging.output_dir={out}", f"rollout.engine={engine}", *RUNS[name], *extra,
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={model_dir}",
+            f"data.train={task}",
+            f"data.eval={task}",
+            "data.eval_size=4",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=8",
+            "rollout.prompts_per_step=4",
+            "rollout.max_new_tokens=4",
+            "trainer.micro_batch_size=16",
+            "trainer.lr=2e-3",
+            "trainer.steps=2",
+            "reward.num_workers=1",
+            "logging.eval_samples=2",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            f"logging.output_dir={out}",
+            f"rollout.engine={engine}",
+            *RUNS[name],
+            *extra,
+        ],
+    )
     trainer = Trainer(cfg)
     try:
         trainer.train()
     finally:
         trainer.processes.close()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    metrics = [{k: v for k, v in r.items() if not k.startswith("time/") and "time_frac" not in k} for r in rows]
+    metrics = [
+        {k: v for k, v in r.items() if not k.startswith("time/") and "time_frac" not in k} for r in rows
+    ]
     return {"metrics": metrics, "weights": _digest(out / "checkpoints" / "step-000002" / "model.safetensors")}
 
 
@@ -113,21 +191,31 @@ def _differences(before: dict, after: dict) -> list[str]:
                     found.append(f"{run} row {step} {key}: {ra.get(key)} -> {rb.get(key)}")
         if len(a["metrics"]) != len(b["metrics"]):
             found.append(f"{run}: {len(a['metrics'])} metric rows -> {len(b['metrics'])}")
-        found += [f"{run} weight {k}" for k in sorted(set(a["weights"]) | set(b["weights"])) if a["weights"].get(k) != b["weights"].get(k)]
+        found += [
+            f"{run} weight {k}"
+            for k in sorted(set(a["weights"]) | set(b["weights"]))
+            if a["weights"].get(k) != b["weights"].get(k)
+        ]
     return found
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--output", type=Path, required=True, help="JSON file for this code's results")
     parser.add_argument("--compare", type=Path, help="a previous --output to compare with")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), help="a subset of the runs")
     parser.add_argument(
-        "--engine", choices=["hf", "vllm"], default="hf",
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
         help="the rollout engine; vllm runs the head-dim-32 model only (vLLM's CPU attention needs it)",
     )
     parser.add_argument(
-        "--allow-new-metrics", action="store_true", help="metrics only the new code logs are listed, not differences"
+        "--allow-new-metrics",
+        action="store_true",
+        help="metrics only the new code logs are listed, not differences",
     )
     args = parser.parse_args()
     global ADDED_OK
@@ -137,13 +225,17 @@ def main() -> int:
         root = Path(tmp)
         task = write_seven_task(root / "seven.jsonl")
         tiny = _build_tiny_model(root / "tiny")
-        models = {"hd32": _pretrain_digits(_build_tiny_model(root / "tiny32", hidden_size=128), root / "digits32")}
+        models = {
+            "hd32": _pretrain_digits(_build_tiny_model(root / "tiny32", hidden_size=128), root / "digits32")
+        }
         if args.engine == "hf":
             models = {"hd16": _pretrain_digits(tiny, root / "digits"), **models}
         for model, model_dir in models.items():
             for name in args.runs:
                 print(f"{model}/{name}", flush=True)
-                results[f"{model}/{name}"] = _run(name, model_dir, task, root / "runs" / model / name, args.engine)
+                results[f"{model}/{name}"] = _run(
+                    name, model_dir, task, root / "runs" / model / name, args.engine
+                )
     args.output.write_text(json.dumps(results, indent=1, sort_keys=True))
     print(f"{len(results)} runs -> {args.output}")
     if args.compare:

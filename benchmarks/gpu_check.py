@@ -45,15 +45,25 @@ def _model(kind: str, device: torch.device) -> torch.nn.Module:
             from semrl.models.loading import resolve_model_path
 
             path = resolve_model_path("smollm2-135m", None)
-            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").to(device)
+            return AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, attn_implementation="sdpa"
+            ).to(device)
         except Exception as err:  # noqa: BLE001 - fall back and say so
             print(f"SmolLM2 not available ({type(err).__name__}: {err}); using the random model", flush=True)
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        vocab_size=49152,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
     )
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").to(
+        device
+    )
 
 
 def _random_trees(seed: int, vocab: int, groups: int, chains: int, max_len: int):
@@ -91,9 +101,13 @@ def check_tree_attention(model: torch.nn.Module, device: torch.device) -> dict[s
     prompts, groups, trees = _random_trees(0, model.config.vocab_size, groups=6, chains=8, max_len=48)
     packed = pack_trees(prompts, groups, trees, pad_token_id=0)
     padded = make_sequence_batch(
-        [p for p, g in zip(prompts, groups, strict=True) for _ in g], [r for g in groups for r in g], pad_token_id=0
+        [p for p, g in zip(prompts, groups, strict=True) for _ in g],
+        [r for g in groups for r in g],
+        pad_token_id=0,
     )
-    advantages = torch.randn(packed.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    advantages = torch.randn(packed.response_mask.shape, generator=torch.Generator().manual_seed(1)).to(
+        device
+    )
 
     def run(fn: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         model.zero_grad()
@@ -116,10 +130,14 @@ def check_tree_attention(model: torch.nn.Module, device: torch.device) -> dict[s
     grad_rel = ((g_tree - g_dense).norm() / g_dense.norm()).item()
     return {
         "kernel": "flex_attention (compiled)" if device.type == "cuda" else "blockwise (CPU path)",
-        "chains": int(padded.input_ids.shape[0]), "packed_tokens": int(packed.packed_tokens),
+        "chains": int(padded.input_ids.shape[0]),
+        "packed_tokens": int(packed.packed_tokens),
         "padded_tokens": int(padded.attention_mask.sum()),
-        "max_abs_logprob_diff": logp_diff, "max_abs_entropy_diff": entropy_diff,
-        "grad_relative_diff": grad_rel, "tree_s_first_call": t_tree, "dense_s": t_dense,
+        "max_abs_logprob_diff": logp_diff,
+        "max_abs_entropy_diff": entropy_diff,
+        "grad_relative_diff": grad_rel,
+        "tree_s_first_call": t_tree,
+        "dense_s": t_dense,
         "passed": logp_diff < 1e-3 and entropy_diff < 1e-3 and grad_rel < 1e-3,
     }
 
@@ -127,7 +145,9 @@ def check_tree_attention(model: torch.nn.Module, device: torch.device) -> dict[s
 def check_bf16_master_step(model: torch.nn.Module, device: torch.device) -> dict[str, Any]:
     prompts, groups, _ = _random_trees(2, model.config.vocab_size, groups=4, chains=4, max_len=32)
     batch = make_sequence_batch(
-        [p for p, g in zip(prompts, groups, strict=True) for _ in g], [r for g in groups for r in g], pad_token_id=0
+        [p for p, g in zip(prompts, groups, strict=True) for _ in g],
+        [r for g in groups for r in g],
+        pad_token_id=0,
     )
     mask = batch.response_mask.to(device)
     with torch.no_grad():
@@ -148,10 +168,16 @@ def check_bf16_master_step(model: torch.nn.Module, device: torch.device) -> dict
             p.copy_(before[n])
     bf16_gap = ((logp.detach() - fp32_logp) * mask).abs().max().item()
     return {
-        "loss": loss.item(), "grads_finite": grads_finite, "master_dtypes": dtypes, "max_weight_change": moved,
+        "loss": loss.item(),
+        "grads_finite": grads_finite,
+        "master_dtypes": dtypes,
+        "max_weight_change": moved,
         "max_abs_logprob_gap_bf16_vs_fp32": bf16_gap,
-        "passed": bool(torch.isfinite(loss).item()) and grads_finite and dtypes == ["torch.float32"]
-        and moved > 0 and bf16_gap < 0.5,
+        "passed": bool(torch.isfinite(loss).item())
+        and grads_finite
+        and dtypes == ["torch.float32"]
+        and moved > 0
+        and bf16_gap < 0.5,
     }
 
 
@@ -176,6 +202,7 @@ def check_chunked_head(device: torch.device, vocab: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": rows, "vocab": vocab}
     passed = True
     for name, dtype in (("fp32", None), ("bf16_autocast", torch.bfloat16)):
+
         def full(dtype: torch.dtype | None = dtype) -> tuple[torch.Tensor, ...]:
             hidden.grad = weight.grad = None
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -202,9 +229,13 @@ def check_chunked_head(device: torch.device, vocab: int) -> dict[str, Any]:
         ok = diffs["max_abs_logprob_diff"] < tol and max(
             diffs["grad_hidden_relative_diff"], diffs["grad_weight_relative_diff"]
         ) < (1e-4 if dtype is None else 2e-2)
-        out[name] = {**diffs, "peak_MiB_full": mib_full, "peak_MiB_chunked": mib_chunked,
-                     "chunked_vs_full_memory": mib_chunked / mib_full if mib_full == mib_full else None,
-                     "passed": ok}
+        out[name] = {
+            **diffs,
+            "peak_MiB_full": mib_full,
+            "peak_MiB_chunked": mib_chunked,
+            "chunked_vs_full_memory": mib_chunked / mib_full if mib_full == mib_full else None,
+            "passed": ok,
+        }
         passed &= ok
     out["passed"] = passed
     return out
@@ -217,8 +248,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     device = torch.device(args.device)
-    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__}
+    info = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
     print(json.dumps(info), flush=True)
     model = _model(args.model, device)
     results: dict[str, Any] = {"info": info}
@@ -233,7 +266,9 @@ def main() -> int:
         except Exception as err:  # noqa: BLE001 - a check that crashes is a failed check, named
             results[name] = {"passed": False, "error": f"{type(err).__name__}: {err}"}
         results[name]["seconds"] = time.perf_counter() - t0
-        print(f"{'PASS' if results[name]['passed'] else 'FAIL'} {name}: {json.dumps(results[name])}", flush=True)
+        print(
+            f"{'PASS' if results[name]['passed'] else 'FAIL'} {name}: {json.dumps(results[name])}", flush=True
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0 if all(r.get("passed", True) for k, r in results.items() if k != "info") else 1

@@ -36,8 +36,14 @@ import torch
 METHOD_OPTIONS: dict[str, list[str]] = {
     "dapo": ["algorithm.clip_ratio_high=0.28", "reward.overlong_buffer_len=2"],
     "treepo": ["rollout.max_new_tokens=6", "treepo.segment_length=2", "treepo.weight=group_size"],
-    "latr": ["rollout.max_new_tokens=6", "latr.lookahead=[2,3]", "latr.tau_abs=0.02", "latr.tau_rel=0.9",
-             "latr.host=dapo", "latr.eta_values=[0.5]"],
+    "latr": [
+        "rollout.max_new_tokens=6",
+        "latr.lookahead=[2,3]",
+        "latr.tau_abs=0.02",
+        "latr.tau_rel=0.9",
+        "latr.host=dapo",
+        "latr.eta_values=[0.5]",
+    ],
     "fr3e": ["rollout.max_new_tokens=6"],
 }
 # The GPU paths beyond each method's default run: (name, method, extra options).
@@ -66,14 +72,30 @@ def _train_one(folder: Path, out: Path, method: str, extra: list[str], steps: in
     from semrl.runtime.trainer import Trainer
 
     options = [*METHOD_OPTIONS.get(method, []), *extra]
-    cfg = load_config(None, [
-        f"model.name={folder / 'tiny-digits'}", f"data.train={folder / 'seven.jsonl'}",
-        f"data.eval={folder / 'seven.jsonl'}", "data.eval_size=16", "data.system_prompt=Answer with one digit.",
-        "rollout.group_size=8", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4",
-        "trainer.mini_batch_size=16", "trainer.micro_batch_size=8", "trainer.lr=2e-3", f"trainer.steps={steps}",
-        "reward.num_workers=1", "logging.progress=false", "logging.report_to=[]", "logging.eval_samples=8",
-        f"logging.output_dir={out}", f"algorithm.method={method}", *options,
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={folder / 'tiny-digits'}",
+            f"data.train={folder / 'seven.jsonl'}",
+            f"data.eval={folder / 'seven.jsonl'}",
+            "data.eval_size=16",
+            "data.system_prompt=Answer with one digit.",
+            "rollout.group_size=8",
+            "rollout.prompts_per_step=4",
+            "rollout.max_new_tokens=4",
+            "trainer.mini_batch_size=16",
+            "trainer.micro_batch_size=8",
+            "trainer.lr=2e-3",
+            f"trainer.steps={steps}",
+            "reward.num_workers=1",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            "logging.eval_samples=8",
+            f"logging.output_dir={out}",
+            f"algorithm.method={method}",
+            *options,
+        ],
+    )
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -83,18 +105,27 @@ def _train_one(folder: Path, out: Path, method: str, extra: list[str], steps: in
     evals = [r["eval/mean@8"] for r in rows if "eval/mean@8" in r]
     finite = all(math.isfinite(last[k]) for k in ("loss", "actor/grad_norm", "entropy"))
     return {
-        "method": method, "options": options, "passed": bool(last["step"] == steps and finite),
-        "seconds": round(seconds, 1), "mean@8_before": evals[0] if evals else None,
-        "mean@8_after": evals[-1] if evals else None, "loss": last["loss"], "grad_norm": last["actor/grad_norm"],
-        "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
+        "method": method,
+        "options": options,
+        "passed": bool(last["step"] == steps and finite),
+        "seconds": round(seconds, 1),
+        "mean@8_before": evals[0] if evals else None,
+        "mean@8_after": evals[-1] if evals else None,
+        "loss": last["loss"],
+        "grad_norm": last["actor/grad_norm"],
+        "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        if torch.cuda.is_available()
+        else None,
     }
 
 
 def run(folder: Path, steps: int, json_path: Path | None, work: Path) -> int:
     from semrl.methods.catalog import METHODS
 
-    info = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__}
+    info = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+    }
     print(json.dumps(info), flush=True)
     runs = [(name, name, []) for name in sorted(METHODS)] + GPU_PATHS
     results: dict[str, Any] = {"info": info, "steps": steps, "runs": {}}
@@ -102,15 +133,25 @@ def run(folder: Path, steps: int, json_path: Path | None, work: Path) -> int:
         try:
             result = _train_one(folder, work / name, method, extra, steps)
         except Exception as err:  # noqa: BLE001 - a run that crashes is a failed run, named
-            result = {"method": method, "passed": False, "error": f"{type(err).__name__}: {err}",
-                      "traceback": traceback.format_exc()[-3000:]}
+            result = {
+                "method": method,
+                "passed": False,
+                "error": f"{type(err).__name__}: {err}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
         results["runs"][name] = result
-        print(f"{'PASS' if result['passed'] else 'FAIL'} {name}: "
-              f"{json.dumps({k: v for k, v in result.items() if k != 'traceback'})}", flush=True)
+        print(
+            f"{'PASS' if result['passed'] else 'FAIL'} {name}: "
+            f"{json.dumps({k: v for k, v in result.items() if k != 'traceback'})}",
+            flush=True,
+        )
         if json_path:
             json_path.write_text(json.dumps(results, indent=2))
     failed = [n for n, r in results["runs"].items() if not r["passed"]]
-    print(f"{len(runs) - len(failed)} of {len(runs)} runs passed" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(
+        f"{len(runs) - len(failed)} of {len(runs)} runs passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

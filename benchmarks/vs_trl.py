@@ -41,9 +41,17 @@ def _tiny_model(cache: Path) -> str:
     gguf = smollm2_gguf_path()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(target)
@@ -73,8 +81,13 @@ def run_trl(model: str, steps: int, gradient_checkpointing: bool) -> list[float]
     problems = _problems(steps)
     data = Dataset.from_list(
         [
-            {"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p.problem}],
-             "answer": p.answer}
+            {
+                "prompt": [
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": p.problem},
+                ],
+                "answer": p.answer,
+            }
             for p in problems
         ]
     )
@@ -100,15 +113,34 @@ def run_trl(model: str, steps: int, gradient_checkpointing: bool) -> list[float]
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, num_generations=GROUP, per_device_train_batch_size=PROMPTS * GROUP,
-            gradient_accumulation_steps=1, max_completion_length=NEW_TOKENS, temperature=1.0,
-            loss_type="dr_grpo", scale_rewards="none", beta=0.0, learning_rate=LR, bf16=False, use_cpu=True,
-            logging_steps=1, use_vllm=False, report_to="none", max_steps=steps, save_strategy="no", seed=0,
-            gradient_checkpointing=gradient_checkpointing, shuffle_dataset=False,
+            output_dir=out,
+            num_generations=GROUP,
+            per_device_train_batch_size=PROMPTS * GROUP,
+            gradient_accumulation_steps=1,
+            max_completion_length=NEW_TOKENS,
+            temperature=1.0,
+            loss_type="dr_grpo",
+            scale_rewards="none",
+            beta=0.0,
+            learning_rate=LR,
+            bf16=False,
+            use_cpu=True,
+            logging_steps=1,
+            use_vllm=False,
+            report_to="none",
+            max_steps=steps,
+            save_strategy="no",
+            seed=0,
+            gradient_checkpointing=gradient_checkpointing,
+            shuffle_dataset=False,
         )
         trainer = GRPOTrainer(
-            model=model, reward_funcs=reward, args=config, train_dataset=data,
-            processing_class=AutoTokenizer.from_pretrained(model), callbacks=[StepTimer()],
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=data,
+            processing_class=AutoTokenizer.from_pretrained(model),
+            callbacks=[StepTimer()],
         )
         trainer.train()
     return times
@@ -119,14 +151,30 @@ def run_semrl(model: str, steps: int, packing: str, engine: str = "hf") -> list[
     from semrl.runtime.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(None, [
-            f"model.name={model}", "data.train=arithmetic", "data.eval=null", "data.arithmetic_levels=[1]",
-            f"data.system_prompt={SYSTEM_PROMPT}", f"rollout.group_size={GROUP}", f"rollout.prompts_per_step={PROMPTS}",
-            f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0", "algorithm.method=dr_grpo",
-            "algorithm.kl_coef=0.0", f"trainer.lr={LR}", f"trainer.steps={steps}", "trainer.micro_batch_size=8",
-            f"trainer.packing={packing}", f"logging.output_dir={out}/run", "logging.progress=false",
-            "logging.tensorboard=false", f"rollout.engine={engine}",
-        ])
+        cfg = load_config(
+            None,
+            [
+                f"model.name={model}",
+                "data.train=arithmetic",
+                "data.eval=null",
+                "data.arithmetic_levels=[1]",
+                f"data.system_prompt={SYSTEM_PROMPT}",
+                f"rollout.group_size={GROUP}",
+                f"rollout.prompts_per_step={PROMPTS}",
+                f"rollout.max_new_tokens={NEW_TOKENS}",
+                "rollout.temperature=1.0",
+                "algorithm.method=dr_grpo",
+                "algorithm.kl_coef=0.0",
+                f"trainer.lr={LR}",
+                f"trainer.steps={steps}",
+                "trainer.micro_batch_size=8",
+                f"trainer.packing={packing}",
+                f"logging.output_dir={out}/run",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                f"rollout.engine={engine}",
+            ],
+        )
         Trainer(cfg).train()
         rows = [json.loads(line) for line in Path(out, "run", "metrics.jsonl").read_text().splitlines()]
     return [r["time/step_s"] for r in rows if "time/step_s" in r]
@@ -152,8 +200,20 @@ def main() -> None:
     steps: dict[str, list[float]] = {"trl": [], "semrl": []}
     for rep in range(args.repeats):
         for name in ("trl", "semrl"):
-            cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--steps", str(args.steps),
-                   "--packing", args.packing, "--engine", args.engine]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                name,
+                "--model",
+                args.model,
+                "--steps",
+                str(args.steps),
+                "--packing",
+                args.packing,
+                "--engine",
+                args.engine,
+            ]
             if args.trl_no_gradient_checkpointing:
                 cmd.append("--trl-no-gradient-checkpointing")
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

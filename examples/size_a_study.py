@@ -24,11 +24,19 @@ def main() -> None:
     parser.add_argument("metric", help="pass@k, mean@n, distinct_answers or response_length/correct")
     parser.add_argument("--split", default="eval")
     parser.add_argument("--target", type=float, required=True, help="95%% interval half-width wanted")
-    parser.add_argument("--seed-cost-min", type=float, required=True,
-                        help="training minutes of one variant's seed (both variants of the pair are counted)")
+    parser.add_argument(
+        "--seed-cost-min",
+        type=float,
+        required=True,
+        help="training minutes of one variant's seed (both variants of the pair are counted)",
+    )
     parser.add_argument("--sample-cost-s", type=float, required=True, help="seconds per evaluation sample")
-    parser.add_argument("--evaluations", type=int, default=2,
-                        help="final evaluations per seed the rule reads (default 2: the pair's two variants)")
+    parser.add_argument(
+        "--evaluations",
+        type=int,
+        default=2,
+        help="final evaluations per seed the rule reads (default 2: the pair's two variants)",
+    )
     args = parser.parse_args()
 
     groups = find_runs([args.sweep_dir])
@@ -41,15 +49,23 @@ def main() -> None:
                 paired.append((a, b))
     d = decompose(args.metric, (args.variant, args.baseline), paired)
     lo, hi = d.var_total_ci
-    print(f"{args.variant} - {args.baseline} {args.metric}: {len(paired)} seeds, {d.problems} problems x "
-          f"{d.samples} samples; var(D) {d.var_total:.3g} [{lo:.3g}, {hi:.3g}], draw {d.var_draw:.3g} "
-          f"(samples {d.var_samples:.3g}), training {d.var_train:.3g}")
+    print(
+        f"{args.variant} - {args.baseline} {args.metric}: {len(paired)} seeds, {d.problems} problems x "
+        f"{d.samples} samples; var(D) {d.var_total:.3g} [{lo:.3g}, {hi:.3g}], draw {d.var_draw:.3g} "
+        f"(samples {d.var_samples:.3g}), training {d.var_train:.3g}"
+    )
     upper_train = max(hi - d.var_draw, 0.0)
-    for label, train in (("estimated training variance", None), (f"training variance {upper_train:.3g} "
-                         "(var(D)'s upper 95% bound less the draw)", upper_train)):
+    for label, train in (
+        ("estimated training variance", None),
+        (f"training variance {upper_train:.3g} (var(D)'s upper 95% bound less the draw)", upper_train),
+    ):
         designs = cheapest_designs(
-            d, args.target, seed_cost_s=2 * 60 * args.seed_cost_min, sample_cost_s=args.sample_cost_s,
-            var_train=train, evaluations=args.evaluations,
+            d,
+            args.target,
+            seed_cost_s=2 * 60 * args.seed_cost_min,
+            sample_cost_s=args.sample_cost_s,
+            var_train=train,
+            evaluations=args.evaluations,
         )
         print(f"\nat the {label}:")
         print("| problems | samples | seeds | half-width | compute (h) |\n|---|---|---|---|---|")

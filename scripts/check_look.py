@@ -138,19 +138,21 @@ def rebuild(results: Path, rules_file: Path) -> list[dict]:
             mine = {}
             if rule.get("test", "t") == "sign":
                 estimate, low, high, mine["p_sign"] = sign_test(d, logged["level"])
-            rebuilt.append({
-                **mine,
-                "logged": logged,
-                "differences": d,
-                "estimate": estimate,
-                "low": low,
-                "high": high,
-                "p_t": p_t,
-                "p_sign_flip": sign_flip_p(d),
-                "low95": d.mean() - half95,
-                "high95": d.mean() + half95,
-                "above_at_below": (int((d > 0).sum()), int((d == 0).sum()), int((d < 0).sum())),
-            })
+            rebuilt.append(
+                {
+                    **mine,
+                    "logged": logged,
+                    "differences": d,
+                    "estimate": estimate,
+                    "low": low,
+                    "high": high,
+                    "p_t": p_t,
+                    "p_sign_flip": sign_flip_p(d),
+                    "low95": d.mean() - half95,
+                    "high95": d.mean() + half95,
+                    "above_at_below": (int((d > 0).sum()), int((d == 0).sum()), int((d < 0).sum())),
+                }
+            )
         looks.append({"look": look["look"], "seeds": look["seeds"], "rules": rebuilt})
     return looks
 

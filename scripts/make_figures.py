@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPARES = {  # results/STUDY: (the options, the output directory under it)
     "study_arith": (["--baseline", "dr_grpo"], "compare"),
     "study_sparse": (
-        ["--decide", "configs/study/study_sparse_rules.yaml", "--baseline", "dr_grpo"], "compare"
+        ["--decide", "configs/study/study_sparse_rules.yaml", "--baseline", "dr_grpo"],
+        "compare",
     ),
     # the last look (docs/results.md, "Study 3: look 3 at 12 seeds"); the looks log already holds it
     "study3": (["--decide", "configs/study/study3_rules.yaml", "--baseline", "dr_grpo"], "compare-look-3"),
@@ -45,8 +46,16 @@ VIEWER_STEP = 7  # the first tree of this step, its first correct branched chain
 
 def compare_studies() -> None:
     for study, (options, output) in COMPARES.items():
-        command = [sys.executable, "-m", "semrl", "compare", f"results/{study}", *options,
-                   "--output", f"results/{study}/{output}"]
+        command = [
+            sys.executable,
+            "-m",
+            "semrl",
+            "compare",
+            f"results/{study}",
+            *options,
+            "--output",
+            f"results/{study}/{output}",
+        ]
         print("$", " ".join(command[2:]), flush=True)
         subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     for name, source in SHOWN.items():

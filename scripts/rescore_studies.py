@@ -81,8 +81,12 @@ def training_samples_credited(run: Run) -> tuple[int, int]:
     if not log_exists(path):
         return 0, 0
     rows = read_jsonl(path)
-    bad = sum(r.get("reward", 0.0) >= 1.0 and r.get("answer") is not None
-              and fails_numeral_rule(str(r["gold"]), r["answer"]) for r in rows)
+    bad = sum(
+        r.get("reward", 0.0) >= 1.0
+        and r.get("answer") is not None
+        and fails_numeral_rule(str(r["gold"]), r["answer"])
+        for r in rows
+    )
     return len(rows), bad
 
 
@@ -113,7 +117,8 @@ def main() -> None:
         before, after = rule_differences(groups, rules), rule_differences(new_groups, rules)
         estimates = {
             rule.id: {
-                "metric": rule.metric, "pair": f"{rule.variant} - {rule.baseline}",
+                "metric": rule.metric,
+                "pair": f"{rule.variant} - {rule.baseline}",
                 "seeds": len(before[rule.id]),
                 "before": mean(list(before[rule.id].values())),
                 "after": mean(list(after[rule.id].values())),
@@ -122,18 +127,27 @@ def main() -> None:
             for rule in rules
         }
         report[study] = {
-            "eval_samples": total, "eval_changed": len(changed), "changed": changed,
-            "train_samples": train_total, "train_changed": train_bad, "rules": estimates,
+            "eval_samples": total,
+            "eval_changed": len(changed),
+            "changed": changed,
+            "train_samples": train_total,
+            "train_changed": train_bad,
+            "rules": estimates,
         }
-        lines += [f"### {study}", "",
-                  f"{len(changed)} of {total:,} evaluation samples lose their credit; "
-                  f"{train_bad} of {train_total:,} logged training samples would have.", "",
-                  "| rule | metric | pair | seeds | mean difference before | after | change "
-                  "| seeds changed |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {study}",
+            "",
+            f"{len(changed)} of {total:,} evaluation samples lose their credit; "
+            f"{train_bad} of {train_total:,} logged training samples would have.",
+            "",
+            "| rule | metric | pair | seeds | mean difference before | after | change | seeds changed |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for rule_id, e in estimates.items():
-            lines.append(f"| {rule_id} | {e['metric']} | {e['pair']} | {e['seeds']} | {e['before']:+.4f} | "
-                         f"{e['after']:+.4f} | {e['after'] - e['before']:+.4f} | {e['seeds_changed']} |")
+            lines.append(
+                f"| {rule_id} | {e['metric']} | {e['pair']} | {e['seeds']} | {e['before']:+.4f} | "
+                f"{e['after']:+.4f} | {e['after'] - e['before']:+.4f} | {e['seeds_changed']} |"
+            )
         by_answer: dict[str, int] = {}
         for c in changed:
             key = f"`{c['answer']}` for {c['gold']}"

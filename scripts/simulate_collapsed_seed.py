@@ -51,7 +51,7 @@ def yuen_p(x: np.ndarray, trim: float = 0.2) -> np.ndarray:
     n = x.shape[-1]
     g = int(math.floor(trim * n))
     s = np.sort(x, -1)
-    trimmed_mean = s[..., g:n - g].mean(-1)
+    trimmed_mean = s[..., g : n - g].mean(-1)
     winsorized = np.clip(s, s[..., [g]], s[..., [n - g - 1]])
     h = n - 2 * g
     se = np.sqrt((n - 1) * winsorized.var(-1, ddof=1) / (h * (h - 1)))
@@ -59,8 +59,12 @@ def yuen_p(x: np.ndarray, trim: float = 0.2) -> np.ndarray:
         return 2 * st.t.sf(np.abs(trimmed_mean) / se, h - 1)
 
 
-TESTS = {"t": (t_p, "mean"), "sign": (sign_p, "median"), "wilcoxon": (wilcoxon_p, "pseudo-median"),
-         "yuen": (yuen_p, "trimmed mean")}
+TESTS = {
+    "t": (t_p, "mean"),
+    "sign": (sign_p, "median"),
+    "wilcoxon": (wilcoxon_p, "pseudo-median"),
+    "yuen": (yuen_p, "trimmed mean"),
+}
 
 
 def draw(rng: np.random.Generator, shape: str, size: tuple[int, ...]) -> np.ndarray:

@@ -69,8 +69,11 @@ def size(pilot: Path, rules_path: Path, max_seeds: int, budget_hours: float) -> 
         )
         can = can and s.within and s.needed is not None and s.needed * per_seed <= budget_hours
     limits = f"{max_seeds} seeds and {budget_hours:g} hours"
-    verdict = (f"Study 4b can decide: every rule within {limits}." if can
-               else f"Study 4b cannot decide within {limits} at the pilot's s.d.")
+    verdict = (
+        f"Study 4b can decide: every rule within {limits}."
+        if can
+        else f"Study 4b cannot decide within {limits} at the pilot's s.d."
+    )
     return "\n".join(lines) + "\n\n" + verdict + "\n", can
 
 

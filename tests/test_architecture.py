@@ -32,7 +32,10 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             targets |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names}
+            targets |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                for a in node.names
+            }
     deps = set()
     for target in targets:
         parts = target.split(".")
@@ -71,9 +74,13 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     (package / "a.py").write_text("def f():\n    from semrl.b import g\n")
     (package / "b.py").write_text("from semrl import a\n")
     # a type-only import counts too
-    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from semrl.a import f\n")
+    (package / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from semrl.a import f\n"
+    )
     modules = {
-        "semrl": package / "__init__.py", "semrl.a": package / "a.py", "semrl.b": package / "b.py",
+        "semrl": package / "__init__.py",
+        "semrl.a": package / "a.py",
+        "semrl.b": package / "b.py",
         "semrl.c": package / "c.py",
     }
     assert _imports("semrl.a", modules["semrl.a"], modules) == {"semrl.b"}
@@ -100,8 +107,10 @@ def _torch_free_roots(modules: dict[str, Path]) -> list[str]:
     checks and registration)."""
     methods = PACKAGE / "methods"
     return sorted(
-        name for name, path in modules.items()
-        if name.startswith("semrl.config") or name in ("semrl.methods", "semrl.methods.registry", "semrl.methods.catalog")
+        name
+        for name, path in modules.items()
+        if name.startswith("semrl.config")
+        or name in ("semrl.methods", "semrl.methods.registry", "semrl.methods.catalog")
         or (path.name == "__init__.py" and path.parent.parent == methods)
     )
 
@@ -127,7 +136,12 @@ def test_the_config_and_the_methods_options_import_no_torch():
     its ``MethodSpec`` and imported when training starts."""
     modules = _modules()
     roots = _torch_free_roots(modules)
-    assert {"semrl.config.load", "semrl.methods.rose", "semrl.methods.treepo", "semrl.methods.catalog"} <= set(roots)
+    assert {
+        "semrl.config.load",
+        "semrl.methods.rose",
+        "semrl.methods.treepo",
+        "semrl.methods.catalog",
+    } <= set(roots)
     offenders = {root: found for root in roots if (found := _heavy_reached(root, modules))}
     assert not offenders, f"torch-free modules reach heavy imports: {offenders}"
 
@@ -137,8 +151,10 @@ def test_the_torch_free_check_finds_a_lazy_torch_import(tmp_path):
     (package / "methods" / "toy").mkdir(parents=True)
     (package / "methods" / "toy" / "__init__.py").write_text("from semrl.methods import helper\n")
     (package / "methods" / "helper.py").write_text("def f():\n    import torch.nn\n")
-    modules = {"semrl.methods.toy": package / "methods" / "toy" / "__init__.py",
-               "semrl.methods.helper": package / "methods" / "helper.py"}
+    modules = {
+        "semrl.methods.toy": package / "methods" / "toy" / "__init__.py",
+        "semrl.methods.helper": package / "methods" / "helper.py",
+    }
     assert _heavy_reached("semrl.methods.toy", modules) == {"semrl.methods.helper": {"torch"}}
 
 
@@ -172,8 +188,12 @@ UPWARD = {
 
 def _floor(name: str) -> int:
     """The floor of module ``name``: that of the longest floor entry it is or sits under."""
-    matches = [(len(entry), k) for k, entries in enumerate(FLOORS) for entry in entries
-               if name == entry or name.startswith(entry + ".")]
+    matches = [
+        (len(entry), k)
+        for k, entries in enumerate(FLOORS)
+        for entry in entries
+        if name == entry or name.startswith(entry + ".")
+    ]
     assert matches, f"{name} is on no floor: add its package to FLOORS"
     return max(matches)[1]
 
@@ -184,7 +204,8 @@ def _upward(modules: dict[str, Path]) -> dict[str, list[str]]:
     for name, path in modules.items():
         allowed = UPWARD.get(name, ())
         up = sorted(
-            dep for dep in _imports(name, path, modules)
+            dep
+            for dep in _imports(name, path, modules)
             if _floor(dep) > _floor(name) and not any(dep == a or dep.startswith(a + ".") for a in allowed)
         )
         if up:
@@ -198,7 +219,9 @@ def test_every_import_goes_down_the_floors():
     assert not _upward(modules), f"imports that go up a floor: {_upward(modules)}"
     # every exception is still needed
     for name, allowed in UPWARD.items():
-        assert any(_floor(d) > _floor(name) and d.startswith(allowed) for d in _imports(name, modules[name], modules)), name
+        assert any(
+            _floor(d) > _floor(name) and d.startswith(allowed) for d in _imports(name, modules[name], modules)
+        ), name
 
 
 def test_the_floor_check_finds_an_upward_import(tmp_path):
@@ -221,13 +244,17 @@ def test_stages_import_only_what_they_may():
     rollout never imports the update, the config's sections know no method, the reward imports no
     training stage (its scoring reads a ``Response`` protocol, not the engine's ``Generation``)."""
     modules = _modules()
-    rules = [("semrl.methods", ("semrl.update", "semrl.runtime")), ("semrl.rollout", ("semrl.update",)),
-             ("semrl.config.sections", ("semrl.methods",)),
-             ("semrl.reward", ("semrl.update", "semrl.runtime", "semrl.methods", "semrl.rollout"))]
+    rules = [
+        ("semrl.methods", ("semrl.update", "semrl.runtime")),
+        ("semrl.rollout", ("semrl.update",)),
+        ("semrl.config.sections", ("semrl.methods",)),
+        ("semrl.reward", ("semrl.update", "semrl.runtime", "semrl.methods", "semrl.rollout")),
+    ]
     broken = {
         name: sorted(d for d in _imports(name, path, modules) if d.startswith(forbidden))
         for importer, forbidden in rules
-        for name, path in modules.items() if name == importer or name.startswith(importer + ".")
+        for name, path in modules.items()
+        if name == importer or name.startswith(importer + ".")
     }
     assert not {k: v for k, v in broken.items() if v}, broken
 
@@ -259,7 +286,9 @@ def _cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
         "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
         "print(json.dumps([code, sorted(sys.modules)]))"
     )
-    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     code, modules = json.loads(out.stdout.strip().splitlines()[-1])
     return code, modules, out.stderr[-500:]
 
@@ -267,7 +296,9 @@ def _cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
 @pytest.mark.parametrize(
     "argv,code",
     [
-        (["--help"], 0), (["train", "--help"], 0), (["config", "--help"], 0),
+        (["--help"], 0),
+        (["train", "--help"], 0),
+        (["config", "--help"], 0),
         (["config", "--check", "configs/demo.yaml", "trainer.lr=-1"], 2),  # an error in a trainer section
         (["train", "--config", "configs/demo.yaml", "trainer.mini_batch_size=7"], 2),  # across sections
     ],
@@ -283,9 +314,14 @@ def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
 @pytest.mark.parametrize(
     "argv,code",
     [
-        (["config"], 0), (["config", "--methods"], 0), (["config", "--check", "configs/demo.yaml"], 0),
+        (["config"], 0),
+        (["config", "--methods"], 0),
+        (["config", "--check", "configs/demo.yaml"], 0),
         (["config", "--check", "configs/demo.yaml", "algorithm.method=rose", "rose.epsilon=2"], 2),
-        (["train", "--config", "configs/demo.yaml", "sent.beta_high=-1"], 2),  # an error in a method's section
+        (
+            ["train", "--config", "configs/demo.yaml", "sent.beta_high=-1"],
+            2,
+        ),  # an error in a method's section
         (["train", "--num-processes", "2", "--config", "configs/demo.yaml", "rose.sd_top_k=0"], 2),
     ],
 )
@@ -305,7 +341,12 @@ def test_no_module_but_the_entry_points_reaches_the_trainer():
             continue
         assert "semrl.runtime.trainer" not in _imports(name, path, modules), f"{name} imports the trainer"
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        args = {a.arg for node in ast.walk(tree) if isinstance(node, ast.arguments) for a in node.args + node.kwonlyargs}
+        args = {
+            a.arg
+            for node in ast.walk(tree)
+            if isinstance(node, ast.arguments)
+            for a in node.args + node.kwonlyargs
+        }
         assert "trainer" not in args, f"{name} has a function that takes the trainer"
 
 
@@ -313,7 +354,8 @@ def test_at_most_three_functions_pass_the_complexity_limits():
     """ruff's C901 / PLR0912 / PLR0915 run at their defaults on src/ (pyproject.toml); a function may
     be excepted in place, with its reason, three at most."""
     excepted = [
-        f"{path.name}:{i}" for path in PACKAGE.rglob("*.py")
+        f"{path.name}:{i}"
+        for path in PACKAGE.rglob("*.py")
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if re.search(r"noqa:[^#]*\b(C901|PLR0912|PLR0915)\b", line)
     ]
@@ -352,7 +394,11 @@ def test_every_doc_the_code_cites_ships_in_docs():
         page = ROOT / "docs" / doc
         assert page.is_file(), f"docs/{doc} is cited but missing"
         if section:
-            headings = [h.strip("# ").strip() for h in page.read_text(encoding="utf-8").splitlines() if h.startswith("#")]
+            headings = [
+                h.strip("# ").strip()
+                for h in page.read_text(encoding="utf-8").splitlines()
+                if h.startswith("#")
+            ]
             assert section in headings, f'docs/{doc} has no section "{section}"'
 
 
@@ -365,9 +411,11 @@ def test_the_trainer_names_no_method_and_methods_see_only_their_config():
 
     names = set(METHODS) | {"dapo", "grpo", "rose", "sent", "fr3e"}
     tree = ast.parse((PACKAGE / "runtime" / "trainer.py").read_text(encoding="utf-8"))
-    words = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
-        n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-    } | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    words = (
+        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        | {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    )
     assert not names & words, f"trainer.py names {sorted(names & words)}"
     for spec in METHODS.values():
         functions = [load(spec.advantage_fn)] + ([load(spec.rollout_fn)] if spec.rollout_fn else [])
@@ -385,7 +433,9 @@ def test_the_trainer_names_no_method_and_methods_see_only_their_config():
 
 
 def test_the_entropy_forward_rule_is_written_once():
-    hits = [p.name for p in (PACKAGE / "methods").rglob("*.py") if "forward pass for entropies" in p.read_text()]
+    hits = [
+        p.name for p in (PACKAGE / "methods").rglob("*.py") if "forward pass for entropies" in p.read_text()
+    ]
     assert hits == [], f"the FSDP + vllm entropy rule is written in {hits}; MethodSpec.needs_entropy says it"
     assert (PACKAGE / "config" / "load.py").read_text().count("forward pass for entropies") == 1
 

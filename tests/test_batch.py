@@ -12,9 +12,12 @@ def _batch(tag: str, rewards: list[float], group_size: int = 2) -> tuple[Rollout
     n = len(rewards)
     gens = [
         Generation(
-            token_ids=torch.full((i + 1,), 10 + i), logprobs=torch.zeros(i + 1),
-            top_logprobs=torch.zeros(i + 1, 2), top_ids=torch.zeros(i + 1, 2, dtype=torch.long),
-            entropy=torch.zeros(i + 1), finished=True,
+            token_ids=torch.full((i + 1,), 10 + i),
+            logprobs=torch.zeros(i + 1),
+            top_logprobs=torch.zeros(i + 1, 2),
+            top_ids=torch.zeros(i + 1, 2, dtype=torch.long),
+            entropy=torch.zeros(i + 1),
+            finished=True,
         )
         for i in range(n)
     ]

@@ -46,7 +46,9 @@ def test_anti_aligned_pair_by_hand():
     emb = normalized_embeddings(torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]]))
     logp = torch.log(torch.tensor([[0.6, 0.4]]))
     # F = 2 * 0.6 * 0.4 * cos(pi) = -0.48  -> SD = 0.48; normalised: 1 - (-0.48 / 0.48) = 2
-    assert semantic_divergence(logp, torch.tensor([[0, 1]]), emb, "rose").item() == pytest.approx(0.48, rel=1e-6)
+    assert semantic_divergence(logp, torch.tensor([[0, 1]]), emb, "rose").item() == pytest.approx(
+        0.48, rel=1e-6
+    )
     assert semantic_divergence(logp, torch.tensor([[0, 1]]), emb, "normalized").item() == pytest.approx(2.0)
 
 
@@ -64,7 +66,9 @@ def test_metrics_and_modes():
     assert torch.equal(branch_scores(logp, ids, ORTHO, metric="entropy")[0], h)
     assert torch.equal(branch_scores(logp, ids, ORTHO, metric="divergence", sd_mode="normalized")[0], sd)
     full = torch.tensor([2.0, 3.0])
-    s_full, h_full, _ = branch_scores(logp, ids, ORTHO, metric="entropy", entropy_mode="full_vocab", full_entropy=full)
+    s_full, h_full, _ = branch_scores(
+        logp, ids, ORTHO, metric="entropy", entropy_mode="full_vocab", full_entropy=full
+    )
     assert torch.equal(s_full, full) and torch.equal(h_full, full)
     r1 = branch_scores(logp, ids, ORTHO, metric="random", generator=torch.Generator().manual_seed(0))[0]
     r2 = branch_scores(logp, ids, ORTHO, metric="random", generator=torch.Generator().manual_seed(0))[0]

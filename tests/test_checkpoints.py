@@ -39,7 +39,9 @@ def _equal(a, b) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        return (
+            type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
     return type(a) is type(b) and a == b
 
 
@@ -50,7 +52,10 @@ def test_trainer_state_round_trips_without_pickle(tmp_path):
     optimizer.step()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1.0)
     state = {
-        "step": 3, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "stage": 1,
+        "step": 3,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "stage": 1,
         "rng": [rng_state(torch.Generator().manual_seed(1)), rng_state(torch.Generator().manual_seed(2))],
         "nested": {"__odd": (1, 2.5, None, "x"), 7: [True]},
     }
@@ -61,12 +66,28 @@ def test_trainer_state_round_trips_without_pickle(tmp_path):
 
 
 def _cfg(model_dir, task, out, *extra):
-    return load_config(None, [
-        f"model.name={model_dir}", f"data.train={task}", "data.eval=null", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
-        "rollout.group_size=8", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4", "trainer.micro_batch_size=16",
-        "trainer.lr=2e-3", "trainer.steps=3", "reward.num_workers=1", "logging.save_every=1", "logging.keep_last=3",
-        "logging.progress=false", "logging.report_to=[]", f"logging.output_dir={out}", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.name={model_dir}",
+            f"data.train={task}",
+            "data.eval=null",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=8",
+            "rollout.prompts_per_step=4",
+            "rollout.max_new_tokens=4",
+            "trainer.micro_batch_size=16",
+            "trainer.lr=2e-3",
+            "trainer.steps=3",
+            "reward.num_workers=1",
+            "logging.save_every=1",
+            "logging.keep_last=3",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            f"logging.output_dir={out}",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture
@@ -100,10 +121,16 @@ def test_resume_skips_a_damaged_newest_checkpoint(three_steps, tmp_path, how):
     shutil.copytree(three_steps, run)
     _damage(run / "checkpoints" / "step-000003", how)
     assert verify_checkpoint(run / "checkpoints" / "step-000003")
-    proc = subprocess.run([sys.executable, "-m", "semrl", "train", "--resume", str(run)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "semrl", "train", "--resume", str(run)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    reason = {"truncate": "model.safetensors has", "delete": "trainer_state.json is missing",
-              "bitflip": "does not match its checksum", "no-manifest": "manifest.json is missing"}[how]
+    reason = {
+        "truncate": "model.safetensors has",
+        "delete": "trainer_state.json is missing",
+        "bitflip": "does not match its checksum",
+        "no-manifest": "manifest.json is missing",
+    }[how]
     assert "skipping checkpoint" in proc.stderr and "step-000003" in proc.stderr and reason in proc.stderr
     assert not verify_checkpoint(run / "checkpoints" / "step-000003")  # rewritten from step 2
     a, b = _weights(three_steps, 3), _weights(run, 3)
@@ -189,4 +216,7 @@ def test_a_checkpoint_holds_only_weights_beside_its_config(three_steps, tmp_path
     assert sorted(p.name for p in ckpt.glob("*.safetensors")) == ["model.safetensors"]
     assert (ckpt / STATE_DIR / STATE_JSON).is_file() and (ckpt / STATE_DIR / STATE_TENSORS).is_file()
     assert weights_view(ckpt) == str(ckpt)
-    assert not verify_checkpoint(ckpt) and "trainer_state/trainer_state.safetensors" in (ckpt / MANIFEST).read_text()
+    assert (
+        not verify_checkpoint(ckpt)
+        and "trainer_state/trainer_state.safetensors" in (ckpt / MANIFEST).read_text()
+    )

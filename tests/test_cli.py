@@ -14,15 +14,24 @@ from tests.test_architecture import _cli_in_fresh_process
 MISSING = [
     (["eval", "--model", "/nonexistent"], "model '/nonexistent' is neither the alias"),
     (["eval", "--model", "/nonexistent.gguf"], "GGUF file '/nonexistent.gguf' does not exist"),
-    (["eval", "--data", "/nonexistent.jsonl"], "dataset '/nonexistent.jsonl' is neither a packaged benchmark"),
+    (
+        ["eval", "--data", "/nonexistent.jsonl"],
+        "dataset '/nonexistent.jsonl' is neither a packaged benchmark",
+    ),
     (["eval", "--data", "nosuchbench"], "dataset 'nosuchbench' is neither a packaged benchmark"),
-    (["curriculum", "score", "--model", "/nonexistent", "--output", "x.jsonl"], "model '/nonexistent' is neither"),
+    (
+        ["curriculum", "score", "--model", "/nonexistent", "--output", "x.jsonl"],
+        "model '/nonexistent' is neither",
+    ),
     (["train", "--config", "/nonexistent.yaml"], "config file '/nonexistent.yaml' does not exist"),
     (["train", "--resume", "/nonexistent"], "no run directory '/nonexistent'"),
     (["export", "/nonexistent"], "no run directory '/nonexistent'"),
     (["checkpoint", "verify", "/nonexistent"], "no run directory '/nonexistent'"),
     (["compare", "/nonexistent"], "'/nonexistent' does not exist"),
-    (["compare", "results/study_arith", "--decide", "/nonexistent.yaml"], "rules file '/nonexistent.yaml' does not"),
+    (
+        ["compare", "results/study_arith", "--decide", "/nonexistent.yaml"],
+        "rules file '/nonexistent.yaml' does not",
+    ),
     (["sweep", "/nonexistent.yaml"], "sweep file '/nonexistent.yaml' does not exist"),
     (["report", "/nonexistent"], "does not exist"),
     (["config", "--check", "/nonexistent.yaml"], "config file '/nonexistent.yaml' does not exist"),
@@ -43,12 +52,15 @@ def test_a_missing_path_is_named_before_torch_loads(argv, words):
     assert min(seconds) < 1.0, seconds
 
 
-@pytest.mark.parametrize("argv, meant", [
-    (["train", "--confg", "demo"], "Did you mean '--config'?"),
-    (["config", "--chek", "demo"], "Did you mean '--check'?"),
-    (["eval", "--modle", "x", "--limt", "3"], "'--model' for '--modle', '--limit' for '--limt'"),
-    (["compare", "x", "--zzz"], "see 'semrl compare --help'"),
-])
+@pytest.mark.parametrize(
+    "argv, meant",
+    [
+        (["train", "--confg", "demo"], "Did you mean '--config'?"),
+        (["config", "--chek", "demo"], "Did you mean '--check'?"),
+        (["eval", "--modle", "x", "--limt", "3"], "'--model' for '--modle', '--limit' for '--limt'"),
+        (["compare", "x", "--zzz"], "see 'semrl compare --help'"),
+    ],
+)
 def test_a_mistyped_option_gets_the_option_it_meant(argv, meant, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)
@@ -96,7 +108,9 @@ def test_the_reference_fits_a_terminal_and_lists_sections():
         assert max(len(line) for line in text.splitlines()) <= width
         assert "rollout.group_size = 8  (int)" in text and "rose.epsilon" in text
     only = config_reference(["rollout", "rose"], width=80)
-    keys = [line.split()[0] for line in only.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    keys = [
+        line.split()[0] for line in only.splitlines() if line.startswith("  ") and not line.startswith("   ")
+    ]
     assert keys and {k.split(".")[0] for k in keys} == {"rollout", "rose"}
     markdown = config_reference()
     assert markdown.count("| key | type | default | meaning |") == markdown.count("### `") >= 16

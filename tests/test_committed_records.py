@@ -22,8 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _random_rows(rng: random.Random, n: int) -> list[dict]:
     return [
-        {"step": i, "value": rng.uniform(-1e6, 1e6), "text": "".join(rng.choice("ab\u00e9 \\\"{}") for _ in range(9)),
-         "nested": {"ids": [rng.randrange(50_000) for _ in range(rng.randrange(4))]}, "none": None}
+        {
+            "step": i,
+            "value": rng.uniform(-1e6, 1e6),
+            "text": "".join(rng.choice('ab\u00e9 \\"{}') for _ in range(9)),
+            "nested": {"ids": [rng.randrange(50_000) for _ in range(rng.randrange(4))]},
+            "none": None,
+        }
         for i in range(n)
     ]
 
@@ -88,7 +93,9 @@ def test_the_checkout_is_light():
     assert sum(f.stat().st_size for f in files) < 40e6
     records = [f.relative_to(ROOT) for f in files if f.parts[len(ROOT.parts)] == "results"]
     assert records, "no committed study records found"
-    assert not [f for f in records if f.suffix == ".jsonl" and f.name != "looks.jsonl"], "compress: gzip -9n FILE"
+    assert not [f for f in records if f.suffix == ".jsonl" and f.name != "looks.jsonl"], (
+        "compress: gzip -9n FILE"
+    )
     assert not [f for f in records if f.suffix == ".html"]
 
 
@@ -101,4 +108,6 @@ def test_a_committed_run_is_not_continued_over_its_compressed_logs(tmp_path, cap
     shutil.copytree(ROOT / "results" / "study_arith" / "dr_grpo" / "seed-0", run)
     assert main(["train", "--resume", str(run)]) == 2
     err = capsys.readouterr().err
-    assert "logs are compressed (metrics.jsonl.gz, samples.jsonl.gz" in err and f"gunzip {run}/*.jsonl.gz" in err
+    assert (
+        "logs are compressed (metrics.jsonl.gz, samples.jsonl.gz" in err and f"gunzip {run}/*.jsonl.gz" in err
+    )

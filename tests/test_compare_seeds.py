@@ -158,34 +158,46 @@ def test_seed_differences_are_the_mean_per_problem_differences(tmp_path):
     groups = find_runs([sweep])
     d = seed_differences(groups["better"], groups["base_like"], "eval/mean@8")
     expected = [
-        np.mean([
-            sum(s["correct"] for s in a["samples"]) / 8 - sum(s["correct"] for s in b["samples"]) / 8
-            for a, b in zip(truth[("better", s)], truth[("base_like", s)], strict=True)
-        ])
+        np.mean(
+            [
+                sum(s["correct"] for s in a["samples"]) / 8 - sum(s["correct"] for s in b["samples"]) / 8
+                for a, b in zip(truth[("better", s)], truth[("base_like", s)], strict=True)
+            ]
+        )
         for s in range(3)
     ]
     assert d == pytest.approx(expected)
     c = compare_paired(d)
     assert c.seeds == 3 and c.low < c.estimate < c.high and c.low > 0  # a lift of 0.2 per problem is found
     d4 = seed_differences(groups["better"], groups["base_like"], "eval/pass@4")
-    assert d4 == pytest.approx([
-        _pass_at_k_by_comb(truth[("better", s)], 4) - _pass_at_k_by_comb(truth[("base_like", s)], 4)
-        for s in range(3)
-    ])
+    assert d4 == pytest.approx(
+        [
+            _pass_at_k_by_comb(truth[("better", s)], 4) - _pass_at_k_by_comb(truth[("base_like", s)], 4)
+            for s in range(3)
+        ]
+    )
 
 
 def test_equal_token_comparison_interpolates_at_the_smallest_budget(tmp_path):
     """Variant 'tree' samples 60 tokens a step, 'flat' 100: at equal tokens (the 120 tree sampled in
     2 steps) flat is read between its steps 1 (100 tokens) and 2 (200)."""
     for seed in range(2):
-        _write_run(tmp_path / "s" / "flat" / f"seed-{seed}", [
-            {"step": 0, "eval/mean@4": 0.1}, {"step": 1, "rollout/sampled_tokens": 100, "accuracy": 0.2},
-            {"step": 2, "rollout/sampled_tokens": 100, "accuracy": 0.6, "eval/mean@4": 0.5 + seed / 10},
-        ])
-        _write_run(tmp_path / "s" / "tree" / f"seed-{seed}", [
-            {"step": 0, "eval/mean@4": 0.1}, {"step": 1, "rollout/sampled_tokens": 60, "accuracy": 0.3},
-            {"step": 2, "rollout/sampled_tokens": 60, "accuracy": 0.5, "eval/mean@4": 0.4},
-        ])
+        _write_run(
+            tmp_path / "s" / "flat" / f"seed-{seed}",
+            [
+                {"step": 0, "eval/mean@4": 0.1},
+                {"step": 1, "rollout/sampled_tokens": 100, "accuracy": 0.2},
+                {"step": 2, "rollout/sampled_tokens": 100, "accuracy": 0.6, "eval/mean@4": 0.5 + seed / 10},
+            ],
+        )
+        _write_run(
+            tmp_path / "s" / "tree" / f"seed-{seed}",
+            [
+                {"step": 0, "eval/mean@4": 0.1},
+                {"step": 1, "rollout/sampled_tokens": 60, "accuracy": 0.3},
+                {"step": 2, "rollout/sampled_tokens": 60, "accuracy": 0.5, "eval/mean@4": 0.4},
+            ],
+        )
     groups = find_runs([tmp_path / "s"])
     assert cumulative_tokens(groups["flat"][0]) == {0: 0.0, 1: 100.0, 2: 200.0}
     assert equal_token_budget(groups) == 120.0
@@ -255,12 +267,17 @@ def test_seeds_keeps_only_the_seeds_named(tmp_path, capsys):
     title match a sweep that holds just seeds 0 and 2."""
     sweep, truth = _study(tmp_path)
     groups = find_runs([sweep], seeds=[0, 2])
-    assert {v: [r.seed for r in runs] for v, runs in groups.items()} == {"base_like": [0, 2], "better": [0, 2]}
+    assert {v: [r.seed for r in runs] for v, runs in groups.items()} == {
+        "base_like": [0, 2],
+        "better": [0, 2],
+    }
     d = seed_differences(groups["better"], groups["base_like"], "eval/pass@4")
-    assert d == pytest.approx([
-        _pass_at_k_by_comb(truth[("better", s)], 4) - _pass_at_k_by_comb(truth[("base_like", s)], 4)
-        for s in (0, 2)
-    ])
+    assert d == pytest.approx(
+        [
+            _pass_at_k_by_comb(truth[("better", s)], 4) - _pass_at_k_by_comb(truth[("base_like", s)], 4)
+            for s in (0, 2)
+        ]
+    )
     md = compare_seeds([sweep], seeds=[0, 2])
     assert "seeds [0, 2]" in md and "base_like (2)" in md
     better = [_pass_at_k_by_comb(truth[("better", s)], 1) for s in (0, 2)]
@@ -306,7 +323,10 @@ def test_each_variant_has_one_colour_in_every_figure(tmp_path, monkeypatch):
         colours.setdefault(label, set()).add(colour)
     assert set(colours) == {"base model", "base_like", "better"}
     assert all(colours[name] == {method_color(name)} for name in colours)
-    assert method_color("base model") == METHOD_COLORS["base model"] and method_color("rose") == METHOD_COLORS["rose"]
+    assert (
+        method_color("base model") == METHOD_COLORS["base model"]
+        and method_color("rose") == METHOD_COLORS["rose"]
+    )
     assert method_color("my_variant") == method_color("my_variant")  # stable, not drawn from a cycle
 
 
@@ -329,8 +349,12 @@ def test_method_colours_stay_apart_for_red_green_colour_blind_readers():
     this palette replaced, were 7 apart under deuteranopia."""
     from semrl.studies.runs import METHOD_COLORS
 
-    protan = np.array([[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]])
-    deutan = np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]])
+    protan = np.array(
+        [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]]
+    )
+    deutan = np.array(
+        [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]]
+    )
     names = ["base model", "dr_grpo", "grpo", "rose", "sent", "treepo", "latr"]
     for cvd in (None, protan, deutan):
         labs = {n: _lab(METHOD_COLORS[n], cvd) for n in names}

@@ -77,7 +77,9 @@ def test_shipped_configs_are_valid():
     from semrl.studies.sweep import load_sweep
 
     for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
-        if "variants" in (yaml.safe_load(path.read_text()) or {}):  # a sweep file: every run's config is checked
+        if "variants" in (
+            yaml.safe_load(path.read_text()) or {}
+        ):  # a sweep file: every run's config is checked
             assert load_sweep(path).runs
         else:
             load_config(path)
@@ -87,7 +89,9 @@ def test_a_loaded_config_is_final():
     import dataclasses
 
     cfg = load_config(None, ["algorithm.method=rose"])
-    assert cfg.algorithm.norm_adv_by_std is False and cfg.algorithm.policy_loss == "ppo"  # the method's defaults
+    assert (
+        cfg.algorithm.norm_adv_by_std is False and cfg.algorithm.policy_loss == "ppo"
+    )  # the method's defaults
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.trainer.lr = 1.0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -121,7 +125,12 @@ def test_clip_cov_defaults_to_its_recipes_clip_range():
     cfg = load_config(None, ["algorithm.method=clip_cov"])
     assert (cfg.algorithm.clip_ratio_low, cfg.algorithm.clip_ratio_high) == (1.0, 1.0)
     assert load_config(None, ["algorithm.method=grpo"]).algorithm.clip_ratio_high == 0.2
-    assert load_config(None, ["algorithm.method=clip_cov", "algorithm.clip_ratio_high=0.3"]).algorithm.clip_ratio_high == 0.3
+    assert (
+        load_config(
+            None, ["algorithm.method=clip_cov", "algorithm.clip_ratio_high=0.3"]
+        ).algorithm.clip_ratio_high
+        == 0.3
+    )
 
 
 def _ranged_options():
@@ -149,8 +158,9 @@ def test_every_numeric_option_has_a_range():
     for section, cls in [*_core_sections().items(), *sorted(_method_sections().items())]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            numeric = {int, float} & {a for a in (hints[f.name], *typing.get_args(hints[f.name]))
-                                      for a in (a, *typing.get_args(a))}
+            numeric = {int, float} & {
+                a for a in (hints[f.name], *typing.get_args(hints[f.name])) for a in (a, *typing.get_args(a))
+            }
             if numeric and f.metadata.get("range") is None:
                 unranged.append(f"{section}.{f.name}")
     assert unranged == []
@@ -189,7 +199,11 @@ def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotat
         outside.append(valid.low if valid.low_open else valid.low - step)
     if valid.high is not None:
         outside.append(valid.high if valid.high_open else valid.high + step)
-    method = key.split(".")[0] if key.split(".")[0] not in {"model", "data", "rollout", "reward", "algorithm", "trainer", "logging"} else None
+    method = (
+        key.split(".")[0]
+        if key.split(".")[0] not in {"model", "data", "rollout", "reward", "algorithm", "trainer", "logging"}
+        else None
+    )
     base = [f"algorithm.method={method}"] if method else []
     listed = "list" in str(annotation)
     if not outside:  # any finite number: infinity is refused
@@ -199,19 +213,24 @@ def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotat
             value = int(value)
         text = ".inf" if value == float("inf") else str(value)
         text = f"[{text}]" if listed else text
-        with pytest.raises(ConfigError, match=rf"config key '{re.escape(key)}' must be .*got {re.escape(repr(value))}"):
+        with pytest.raises(
+            ConfigError, match=rf"config key '{re.escape(key)}' must be .*got {re.escape(repr(value))}"
+        ):
             load_config(None, [*base, f"{key}={text}"])
         # the command line too: `semrl config --check` exits 2 naming the key, and loads no model
         assert main(["config", "--check", "demo", *base, f"{key}={text}"]) == 2
         assert f"config key '{key}' must be" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("override, message", [
-    ("rollout.group_size=1", "rollout.group_size' must be >= 2, got 1"),
-    ("rollout.temperature=0", "rollout.temperature' must be > 0, got 0"),
-    ("rollout.top_k=1", "rollout.top_k' is 1"),
-    ("reward.weights=[0]", "reward.weights' is [0.0]"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.group_size=1", "rollout.group_size' must be >= 2, got 1"),
+        ("rollout.temperature=0", "rollout.temperature' must be > 0, got 0"),
+        ("rollout.top_k=1", "rollout.top_k' is 1"),
+        ("reward.weights=[0]", "reward.weights' is [0.0]"),
+    ],
+)
 def test_configs_that_cannot_learn_are_refused_before_anything_loads(override, message, tmp_path, capsys):
     """One response per prompt, or greedy rollouts, give every group-relative advantage 0: refused by
     load_config and by `semrl config --check` (exit 2), with no run directory written."""
@@ -225,16 +244,21 @@ def test_configs_that_cannot_learn_are_refused_before_anything_loads(override, m
     assert message in capsys.readouterr().err
     assert main(["train", "--config", str(config), override]) == 2
     assert not (tmp_path / "run").exists()
-    load_config(None, ["rollout.temperature=0.6", "logging.eval_temperature=0"])  # a greedy evaluation is fine
+    load_config(
+        None, ["rollout.temperature=0.6", "logging.eval_temperature=0"]
+    )  # a greedy evaluation is fine
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"- a\n- b\n", "holds a list, not a mapping"),
-    (b"just a string\n", "holds a str, not a mapping"),
-    (b"\x89PNG\r\n\x1a\n\x00\x00", "is not text"),
-    (b"", "is empty"),
-    (b"# only a comment\n\n", "is empty"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"- a\n- b\n", "holds a list, not a mapping"),
+        (b"just a string\n", "holds a str, not a mapping"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "is not text"),
+        (b"", "is empty"),
+        (b"# only a comment\n\n", "is empty"),
+    ],
+)
 def test_a_config_file_that_is_not_a_mapping_is_named_with_the_fix(content, message, tmp_path, capsys):
     from semrl.cli import main
 
@@ -306,11 +330,14 @@ def test_missing_run_directories_are_named_before_anything_heavy_loads(tmp_path,
     assert "no run directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("overrides, inert", [
-    (["algorithm.method=sent"], "sent.kl_target=old_abs"),
-    (["algorithm.method=kl_cov"], "kl_cov.ppo_kl_coef=1.0"),
-    (["algorithm.method=dapo", "algorithm.clip_ratio_high=0.28"], "algorithm.clip_ratio_high=0.28"),
-])
+@pytest.mark.parametrize(
+    "overrides, inert",
+    [
+        (["algorithm.method=sent"], "sent.kl_target=old_abs"),
+        (["algorithm.method=kl_cov"], "kl_cov.ppo_kl_coef=1.0"),
+        (["algorithm.method=dapo", "algorithm.clip_ratio_high=0.28"], "algorithm.clip_ratio_high=0.28"),
+    ],
+)
 def test_an_option_that_cannot_act_on_policy_is_said_loudly(overrides, inert, caplog):
     """SENT's |logp - old logp| penalty, KL-Cov's and clip-higher are identically 0 (never reached)
     when the update is purely on-policy: a warning names the option and the keys that make it act;
@@ -347,7 +374,9 @@ def test_no_packaged_config_has_an_option_that_cannot_act(caplog):
 def test_an_unknown_method_names_the_key_the_closest_method_and_the_others():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["algorithm.method=rosee"])
-    assert str(err.value).startswith("config key 'algorithm.method': unknown method 'rosee'. Did you mean 'rose'? Available: ")
+    assert str(err.value).startswith(
+        "config key 'algorithm.method': unknown method 'rosee'. Did you mean 'rose'? Available: "
+    )
     assert "dr_grpo" in str(err.value) and "treepo" in str(err.value)
 
 
@@ -363,12 +392,15 @@ def test_did_you_mean_names_the_closest_entry_with_its_prefix_or_nothing() -> No
     assert closest("gpo", ["grpo"], cutoff=0.8) == "grpo" and closest("gpo", ["grpo"], cutoff=0.9) is None
 
 
-@pytest.mark.parametrize("override, message", [
-    ("data.train={tmp}/missing.jsonl", "missing.jsonl"),
-    ("data.eval={tmp}/no_answer.jsonl", "missing required field(s) ['answer']"),
-    ("data.train={tmp}/no_answer.jsonl", "no_answer.jsonl line 1"),
-    ("reward.functions=[math, {tmp}/missing_reward.py:score]", "missing_reward.py"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.train={tmp}/missing.jsonl", "missing.jsonl"),
+        ("data.eval={tmp}/no_answer.jsonl", "missing required field(s) ['answer']"),
+        ("data.train={tmp}/no_answer.jsonl", "no_answer.jsonl line 1"),
+        ("reward.functions=[math, {tmp}/missing_reward.py:score]", "missing_reward.py"),
+    ],
+)
 def test_config_check_refuses_what_training_would(override, message, tmp_path, capsys):
     """`semrl config --check` reads the problems and imports the reward functions as `semrl train`
     does before any model (exit 2, the file named); `semrl train` refuses them before it writes a run
@@ -398,8 +430,12 @@ def test_each_run_gets_a_directory_of_its_own_unless_one_is_named(tmp_path, monk
     assert stamp and before <= datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S") <= datetime.now()
     assert not (tmp_path / "runs").exists()
     assert re.fullmatch(r"runs/rose_demo-\d{8}-\d{6}", load_config("rose_demo").logging.output_dir)
-    assert re.fullmatch(r"runs/grpo-\d{8}-\d{6}", load_config(None, ["algorithm.method=grpo"]).logging.output_dir)
-    assert re.fullmatch(r"runs/demo-\d{8}-\d{6}", load_config("demo", ["logging.output_dir=auto"]).logging.output_dir)
+    assert re.fullmatch(
+        r"runs/grpo-\d{8}-\d{6}", load_config(None, ["algorithm.method=grpo"]).logging.output_dir
+    )
+    assert re.fullmatch(
+        r"runs/demo-\d{8}-\d{6}", load_config("demo", ["logging.output_dir=auto"]).logging.output_dir
+    )
     assert load_config("demo", ["logging.output_dir=mine"]).logging.output_dir == "mine"
     now = datetime(2026, 11, 28, 1, 2, 3)
     assert fresh_run_dir("demo", now=now) == "runs/demo-20261128-010203"
@@ -407,7 +443,9 @@ def test_each_run_gets_a_directory_of_its_own_unless_one_is_named(tmp_path, monk
     assert fresh_run_dir("demo", now=now) == "runs/demo-20261128-010203-2"
     (tmp_path / "runs" / "demo-20261128-010203-2").mkdir()
     assert fresh_run_dir("demo", now=now) == "runs/demo-20261128-010203-3"
-    assert fresh_run_dir("demo", tmp_path / "elsewhere", now) == str(tmp_path / "elsewhere" / "demo-20261128-010203")
+    assert fresh_run_dir("demo", tmp_path / "elsewhere", now) == str(
+        tmp_path / "elsewhere" / "demo-20261128-010203"
+    )
 
 
 def test_the_processes_of_one_run_share_the_directory_chosen_once(tmp_path, monkeypatch):

@@ -120,7 +120,9 @@ PINNED = [
 
 def _ranged_keys() -> set[str]:
     sections = [*core_sections().items(), *method_sections().items()]
-    return {f"{s}.{f.name}" for s, cls in sections for f in dataclasses.fields(cls) if f.metadata.get("range")}
+    return {
+        f"{s}.{f.name}" for s, cls in sections for f in dataclasses.fields(cls) if f.metadata.get("range")
+    }
 
 
 def test_every_ranged_option_is_pinned():

@@ -34,12 +34,16 @@ def test_stages_sort_easy_first_and_split_evenly(tmp_path):
 
 
 def test_load_curriculum_names_bad_rows(tmp_path):
-    good = _write(tmp_path / "c.jsonl", [{"id": "a", "problem": "1+1", "answer": "2", "semantic_entropy": 0.3}])
+    good = _write(
+        tmp_path / "c.jsonl", [{"id": "a", "problem": "1+1", "answer": "2", "semantic_entropy": 0.3}]
+    )
     assert [(p.id, h) for p, h in load_curriculum(good)] == [("a", 0.3)]
     with pytest.raises(DataError, match="semrl curriculum score --output"):
         load_curriculum(tmp_path / "missing.jsonl")
     bad = _write(tmp_path / "b.jsonl", [{"id": "a", "problem": "1+1", "answer": "2"}])
-    with pytest.raises(DataError, match=r"b.jsonl: problem 'a': field 'semantic_entropy'.*semrl curriculum score"):
+    with pytest.raises(
+        DataError, match=r"b.jsonl: problem 'a': field 'semantic_entropy'.*semrl curriculum score"
+    ):
         load_curriculum(bad)
 
 
@@ -50,11 +54,29 @@ def test_score_problems_is_resumable(digit_model_dir, tmp_path):
     out = tmp_path / "scores.jsonl"
     params = SamplingParams(max_new_tokens=4)
     with VerifierPool(1, 5.0) as pool:
-        n = score_problems(engine, tok, Judge(pool), problems[:3], out, params, 4, PromptFormat(DIGIT_SYSTEM_PROMPT),
-                           generator=torch.Generator().manual_seed(0))
+        n = score_problems(
+            engine,
+            tok,
+            Judge(pool),
+            problems[:3],
+            out,
+            params,
+            4,
+            PromptFormat(DIGIT_SYSTEM_PROMPT),
+            generator=torch.Generator().manual_seed(0),
+        )
         assert n == 3
-        n = score_problems(engine, tok, Judge(pool), problems, out, params, 4, PromptFormat(DIGIT_SYSTEM_PROMPT),
-                           generator=torch.Generator().manual_seed(0))
+        n = score_problems(
+            engine,
+            tok,
+            Judge(pool),
+            problems,
+            out,
+            params,
+            4,
+            PromptFormat(DIGIT_SYSTEM_PROMPT),
+            generator=torch.Generator().manual_seed(0),
+        )
         assert n == 2  # the first three are skipped
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["d0", "d1", "d2", "d3", "d4"]
@@ -75,15 +97,36 @@ def test_two_stage_curriculum_trains_and_switches(digit_model_dir, tmp_path):
     ]
     curriculum = _write(tmp_path / "curr.jsonl", rows)
     out = tmp_path / "run"
-    cfg = load_config(None, [
-        f"model.name={digit_model_dir}", "data.train=arithmetic", "data.eval=null", f"data.curriculum={curriculum}",
-        f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=4", "trainer.steps=4", "trainer.micro_batch_size=16", "algorithm.method=sent",
-        "algorithm.kl_coef=0.001", "reward.num_workers=1", f"logging.output_dir={out}", "logging.progress=false",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={digit_model_dir}",
+            "data.train=arithmetic",
+            "data.eval=null",
+            f"data.curriculum={curriculum}",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=4",
+            "rollout.max_new_tokens=4",
+            "trainer.steps=4",
+            "trainer.micro_batch_size=16",
+            "algorithm.method=sent",
+            "algorithm.kl_coef=0.001",
+            "reward.num_workers=1",
+            f"logging.output_dir={out}",
+            "logging.progress=false",
+        ],
+    )
     trainer = Trainer(cfg)
     assert [len(s) for s in trainer.curriculum.stages] == [20, 20]
-    assert max(float(r["semantic_entropy"]) for r in rows if r["id"] in {p.id for p in trainer.curriculum.stages[0]}) <= 2
+    assert (
+        max(
+            float(r["semantic_entropy"])
+            for r in rows
+            if r["id"] in {p.id for p in trainer.curriculum.stages[0]}
+        )
+        <= 2
+    )
     stage_one_optimizer = trainer.run.optim.optimizer
     trainer.train()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -98,8 +141,23 @@ def test_two_stage_curriculum_trains_and_switches(digit_model_dir, tmp_path):
 
 def test_curriculum_score_cli(digit_model_dir, tmp_path, capsys):
     out = tmp_path / "s.jsonl"
-    code = main(["curriculum", "score", "--model", str(digit_model_dir), "--limit", "3", "--n", "2",
-                 "--max-new-tokens", "4", "--output", str(out), "--quiet"])
+    code = main(
+        [
+            "curriculum",
+            "score",
+            "--model",
+            str(digit_model_dir),
+            "--limit",
+            "3",
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0 and "3 problems scored" in capsys.readouterr().out
     assert len(out.read_text().splitlines()) == 3
 
@@ -112,18 +170,36 @@ def test_resume_inside_the_second_stage_is_exact(digit_model_dir, tmp_path):
     from semrl.models.loading import load_model
     from semrl.runtime.checkpoint import latest_checkpoint
 
-    rows = [{"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7", "semantic_entropy": float(i % 5)}
-            for i in range(40)]
+    rows = [
+        {"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7", "semantic_entropy": float(i % 5)}
+        for i in range(40)
+    ]
     curriculum = _write(tmp_path / "curr.jsonl", rows)
 
     def cfg(out):
-        return load_config(None, [
-            f"model.name={digit_model_dir}", "data.train=arithmetic", "data.eval=null", f"data.curriculum={curriculum}",
-            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.prompts_per_step=4",
-            "rollout.max_new_tokens=4", "trainer.steps=4", "trainer.micro_batch_size=16", "trainer.lr=1e-2",
-            "algorithm.method=sent", "algorithm.kl_coef=0.01", "reward.num_workers=1", "logging.save_every=1",
-            f"logging.output_dir={out}", "logging.progress=false", "logging.report_to=[]",
-        ])
+        return load_config(
+            None,
+            [
+                f"model.name={digit_model_dir}",
+                "data.train=arithmetic",
+                "data.eval=null",
+                f"data.curriculum={curriculum}",
+                f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+                "rollout.group_size=4",
+                "rollout.prompts_per_step=4",
+                "rollout.max_new_tokens=4",
+                "trainer.steps=4",
+                "trainer.micro_batch_size=16",
+                "trainer.lr=1e-2",
+                "algorithm.method=sent",
+                "algorithm.kl_coef=0.01",
+                "reward.num_workers=1",
+                "logging.save_every=1",
+                f"logging.output_dir={out}",
+                "logging.progress=false",
+                "logging.report_to=[]",
+            ],
+        )
 
     whole = tmp_path / "whole"
     Trainer(cfg(whole)).train()

@@ -67,7 +67,9 @@ def test_parquet(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist([{"id": "a", "problem": "1+1?", "answer": "2"}, {"id": "b", "problem": "x", "answer": None}])
+    table = pa.Table.from_pylist(
+        [{"id": "a", "problem": "1+1?", "answer": "2"}, {"id": "b", "problem": "x", "answer": None}]
+    )
     pq.write_table(table, tmp_path / "d.parquet")
     with pytest.raises(DataError, match="row 2: missing"):
         load_problems(tmp_path / "d.parquet")
@@ -80,7 +82,9 @@ def test_arithmetic_is_seeded_levelled_and_correct():
     for p in a:
         expr = p.problem.removeprefix("What is ").removesuffix("?")
         assert int(p.answer) == _calc(expr)
-    held = make_arithmetic_problems(20, [1], seed=4, exclude={p.problem for p in make_arithmetic_problems(60, [1], 3)})
+    held = make_arithmetic_problems(
+        20, [1], seed=4, exclude={p.problem for p in make_arithmetic_problems(60, [1], 3)}
+    )
     assert len(held) <= 40  # only 100 distinct 1-digit sums exist
 
 
@@ -123,8 +127,15 @@ def test_held_out_arithmetic_is_disjoint_from_training_even_for_tiny_levels():
 def test_transfer_split_draws_other_levels_without_training_or_held_out_texts():
     from semrl.data.problem_sets import load_problem_sets, load_transfer_problems
 
-    cfg = load_config(None, ["data.arithmetic_levels=[1, 4]", "data.eval_size=24", "data.transfer=arithmetic",
-                             "data.transfer_levels=[1, 3]"])
+    cfg = load_config(
+        None,
+        [
+            "data.arithmetic_levels=[1, 4]",
+            "data.eval_size=24",
+            "data.transfer=arithmetic",
+            "data.transfer_levels=[1, 3]",
+        ],
+    )
     held_out, (train,) = load_problem_sets(cfg)
     transfer = load_transfer_problems(cfg, [held_out, train])
     assert len(transfer) == 24 and {p.level for p in transfer} <= {1, 3}
@@ -140,9 +151,10 @@ def test_own_data_without_data_eval_is_evaluated_on_a_fixed_slice_of_itself(tmp_
     never trained on, the same slice for every trainer.seed; 'arithmetic' stays procedural."""
     from semrl.data.problem_sets import eval_source, load_problem_sets
 
-    path = _write(tmp_path / "mine.jsonl", [
-        {"question": f"What is {i} times 3?", "final": str(3 * i)} for i in range(rows)
-    ])
+    path = _write(
+        tmp_path / "mine.jsonl",
+        [{"question": f"What is {i} times 3?", "final": str(3 * i)} for i in range(rows)],
+    )
     own = [f"data.train={path}", "data.problem_key=question", "data.answer_key=final", "data.eval_size=32"]
     slices = []
     for seed in (0, 1, 7):
@@ -159,7 +171,9 @@ def test_own_data_without_data_eval_is_evaluated_on_a_fixed_slice_of_itself(tmp_
     # an explicit data.eval wins: its first eval_size problems, and training keeps every row of the file
     explicit = load_config(None, [*own, f"data.eval={path}", "data.eval_size=3"])
     held_out, (train,) = load_problem_sets(explicit)
-    assert [p.problem for p in held_out] == [f"What is {i} times 3?" for i in range(3)] and len(train) == rows - 3
+    assert [p.problem for p in held_out] == [f"What is {i} times 3?" for i in range(3)] and len(
+        train
+    ) == rows - 3
     assert eval_source(explicit.to_dict()["data"]) == str(path)
 
 
@@ -178,7 +192,9 @@ def test_arithmetic_auto_is_the_arithmetic_held_out_split():
 
     for levels in ("[1]", "[2, 3]"):
         auto = load_problem_sets(load_config(None, [f"data.arithmetic_levels={levels}"]))
-        named = load_problem_sets(load_config(None, [f"data.arithmetic_levels={levels}", "data.eval=arithmetic"]))
+        named = load_problem_sets(
+            load_config(None, [f"data.arithmetic_levels={levels}", "data.eval=arithmetic"])
+        )
         assert auto == named
     assert eval_source(load_config(None, []).to_dict()["data"]) == "arithmetic"
 
@@ -196,11 +212,16 @@ def test_rows_without_an_id_are_numbered_by_their_position(tmp_path):
     problems, _ = load_problems(path, columns=columns)
     assert [p.id for p in problems] == ["row-1", "row-2", "row-3", "mine", "row-5", "row-6"]
     assert [p.answer for p in problems] == [str(i + 1) for i in range(6)]
-    pq.write_table(pa.table({"q": [r["q"] for r in rows], "a": [r["a"] for r in rows]}), tmp_path / "t.parquet")
+    pq.write_table(
+        pa.table({"q": [r["q"] for r in rows], "a": [r["a"] for r in rows]}), tmp_path / "t.parquet"
+    )
     assert [p.id for p in load_problems(tmp_path / "t.parquet", columns=columns)[0]] == [
-        f"row-{i}" for i in range(1, 7)]
-    clash = _write(tmp_path / "clash.jsonl", [{"problem": "a", "answer": 1},
-                                             {"problem": "b", "answer": 2, "id": "row-1"}])
+        f"row-{i}" for i in range(1, 7)
+    ]
+    clash = _write(
+        tmp_path / "clash.jsonl",
+        [{"problem": "a", "answer": 1}, {"problem": "b", "answer": 2, "id": "row-1"}],
+    )
     with pytest.raises(DataError, match="duplicate id 'row-1'"):
         load_problems(clash)
     null = _write(tmp_path / "null.jsonl", [{"problem": "a", "answer": 1, "id": None}])

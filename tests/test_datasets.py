@@ -13,7 +13,10 @@ from semrl.config.load import load_config
 from semrl.config.sections import ConfigError
 from semrl.data import Columns, DataError, build_prompt_ids, load_problems, problem_columns
 
-ROWS = [{"question": f"What is {i} + {i}?", "final": str(2 * i), "difficulty": i % 3, "source": "toy"} for i in range(7)]
+ROWS = [
+    {"question": f"What is {i} + {i}?", "final": str(2 * i), "difficulty": i % 3, "source": "toy"}
+    for i in range(7)
+]
 MAPPED = Columns(problem="question", answer="final")
 
 
@@ -46,10 +49,12 @@ def test_json_through_datasets_numbers_rows_without_ids(tmp_path, layout):
 def test_saved_dataset_directory_with_splits(tmp_path):
     import datasets
 
-    data = datasets.DatasetDict({
-        "train": datasets.Dataset.from_list(ROWS),
-        "test": datasets.Dataset.from_list([{**ROWS[0], "question": "held out?"}]),
-    })
+    data = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list(ROWS),
+            "test": datasets.Dataset.from_list([{**ROWS[0], "question": "held out?"}]),
+        }
+    )
     data.save_to_disk(str(tmp_path / "saved"))
     _check(load_problems(tmp_path / "saved", columns=MAPPED, split="train")[0])
     assert load_problems(tmp_path / "saved", columns=MAPPED, split="test")[0][0].problem == "held out?"
@@ -82,8 +87,11 @@ def test_prompt_template(tiny_model_dir):
     ids = build_prompt_ids(tokenizer, "1 + 1?", "ignored system prompt", template)
     assert ids == tokenizer("Question: 1 + 1?\nAnswer: Let's think step by step.")["input_ids"]
     assert ids != build_prompt_ids(tokenizer, "1 + 1?", "ignored system prompt")
-    for bad, message in [("no field", "no {problem} field"), ("{question}", "only field is {problem}"),
-                         ("{problem} {", "only field")]:
+    for bad, message in [
+        ("no field", "no {problem} field"),
+        ("{question}", "only field is {problem}"),
+        ("{problem} {", "only field"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, [f"data.prompt_template={json.dumps(bad)}"])
 
@@ -93,12 +101,28 @@ def test_training_on_mapped_parquet_with_a_template(tiny_model_dir, tmp_path):
 
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), path)
-    cfg = load_config(None, [
-        f"model.name={tiny_model_dir}", f"data.train={path}", "data.eval=null", "data.problem_key=question",
-        "data.answer_key=final", 'data.prompt_template="Q: {problem}\\nA:"', "rollout.group_size=2",
-        "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "trainer.steps=1", "logging.progress=false",
-        "logging.report_to=[]", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={tiny_model_dir}",
+            f"data.train={path}",
+            "data.eval=null",
+            "data.problem_key=question",
+            "data.answer_key=final",
+            'data.prompt_template="Q: {problem}\\nA:"',
+            "rollout.group_size=2",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=4",
+            "trainer.steps=1",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            f"logging.output_dir={tmp_path / 'run'}",
+            "reward.num_workers=1",
+        ],
+    )
     trainer = Trainer(cfg)
-    assert trainer.curriculum.problems[3].problem == "What is 3 + 3?" and trainer.curriculum.problems[3].id == "row-4"
+    assert (
+        trainer.curriculum.problems[3].problem == "What is 3 + 3?"
+        and trainer.curriculum.problems[3].id == "row-4"
+    )
     assert "reward" in trainer.train()

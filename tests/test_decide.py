@@ -114,7 +114,14 @@ def test_an_undecided_rule_names_the_seeds_from_its_own_bound_and_which_way_they
     assert len(seen) == 6  # both directions of every expectation
 
 
-RULE = {"id": "H1", "claim": "x", "metric": "eval/pass@1", "pair": ["a", "b"], "expect": "greater", "margin": 0.05}
+RULE = {
+    "id": "H1",
+    "claim": "x",
+    "metric": "eval/pass@1",
+    "pair": ["a", "b"],
+    "expect": "greater",
+    "margin": 0.05,
+}
 
 
 @pytest.mark.parametrize(
@@ -169,7 +176,9 @@ def _sweep(root: Path) -> Path:
         for variant, lift, noise in (("base", 0.0, 0.0), ("better", 0.3, 0.02), ("same", offset, 0.0)):
             run = root / variant / f"seed-{seed}"
             run.mkdir(parents=True)
-            rows = [{"step": s, "entropy": 1.0 + (s / 10 if variant == "better" else 0.0)} for s in range(1, 13)]
+            rows = [
+                {"step": s, "entropy": 1.0 + (s / 10 if variant == "better" else 0.0)} for s in range(1, 13)
+            ]
             rows[-1]["eval/pass@1"] = base + lift + float(rng.normal(0, noise))
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             (run / "sweep_done.json").write_text("{}")
@@ -199,7 +208,11 @@ def test_compare_decide_judges_each_rule_end_to_end(tmp_path, capsys):
     assert rows["noninf"].endswith("| decided |")
     # better's entropy is 1 + step/10, the others' 1.0: over steps 3-12 the mean difference is 0.75,
     # over steps 10-12 it is 1.1 (the last step alone: 1.2)
-    assert "| +0.750 |" in rows["ent"] and "(last 10 steps)" in rows["ent"] and rows["ent"].endswith("| decided |")
+    assert (
+        "| +0.750 |" in rows["ent"]
+        and "(last 10 steps)" in rows["ent"]
+        and rows["ent"].endswith("| decided |")
+    )
     assert "| +1.100 |" in rows["ent-last3"]
     assert rows["later"].endswith("| undecided: no seed finished both variants |")
     assert "7 rules: 4 decided, 1 decided against, 1 ruled out, 1 undecided" in printed
@@ -224,23 +237,38 @@ def test_compare_draws_the_decisions_as_a_forest_plot(tmp_path):
 
     sweep = _sweep(tmp_path / "sweep")
     path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump({
-        "design": {"type": "fixed", "looks": [5]}, "families": {"primary": "holm", "secondary": "bh"},
-        "rules": [RULE | {"id": "lift", "pair": ["better", "base"], "family": "primary"},
-                  RULE | {"id": "none", "pair": ["same", "base"], "family": "secondary"}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "design": {"type": "fixed", "looks": [5]},
+                "families": {"primary": "holm", "secondary": "bh"},
+                "rules": [
+                    RULE | {"id": "lift", "pair": ["better", "base"], "family": "primary"},
+                    RULE | {"id": "none", "pair": ["same", "base"], "family": "secondary"},
+                ],
+            }
+        )
+    )
     rules = load_rules(path)
     (_, _, rows), forest = design_section(find_runs([sweep]), rules, False, False, None)
     assert [r.label.split(":")[0] for r in forest] == ["lift", "none"]
     for row, table_row, variant in zip(forest, rows, ("better", "same"), strict=True):
-        d = [json.loads((sweep / variant / f"seed-{s}" / "metrics.jsonl").read_text().splitlines()[-1])["eval/pass@1"]
-             - json.loads((sweep / "base" / f"seed-{s}" / "metrics.jsonl").read_text().splitlines()[-1])["eval/pass@1"]
-             for s in range(5)]
+        d = [
+            json.loads((sweep / variant / f"seed-{s}" / "metrics.jsonl").read_text().splitlines()[-1])[
+                "eval/pass@1"
+            ]
+            - json.loads((sweep / "base" / f"seed-{s}" / "metrics.jsonl").read_text().splitlines()[-1])[
+                "eval/pass@1"
+            ]
+            for s in range(5)
+        ]
         assert row.differences == pytest.approx(d) and row.estimate == pytest.approx(np.mean(d))
         half = st.t.ppf(0.975, 4) * np.std(d, ddof=1) / np.sqrt(5)
         assert row.descriptive == pytest.approx((np.mean(d) - half, np.mean(d) + half))
         assert f"[{row.design[0]:+.3f}, {row.design[1]:+.3f}]" in table_row
-        assert table_row[10].startswith(row.outcome) and row.variant == variant and row.margin == RULE["margin"]
+        assert (
+            table_row[10].startswith(row.outcome) and row.variant == variant and row.margin == RULE["margin"]
+        )
         half = st.t.ppf(1 - (1 - row.level) / 2, 4) * np.std(d, ddof=1) / np.sqrt(5)
         assert row.design == pytest.approx((np.mean(d) - half, np.mean(d) + half))
     out = tmp_path / "cmp"
@@ -255,8 +283,10 @@ def test_compare_draws_the_decisions_as_a_forest_plot(tmp_path):
 
 
 def _curve_run(variant: str, seed: int, values: dict[int, float], samples: int = 8) -> Run:
-    rows = [{"step": s, "eval/pass@1": v, "eval/pass@4": v, f"eval/mean@{samples}": v, "reward": 0.0}
-            for s, v in values.items()]
+    rows = [
+        {"step": s, "eval/pass@1": v, "eval/pass@4": v, f"eval/mean@{samples}": v, "reward": 0.0}
+        for s, v in values.items()
+    ]
     return Run(variant, seed, Path(f"{variant}/seed-{seed}"), rows)
 
 
@@ -270,13 +300,27 @@ def test_a_curve_rule_compares_the_mean_over_evaluations_after_step_0(seed):
 
     rng = np.random.default_rng(seed)
     steps = [0, *sorted(rng.choice(np.arange(1, 60), size=rng.integers(1, 6), replace=False).tolist())]
-    curves = {(v, s): dict(zip(steps, rng.uniform(0, 1, len(steps)), strict=True))
-              for v in ("rose", "dr_grpo") for s in range(4)}
+    curves = {
+        (v, s): dict(zip(steps, rng.uniform(0, 1, len(steps)), strict=True))
+        for v in ("rose", "dr_grpo")
+        for s in range(4)
+    }
     groups = {v: [_curve_run(v, s, curves[v, s]) for s in range(4)] for v in ("rose", "dr_grpo")}
-    rule = _hypothesis({"id": "C1", "metric": "eval/pass@1", "pair": ["rose", "dr_grpo"], "expect": "greater",
-                        "margin": 0.05, "over": "curve"}, "test")
-    by_hand = {s: float(np.mean([curves["rose", s][t] - curves["dr_grpo", s][t] for t in steps[1:]]))
-               for s in range(4)}
+    rule = _hypothesis(
+        {
+            "id": "C1",
+            "metric": "eval/pass@1",
+            "pair": ["rose", "dr_grpo"],
+            "expect": "greater",
+            "margin": 0.05,
+            "over": "curve",
+        },
+        "test",
+    )
+    by_hand = {
+        s: float(np.mean([curves["rose", s][t] - curves["dr_grpo", s][t] for t in steps[1:]]))
+        for s in range(4)
+    }
     got = rule_differences(groups, [rule])["C1"]
     assert got.keys() == by_hand.keys() and all(math.isclose(got[s], by_hand[s], abs_tol=1e-12) for s in got)
     (decision,) = decide_all(groups, [rule])
@@ -295,15 +339,25 @@ def test_a_curve_rule_refuses_unequal_checkpoints_and_pass_at_k_from_fewer_than_
     from semrl.studies.seeds import rule_differences
 
     def rule(metric: str, **extra) -> Hypothesis:
-        return _hypothesis({"id": "C1", "metric": metric, "pair": ["a", "b"], "expect": "greater",
-                            "margin": 0.05, "over": "curve", **extra}, "rules.yaml, rule 1")
+        return _hypothesis(
+            {
+                "id": "C1",
+                "metric": metric,
+                "pair": ["a", "b"],
+                "expect": "greater",
+                "margin": 0.05,
+                "over": "curve",
+                **extra,
+            },
+            "rules.yaml, rule 1",
+        )
 
     a, b = _curve_run("a", 0, {0: 0.1, 10: 0.2, 20: 0.3}), _curve_run("b", 0, {0: 0.1, 10: 0.2})
     with pytest.raises(ConfigError, match=r"rule C1 \(over: curve\).*at steps \[10, 20\].*at \[10\]"):
         rule_differences({"a": [a], "b": [b]}, [rule("eval/pass@1")])
     b = _curve_run("b", 0, {0: 0.1, 10: 0.2, 20: 0.4})
     assert math.isclose(rule_differences({"a": [a], "b": [b]}, [rule("eval/pass@1")])["C1"][0], -0.05)
-    four = ({"a": [_curve_run("a", 0, {10: 0.5}, 4)], "b": [_curve_run("b", 0, {10: 0.4}, 4)]})
+    four = {"a": [_curve_run("a", 0, {10: 0.5}, 4)], "b": [_curve_run("b", 0, {10: 0.4}, 4)]}
     with pytest.raises(ConfigError, match=r"eval/pass@4 from 4 samples per problem.*logging.eval_samples=8"):
         rule_differences(four, [rule("eval/pass@4")])
     assert rule_differences(four, [rule("eval/pass@1")])["C1"] == {0: pytest.approx(0.1)}
@@ -336,18 +390,34 @@ def test_collapsed_counts_runs_with_no_reward_signal_in_most_steps_and_a_sign_ru
     from semrl.studies.stats import sign_p_value
 
     rng = np.random.default_rng(seed)
-    runs = {(v, s): rng.random(int(rng.integers(1, 12))) < rng.uniform(0, 1) for v in ("a", "b") for s in range(10)}
+    runs = {
+        (v, s): rng.random(int(rng.integers(1, 12))) < rng.uniform(0, 1)
+        for v in ("a", "b")
+        for s in range(10)
+    }
     groups = {v: [_signal_run(v, s, list(runs[v, s])) for s in range(10)] for v in ("a", "b")}
     by_hand = {key: float(silent.sum() > len(silent) / 2) for key, silent in runs.items()}
     assert all(r.collapsed() == by_hand[r.variant, r.seed] for rs in groups.values() for r in rs)
-    rule = _hypothesis({"id": "K", "metric": "collapsed", "pair": ["a", "b"], "expect": "less",
-                        "margin": 0.1, "test": "sign"}, "test")
+    rule = _hypothesis(
+        {
+            "id": "K",
+            "metric": "collapsed",
+            "pair": ["a", "b"],
+            "expect": "less",
+            "margin": 0.1,
+            "test": "sign",
+        },
+        "test",
+    )
     d = rule_differences(groups, [rule])["K"]
     assert d == {s: by_hand["a", s] - by_hand["b", s] for s in range(10)}
     (decision,) = decide_all(groups, [rule])
     c = decision.comparison
-    assert (c.wins, c.ties, c.losses) == (sum(x > 0 for x in d.values()), sum(x == 0 for x in d.values()),
-                                          sum(x < 0 for x in d.values()))
+    assert (c.wins, c.ties, c.losses) == (
+        sum(x > 0 for x in d.values()),
+        sum(x == 0 for x in d.values()),
+        sum(x < 0 for x in d.values()),
+    )
     discordant = c.wins + c.losses  # McNemar: the seeds where one variant collapsed and the other did not
     if discordant:
         assert math.isclose(sign_p_value(list(d.values())), st.binomtest(c.wins, discordant).pvalue)

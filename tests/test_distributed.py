@@ -20,17 +20,31 @@ from .test_training import _cfg, _metrics
 
 def _args(model_dir, task, out):
     return [
-        f"model.name={model_dir}", f"data.train={task}", f"data.eval={task}", "data.eval_size=5",
+        f"model.name={model_dir}",
+        f"data.train={task}",
+        f"data.eval={task}",
+        "data.eval_size=5",
         "logging.eval_samples=4",
-        "data.system_prompt=Answer with one digit.", "rollout.group_size=8", "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.lr=2e-3", "reward.num_workers=1",
-        "trainer.steps=3", "rollout.seed_per_sequence=true", "logging.progress=false",
-        "logging.report_to=[]", f"logging.output_dir={out}", "trainer.packing=none",  # padded: the reference
+        "data.system_prompt=Answer with one digit.",
+        "rollout.group_size=8",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=4",
+        "trainer.micro_batch_size=8",
+        "trainer.lr=2e-3",
+        "reward.num_workers=1",
+        "trainer.steps=3",
+        "rollout.seed_per_sequence=true",
+        "logging.progress=false",
+        "logging.report_to=[]",
+        f"logging.output_dir={out}",
+        "trainer.packing=none",  # padded: the reference
     ]
 
 
 def _train(*args, env=None):
-    run = subprocess.run([sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("run finished:") == 1 and "held-out (5 problems of " in run.stdout  # main only
 
@@ -76,7 +90,10 @@ def test_two_processes_train_like_one(digit_model_dir, single_process_run, tmp_p
     state = load_trainer_state(two / "checkpoints" / "step-000003")
     assert isinstance(state["rng"], list) and len(state["rng"]) == 2
     with pytest.raises(ConfigError, match="--num-processes 2"):
-        Trainer(_cfg(digit_model_dir, task, two, "trainer.steps=4", f"data.eval={task}", "data.eval_size=5"), resume=True)
+        Trainer(
+            _cfg(digit_model_dir, task, two, "trainer.steps=4", f"data.eval={task}", "data.eval_size=5"),
+            resume=True,
+        )
 
 
 def test_fsdp_trains_like_one_process_and_resumes_exactly(digit_model_dir, single_process_run, tmp_path):
@@ -87,8 +104,17 @@ def test_fsdp_trains_like_one_process_and_resumes_exactly(digit_model_dir, singl
     _train("--num-processes", "2", *_args(digit_model_dir, task, fsdp), "trainer.fsdp=true", env=env)
     _assert_same_training(digit_model_dir, one, fsdp)
 
-    _train("--num-processes", "2", *_args(digit_model_dir, task, part), "trainer.fsdp=true", "trainer.steps=2", env=env)
-    _train("--num-processes", "2", "--resume", str(part), "trainer.steps=3", "logging.progress=false", env=env)
+    _train(
+        "--num-processes",
+        "2",
+        *_args(digit_model_dir, task, part),
+        "trainer.fsdp=true",
+        "trainer.steps=2",
+        env=env,
+    )
+    _train(
+        "--num-processes", "2", "--resume", str(part), "trainer.steps=3", "logging.progress=false", env=env
+    )
     w_full, w_resumed = _final_weights(fsdp), _final_weights(part)
     assert all(torch.equal(w_full[k], w_resumed[k]) for k in w_full)
 
@@ -98,8 +124,14 @@ def test_fsdp_with_tree_packing_trains_like_one_process(digit_model_dir, single_
     FSDP with trainer.packing=tree equals the single-process padded run."""
     task, one, env = single_process_run
     packed = tmp_path / "packed"
-    _train("--num-processes", "2", *_args(digit_model_dir, task, packed), "trainer.fsdp=true", "trainer.packing=tree",
-           env=env)
+    _train(
+        "--num-processes",
+        "2",
+        *_args(digit_model_dir, task, packed),
+        "trainer.fsdp=true",
+        "trainer.packing=tree",
+        env=env,
+    )
     _assert_same_training(digit_model_dir, one, packed)
 
 
@@ -112,14 +144,29 @@ def test_fsdp_curriculum_stage_reference_matches_one_process(digit_model_dir, si
 
     task, _, env = single_process_run
     curriculum = tmp_path / "curriculum.jsonl"
-    rows = [{"id": f"c{i}", "problem": f"Choose a digit ({i}).", "answer": "7", "semantic_entropy": float(i % 5)}
-            for i in range(40)]
+    rows = [
+        {"id": f"c{i}", "problem": f"Choose a digit ({i}).", "answer": "7", "semantic_entropy": float(i % 5)}
+        for i in range(40)
+    ]
     curriculum.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sent = [f"data.curriculum={curriculum}", "algorithm.method=sent", "algorithm.kl_coef=0.05", "trainer.steps=4"]
+    sent = [
+        f"data.curriculum={curriculum}",
+        "algorithm.method=sent",
+        "algorithm.kl_coef=0.05",
+        "trainer.steps=4",
+    ]
     one, fsdp = tmp_path / "one", tmp_path / "fsdp"
     _train(*_args(digit_model_dir, task, one), *sent, env=env)
-    _train("--num-processes", "2", *_args(digit_model_dir, task, fsdp), *sent, "trainer.fsdp=true",
-           "logging.save_every=1", "logging.keep_last=4", env=env)
+    _train(
+        "--num-processes",
+        "2",
+        *_args(digit_model_dir, task, fsdp),
+        *sent,
+        "trainer.fsdp=true",
+        "logging.save_every=1",
+        "logging.keep_last=4",
+        env=env,
+    )
     m1, m2 = _metrics(one)[1:], _metrics(fsdp)[1:]
     assert [m["curriculum/stage"] for m in m2] == [1, 1, 2, 2]
     assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
@@ -128,7 +175,9 @@ def test_fsdp_curriculum_stage_reference_matches_one_process(digit_model_dir, si
     assert m2[-1]["kl"] > 0  # stage 2 reads its new reference
     for run_dir in (one, fsdp):
         final = _final_weights(run_dir, step=4)
-        reference = load_file(run_dir / "curriculum" / "stage-1" / "checkpoints" / "step-000002" / "model.safetensors")
+        reference = load_file(
+            run_dir / "curriculum" / "stage-1" / "checkpoints" / "step-000002" / "model.safetensors"
+        )
         stage_one = _final_weights(run_dir, step=2)
         assert all(torch.equal(reference[k], stage_one[k]) for k in reference)
         assert max((final[k] - stage_one[k]).abs().max().item() for k in final) > 1e-4
@@ -200,8 +249,15 @@ def test_a_process_that_exits_without_closing_destroys_its_process_group():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, "-c", _EXIT_SCRIPT, str(rank), port], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _EXIT_SCRIPT, str(rank), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 3, err[-3000:]
@@ -211,9 +267,16 @@ def test_a_process_that_exits_without_closing_destroys_its_process_group():
 def test_fsdp_shards_the_model_before_it_reaches_the_device(digit_model_dir):
     """Under FSDP the trained model is sharded from its CPU copy (``fully_shard`` moves one layer at a
     time): it is never moved to the device whole, as it is without FSDP; the reference is sharded too."""
-    for fsdp, expected in (("true", "SHARDED True REF True MOVES []"), ("false", "SHARDED False REF False MOVES [False]")):
-        run = subprocess.run([sys.executable, "-c", _SHARD_ORDER_SCRIPT, str(digit_model_dir), fsdp],
-                             capture_output=True, text=True, timeout=300)
+    for fsdp, expected in (
+        ("true", "SHARDED True REF True MOVES []"),
+        ("false", "SHARDED False REF False MOVES [False]"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-c", _SHARD_ORDER_SCRIPT, str(digit_model_dir), fsdp],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
         assert expected in run.stdout, (fsdp, run.stdout[-500:])
 
@@ -225,9 +288,22 @@ def test_fsdp_mixed_precision_with_a_token_budget(digit_model_dir, single_proces
     task, _, env = single_process_run
     out = tmp_path / "bf16"
     run = subprocess.run(
-        [sys.executable, "-m", "semrl", "train", "--num-processes", "2", *_args(digit_model_dir, task, out),
-         "trainer.fsdp=true", "model.dtype=bfloat16", "trainer.micro_batch_tokens=60"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "semrl",
+            "train",
+            "--num-processes",
+            "2",
+            *_args(digit_model_dir, task, out),
+            "trainer.fsdp=true",
+            "model.dtype=bfloat16",
+            "trainer.micro_batch_tokens=60",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     weights, start = _final_weights(out), load_file(digit_model_dir / "model.safetensors")
@@ -241,12 +317,22 @@ def test_fsdp_needs_several_processes(digit_model_dir, seven_task, tmp_path):
         Trainer(_cfg(digit_model_dir, seven_task, tmp_path / "f", "trainer.fsdp=true"))
 
 
-def test_per_sequence_seeds_make_rollouts_independent_of_the_generation_batch(digit_model_dir, seven_task, tmp_path):
+def test_per_sequence_seeds_make_rollouts_independent_of_the_generation_batch(
+    digit_model_dir, seven_task, tmp_path
+):
     runs = []
     for batch_size in (32, 5):
         out = tmp_path / f"gb{batch_size}"
-        Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=2", "rollout.seed_per_sequence=true",
-                     f"rollout.generation_batch_size={batch_size}")).train()
+        Trainer(
+            _cfg(
+                digit_model_dir,
+                seven_task,
+                out,
+                "trainer.steps=2",
+                "rollout.seed_per_sequence=true",
+                f"rollout.generation_batch_size={batch_size}",
+            )
+        ).train()
         runs.append([m["reward"] for m in _metrics(out)])
     assert runs[0] == runs[1]
 
@@ -291,6 +377,8 @@ def test_lora_on_two_processes_trains_like_one(digit_model_dir, single_process_r
     assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
     for a, b in zip(m1, m2, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["kl"] == pytest.approx(b["kl"], abs=1e-7)
-    a1, a2 = (load_file(run / "checkpoints" / "step-000003" / "adapter_model.safetensors") for run in (one, two))
+    a1, a2 = (
+        load_file(run / "checkpoints" / "step-000003" / "adapter_model.safetensors") for run in (one, two)
+    )
     assert a1.keys() == a2.keys() and max(v.abs().max().item() for k, v in a1.items() if "lora_B" in k) > 1e-3
     assert all(torch.allclose(a1[k], a2[k], atol=1e-5) for k in a1)

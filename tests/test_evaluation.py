@@ -32,10 +32,20 @@ def _record(correct, answers, clusters=None, level=None, lengths=None):
     clusters = clusters if clusters is not None else list(range(n))
     lengths = lengths if lengths is not None else [10] * n
     return {
-        "id": f"p{len(answers)}{level}", "gold": "1", "level": level, "subject": None,
+        "id": f"p{len(answers)}{level}",
+        "gold": "1",
+        "level": level,
+        "subject": None,
         "samples": [
-            {"response": "", "answer": a, "correct": c, "length": ln, "truncated": False,
-             "timed_out": False, "cluster": k}
+            {
+                "response": "",
+                "answer": a,
+                "correct": c,
+                "length": ln,
+                "truncated": False,
+                "timed_out": False,
+                "cluster": k,
+            }
             for c, a, k, ln in zip(correct, answers, clusters, lengths, strict=True)
         ],
     }
@@ -59,7 +69,9 @@ def test_maj_at_k_majority_and_ties():
 
 def test_summarize_records():
     records = [
-        _record([True, False, False, False], ["1", "2", "2", None], [0, 1, 1, 2], level=1, lengths=[4, 8, 8, 12]),
+        _record(
+            [True, False, False, False], ["1", "2", "2", None], [0, 1, 1, 2], level=1, lengths=[4, 8, 8, 12]
+        ),
         _record([True, True, True, True], ["1", "1.0", "1", "1"], [0, 0, 0, 0], level=2),
     ]
     out = summarize_records(records)
@@ -84,8 +96,12 @@ def test_summarize_records():
 def test_report_ks_and_markdown():
     assert report_ks(8) == [1, 2, 4, 8] and report_ks(6) == [1, 2, 4, 6] and report_ks(1) == [1]
     records = [_record([True, False], ["1", "2"], level=1), _record([False, False], ["3", None], level=3)]
-    summary = {"settings": {"num_samples": 2}, "metrics": summarize_records(records),
-               "by_level": summarize_by(records, "level"), "by_subject": {}}
+    summary = {
+        "settings": {"num_samples": 2},
+        "metrics": summarize_records(records),
+        "by_level": summarize_by(records, "level"),
+        "by_subject": {},
+    }
     table = markdown_table({"toy": summary})
     assert "| dataset | problems | mean@2 | pass@1 | pass@2 | maj@2 |" in table
     assert "| toy | 2 | 0.250 | 0.250 | 0.500 |" in table
@@ -104,8 +120,14 @@ def _cached_evaluation(model_dir, cache, problems, **overrides):
     from semrl.rollout.engines.hf import HFEngine
 
     torch.manual_seed(0)
-    values = {"model.name": str(model_dir), "logging.eval_cache": str(cache), "logging.eval_samples": 2,
-              "rollout.max_new_tokens": 4, "logging.progress": False, **overrides}
+    values = {
+        "model.name": str(model_dir),
+        "logging.eval_cache": str(cache),
+        "logging.eval_samples": 2,
+        "rollout.max_new_tokens": 4,
+        "logging.progress": False,
+        **overrides,
+    }
     cfg = load_config(None, [f"{k}={v}" for k, v in values.items()])
     tok = load_tokenizer(str(model_dir))
     engine = HFEngine(load_model(str(model_dir)), [tok.eos_token_id], tok.pad_token_id, 16)
@@ -123,7 +145,9 @@ def test_base_evaluation_cache_is_keyed_on_the_problems(tiny_model_dir, tmp_path
     cache = tmp_path / "cache"
     first = make_arithmetic_problems(4, [1], seed=0)
     # other draws under the same ids: only the texts and answers differ
-    other = [replace(p, id=q.id) for p, q in zip(make_arithmetic_problems(4, [1], seed=1), first, strict=True)]
+    other = [
+        replace(p, id=q.id) for p, q in zip(make_arithmetic_problems(4, [1], seed=1), first, strict=True)
+    ]
     assert [p.problem for p in first] != [p.problem for p in other]
     metrics, sampled = _cached_evaluation(tiny_model_dir, cache, first)
     assert sampled > 0 and len(list(cache.glob("eval-*.jsonl"))) == 1
@@ -159,23 +183,33 @@ def test_evaluation_judges_with_the_configured_correctness_function(digit_model_
         "    return [1.0 if len(ids) % 2 == 0 else 0.0 for ids in completion_ids]\n"
     )
     name = f"{judge}:even_length"
-    cfg = load_config(None, [
-        f"model.name={digit_model_dir}", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "logging.eval_samples=8",
-        "rollout.max_new_tokens=6", "logging.progress=false", f"reward.functions=[math, '{name}']",
-        f"reward.correctness='{name}'",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={digit_model_dir}",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "logging.eval_samples=8",
+            "rollout.max_new_tokens=6",
+            "logging.progress=false",
+            f"reward.functions=[math, '{name}']",
+            f"reward.correctness='{name}'",
+        ],
+    )
     problems = load_problems(seven_task)[0][:6]
     tok = load_tokenizer(str(digit_model_dir))
     engine = HFEngine(load_model(str(digit_model_dir)), [tok.eos_token_id], tok.pad_token_id, 16)
     functions = reward_functions(cfg.reward.functions, correctness=cfg.reward.correctness)
     torch.manual_seed(0)
     with VerifierPool(1, 5.0, functions.pool_functions) as pool:
-        metrics = evaluate_held_out(engine, tok, pool, problems, cfg, ProcessGroup(), run_dir=tmp_path,
-                                    functions=functions)
+        metrics = evaluate_held_out(
+            engine, tok, pool, problems, cfg, ProcessGroup(), run_dir=tmp_path, functions=functions
+        )
         records = [json.loads(line) for line in records_path(tmp_path, "eval", 0).read_text().splitlines()]
         samples = [s for r in records for s in r["samples"]]
         assert [s["correct"] for s in samples] == [s["length"] % 2 == 0 for s in samples]
-        by_math = [pool.verify_many([(r["gold"], s["answer"])])[0].correct for r in records for s in r["samples"]]
+        by_math = [
+            pool.verify_many([(r["gold"], s["answer"])])[0].correct for r in records for s in r["samples"]
+        ]
     assert by_math != [s["correct"] for s in samples]  # the two judges disagree here: the test can tell
     assert metrics["eval/mean@8"] == sum(s["correct"] for s in samples) / len(samples)
     with pytest.raises(Exception, match="reward.correctness.*not in reward.functions"):
@@ -207,17 +241,28 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     counts: list[tuple[int, int]] = []  # (samples finished, the engine's forward steps so far)
     with VerifierPool(1, 5.0) as pool:
         sampled = sample_and_verify(
-            engine, tok, problems, params, 8, PromptFormat(DIGIT_SYSTEM_PROMPT), Judge(pool),
-            torch.Generator().manual_seed(3), lambda n: counts.append((n, engine.cost.engine_steps)),
+            engine,
+            tok,
+            problems,
+            params,
+            8,
+            PromptFormat(DIGIT_SYSTEM_PROMPT),
+            Judge(pool),
+            torch.Generator().manual_seed(3),
+            lambda n: counts.append((n, engine.cost.engine_steps)),
         )
         requests = [
-            GenerationRequest(build_prompt_ids(tok, p.problem, DIGIT_SYSTEM_PROMPT)) for p in problems for _ in range(8)
+            GenerationRequest(build_prompt_ids(tok, p.problem, DIGIT_SYSTEM_PROMPT))
+            for p in problems
+            for _ in range(8)
         ]
         chunked, generator = [], torch.Generator().manual_seed(3)
         for start in range(0, len(requests), 8):
             chunked += engine.generate(requests[start : start + 8], params, generator)
         texts = [tok.decode(g.token_ids, skip_special_tokens=True) for g in chunked]
-        verdicts = score_responses(pool, texts, [p.answer for p in problems for _ in range(8)], final_number_fallback=True)
+        verdicts = score_responses(
+            pool, texts, [p.answer for p in problems for _ in range(8)], final_number_fallback=True
+        )
     lengths = sorted(len(g.token_ids) for g in chunked)
     assert lengths[0] <= 3 and lengths[-1] == 40  # EOS after a digit, and truncated rambling
     assert [s.problem.id for s in sampled] == [p.id for p in problems]

@@ -19,19 +19,27 @@ from semrl.studies.explore import (
 )
 
 
-def _random_independent(rng: np.random.Generator, problem: str = "p", n: int | None = None) -> IndependentSamples:
+def _random_independent(
+    rng: np.random.Generator, problem: str = "p", n: int | None = None
+) -> IndependentSamples:
     n = n or int(rng.integers(1, 9))
     clusters = [None if rng.random() < 0.2 else int(rng.integers(0, 4)) for _ in range(n)]
     right = int(rng.integers(0, 4))  # the gold's class
-    return IndependentSamples(problem, tuple(int(x) for x in rng.integers(1, 40, n)),
-                              tuple(c == right for c in clusters), tuple(clusters))
+    return IndependentSamples(
+        problem,
+        tuple(int(x) for x in rng.integers(1, 40, n)),
+        tuple(c == right for c in clusters),
+        tuple(clusters),
+    )
 
 
 def _brute_force(samples: IndependentSamples, metric: str, k: int) -> float:
     """The mean of ``metric`` over every k-subset of the samples, counted by hand."""
     values = []
     for subset in itertools.combinations(range(samples.n), k):
-        leaves = Leaves("p", 0, tuple(samples.correct[i] for i in subset), tuple(samples.clusters[i] for i in subset))
+        leaves = Leaves(
+            "p", 0, tuple(samples.correct[i] for i in subset), tuple(samples.clusters[i] for i in subset)
+        )
         values.append(leaves.value(metric))
     return float(np.mean(values))
 
@@ -74,13 +82,16 @@ def test_at_cost_interpolates_between_whole_sample_counts_and_a_randomised_sampl
     for i, k in enumerate(ks):
         chosen = rng.permutation(samples.n)[:k]
         spent[i] = lengths[chosen].sum()
-        leaves = Leaves("p", 0, tuple(samples.correct[j] for j in chosen), tuple(samples.clusters[j] for j in chosen))
+        leaves = Leaves(
+            "p", 0, tuple(samples.correct[j] for j in chosen), tuple(samples.clusters[j] for j in chosen)
+        )
         for m in EQUAL_COST_METRICS:
             found[m][i] = leaves.value(m)
     assert abs(spent.mean() - tokens) < 4 * spent.std() / math.sqrt(draws) + 1e-9
     for m in EQUAL_COST_METRICS:
         hand = (1 - fraction) * _brute_force(samples, m, whole) + (
-            fraction * _brute_force(samples, m, whole + 1) if fraction else 0.0)
+            fraction * _brute_force(samples, m, whole + 1) if fraction else 0.0
+        )
         assert math.isclose(samples.at_cost(m, tokens), hand, abs_tol=1e-12)
         assert abs(found[m].mean() - hand) < 4 * found[m].std() / math.sqrt(draws) + 1e-9
 
@@ -88,7 +99,9 @@ def test_at_cost_interpolates_between_whole_sample_counts_and_a_randomised_sampl
 def test_at_cost_refuses_a_cost_beyond_the_samples_drawn():
     samples = IndependentSamples("q7", (10, 10, 10, 10), (True, False, False, False), (0, 1, 1, None))
     assert samples.at_cost("solved", 40) == 1.0  # all four: certain to include the correct one
-    with pytest.raises(ValueError, match=r"problem q7: equal cost needs 4.10 independent samples, but only 4"):
+    with pytest.raises(
+        ValueError, match=r"problem q7: equal cost needs 4.10 independent samples, but only 4"
+    ):
         samples.at_cost("solved", 41)
 
 
@@ -105,7 +118,9 @@ def test_paired_differences_average_each_problems_rollouts_at_their_own_cost():
     d = paired_differences(trees, independent, "solved")
     assert d == pytest.approx({"a": ((1 - 0.375) + (0 - 0.5)) / 2, "b": 0.0})
     # distinct answers of b at k* 2: classes of sizes 2 and 1 among 4: (1 - 1/6) + (1 - 1/2)
-    assert paired_differences(trees[2:], independent, "distinct_answers") == pytest.approx({"b": 1 - (5 / 6 + 1 / 2)})
+    assert paired_differences(trees[2:], independent, "distinct_answers") == pytest.approx(
+        {"b": 1 - (5 / 6 + 1 / 2)}
+    )
     with pytest.raises(ValueError, match="problem z has no independent samples"):
         paired_differences([Leaves("z", 5, (True,), (0,))], independent, "solved")
     assert per_token(trees, "solved") == pytest.approx(1000 * 1 / 75)
@@ -131,22 +146,55 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
 
     task = write_seven_task(tmp_path / "seven.jsonl")
     out = tmp_path / "explore"
-    args = ["explore", "--methods", "treepo", "rose", "fr3e", "--seeds", "0", "1", "--data", str(task), "--limit", "5",
-            "--independent-samples", "16", "--output", str(out), f"model.name={digit_model_dir}",
-            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.max_new_tokens=8",
-            "treepo.segment_length=2", "reward.num_workers=1"]
+    args = [
+        "explore",
+        "--methods",
+        "treepo",
+        "rose",
+        "fr3e",
+        "--seeds",
+        "0",
+        "1",
+        "--data",
+        str(task),
+        "--limit",
+        "5",
+        "--independent-samples",
+        "16",
+        "--output",
+        str(out),
+        f"model.name={digit_model_dir}",
+        f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "treepo.segment_length=2",
+        "reward.num_workers=1",
+    ]
     assert main(args) == 0
     records = read_records(out)
-    assert sorted({(r.method, r.seed) for r in records}) == [("fr3e", 0), ("fr3e", 1), ("independent", 0),
-                                                             ("rose", 0), ("rose", 1), ("treepo", 0), ("treepo", 1)]
-    assert all(sum(1 for r in records if (r.method, r.seed) == key) == 5 for key in {(r.method, r.seed) for r in records})
+    assert sorted({(r.method, r.seed) for r in records}) == [
+        ("fr3e", 0),
+        ("fr3e", 1),
+        ("independent", 0),
+        ("rose", 0),
+        ("rose", 1),
+        ("treepo", 0),
+        ("treepo", 1),
+    ]
+    assert all(
+        sum(1 for r in records if (r.method, r.seed) == key) == 5
+        for key in {(r.method, r.seed) for r in records}
+    )
     one_digit = 0
     for r in records:
         texts = [text.strip() for text in r.responses]
         # the model mostly answers one digit (FR3E's leaves that continue an anchor read it from the
         # prefix); the recount reads those leaves
-        digits = [(d, ok, c) for d, ok, c in zip(texts, r.correct, r.clusters, strict=True)
-                  if len(d) == 1 and d.isdigit()]
+        digits = [
+            (d, ok, c)
+            for d, ok, c in zip(texts, r.correct, r.clusters, strict=True)
+            if len(d) == 1 and d.isdigit()
+        ]
         one_digit += len(digits)
         assert all(ok == (d == "7") and c is not None for d, ok, c in digits), (r.method, texts)
         # one class per distinct digit
@@ -161,43 +209,73 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
     calls = read_calls(out)
     # one call per (method, seed) at the default batch: its problems, seconds and the tokens sampled
     assert [(c["method"], c["seed"], len(c["problems"])) for c in calls] == [
-        ("independent", 0, 5), *[(m, s, 5) for s in (0, 1) for m in ("treepo", "rose", "fr3e")]]
+        ("independent", 0, 5),
+        *[(m, s, 5) for s in (0, 1) for m in ("treepo", "rose", "fr3e")],
+    ]
     for call in calls:
         mine = [r for r in records if (r.method, r.seed) == (call["method"], call["seed"])]
         assert call["sampled_tokens"] == sum(r.sampled_tokens for r in mine) and call["rollout_s"] > 0
     assert summary == json.loads(json.dumps(summarize(records, calls)))
     assert summary["methods"]["rose"]["solved"]["equal_time"]["problems"] > 0
-    reference = {r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
-                 for r in records if r.method == "independent"}
+    reference = {
+        r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
+        for r in records
+        if r.method == "independent"
+    }
     for method in ("treepo", "rose"):
-        leaves = [Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
-                  for r in records if r.method == method]
+        leaves = [
+            Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
+            for r in records
+            if r.method == method
+        ]
         d = paired_differences(leaves, reference, "solved")
         assert summary["methods"][method]["solved"]["mean"] == pytest.approx(float(np.mean(list(d.values()))))
     size = (out / "records.jsonl").stat().st_size
     rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump({
-        "design": {"type": "fixed", "looks": [5]}, "families": {"primary": "holm"},
-        "rules": [
-            {"id": "E1", "metric": "distinct_answers", "pair": ["rose", "independent"], "expect": "greater",
-             "margin": 0.1, "test": "sign"},
-            {"id": "E2", "metric": "solved", "pair": ["rose", "treepo"], "expect": "greater", "margin": 0.05},
-        ],
-    }))
+    rules.write_text(
+        yaml.safe_dump(
+            {
+                "design": {"type": "fixed", "looks": [5]},
+                "families": {"primary": "holm"},
+                "rules": [
+                    {
+                        "id": "E1",
+                        "metric": "distinct_answers",
+                        "pair": ["rose", "independent"],
+                        "expect": "greater",
+                        "margin": 0.1,
+                        "test": "sign",
+                    },
+                    {
+                        "id": "E2",
+                        "metric": "solved",
+                        "pair": ["rose", "treepo"],
+                        "expect": "greater",
+                        "margin": 0.05,
+                    },
+                ],
+            }
+        )
+    )
     assert main([*args, "--decide", str(rules)]) == 0
     assert (out / "records.jsonl").stat().st_size == size  # resumed: nothing redone
     diffs, order = rule_differences_by_problem(records, load_rules(rules))
 
     def of(method: str, metric: str) -> dict[str, float]:
-        rollouts = [Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
-                    for r in records if r.method == method]
+        rollouts = [
+            Leaves(r.problem, r.sampled_tokens, tuple(r.correct), tuple(r.clusters))
+            for r in records
+            if r.method == method
+        ]
         return paired_differences(rollouts, reference, metric)
 
     assert order == [f"s{i}" for i in range(5)]
     rose_answers = of("rose", "distinct_answers")
     assert diffs["E1"] == pytest.approx({i: rose_answers[p] for i, p in enumerate(order)})
     solved = {m: of(m, "solved") for m in ("rose", "treepo")}
-    assert diffs["E2"] == pytest.approx({i: solved["rose"][p] - solved["treepo"][p] for i, p in enumerate(order)})
+    assert diffs["E2"] == pytest.approx(
+        {i: solved["rose"][p] - solved["treepo"][p] for i, p in enumerate(order)}
+    )
     (look,) = [json.loads(line) for line in (out / "looks.jsonl").read_text().splitlines()]
     assert look["seeds"] == list(range(5)) and [r["id"] for r in look["rules"]] == ["E1", "E2"]
     assert "Exploration rules, look 1 of 1 at 5 problems" in (out / "decisions.md").read_text()
@@ -205,8 +283,24 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
     # counted under its prompt; LATR's lookahead rows are counted per prompt too (explore_batch
     # checks that the per-prompt counts add up to the engine's)
     small = tmp_path / "small-batches"
-    assert main([*args[:-6], "--methods", "treepo", "rose", "fr3e", "latr", "--output", str(small),
-                 "--batch-problems", "2", *args[-6:]]) == 0
+    assert (
+        main(
+            [
+                *args[:-6],
+                "--methods",
+                "treepo",
+                "rose",
+                "fr3e",
+                "latr",
+                "--output",
+                str(small),
+                "--batch-problems",
+                "2",
+                *args[-6:],
+            ]
+        )
+        == 0
+    )
     batched = {(r.method, r.seed, r.problem): r for r in read_records(small)}
     assert all(batched[(r.method, r.seed, r.problem)] == r for r in records)
     assert sum(1 for key in batched if key[0] == "latr") == 10
@@ -230,28 +324,63 @@ def test_equal_time_prices_each_problem_at_its_share_of_its_calls_seconds(seed):
     def explored(method: str, s: int, problem: str, n: int) -> Explored:
         lengths = [int(x) for x in rng.integers(1, 30, n)]
         clusters = [None if rng.random() < 0.2 else int(rng.integers(0, 3)) for _ in range(n)]
-        return Explored(method, s, problem, sum(lengths) if method == INDEPENDENT else int(rng.integers(5, 60)),
-                        lengths, [c == 0 for c in clusters], clusters, [""] * n)
+        return Explored(
+            method,
+            s,
+            problem,
+            sum(lengths) if method == INDEPENDENT else int(rng.integers(5, 60)),
+            lengths,
+            [c == 0 for c in clusters],
+            clusters,
+            [""] * n,
+        )
 
     records = [explored(INDEPENDENT, 0, p, 12) for p in problems]
     records += [explored("tree", s, p, 4) for s in (0, 1) for p in problems]
-    calls = [{"method": INDEPENDENT, "seed": 0, "problems": problems[:4], "rollout_s": 3.0,
-              "sampled_tokens": sum(r.sampled_tokens for r in records[:4])},
-             {"method": INDEPENDENT, "seed": 0, "problems": problems[4:], "rollout_s": 1.0 + rng.random(),
-              "sampled_tokens": sum(r.sampled_tokens for r in records[4:6])}]
+    calls = [
+        {
+            "method": INDEPENDENT,
+            "seed": 0,
+            "problems": problems[:4],
+            "rollout_s": 3.0,
+            "sampled_tokens": sum(r.sampled_tokens for r in records[:4]),
+        },
+        {
+            "method": INDEPENDENT,
+            "seed": 0,
+            "problems": problems[4:],
+            "rollout_s": 1.0 + rng.random(),
+            "sampled_tokens": sum(r.sampled_tokens for r in records[4:6]),
+        },
+    ]
     for s in (0, 1):
         for part in (problems[:3], problems[3:]):
-            spent = sum(r.sampled_tokens for r in records if (r.method, r.seed) == ("tree", s) and r.problem in part)
-            calls.append({"method": "tree", "seed": s, "problems": part, "rollout_s": float(rng.uniform(0.2, 3)),
-                          "sampled_tokens": spent})
+            spent = sum(
+                r.sampled_tokens for r in records if (r.method, r.seed) == ("tree", s) and r.problem in part
+            )
+            calls.append(
+                {
+                    "method": "tree",
+                    "seed": s,
+                    "problems": part,
+                    "rollout_s": float(rng.uniform(0.2, 3)),
+                    "sampled_tokens": spent,
+                }
+            )
     rate = sum(c["sampled_tokens"] for c in calls[:2]) / sum(c["rollout_s"] for c in calls[:2])
-    reference = {r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
-                 for r in records[:6]}
+    reference = {
+        r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
+        for r in records[:6]
+    }
     for metric in EQUAL_COST_METRICS:
         expected: dict[str, list[float]] = {}
         left_out = 0
         for call in calls[2:]:
-            mine = [r for r in records if r.method == "tree" and r.seed == call["seed"] and r.problem in call["problems"]]
+            mine = [
+                r
+                for r in records
+                if r.method == "tree" and r.seed == call["seed"] and r.problem in call["problems"]
+            ]
             total = sum(r.sampled_tokens for r in mine)
             for r in mine:
                 tokens = call["rollout_s"] * r.sampled_tokens / total * rate

@@ -33,8 +33,13 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(
 ):
     out = tmp_path / "nan"
     cfg = _cfg(
-        digit_model_dir, seven_task, out, "trainer.steps=8", "trainer.max_bad_updates=2",
-        "logging.save_every=1", "logging.keep_last=10",
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=8",
+        "trainer.max_bad_updates=2",
+        "logging.save_every=1",
+        "logging.keep_last=10",
     )
     trainer = Trainer(cfg)
 
@@ -68,20 +73,43 @@ KILL_POINTS = ["rollout", "update", "checkpoint"]
 
 def _train_cmd(model_dir, task, out, *extra):
     return [
-        sys.executable, "-m", "semrl", "train",
-        f"model.name={model_dir}", f"data.train={task}", "data.eval=null",
-        "data.system_prompt=Answer with one digit.", "rollout.group_size=8", "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=4", "trainer.micro_batch_size=16", "trainer.lr=2e-3", "reward.num_workers=1",
-        "trainer.steps=4", "logging.save_every=1", "logging.keep_last=2", "logging.progress=false",
-        "logging.report_to=[]", f"logging.output_dir={out}", *extra,
+        sys.executable,
+        "-m",
+        "semrl",
+        "train",
+        f"model.name={model_dir}",
+        f"data.train={task}",
+        "data.eval=null",
+        "data.system_prompt=Answer with one digit.",
+        "rollout.group_size=8",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=4",
+        "trainer.micro_batch_size=16",
+        "trainer.lr=2e-3",
+        "reward.num_workers=1",
+        "trainer.steps=4",
+        "logging.save_every=1",
+        "logging.keep_last=2",
+        "logging.progress=false",
+        "logging.report_to=[]",
+        f"logging.output_dir={out}",
+        *extra,
     ]
 
 
 def _assert_checkpoints_complete(run_dir):
     for ckpt in list_checkpoints(run_dir):
         names = {p.name for p in ckpt.iterdir()}
-        assert {"model.safetensors", "config.json", "trainer_state", "manifest.json", "tokenizer.json"} <= names, ckpt
-        assert {"trainer_state.json", "trainer_state.safetensors"} <= {p.name for p in (ckpt / "trainer_state").iterdir()}
+        assert {
+            "model.safetensors",
+            "config.json",
+            "trainer_state",
+            "manifest.json",
+            "tokenizer.json",
+        } <= names, ckpt
+        assert {"trainer_state.json", "trainer_state.safetensors"} <= {
+            p.name for p in (ckpt / "trainer_state").iterdir()
+        }
         assert not verify_checkpoint(ckpt), ckpt
         _weights(ckpt)
         load_trainer_state(ckpt)
@@ -106,7 +134,9 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(
     run = tmp_path / point
     killed = subprocess.run(
         _train_cmd(digit_model_dir, seven_task, run),
-        env={**env, "SEMRL_FAULT_KILL": f"{point}@3"}, capture_output=True, text=True,
+        env={**env, "SEMRL_FAULT_KILL": f"{point}@3"},
+        capture_output=True,
+        text=True,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     _assert_checkpoints_complete(run)
@@ -116,12 +146,16 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(
 
     resumed = subprocess.run(
         [sys.executable, "-m", "semrl", "train", "--resume", str(run), "logging.progress=false"],
-        env=env, capture_output=True, text=True,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not list((run / "checkpoints").glob(".tmp-*"))
     _assert_checkpoints_complete(run)
-    assert _same(_weights(full / "checkpoints" / "step-000004"), _weights(run / "checkpoints" / "step-000004"))
+    assert _same(
+        _weights(full / "checkpoints" / "step-000004"), _weights(run / "checkpoints" / "step-000004")
+    )
     assert [m["reward"] for m in _metrics(full)] == [m["reward"] for m in _metrics(run)]
 
 

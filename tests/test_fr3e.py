@@ -29,7 +29,9 @@ def test_modulation_by_hand():
     # state 0: mean 0.25, centred (.75, -.25, -.25, -.25), v0 = 1/4; state 1: (.5, -.5), v1 = 1/2
     # delta = (1 - v0, v1 - v0) = (.75, .25)
     plain = fr3e_modulation(rewards, states, sharpen=False)
-    expected = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, -0.5]) / torch.tensor([math.exp(0.75)] * 4 + [math.exp(0.25)] * 2)
+    expected = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, -0.5]) / torch.tensor(
+        [math.exp(0.75)] * 4 + [math.exp(0.25)] * 2
+    )
     assert torch.allclose(plain, expected, atol=1e-6)
     # sharpened: |d|^1.5 = (.6495, .125), normalised (.8386, .1614)
     d0 = 0.75**1.5 / (0.75**1.5 + 0.25**1.5)
@@ -63,7 +65,9 @@ def _fr3e_code_reference(rewards: list[float], states: list[int], sharpen: bool)
     if sharpen and deltas:
         powered = [abs(d) ** 1.5 for d in deltas]
         total = sum(powered)
-        deltas = [math.copysign(p / total, d) if d != 0 else 0.0 for p, d in zip(powered, deltas, strict=True)]
+        deltas = [
+            math.copysign(p / total, d) if d != 0 else 0.0 for p, d in zip(powered, deltas, strict=True)
+        ]
     for s, d in zip(kept, deltas, strict=True):
         for i, c in centred[s].items():
             out[i] = c / math.exp(d)
@@ -88,7 +92,9 @@ def test_modulation_equals_fr3e_code_on_random_groups(sharpen):
         states = [j for j, n in enumerate(state_sizes(g, num_states)) for _ in range(n)]
         p = float(torch.rand(1, generator=gen))
         if case % 3 == 0:  # shaped rewards: 1/0 minus an overlong penalty
-            rewards = ((torch.rand(g, generator=gen) < p).float() - 0.25 * torch.randint(0, 3, (g,), generator=gen)).tolist()
+            rewards = (
+                (torch.rand(g, generator=gen) < p).float() - 0.25 * torch.randint(0, 3, (g,), generator=gen)
+            ).tolist()
         else:
             rewards = (torch.rand(g, generator=gen) < p).float().tolist()
         got = fr3e_modulation(torch.tensor(rewards), torch.tensor(states), sharpen=sharpen)

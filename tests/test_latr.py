@@ -90,16 +90,22 @@ def test_hand_checks():
     assert edit_distance(a, [1, 2, 3, 4, 6]) / 5 == pytest.approx(0.2)
     assert suffix_match(a, [1, 2, 3, 4, 6]) == 0.0 and rouge_l(a, [1, 2, 3, 4, 6]) == pytest.approx(0.8)
     assert edit_distance(a, [6, 7, 8, 4, 5]) / 5 == pytest.approx(0.6)
-    assert suffix_match(a, [6, 7, 8, 4, 5]) == pytest.approx(0.4) and rouge_l(a, [6, 7, 8, 4, 5]) == pytest.approx(0.4)
+    assert suffix_match(a, [6, 7, 8, 4, 5]) == pytest.approx(0.4) and rouge_l(
+        a, [6, 7, 8, 4, 5]
+    ) == pytest.approx(0.4)
     assert edit_distance(a, [5, 1, 2, 3, 9]) / 5 == pytest.approx(0.6)
-    assert suffix_match(a, [5, 1, 2, 3, 9]) == pytest.approx(0.2) and rouge_l(a, [5, 1, 2, 3, 9]) == pytest.approx(0.6)
+    assert suffix_match(a, [5, 1, 2, 3, 9]) == pytest.approx(0.2) and rouge_l(
+        a, [5, 1, 2, 3, 9]
+    ) == pytest.approx(0.6)
     math_rule = PruneRule(edit_distance=None, suffix_match=0.2, rouge_l=0.5)
     assert PruneRule(edit_distance=0.4).too_similar(a, [1, 2, 3, 4, 6])
     assert math_rule.too_similar(a, [6, 7, 8, 4, 5]) and math_rule.too_similar(a, [5, 1, 2, 3, 9])
     steps, values = [0, 10, 20, 80, 200], [1, 0.75, 0.5, 0.25, 0]
     assert [eta_at(s, steps, values) for s in (15, 80, 250)] == [0.75, 0.25, 0]
     assert latr_width(8, 0.75) == 6 and latr_width(8, 0.25) == 2 and latr_width(5, 0.5) == 2  # half to even
-    settings = ForestSettings(8, 0.25, 0.15, PruneRule(), (20, 30, 50), return_threshold=0.98, return_threshold_decay=0.05)
+    settings = ForestSettings(
+        8, 0.25, 0.15, PruneRule(), (20, 30, 50), return_threshold=0.98, return_threshold_decay=0.05
+    )
     assert round(8 * 4 * (0.98 - 0.05 * 512 / 1024)) == 31
     forest = LatrForest(4, settings, frozenset({EOS}), lambda ids: "x")
     for tree in forest.trees:  # 30 rows of 32, all born long ago: not yet full; 31: full
@@ -132,7 +138,11 @@ def _top2(seed, root, tokens, tau):
     first = rng.choice([EOS, 10, 11, 12, 13, 14, 15, 16]) if rng.random() < 0.1 else rng.randint(10, 16)
     second = rng.choice([t for t in range(2, 17) if t != first])
     p1 = rng.uniform(0.3, 0.9)
-    p2 = rng.uniform(0.0, min(p1, 1 - p1)) if rng.random() < 0.5 else rng.uniform(tau[0], min(p1, 1 - p1) + 1e-9)
+    p2 = (
+        rng.uniform(0.0, min(p1, 1 - p1))
+        if rng.random() < 0.5
+        else rng.uniform(tau[0], min(p1, 1 - p1) + 1e-9)
+    )
     return (first, second), (float(torch.tensor(p1).log()), float(torch.tensor(max(p2, 1e-6)).log()))
 
 
@@ -247,8 +257,13 @@ def test_forest_matches_the_code_loop_on_random_streams(seed):
         windows = tuple(sorted(rng.sample(range(1, 7), rng.randint(1, 3))))
         prune = rng.choice([PruneRule(0.4), PruneRule(None, 0.2, 0.5), PruneRule(0.6, None, 0.3)])
         settings = ForestSettings(
-            k, rng.choice([0.05, 0.15, 0.25]), rng.choice([0.15, 0.25, 0.6]), prune, windows,
-            keep_math_symbols=rng.random() < 0.5, return_threshold=rng.choice([0.98, 0.6]),
+            k,
+            rng.choice([0.05, 0.15, 0.25]),
+            rng.choice([0.15, 0.25, 0.6]),
+            prune,
+            windows,
+            keep_math_symbols=rng.random() < 0.5,
+            return_threshold=rng.choice([0.98, 0.6]),
             return_threshold_decay=rng.choice([0.0, 0.05]),
         )
         roots, max_new = rng.randint(1, 3), rng.randint(8, 24)
@@ -265,7 +280,9 @@ def test_forest_matches_the_code_loop_on_random_streams(seed):
                 assert parent in tree and tree.index(parent) < tree.index(b)
                 assert b.tokens[: b.fork_position] == parent.tokens[: b.fork_position]
                 assert b.tokens[b.fork_position] != parent.tokens[b.fork_position]
-    assert seen["forks"] > 100 and seen["pruned"] > 20 and seen["suppressed"] > 100, seen  # each mechanism ran
+    assert seen["forks"] > 100 and seen["pruned"] > 20 and seen["suppressed"] > 100, (
+        seen
+    )  # each mechanism ran
 
 
 def test_pruning_removes_a_branch_with_its_descendants():
@@ -304,10 +321,18 @@ def _context(tiny_model_dir, overrides, step=0):
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
     engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=64)
-    cfg = load_config(None, ["algorithm.method=latr", "rollout.max_new_tokens=12", "rollout.group_size=6", *overrides])
-    ctx = RolloutContext(engine, sampling_params(cfg.rollout, top_logprobs=False), torch.Generator().manual_seed(0),
-                         method_config(cfg, "latr"), lambda *a: None, decode=partial(tok.decode, skip_special_tokens=True),
-                         step=step)
+    cfg = load_config(
+        None, ["algorithm.method=latr", "rollout.max_new_tokens=12", "rollout.group_size=6", *overrides]
+    )
+    ctx = RolloutContext(
+        engine,
+        sampling_params(cfg.rollout, top_logprobs=False),
+        torch.Generator().manual_seed(0),
+        method_config(cfg, "latr"),
+        lambda *a: None,
+        decode=partial(tok.decode, skip_special_tokens=True),
+        step=step,
+    )
     prompts = [tok(f"Question {i}: go on")["input_ids"] for i in range(3)]
     return get_method("latr"), ctx, prompts
 
@@ -316,10 +341,17 @@ def _context(tiny_model_dir, overrides, step=0):
 def test_rollout_on_a_real_model(tiny_model_dir, eta, width):
     """k = round(n eta) tree rows then n - k ordinary rows per prompt; a branch repeats its parent
     up to its fork; the group's prefix tree says so; every row is within the budget."""
-    method, ctx, prompts = _context(tiny_model_dir, [
-        "latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.lookahead=[3]", "latr.keep_math_symbols=false",
-        "latr.edit_distance_threshold=0.5", f"latr.eta_values=[{eta}]",
-    ])
+    method, ctx, prompts = _context(
+        tiny_model_dir,
+        [
+            "latr.tau_abs=0.0",
+            "latr.tau_rel=1.0",
+            "latr.lookahead=[3]",
+            "latr.keep_math_symbols=false",
+            "latr.edit_distance_threshold=0.5",
+            f"latr.eta_values=[{eta}]",
+        ],
+    )
     out = load(method.rollout_fn)(ctx, prompts)
     assert len(out.generations) == 18 and out.metrics["latr/width"] == width
     if width:
@@ -340,7 +372,16 @@ def test_the_rows_per_prompt_round_to_nearest_with_ties_to_even():
     """generation.py: ``kt_n_gen = round(num_return_sequences * mix_ratio)``, Python's round. Floor
     gives fewer rows where n * eta has a fraction of 1/2 or more (6 * 0.6 = 3.6: 4 rows, not 3; the
     rollout above runs it), half-up gives more on ties with an even floor (5 * 0.5: 2, not 3)."""
-    cases = {(6, 0.6): 4, (7, 0.5): 4, (8, 0.35): 3, (5, 0.5): 2, (9, 0.5): 4, (3, 0.5): 2, (8, 0.1): 1, (8, 0.05): 0}
+    cases = {
+        (6, 0.6): 4,
+        (7, 0.5): 4,
+        (8, 0.35): 3,
+        (5, 0.5): 2,
+        (9, 0.5): 4,
+        (3, 0.5): 2,
+        (8, 0.1): 1,
+        (8, 0.05): 0,
+    }
     assert {case: latr_width(*case) for case in cases} == cases
 
 
@@ -423,10 +464,18 @@ def test_the_batched_lookahead_takes_the_decisions_of_one_request_per_token(tiny
     from semrl.methods.latr.method import _lookahead_by_requests, lookahead_phase
     from semrl.methods.latr.tree import LatrForest
 
-    method, ctx, prompts = _context(tiny_model_dir, [
-        "latr.tau_abs=0.02", "latr.tau_rel=0.95", "latr.lookahead=[2,3]", "latr.keep_math_symbols=false",
-        "latr.edit_distance_threshold=0.6", "rollout.max_new_tokens=12", "rollout.group_size=6",
-    ])
+    method, ctx, prompts = _context(
+        tiny_model_dir,
+        [
+            "latr.tau_abs=0.02",
+            "latr.tau_rel=0.95",
+            "latr.lookahead=[2,3]",
+            "latr.keep_math_symbols=false",
+            "latr.edit_distance_threshold=0.6",
+            "rollout.max_new_tokens=12",
+            "rollout.group_size=6",
+        ],
+    )
     engine = ctx.engine
     engine.model = _peaked_model(tiny_model_dir, context)
     rng = torch.Generator().manual_seed(seed)
@@ -437,7 +486,11 @@ def test_the_batched_lookahead_takes_the_decisions_of_one_request_per_token(tiny
     reference = LatrForest(len(prompts), batched.settings, batched.eos_ids, batched.decode)
     reference_steps = _lookahead_by_requests(ctx, prompts, reference, 12)
     assert steps == reference_steps
-    assert (batched.forks, batched.pruned, batched.suppressed) == (reference.forks, reference.pruned, reference.suppressed)
+    assert (batched.forks, batched.pruned, batched.suppressed) == (
+        reference.forks,
+        reference.pruned,
+        reference.suppressed,
+    )
     assert batched.forks >= 3 and batched.suppressed + batched.pruned >= 1  # the rules were exercised
     for mine, theirs in zip(batched.trees, reference.trees, strict=True):
         assert [(b.tokens, b.fork_position, b.birth, b.finished) for b in mine] == [
@@ -456,8 +509,15 @@ def test_the_fork_test_reads_the_raw_distribution_whatever_the_sampling_settings
     from semrl.methods.latr.method import _lookahead_by_requests, lookahead_phase
     from semrl.methods.latr.tree import LatrForest
 
-    rules = ["latr.tau_abs=0.02", "latr.tau_rel=0.95", "latr.lookahead=[2,3]", "latr.keep_math_symbols=false",
-             "latr.edit_distance_threshold=0.6", "rollout.max_new_tokens=12", "rollout.group_size=6"]
+    rules = [
+        "latr.tau_abs=0.02",
+        "latr.tau_rel=0.95",
+        "latr.lookahead=[2,3]",
+        "latr.keep_math_symbols=false",
+        "latr.edit_distance_threshold=0.6",
+        "rollout.max_new_tokens=12",
+        "rollout.group_size=6",
+    ]
     model = _peaked_model(tiny_model_dir, context=False)
     rng = torch.Generator().manual_seed(0)
     extra = [torch.randint(300, 340, (3,), generator=rng).tolist() for _ in range(3)]
@@ -469,12 +529,18 @@ def test_the_fork_test_reads_the_raw_distribution_whatever_the_sampling_settings
         batched, _ = lookahead_phase(ctx, prompts, 6)
         by_requests = LatrForest(len(prompts), batched.settings, batched.eos_ids, batched.decode)
         _lookahead_by_requests(ctx, prompts, by_requests, 12)
-        return [[[(tuple(b.tokens), b.fork_position) for b in tree] for tree in forest.trees]
-                for forest in (batched, by_requests)]
+        return [
+            [[(tuple(b.tokens), b.fork_position) for b in tree] for tree in forest.trees]
+            for forest in (batched, by_requests)
+        ]
 
     raw = trees(["rollout.temperature=1.0", "rollout.top_p=1.0"])
-    assert raw[0] == raw[1] == trees(["rollout.temperature=0.5", "rollout.top_p=0.6"])[0] == trees(
-        ["rollout.temperature=0.5", "rollout.top_p=0.6"])[1]
+    assert (
+        raw[0]
+        == raw[1]
+        == trees(["rollout.temperature=0.5", "rollout.top_p=0.6"])[0]
+        == trees(["rollout.temperature=0.5", "rollout.top_p=0.6"])[1]
+    )
     assert sum(len(tree) > 1 for tree in raw[0]) >= 2  # forks happened
 
     # the tempered, top-p filtered distribution decides otherwise at some visited token
@@ -494,9 +560,15 @@ def test_the_fork_test_reads_the_raw_distribution_whatever_the_sampling_settings
 
 def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):
     """A whole LATR rollout calls the engine once (the rows' finishing), whatever the lookahead length."""
-    method, ctx, prompts = _context(tiny_model_dir, [
-        "latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.lookahead=[3]", "latr.keep_math_symbols=false",
-    ])
+    method, ctx, prompts = _context(
+        tiny_model_dir,
+        [
+            "latr.tau_abs=0.0",
+            "latr.tau_rel=1.0",
+            "latr.lookahead=[3]",
+            "latr.keep_math_symbols=false",
+        ],
+    )
     calls, original = [], ctx.engine.generate
 
     def counting(requests, *args, **kwargs):

@@ -48,10 +48,24 @@ def test_curriculum_advances_at_the_stage_ends_and_restores_its_place():
     stages = [_problems(5, "a"), _problems(7, "b"), _problems(3, "c")]
     cur = Curriculum(stages, steps=10, seed=3)
     assert cur.schedule.ends == (3, 7, 10)
-    assert [step for step in range(11) if cur.advances(step)] == [3, 4, 5, 6, 7, 8, 9, 10]  # from step 3 on, in stage 0
+    assert [step for step in range(11) if cur.advances(step)] == [
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+    ]  # from step 3 on, in stage 0
     order = [cur.problems[i].id for i in cur.sampler.next_indices(4)]
     cur.enter(1)
-    assert cur.problems is stages[1] and cur.steps_left_in_stage(4) == 3 and not cur.advances(6) and cur.advances(7)
+    assert (
+        cur.problems is stages[1]
+        and cur.steps_left_in_stage(4) == 3
+        and not cur.advances(6)
+        and cur.advances(7)
+    )
     cur.sampler.next_indices(2)
     state = cur.state_dict()
     expected = cur.sampler.next_indices(5)
@@ -71,7 +85,9 @@ def test_optimization_skips_non_finite_updates_and_counts_them_in_a_row():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     cfg = load_config(None, ["trainer.lr=0.1"])
-    optim = Optimization(model, cfg, ProcessGroup(), steps=4, scaler=torch.amp.GradScaler("cpu", enabled=False))
+    optim = Optimization(
+        model, cfg, ProcessGroup(), steps=4, scaler=torch.amp.GradScaler("cpu", enabled=False)
+    )
     before = model.weight.detach().clone()
     for expected_count, value in [(1, float("nan")), (2, float("inf")), (0, 1.0), (1, float("nan"))]:
         loss = model(torch.ones(1, 3)).sum() * value
@@ -88,8 +104,10 @@ def test_optimization_skips_non_finite_updates_and_counts_them_in_a_row():
 
 def test_fsdp_on_vllm_refuses_a_rollout_that_needs_an_entropy_forward():
     fsdp_vllm = ["trainer.fsdp=true", "rollout.engine=vllm"]
-    cases = [("rose", "rose.entropy_mode=full_vocab", "rose.entropy_mode=topk_logprobs"),
-             ("fr3e", "fr3e.anchor_metric=entropy", "fr3e.anchor_metric=surprisal")]
+    cases = [
+        ("rose", "rose.entropy_mode=full_vocab", "rose.entropy_mode=topk_logprobs"),
+        ("fr3e", "fr3e.anchor_metric=entropy", "fr3e.anchor_metric=surprisal"),
+    ]
     pytest.importorskip("vllm")
     for method, needs, fine in cases:
         with pytest.raises(ConfigError, match=f"cannot run a forward pass for entropies \\({needs}\\)"):

@@ -11,7 +11,11 @@ from .conftest import dense_attention_mask
 
 
 def full_reference(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The textbook computation in float64: all logits, log_softmax, gather."""
     logits = hidden.double() @ weight.double().T
@@ -52,7 +56,9 @@ def test_chunked_equals_full_values_and_gradients(seed: int) -> None:
     upstream_h = torch.randn(rows, generator=gen) * (torch.rand(rows, generator=gen) > 0.3)
     for w_logp, w_h in [(1.0, 0.0), (0.0, 1.0), (1.0, 1.0)]:  # log-probs only, entropy only, both
         loss = (logp * upstream * w_logp).sum() + (entropy * upstream_h * w_h).sum()
-        ref_loss = (ref_logp * upstream.double() * w_logp).sum() + (ref_entropy * upstream_h.double() * w_h).sum()
+        ref_loss = (ref_logp * upstream.double() * w_logp).sum() + (
+            ref_entropy * upstream_h.double() * w_h
+        ).sum()
         grads = torch.autograd.grad(loss, params, retain_graph=True)
         ref_grads = torch.autograd.grad(ref_loss, params, retain_graph=True)
         for got, want in zip(grads, ref_grads, strict=True):
@@ -113,10 +119,14 @@ def test_bad_shapes_are_named() -> None:
     with pytest.raises(ValueError, match="hidden \\(M, H\\)"):
         chunked_logprobs(torch.zeros(3, 4), torch.zeros(10, 5), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="chunk_size"):
-        chunked_logprobs(torch.zeros(3, 4), torch.zeros(10, 4), torch.zeros(3, dtype=torch.long), chunk_size=0)
+        chunked_logprobs(
+            torch.zeros(3, 4), torch.zeros(10, 4), torch.zeros(3, dtype=torch.long), chunk_size=0
+        )
 
 
-def _full_logits_logprobs(model, input_ids, attention_mask, position_ids, columns, rows, targets, mask, temperature):
+def _full_logits_logprobs(
+    model, input_ids, attention_mask, position_ids, columns, rows, targets, mask, temperature
+):
     """Independent reference: the model's own full logits at every position, then log_softmax."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     logp_all = torch.log_softmax(logits[rows, columns].float() / temperature, dim=-1)
@@ -165,7 +175,9 @@ def test_model_forward_with_chunks_equals_full_logits(tiny_model_dir, layout):
 
     logp, entropy = run()
     grads = torch.autograd.grad((logp * adv).sum(), list(model.parameters()))
-    ref_logp, ref_entropy = _full_logits_logprobs(model, *reference_inputs, columns, rows, targets, mask, temperature)
+    ref_logp, ref_entropy = _full_logits_logprobs(
+        model, *reference_inputs, columns, rows, targets, mask, temperature
+    )
     ref_grads = torch.autograd.grad((ref_logp * adv).sum(), list(model.parameters()))
     torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entropy, ref_entropy, rtol=1e-5, atol=1e-5)

@@ -24,8 +24,18 @@ LORA = ["model.lora_r=16", "model.lora_alpha=32", "trainer.lr=3e-3", "algorithm.
 
 
 def _random_batch(generator, n=5, vocab=1000):
-    prompts = [torch.randint(1, vocab, (int(torch.randint(2, 9, (1,), generator=generator)),), generator=generator).tolist() for _ in range(n)]
-    responses = [torch.randint(1, vocab, (int(torch.randint(1, 7, (1,), generator=generator)),), generator=generator).tolist() for _ in range(n)]
+    prompts = [
+        torch.randint(
+            1, vocab, (int(torch.randint(2, 9, (1,), generator=generator)),), generator=generator
+        ).tolist()
+        for _ in range(n)
+    ]
+    responses = [
+        torch.randint(
+            1, vocab, (int(torch.randint(1, 7, (1,), generator=generator)),), generator=generator
+        ).tolist()
+        for _ in range(n)
+    ]
     return make_sequence_batch(prompts, responses, 0)
 
 
@@ -41,7 +51,13 @@ def lora_run(digit_model_dir, tmp_path_factory):
     task = write_seven_task(root / "seven.jsonl")
     out = root / "run"
     cfg = _cfg(
-        digit_model_dir, task, out, *LORA, "trainer.steps=20", "rollout.prompts_per_step=8", "algorithm.kl_coef=0.01",
+        digit_model_dir,
+        task,
+        out,
+        *LORA,
+        "trainer.steps=20",
+        "rollout.prompts_per_step=8",
+        "algorithm.kl_coef=0.01",
     )
     trainer = Trainer(cfg)
     trainer.train()
@@ -85,13 +101,24 @@ def test_the_reference_is_the_base_with_adapters_off(lora_run, digit_model_dir):
 
 @pytest.mark.parametrize(
     ("rank", "alpha", "targets"),
-    [(1, 1.0, ["all-linear"]), (4, 16.0, ["q_proj", "v_proj"]), (8, 3.0, ["down_proj", "o_proj"]), (2, 64.0, ["all-linear"])],
+    [
+        (1, 1.0, ["all-linear"]),
+        (4, 16.0, ["q_proj", "v_proj"]),
+        (8, 3.0, ["down_proj", "o_proj"]),
+        (2, 64.0, ["all-linear"]),
+    ],
 )
-def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, tmp_path, rank, alpha, targets):
+def test_merged_weights_equal_peft_merge_and_the_adapted_model(
+    digit_model_dir, tmp_path, rank, alpha, targets
+):
     from peft import PeftModel
 
     model = load_model(str(digit_model_dir))
-    overrides = [f"model.lora_r={rank}", f"model.lora_alpha={alpha}", f"model.lora_target_modules=[{','.join(targets)}]"]
+    overrides = [
+        f"model.lora_r={rank}",
+        f"model.lora_alpha={alpha}",
+        f"model.lora_target_modules=[{','.join(targets)}]",
+    ]
     add_adapters(model, load_config(None, overrides).model)
     generator = torch.Generator().manual_seed(rank)
     with torch.no_grad():
@@ -101,7 +128,9 @@ def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, 
     before = {k: v.clone() for k, v in model.state_dict().items()}
     merged = dict(sampling_weights(model))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # left unchanged
-    reference = PeftModel.from_pretrained(load_model(str(digit_model_dir)), _save_adapters(model, tmp_path / "adapters")).merge_and_unload()
+    reference = PeftModel.from_pretrained(
+        load_model(str(digit_model_dir)), _save_adapters(model, tmp_path / "adapters")
+    ).merge_and_unload()
     expected = reference.state_dict()
     assert merged.keys() == expected.keys()
     for key in expected:
@@ -111,7 +140,9 @@ def test_merged_weights_equal_peft_merge_and_the_adapted_model(digit_model_dir, 
     batch = _random_batch(generator)
     torch.testing.assert_close(_logprobs(plain, batch), _logprobs(model, batch), atol=1e-5, rtol=0)
     with adapters_disabled(model):
-        torch.testing.assert_close(_logprobs(model, batch), _logprobs(load_model(str(digit_model_dir)), batch))
+        torch.testing.assert_close(
+            _logprobs(model, batch), _logprobs(load_model(str(digit_model_dir)), batch)
+        )
 
 
 def _save_adapters(model, path):
@@ -175,7 +206,9 @@ def test_lora_config_errors_name_the_key(overrides, message):
         load_config(None, overrides)
 
 
-@pytest.mark.parametrize(("targets", "message"), [("[lm_head]", "LM head"), ("[no_such_proj]", "lora_target_modules")])
+@pytest.mark.parametrize(
+    ("targets", "message"), [("[lm_head]", "LM head"), ("[no_such_proj]", "lora_target_modules")]
+)
 def test_adapters_on_the_head_or_on_missing_modules_are_refused(digit_model_dir, targets, message):
     cfg = load_config(None, ["model.lora_r=4", f"model.lora_target_modules={targets}"])
     with pytest.raises(ConfigError, match=message):

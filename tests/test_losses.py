@@ -95,7 +95,11 @@ def test_micro_batches_with_mini_batch_denominators_add_up(mode):
     whole = aggregate_loss(loss, mask, mode, max_response_length=5)
     parts = sum(
         aggregate_loss(
-            loss[i : i + 2], mask[i : i + 2], mode, num_sequences=6, num_tokens=int(mask.sum()),
+            loss[i : i + 2],
+            mask[i : i + 2],
+            mode,
+            num_sequences=6,
+            num_tokens=int(mask.sum()),
             max_response_length=5,
         )
         for i in range(0, 6, 2)

@@ -112,12 +112,24 @@ def test_a_plugin_method_trains_with_its_state_and_metrics(toy_plugin, digit_mod
     from semrl.runtime.trainer import Trainer
 
     out = tmp_path / "run"
-    cfg = load_config(None, [
-        f"model.name={digit_model_dir}", f"data.train={seven_task}", "data.eval=null",
-        f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=4", "trainer.steps=2", "reward.num_workers=1", "logging.progress=false",
-        f"logging.output_dir={out}", "algorithm.method=toy", "toy.scale=0.5",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={digit_model_dir}",
+            f"data.train={seven_task}",
+            "data.eval=null",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=4",
+            "trainer.steps=2",
+            "reward.num_workers=1",
+            "logging.progress=false",
+            f"logging.output_dir={out}",
+            "algorithm.method=toy",
+            "toy.scale=0.5",
+        ],
+    )
     Trainer(cfg).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["toy/rollout_calls"] for r in rows] == [1.0, 2.0]  # the method's state lives across steps

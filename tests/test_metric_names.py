@@ -15,13 +15,27 @@ from .conftest import DIGIT_SYSTEM_PROMPT
 def _run(model_dir, task, out, *extra) -> list[dict]:
     from semrl.runtime.trainer import Trainer
 
-    cfg = load_config(None, [
-        f"model.name={model_dir}", f"data.train={task}", f"data.eval={task}", "data.eval_size=4",
-        f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "rollout.group_size=4", "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.steps=1", "reward.num_workers=1",
-        "logging.eval_samples=2", f"logging.output_dir={out}", "logging.progress=false", "logging.report_to=[]",
-        *extra,
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={model_dir}",
+            f"data.train={task}",
+            f"data.eval={task}",
+            "data.eval_size=4",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=4",
+            "trainer.micro_batch_size=8",
+            "trainer.steps=1",
+            "reward.num_workers=1",
+            "logging.eval_samples=2",
+            f"logging.output_dir={out}",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            *extra,
+        ],
+    )
     Trainer(cfg).train()
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -47,5 +61,12 @@ def test_every_reader_takes_its_names_from_the_module():
 
     known = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
     known |= {n for k, v in vars(names).items() if k.isupper() and isinstance(v, tuple) for n in v}
-    for read in (COMPARE_METRICS, TRAIN_METRICS, CURVE_METRICS, COST_METRICS, COST_COLUMNS, [NO_SIGNAL, TOKENS]):
+    for read in (
+        COMPARE_METRICS,
+        TRAIN_METRICS,
+        CURVE_METRICS,
+        COST_METRICS,
+        COST_COLUMNS,
+        [NO_SIGNAL, TOKENS],
+    ):
         assert set(read) <= known, set(read) - known

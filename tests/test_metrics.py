@@ -23,19 +23,28 @@ def _random_batch(gen: torch.Generator, groups: int, group_size: int) -> tuple[R
     lengths = torch.randint(1, 9, (n,), generator=gen).tolist()
     gens = [
         Generation(
-            token_ids=torch.randint(5, 50, (length,), generator=gen), logprobs=-torch.rand(length, generator=gen) * 3,
-            top_logprobs=torch.zeros(length, 2), top_ids=torch.zeros(length, 2, dtype=torch.long),
-            entropy=torch.rand(length, generator=gen) * 2, finished=bool(torch.rand(1, generator=gen) < 0.7),
+            token_ids=torch.randint(5, 50, (length,), generator=gen),
+            logprobs=-torch.rand(length, generator=gen) * 3,
+            top_logprobs=torch.zeros(length, 2),
+            top_ids=torch.zeros(length, 2, dtype=torch.long),
+            entropy=torch.rand(length, generator=gen) * 2,
+            finished=bool(torch.rand(1, generator=gen) < 0.7),
         )
         for length in lengths
     ]
     batch = RolloutBatch(
         problems=[Problem(f"p{i // group_size}", "q", "1") for i in range(n)],
-        prompt_ids=[[1, 2, 3] for _ in range(n)], generations=gens, texts=["x"] * n,
-        group_size=group_size, pad_token_id=0,
+        prompt_ids=[[1, 2, 3] for _ in range(n)],
+        generations=gens,
+        texts=["x"] * n,
+        group_size=group_size,
+        pad_token_id=0,
     )
     correct = (torch.rand(n, generator=gen) < 0.4).tolist()
-    answers = [str(int(torch.randint(0, 3, (1,), generator=gen))) if torch.rand(1, generator=gen) < 0.8 else None for _ in range(n)]
+    answers = [
+        str(int(torch.randint(0, 3, (1,), generator=gen))) if torch.rand(1, generator=gen) < 0.8 else None
+        for _ in range(n)
+    ]
     results = tuple(RewardResult(float(c), a, bool(c), False) for c, a in zip(correct, answers, strict=True))
     rewards = torch.tensor([float(c) for c in correct]) - 0.1 * torch.rand(n, generator=gen).round()
     return batch, Scores(rewards, results, verify_timeouts=int(torch.randint(0, 3, (1,), generator=gen)))
@@ -53,8 +62,12 @@ def test_metrics_equal_a_direct_computation(seed):
     answers = [[r.answer for r in results[i : i + g]] for i in range(0, len(results), g)]
     assert out["reward"] == pytest.approx(sum(rewards) / len(rewards))
     assert out["accuracy"] == pytest.approx(sum(r.correct for r in results) / len(results))
-    assert out["reward/frac_groups_all_equal"] == pytest.approx(sum(len(set(x)) == 1 for x in groups) / len(groups))
-    assert out["reward/distinct_answers_per_group"] == pytest.approx(sum(len(set(a)) for a in answers) / len(answers))
+    assert out["reward/frac_groups_all_equal"] == pytest.approx(
+        sum(len(set(x)) == 1 for x in groups) / len(groups)
+    )
+    assert out["reward/distinct_answers_per_group"] == pytest.approx(
+        sum(len(set(a)) for a in answers) / len(answers)
+    )
     assert out["reward/verify_timeouts"] == sum(s.verify_timeouts for _, s in rounds)
 
     batch, scores = rounds[0]
@@ -66,7 +79,9 @@ def test_metrics_equal_a_direct_computation(seed):
     assert out["response_length"] == pytest.approx(sum(lengths) / len(lengths))
     good = [n for n, c in zip(lengths, correct, strict=True) if c]
     assert out["response_length/correct"] == pytest.approx(sum(good) / len(good) if good else 0.0)
-    assert out["response_length/truncated_frac"] == pytest.approx(sum(not x.finished for x in batch.generations) / len(lengths))
+    assert out["response_length/truncated_frac"] == pytest.approx(
+        sum(not x.finished for x in batch.generations) / len(lengths)
+    )
 
     # entropy dynamics: padding holds junk that must not count
     adv = torch.randn(batch.sequences.response_mask.shape, generator=gen)
@@ -121,8 +136,12 @@ def test_group_filter_over_rounds_matches_a_direct_selection(seed):
         rounds.append((batch, Scores(rewards, scores.results, verify_timeouts=scores.verify_timeouts)))
         groups.add(*rounds[-1])
     batch, scores, metrics = groups.result()
-    informative = [(r, k) for r, (_, s) in enumerate(rounds) for k in range(wanted) if s.informative_groups(g)[k]]
-    others = [(r, k) for r, (_, s) in enumerate(rounds) for k in range(wanted) if not s.informative_groups(g)[k]]
+    informative = [
+        (r, k) for r, (_, s) in enumerate(rounds) for k in range(wanted) if s.informative_groups(g)[k]
+    ]
+    others = [
+        (r, k) for r, (_, s) in enumerate(rounds) for k in range(wanted) if not s.informative_groups(g)[k]
+    ]
     if not dynamic:
         assert len(rounds) == 1 and batch is rounds[0][0] and scores is rounds[0][1]
         assert "dynamic_sampling/kept_groups" not in metrics
@@ -133,8 +152,12 @@ def test_group_filter_over_rounds_matches_a_direct_selection(seed):
         chosen = (informative + others)[:wanted]
         expected = [i for r, k in chosen for i in range(k * g, (k + 1) * g)]
         sources = [r for r, k in chosen for _ in range(g)]
-        assert scores.rewards.tolist() == [rounds[r][1].rewards[i].item() for r, i in zip(sources, expected, strict=True)]
-        assert batch.generations == [rounds[r][0].generations[i] for r, i in zip(sources, expected, strict=True)]
+        assert scores.rewards.tolist() == [
+            rounds[r][1].rewards[i].item() for r, i in zip(sources, expected, strict=True)
+        ]
+        assert batch.generations == [
+            rounds[r][0].generations[i] for r, i in zip(sources, expected, strict=True)
+        ]
         assert metrics["dynamic_sampling/kept_groups"] == min(len(informative), wanted)
         assert metrics["dynamic_sampling/rollout_batches"] == len(rounds)
     assert all(k.startswith("dynamic_sampling/") for k in metrics)

@@ -22,14 +22,33 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     (wheel,) = dist.glob("semrl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for packaged in ("semrl/studies/template.html", "semrl/data/benchmarks/math500.jsonl", "semrl/studies/stats.py",
-                     "semrl/py.typed", "semrl/configs/demo.yaml", "semrl/configs/rose_paper.yaml",
-                     "semrl/configs/study/study3_rules.yaml"):
+    for packaged in (
+        "semrl/studies/template.html",
+        "semrl/data/benchmarks/math500.jsonl",
+        "semrl/studies/stats.py",
+        "semrl/py.typed",
+        "semrl/configs/demo.yaml",
+        "semrl/configs/rose_paper.yaml",
+        "semrl/configs/study/study3_rules.yaml",
+    ):
         assert packaged in names, packaged
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     env_dir = tmp_path / "fresh"
@@ -38,8 +57,14 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
     # the dependencies (torch, transformers, ...) from this environment's site-packages, read as a
     # plain path: its .pth files, among them this checkout's editable install, are not run
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True}
@@ -62,10 +87,20 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     assert unscored.returncode == 2 and "semrl curriculum score --output" in unscored.stderr, unscored.stderr
     scored = tmp_path / "runs" / "curriculum" / "arithmetic_l1.jsonl"
     scored.parent.mkdir(parents=True)
-    scored.write_text("".join(
-        json.dumps({"id": f"p{i}", "problem": f"What is {i} + 5?", "answer": str(i + 5), "semantic_entropy": i / 10})
-        + "\n" for i in range(6)
-    ))
+    scored.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"p{i}",
+                    "problem": f"What is {i} + 5?",
+                    "answer": str(i + 5),
+                    "semantic_entropy": i / 10,
+                }
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
     checked = subprocess.run([str(semrl), "config", "--check", "sent_demo"], **run)
     assert checked.returncode == 0 and "sent_demo: OK (method sent)" in checked.stdout, checked.stderr
     bad = subprocess.run([str(semrl), "config", "--check", "demo", "trainer.lr=-1"], **run)
@@ -86,8 +121,12 @@ def test_the_sdist_ships_what_builds_the_package_and_no_tests(tmp_path):
     import semrl
 
     out = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-q", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "-q", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (sdist,) = out.glob("semrl-*.tar.gz")
     with tarfile.open(sdist) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
@@ -95,8 +134,23 @@ def test_the_sdist_ships_what_builds_the_package_and_no_tests(tmp_path):
     assert "LICENSE" in names and "src/semrl/configs/demo.yaml" in names and "src/semrl/py.typed" in names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "results/", "docs/"))]
     (unpacked,) = (tmp_path / "src").iterdir()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(out), str(unpacked)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(unpacked),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (wheel,) = out.glob("semrl-*.whl")
     metadata_name = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
     metadata = email.message_from_bytes(zipfile.ZipFile(wheel).read(metadata_name))

@@ -45,7 +45,11 @@ def test_pack_layout_on_a_hand_built_tree():
     assert packed.predictor.tolist() == [[1, 2, 3], [1, 2, -1], [1, -1, -1]]
     assert packed.targets[1, :2].tolist() == [3, 6] and packed.response_mask[2].tolist() == [1, 0, 0]
     mask = dense_attention_mask(packed, torch.float32)
-    assert mask.shape == (1, 1, 7, 7) and mask[0, 0, 5, 4] == torch.finfo(torch.float32).min and mask[0, 0, 5, 2] == 0
+    assert (
+        mask.shape == (1, 1, 7, 7)
+        and mask[0, 0, 5, 4] == torch.finfo(torch.float32).min
+        and mask[0, 0, 5, 2] == 0
+    )
     with pytest.raises(ValueError, match="chain 1 does not start"):
         pack_trees([[1, 2]], [[[3, 4, 5], [9, 6], [7]]], [tree], pad_token_id=0)
 
@@ -55,7 +59,9 @@ def test_pack_layout_on_a_hand_built_tree():
 @pytest.mark.parametrize("query_block", [7, 256])  # many query blocks per tree, one block per row
 def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, query_block, monkeypatch):
     monkeypatch.setattr("semrl.update.tree_attention.CPU_QUERY_BLOCK", query_block)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, attn_implementation=attn, dtype=torch.float32
+    )
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompts, groups, trees = [], [], []
@@ -70,13 +76,18 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, 
     trees.append(ChainTree((-1, -1, -1), (-1, 0, 0), (1, 7, 3)))
 
     packed = pack_trees(prompts, groups, trees, pad_token_id=0, row_tokens=row_tokens)
-    assert packed.input_ids.shape[0] == {None: packed.input_ids.shape[0], 1: len(groups), 10_000: 1}[row_tokens]
+    assert (
+        packed.input_ids.shape[0] == {None: packed.input_ids.shape[0], 1: len(groups), 10_000: 1}[row_tokens]
+    )
     assert packed.packed_tokens == sum(  # each tree's prompt once, each chain's tokens after its branch point
         len(p) + sum(len(r) - (t.branch_positions[c] if t.parents[c] >= 0 else 0) for c, r in enumerate(g))
         for p, g, t in zip(prompts, groups, trees, strict=True)
     )
-    padded = make_sequence_batch([p for p, g in zip(prompts, groups, strict=True) for _ in g],
-                                 [r for g in groups for r in g], pad_token_id=0)
+    padded = make_sequence_batch(
+        [p for p, g in zip(prompts, groups, strict=True) for _ in g],
+        [r for g in groups for r in g],
+        pad_token_id=0,
+    )
     assert packed.packed_tokens < padded.attention_mask.sum()
     adv = torch.randn(packed.response_mask.shape, generator=gen)
 
@@ -101,8 +112,13 @@ def test_packed_equals_padded_on_random_trees(tiny_model_dir, attn, row_tokens, 
 EXTRA = {
     "treepo": ["treepo.segment_length=2"],
     # every token forks until the width is full; windows short enough to prune in 10 tokens
-    "latr": ["latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.lookahead=[2,3]", "latr.keep_math_symbols=false",
-             "latr.eta_values=[0.5]"],
+    "latr": [
+        "latr.tau_abs=0.0",
+        "latr.tau_rel=1.0",
+        "latr.lookahead=[2,3]",
+        "latr.keep_math_symbols=false",
+        "latr.eta_values=[0.5]",
+    ],
 }
 
 
@@ -116,17 +132,35 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
     from semrl.runtime.trainer import Trainer
 
     task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"Say a number ({i}).", "answer": "7"}) + "\n"
-                            for i in range(16)))
+    task.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "problem": f"Say a number ({i}).", "answer": "7"}) + "\n"
+            for i in range(16)
+        )
+    )
     models = {}
     for packing in ("none", "tree"):
-        cfg = load_config(None, [
-            f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null", f"algorithm.method={method}",
-            "rollout.group_size=6", "rollout.prompts_per_step=2", "rollout.max_new_tokens=10",
-            "trainer.micro_batch_size=5", "trainer.steps=1", "trainer.lr=1e-2", "algorithm.kl_coef=0.01",
-            f"trainer.packing={packing}", f"logging.output_dir={tmp_path / packing}", "logging.progress=false",
-            "logging.report_to=[]", *EXTRA.get(method, []),
-        ])
+        cfg = load_config(
+            None,
+            [
+                f"model.name={tiny_model_dir}",
+                f"data.train={task}",
+                "data.eval=null",
+                f"algorithm.method={method}",
+                "rollout.group_size=6",
+                "rollout.prompts_per_step=2",
+                "rollout.max_new_tokens=10",
+                "trainer.micro_batch_size=5",
+                "trainer.steps=1",
+                "trainer.lr=1e-2",
+                "algorithm.kl_coef=0.01",
+                f"trainer.packing={packing}",
+                f"logging.output_dir={tmp_path / packing}",
+                "logging.progress=false",
+                "logging.report_to=[]",
+                *EXTRA.get(method, []),
+            ],
+        )
         trainer = Trainer(cfg)
         assert trainer.packing == (packing == "tree")
         metrics = trainer.train()
@@ -141,5 +175,9 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
     (g_pad, m_pad), (g_pack, m_pack) = models["none"], models["tree"]
     assert m_pack["loss"] == pytest.approx(m_pad["loss"], rel=1e-4, abs=1e-6)
     assert m_pack["kl"] == pytest.approx(m_pad["kl"], rel=1e-3, abs=1e-7)
-    torch.testing.assert_close(torch.cat([g.flatten() for g in g_pack]), torch.cat([g.flatten() for g in g_pad]),
-                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.cat([g.flatten() for g in g_pack]),
+        torch.cat([g.flatten() for g in g_pad]),
+        atol=1e-5,
+        rtol=1e-4,
+    )

@@ -59,7 +59,9 @@ def test_master_weights_keep_updates_that_bf16_parameters_lose(tiny_model_dir):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_low_precision_run_keeps_fp32_weights_and_resumes_exactly(digit_model_dir, seven_task, tmp_path, dtype):
+def test_low_precision_run_keeps_fp32_weights_and_resumes_exactly(
+    digit_model_dir, seven_task, tmp_path, dtype
+):
     args = [f"model.dtype={dtype}", "trainer.lr=1e-4"]
     full = tmp_path / "full"
     Trainer(_cfg(digit_model_dir, seven_task, full, "trainer.steps=3", *args)).train()
@@ -84,15 +86,31 @@ def test_low_precision_run_keeps_fp32_weights_and_resumes_exactly(digit_model_di
 
 def test_pure_bf16_parameters_are_a_separate_setting(digit_model_dir, seven_task, tmp_path):
     out = tmp_path / "pure"
-    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=1", "model.dtype=bfloat16", "model.master_weights=false")
+    cfg = _cfg(
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=1",
+        "model.dtype=bfloat16",
+        "model.master_weights=false",
+    )
     Trainer(cfg).train()
     weights = load_file(out / "checkpoints" / "step-000001" / "model.safetensors")
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
 
 
 def _weights_after(model_dir, task, out, *extra):
-    Trainer(_cfg(model_dir, task, out, "trainer.steps=2", "trainer.ppo_epochs=2", "trainer.mini_batch_size=16",
-                 *extra)).train()
+    Trainer(
+        _cfg(
+            model_dir,
+            task,
+            out,
+            "trainer.steps=2",
+            "trainer.ppo_epochs=2",
+            "trainer.mini_batch_size=16",
+            *extra,
+        )
+    ).train()
     return load_file(out / "checkpoints" / "step-000002" / "model.safetensors"), _metrics(out)
 
 
@@ -104,8 +122,13 @@ def test_token_budget_and_logit_chunks_give_the_same_training(digit_model_dir, s
     common = [f"trainer.packing={packing}", "algorithm.method=grpo"]
     base, base_metrics = _weights_after(digit_model_dir, seven_task, tmp_path / "rows", *common)
     other, other_metrics = _weights_after(
-        digit_model_dir, seven_task, tmp_path / "tokens", *common, "trainer.micro_batch_tokens=90",
-        "trainer.logits_chunk_size=3", "model.gradient_checkpointing=true",
+        digit_model_dir,
+        seven_task,
+        tmp_path / "tokens",
+        *common,
+        "trainer.micro_batch_tokens=90",
+        "trainer.logits_chunk_size=3",
+        "model.gradient_checkpointing=true",
     )
     for m1, m2 in zip(base_metrics, other_metrics, strict=True):
         assert m1["reward"] == m2["reward"]
@@ -119,12 +142,16 @@ def test_token_budget_and_logit_chunks_give_the_same_training(digit_model_dir, s
 def _fake_batch(gen: torch.Generator, groups: int, group_size: int) -> RolloutBatch:
     prompts, generations = [], []
     for _ in range(groups):
-        prompt = torch.randint(5, 50, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen).tolist()
+        prompt = torch.randint(
+            5, 50, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen
+        ).tolist()
         for _ in range(group_size):
             n = int(torch.randint(0, 40, (1,), generator=gen))
             prompts.append(prompt)
             tokens = torch.randint(5, 50, (n,), generator=gen)
-            generations.append(Generation(tokens, torch.zeros(n), torch.zeros(n, 1), tokens[:, None], None, True))
+            generations.append(
+                Generation(tokens, torch.zeros(n), torch.zeros(n, 1), tokens[:, None], None, True)
+            )
     problems = [Problem(f"p{g}", "q", "1") for g in range(groups) for _ in range(group_size)]
     return RolloutBatch(problems, prompts, generations, ["x"] * len(generations), group_size, pad_token_id=0)
 
@@ -135,7 +162,9 @@ def test_micro_batches_by_tokens_cover_every_row_within_the_budget(seed):
     group_size = int(torch.randint(1, 5, (1,), generator=gen))
     batch = _fake_batch(gen, int(torch.randint(1, 6, (1,), generator=gen)), group_size)
     total = len(batch.generations)
-    rows = (torch.randperm(total // group_size, generator=gen)[:, None] * group_size + torch.arange(group_size)).flatten()
+    rows = (
+        torch.randperm(total // group_size, generator=gen)[:, None] * group_size + torch.arange(group_size)
+    ).flatten()
     budget = int(torch.randint(1, 200, (1,), generator=gen))
     for packed in (False, True):
         plan = micro_batches(batch, rows, 4, budget, packed)
@@ -149,7 +178,10 @@ def test_micro_batches_by_tokens_cover_every_row_within_the_budget(seed):
                 units = [[int(r) for r in chosen if int(r) // group_size == g] for g in groups]
             else:
                 units = [[int(r)] for r in chosen]
-            widths = [len(batch.prompt_ids[u[0]]) + sum(len(batch.generations[r].token_ids) for r in u) for u in units]
+            widths = [
+                len(batch.prompt_ids[u[0]]) + sum(len(batch.generations[r].token_ids) for r in u)
+                for u in units
+            ]
             assert len(units) == 1 or len(units) * max(widths) <= budget
         # every process runs as many micro-batches as the one that needs the most
         most = len(plan) + 2

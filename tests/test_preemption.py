@@ -24,17 +24,34 @@ from .conftest import DIGIT_SYSTEM_PROMPT
 
 def _args(model_dir, task, out):
     return [
-        f"model.name={model_dir}", f"data.train={task}", f"data.eval={task}", "data.eval_size=4",
-        "logging.eval_samples=2", "logging.eval_every=1", f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
-        "rollout.group_size=8", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4", "trainer.micro_batch_size=16",
-        "trainer.lr=2e-3", "trainer.steps=3", "reward.num_workers=1", "logging.progress=false",
-        "logging.report_to=[]", f"logging.output_dir={out}",
+        f"model.name={model_dir}",
+        f"data.train={task}",
+        f"data.eval={task}",
+        "data.eval_size=4",
+        "logging.eval_samples=2",
+        "logging.eval_every=1",
+        f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+        "rollout.group_size=8",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=4",
+        "trainer.micro_batch_size=16",
+        "trainer.lr=2e-3",
+        "trainer.steps=3",
+        "reward.num_workers=1",
+        "logging.progress=false",
+        "logging.report_to=[]",
+        f"logging.output_dir={out}",
     ]
 
 
 def _train(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "semrl", "train", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "semrl", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +93,15 @@ def _ctrl_c(*args, at, blocked=False):
     """``semrl train`` in a session of its own, sent Ctrl-C (SIGINT to its process group) at ``at``;
     ``blocked``: started with SIGINT and SIGTERM blocked, as a child of a process (or a test runner's
     worker) that had blocked them inherits them."""
-    return subprocess.run([sys.executable, "-m", "semrl", "train", *args], capture_output=True, text=True,
-                          env={**os.environ, "SEMRL_FAULT_CTRL_C": at}, timeout=600, start_new_session=True,
-                          preexec_fn=_block_stop_signals if blocked else None)
+    return subprocess.run(
+        [sys.executable, "-m", "semrl", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SEMRL_FAULT_CTRL_C": at},
+        timeout=600,
+        start_new_session=True,
+        preexec_fn=_block_stop_signals if blocked else None,
+    )
 
 
 def test_ctrl_c_while_loading_stops_at_once_with_one_line(uninterrupted, digit_model_dir, tmp_path):
@@ -89,7 +112,10 @@ def test_ctrl_c_while_loading_stops_at_once_with_one_line(uninterrupted, digit_m
     proc = _ctrl_c(*_args(digit_model_dir, task, run), at="load@0", blocked=True)
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert f"semrl: interrupted while loading, before step 1: nothing was trained and the new run directory {run} is removed" in proc.stderr
+    assert (
+        f"semrl: interrupted while loading, before step 1: nothing was trained and the new run directory {run} is removed"
+        in proc.stderr
+    )
     assert not run.exists()  # so the same command starts again, and a time-stamped directory leaves no trace
 
 
@@ -150,10 +176,17 @@ def test_processes_agree_to_stop_when_one_is_signalled(uninterrupted, digit_mode
     task, _ = uninterrupted
     env = {"OMP_NUM_THREADS": "1"}
     full, run = tmp_path / "full", tmp_path / "run"
-    proc = _train("--num-processes", "2", *_args(digit_model_dir, task, full), "rollout.seed_per_sequence=true", env=env)
+    proc = _train(
+        "--num-processes", "2", *_args(digit_model_dir, task, full), "rollout.seed_per_sequence=true", env=env
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = _train("--num-processes", "2", *_args(digit_model_dir, task, run), "rollout.seed_per_sequence=true",
-                  env={**env, "SEMRL_FAULT_SIGNAL": "rollout@2", "SEMRL_FAULT_RANK": "1"})
+    proc = _train(
+        "--num-processes",
+        "2",
+        *_args(digit_model_dir, task, run),
+        "rollout.seed_per_sequence=true",
+        env={**env, "SEMRL_FAULT_SIGNAL": "rollout@2", "SEMRL_FAULT_RANK": "1"},
+    )
     assert proc.returncode != 0 and proc.stderr.count("stopped after step 2") == 2, proc.stderr[-3000:]
     assert [c.name for c in list_checkpoints(run)] == ["step-000002"]
     proc = _train("--num-processes", "2", "--resume", str(run), env=env)

@@ -99,7 +99,10 @@ def test_aggregation_equals_the_definition(mode):
     for _ in range(CASES):
         _, _, _, mask, _ = _batch(gen)
         loss = torch.randn(mask.shape, generator=gen) + 1000 * (1 - mask)  # junk on padding
-        rows = [[float(v) for v, m in zip(lr, mr, strict=True) if m > 0] for lr, mr in zip(loss, mask, strict=True)]
+        rows = [
+            [float(v) for v, m in zip(lr, mr, strict=True) if m > 0]
+            for lr, mr in zip(loss, mask, strict=True)
+        ]
         budget = mask.shape[1] + 3
         got = aggregate_loss(loss, mask, mode, max_response_length=budget)
         if mode == "token-mean":
@@ -121,7 +124,9 @@ def test_ppo_clip_equals_verls_formula():
         logp, old, adv, mask, _ = _batch(gen)
         low, high, c = 0.2, 0.28, 3.0
         got, _ = ppo_clip_loss(logp, old, adv, mask, low, high, c)
-        for lp, o, a, m, value in zip(logp.flatten(), old.flatten(), adv.flatten(), mask.flatten(), got.flatten(), strict=True):
+        for lp, o, a, m, value in zip(
+            logp.flatten(), old.flatten(), adv.flatten(), mask.flatten(), got.flatten(), strict=True
+        ):
             if not m:
                 continue
             ratio = math.exp(max(-20.0, min(20.0, float(lp - o))))
@@ -163,12 +168,16 @@ def test_clip_cov_drops_random_tokens_among_the_candidates():
     for _ in range(CASES):
         logp, old, adv, mask, _ = _batch(gen)
         low, high, ratio_c, lb, ub = 0.2, 0.2, 0.25, -0.5, 1.0
-        got, _ = clip_cov_loss(logp, old, adv, mask, low, high, ratio_c, lb, ub, torch.Generator().manual_seed(0))
+        got, _ = clip_cov_loss(
+            logp, old, adv, mask, low, high, ratio_c, lb, ub, torch.Generator().manual_seed(0)
+        )
         ppo, _ = ppo_clip_loss(logp, old, adv, mask, low, high, None)
         lp, o, a = _valid(logp, mask), _valid(old, mask), _valid(adv, mask)
         g, p = _valid(got, mask), _valid(ppo, mask)
         cov = _cov(lp, a)
-        unclipped = [abs(pi - (-ai * math.exp(li - oi))) < 1e-6 for pi, ai, li, oi in zip(p, a, lp, o, strict=True)]
+        unclipped = [
+            abs(pi - (-ai * math.exp(li - oi))) < 1e-6 for pi, ai, li, oi in zip(p, a, lp, o, strict=True)
+        ]
         candidates = [u and lb < c < ub for u, c in zip(unclipped, cov, strict=True)]
         n_pick = min(max(1, int(ratio_c * len(lp))), sum(candidates))
         dropped = [gi == 0.0 and pi != 0.0 for gi, pi in zip(g, p, strict=True)]
@@ -181,7 +190,9 @@ def test_clip_cov_drops_random_tokens_among_the_candidates():
     mask = torch.ones(1, 6)
     hits = torch.zeros(6)
     for seed in range(300):
-        loss, _ = clip_cov_loss(logp, logp.clone(), adv, mask, 0.2, 0.2, 0.2, -10.0, 10.0, torch.Generator().manual_seed(seed))
+        loss, _ = clip_cov_loss(
+            logp, logp.clone(), adv, mask, 0.2, 0.2, 0.2, -10.0, 10.0, torch.Generator().manual_seed(seed)
+        )
         hits += (loss == 0).float().flatten()
     assert (hits > 20).all(), hits
 
@@ -237,11 +248,17 @@ def test_sent_loss_equals_the_definition(kl_target, clip):
         ref = logp - 0.2 * torch.randn(logp.shape, generator=gen)
         beta = torch.where(torch.rand(logp.shape, generator=gen) < 0.3, 0.2, 0.0) * mask
         got, _ = sent_loss(logp, old, adv, mask, beta, kl_target, ref, clip)
-        for lp, o, a, r, b, m, value in zip(*(x.flatten() for x in (logp, old, adv, ref, beta, mask, got)), strict=True):
+        for lp, o, a, r, b, m, value in zip(
+            *(x.flatten() for x in (logp, old, adv, ref, beta, mask, got)), strict=True
+        ):
             if not m:
                 continue
             ratio = math.exp(float(lp - o))
-            pg = -float(a) * ratio if clip is None else max(-float(a) * ratio, -float(a) * min(max(ratio, 1 - clip[0]), 1 + clip[1]))
+            pg = (
+                -float(a) * ratio
+                if clip is None
+                else max(-float(a) * ratio, -float(a) * min(max(ratio, 1 - clip[0]), 1 + clip[1]))
+            )
             kl = abs(float(lp - o)) if kl_target == "old_abs" else math.exp(float(r - lp)) - float(r - lp) - 1
             assert float(value) == pytest.approx(pg + float(b) * kl, rel=1e-4, abs=1e-5)
     assert torch.allclose(kl_penalty(torch.zeros(1), torch.ones(1), "k3"), torch.tensor([math.e - 2]))
@@ -254,14 +271,28 @@ def test_sent_loss_equals_the_definition(kl_target, clip):
 @pytest.mark.parametrize("likelihood", ["length_normalized", "frequency"])
 @pytest.mark.parametrize("scale_fn", ["linear", "inverse", "exp"])
 def test_seed_grpo_equals_the_definition(likelihood, scale_fn):
-    cfg = load_config(None, ["algorithm.method=seed_grpo", f"seed_grpo.likelihood={likelihood}",
-                             f"seed_grpo.scale_fn={scale_fn}", "seed_grpo.alpha=0.8"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.method=seed_grpo",
+            f"seed_grpo.likelihood={likelihood}",
+            f"seed_grpo.scale_fn={scale_fn}",
+            "seed_grpo.alpha=0.8",
+        ],
+    )
     gen = torch.Generator().manual_seed(9)
     for _ in range(CASES // 3):
-        g, groups, t = int(torch.randint(2, 7, (1,), generator=gen)), int(torch.randint(1, 4, (1,), generator=gen)), 6
+        g, groups, t = (
+            int(torch.randint(2, 7, (1,), generator=gen)),
+            int(torch.randint(1, 4, (1,), generator=gen)),
+            6,
+        )
         n = g * groups
         rewards = (torch.rand(n, generator=gen) < 0.5).float()
-        answers = [None if torch.rand(1, generator=gen) < 0.2 else str(int(torch.randint(0, 3, (1,), generator=gen))) for _ in range(n)]
+        answers = [
+            None if torch.rand(1, generator=gen) < 0.2 else str(int(torch.randint(0, 3, (1,), generator=gen)))
+            for _ in range(n)
+        ]
         lengths = torch.randint(1, t + 1, (n,), generator=gen)
         mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
         logprobs = -torch.rand(n, t, generator=gen) * 2 - 30 * (1 - mask)  # junk on padding
@@ -276,7 +307,9 @@ def test_seed_grpo_equals_the_definition(likelihood, scale_fn):
             if likelihood == "frequency":
                 masses = [len(c) for c in clusters.values()]
             else:
-                mean_logp = {i: sum(_valid(logprobs[i : i + 1], mask[i : i + 1])) / int(lengths[i]) for i in rows}
+                mean_logp = {
+                    i: sum(_valid(logprobs[i : i + 1], mask[i : i + 1])) / int(lengths[i]) for i in rows
+                }
                 masses = [sum(math.exp(mean_logp[i]) for i in c) for c in clusters.values()]
             total = sum(masses)
             se = -sum(m / total * math.log(m / total) for m in masses)
@@ -303,7 +336,9 @@ def test_8020_code_compat_averages_over_each_micro_batchs_selected_tokens():
         num_tokens = int(sum(m[3].sum() for m in micro))
         total, want = 0.0, 0.0
         for logp, old, adv, mask, entropy in micro:
-            x = PolicyLossInputs(logp, old, adv, mask, entropy=entropy, num_tokens=num_tokens, num_micro_batches=len(micro))
+            x = PolicyLossInputs(
+                logp, old, adv, mask, entropy=entropy, num_tokens=num_tokens, num_micro_batches=len(micro)
+            )
             loss, _ = high_entropy(x, method_config(cfg, "entropy_8020"))
             total += aggregate_loss(loss, mask, "token-mean", num_tokens=num_tokens).item()
             ppo, _ = ppo_clip_loss(logp, old, adv, mask, 0.2, 0.2, 3.0)
@@ -312,4 +347,11 @@ def test_8020_code_compat_averages_over_each_micro_batchs_selected_tokens():
             want += sum(p[i] for i in top) / len(top) / len(micro)
         assert total == pytest.approx(want, rel=1e-4, abs=1e-5)
     with pytest.raises(Exception, match="token-mean"):
-        load_config(None, ["algorithm.method=entropy_8020", "entropy_8020.code_compat=true", "algorithm.loss_agg_mode=seq-mean-token-mean"])
+        load_config(
+            None,
+            [
+                "algorithm.method=entropy_8020",
+                "entropy_8020.code_compat=true",
+                "algorithm.loss_agg_mode=seq-mean-token-mean",
+            ],
+        )

@@ -28,13 +28,27 @@ def rose_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     rows = [{"id": f"h{i}", "problem": f"{HOSTILE} ({i})", "answer": "7"} for i in range(16)]
     task.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = root / "rose"
-    cfg = load_config(None, [
-        f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null",
-        "rollout.group_size=6", "rollout.prompts_per_step=2", "rollout.max_new_tokens=16",
-        "trainer.micro_batch_size=12", "trainer.steps=3", "algorithm.method=rose", "rose.epsilon=0.3",
-        "rose.alpha=0", "logging.trees_per_step=2", f"logging.output_dir={run}", "logging.progress=false",
-        "logging.report_to=[]", "logging.save_every=0",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={tiny_model_dir}",
+            f"data.train={task}",
+            "data.eval=null",
+            "rollout.group_size=6",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=16",
+            "trainer.micro_batch_size=12",
+            "trainer.steps=3",
+            "algorithm.method=rose",
+            "rose.epsilon=0.3",
+            "rose.alpha=0",
+            "logging.trees_per_step=2",
+            f"logging.output_dir={run}",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            "logging.save_every=0",
+        ],
+    )
     Trainer(cfg).train()
     return run
 
@@ -57,7 +71,10 @@ def test_trees_jsonl_describes_each_group(rose_run):
                 parent = chains[c["parent"]]
                 assert c["branch"] is not None and set(c["branch"]) == {"entropy", "divergence", "score"}
                 # the shared prefix has a node boundary at the branch point in both chains
-                assert c["branch_position"] in {s["start"] for s in parent["segments"]} | {parent["length"], 0}
+                assert c["branch_position"] in {s["start"] for s in parent["segments"]} | {
+                    parent["length"],
+                    0,
+                }
             else:
                 assert c["branch"] is None
             # alpha = 0: segment advantages telescope to r - mean(r)
@@ -87,7 +104,8 @@ def test_compare_runs_side_by_side(rose_run, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "entropy": 1.0 / s, "reward": 0.5}) + "\n" for s in (1, 2)) + '{"step": 3, "ent'
+        "".join(json.dumps({"step": s, "entropy": 1.0 / s, "reward": 0.5}) + "\n" for s in (1, 2))
+        + '{"step": 3, "ent'
     )  # a torn last line, as a killed run leaves it
     text = compare_runs([rose_run, other], ["entropy", "reward"], tmp_path / "plots")
     assert f"| metric | {rose_run.name} | other |" in text
@@ -101,13 +119,21 @@ def test_compare_runs_side_by_side(rose_run, tmp_path):
 )
 def test_tree_viewer_in_headless_chromium(rose_run, tmp_path):
     assert CHROMIUM is not None, "SEMRL_REQUIRE_BROWSER is set but no chromium is on PATH"
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])"
+    )
     index = write_report(rose_run)
     tree = read_jsonl(rose_run / "trees.jsonl")[0]
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+            ],
         )
         page = browser.new_page(viewport={"width": 1300, "height": 1100})
         requests: list[str] = []
@@ -118,7 +144,9 @@ def test_tree_viewer_in_headless_chromium(rose_run, tmp_path):
         page.wait_for_selector("body[data-ready='1']", timeout=10_000)
         assert errors == []
         assert page.locator("#tree-svg .leaf").count() == len(tree["chains"])
-        assert page.locator("#tree-svg .branch-point").count() == sum(c["parent"] >= 0 for c in tree["chains"])
+        assert page.locator("#tree-svg .branch-point").count() == sum(
+            c["parent"] >= 0 for c in tree["chains"]
+        )
         assert page.locator("#train-charts .chart").count() >= 4
         # the hostile problem text is shown as text and ran nothing
         assert page.evaluate("window.pwned") is None
@@ -139,17 +167,35 @@ def test_tree_viewer_in_headless_chromium(rose_run, tmp_path):
 
 def test_evaluation_during_training_reaches_the_report(digit_model_dir, seven_task, tmp_path):
     held_out = tmp_path / "held_out.jsonl"
-    held_out.write_text("".join(
-        json.dumps({"id": f"e{i}", "problem": f"Choose a digit [{i}].", "answer": "7", "level": 1 + i % 2}) + "\n"
-        for i in range(6)
-    ))
+    held_out.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"e{i}", "problem": f"Choose a digit [{i}].", "answer": "7", "level": 1 + i % 2}
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
     run = tmp_path / "run"
-    cfg = load_config(None, [
-        f"model.name={digit_model_dir}", f"data.train={seven_task}", f"data.eval={held_out}",
-        "data.system_prompt=Answer with one digit.", "rollout.group_size=4", "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=4", "trainer.micro_batch_size=8", "trainer.steps=3", "logging.eval_every=2",
-        "logging.eval_samples=4", f"logging.output_dir={run}", "logging.progress=false", "logging.report_to=[]",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={digit_model_dir}",
+            f"data.train={seven_task}",
+            f"data.eval={held_out}",
+            "data.system_prompt=Answer with one digit.",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=4",
+            "trainer.micro_batch_size=8",
+            "trainer.steps=3",
+            "logging.eval_every=2",
+            "logging.eval_samples=4",
+            f"logging.output_dir={run}",
+            "logging.progress=false",
+            "logging.report_to=[]",
+        ],
+    )
     Trainer(cfg).train()
     rows = read_jsonl(run / "metrics.jsonl")
     evaluated = [r["step"] for r in rows if "eval/mean@4" in r]
@@ -159,4 +205,7 @@ def test_evaluation_during_training_reaches_the_report(digit_model_dir, seven_ta
             assert r["eval/problems"] == 6 and r["eval/pass@1"] == pytest.approx(r["eval/mean@4"])
             assert {"eval/maj@4", "eval/distinct_answers", "eval/response_length/correct"} <= set(r)
     page = write_report(run).read_text()
-    assert '"eval_table": {"columns": ["step", "mean@4", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"' in page
+    assert (
+        '"eval_table": {"columns": ["step", "mean@4", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"'
+        in page
+    )

@@ -93,8 +93,12 @@ def test_score_responses_counts_hang_and_goes_on(pool):
 
 def test_truncated_reward_override(pool):
     results = score_responses(
-        pool, [r"\boxed{5}", r"\boxed{5}"], ["5", "5"], final_number_fallback=False,
-        truncated=[False, True], truncated_reward=0.0,
+        pool,
+        [r"\boxed{5}", r"\boxed{5}"],
+        ["5", "5"],
+        final_number_fallback=False,
+        truncated=[False, True],
+        truncated_reward=0.0,
     )
     assert [r.reward for r in results] == [1.0, 0.0]
 
@@ -132,8 +136,15 @@ def test_hostile_answer_corpus(tmp_path):
     marker = tmp_path / "pwned"
     rows = _hostile_corpus(marker)
     assert len(rows) >= 200
-    assert {"huge_exponent", "deep_nesting", "megabyte", "broken_latex", "control_chars",
-            "unicode_lookalike", "python_like"} <= {r["category"] for r in rows}
+    assert {
+        "huge_exponent",
+        "deep_nesting",
+        "megabyte",
+        "broken_latex",
+        "control_chars",
+        "unicode_lookalike",
+        "python_like",
+    } <= {r["category"] for r in rows}
     assert max(len(r["answer"]) for r in rows) >= 1 << 20
     times: dict[str, float] = {}
     # without the numeral rule, so that every hostile expression reaches math-verify in a worker
@@ -147,10 +158,15 @@ def test_hostile_answer_corpus(tmp_path):
             assert result.reward in (0.0, 1.0)
         timeouts = pool.num_timeouts
         # the pool still works after every hostile answer
-        assert score_responses(pool, [r"\boxed{\frac{6}{2}}"], ["3"], final_number_fallback=False)[0].reward == 1.0
+        assert (
+            score_responses(pool, [r"\boxed{\frac{6}{2}}"], ["3"], final_number_fallback=False)[0].reward
+            == 1.0
+        )
     worst = max(times, key=times.__getitem__)
-    print(f"\nhostile corpus: {len(rows)} answers, {timeouts} timeouts, worst {times[worst]:.2f} s ({worst}), "
-          f"total {sum(times.values()):.1f} s")
+    print(
+        f"\nhostile corpus: {len(rows)} answers, {timeouts} timeouts, worst {times[worst]:.2f} s ({worst}), "
+        f"total {sum(times.values()):.1f} s"
+    )
     assert times[worst] < HOSTILE_TIMEOUT_S + HOSTILE_MARGIN_S, worst
     assert not marker.exists(), "a hostile answer was executed"
 

@@ -66,11 +66,24 @@ def _random_cases(n: int, seed: int):
     rng = random.Random(seed)
     prompts = [f"What is {i}?" for i in range(n)]
     answers = [str(rng.randint(0, 9)) for _ in range(n)]
-    completions = [" ".join(rng.choice(["the", "answer", "is", "\\boxed{3}", "7", "x"]) for _ in range(rng.randint(0, 6)))
-                   + rng.choice(["", f" {answers[i]}", f" \\boxed{{{answers[i]}}}"]) for i in range(n)]
+    completions = [
+        " ".join(
+            rng.choice(["the", "answer", "is", "\\boxed{3}", "7", "x"]) for _ in range(rng.randint(0, 6))
+        )
+        + rng.choice(["", f" {answers[i]}", f" \\boxed{{{answers[i]}}}"])
+        for i in range(n)
+    ]
     ids = [list(range(rng.randint(0, 12))) for _ in range(n)]
-    columns = [{"id": f"p{i}" + rng.choice(["", "x"]), "answer": answers[i], "solution": None,
-                "level": rng.randint(1, 5), "subject": None} for i in range(n)]
+    columns = [
+        {
+            "id": f"p{i}" + rng.choice(["", "x"]),
+            "answer": answers[i],
+            "solution": None,
+            "level": rng.randint(1, 5),
+            "subject": None,
+        }
+        for i in range(n)
+    ]
     return prompts, completions, ids, columns
 
 
@@ -80,8 +93,14 @@ def _score(functions, weights, cases, pool):
 
 
 def test_weighted_sum_of_module_file_and_builtin_functions(user_module):
-    names = ["myrewards.scores:length_reward", f"{user_module / 'loose.py'}:mentions_answer",
-             "myrewards.scores:level_bonus", "final_number", "boxed_match", "math"]
+    names = [
+        "myrewards.scores:length_reward",
+        f"{user_module / 'loose.py'}:mentions_answer",
+        "myrewards.scores:level_bonus",
+        "final_number",
+        "boxed_match",
+        "math",
+    ]
     cases = _random_cases(40, 0)
     prompts, completions, ids, columns = cases
     for seed in range(3):
@@ -91,8 +110,12 @@ def test_weighted_sum_of_module_file_and_builtin_functions(user_module):
         answers = [c["answer"] for c in columns]
         with VerifierPool(2, 10.0, functions.pool_functions) as pool:
             results, sums = _score(functions, weights, cases, pool)
-            math = [float(v.correct) for v in pool.verify_many(
-                [(a, extract_answer(c, True)) for a, c in zip(answers, completions, strict=True)])]
+            math = [
+                float(v.correct)
+                for v in pool.verify_many(
+                    [(a, extract_answer(c, True)) for a, c in zip(answers, completions, strict=True)]
+                )
+            ]
         expected_scores = [
             [len(i) / 10 for i in ids],
             [1.0 if a in c else 0.0 for c, a in zip(completions, answers, strict=True)],  # None: 0
@@ -135,7 +158,9 @@ def test_raising_and_hanging_functions_score_zero_and_are_counted(user_module, c
     columns = [{"id": str(i), "answer": "1"} for i in range(4)]
     with caplog.at_level(logging.WARNING), VerifierPool(2, 1.0, functions.pool_functions) as pool:
         start = time.monotonic()
-        results, sums = functions.score(pool, prompts, completions, [[1]] * 4, columns, final_number_fallback=True)
+        results, sums = functions.score(
+            pool, prompts, completions, [[1]] * 4, columns, final_number_fallback=True
+        )
         elapsed = time.monotonic() - start
     assert [r.reward for r in results] == [0.25 + 1.0, 0.0 + 1.0, 0.25 + 0.0, 0.0 + 0.0]
     assert sums["rewards/raises_on_q/errors"] == 2 and sums["rewards/raises_on_q/timeouts"] == 0
@@ -145,13 +170,16 @@ def test_raising_and_hanging_functions_score_zero_and_are_counted(user_module, c
     assert len(logged) == 1 and "RuntimeError: no q allowed" in logged[0]  # the first traceback, once
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("no_such_package.module:fn", "cannot import module 'no_such_package.module'"),
-    ("myrewards.scores:absent", "has no function 'absent'"),
-    ("missing_file.py:fn", "does not exist"),
-    ("myrewards.scores:wrong", "expected TRL's"),
-    ("notaname", "expected a built-in"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no_such_package.module:fn", "cannot import module 'no_such_package.module'"),
+        ("myrewards.scores:absent", "has no function 'absent'"),
+        ("missing_file.py:fn", "does not exist"),
+        ("myrewards.scores:wrong", "expected TRL's"),
+        ("notaname", "expected a built-in"),
+    ],
+)
 def test_bad_functions_fail_before_training(user_module, name, message):
     with pytest.raises(RewardFunctionError, match=message):
         reward_functions([name])
@@ -162,13 +190,27 @@ def test_training_reward_is_the_custom_function(tiny_model_dir, tmp_path, user_m
     from semrl.runtime.trainer import Trainer
 
     task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"Say {i}.", "answer": "7"}) + "\n" for i in range(8)))
-    cfg = load_config(None, [
-        f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null", "rollout.group_size=4",
-        "rollout.prompts_per_step=2", "rollout.max_new_tokens=8", "trainer.steps=1", "logging.progress=false",
-        "logging.report_to=[]", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1",
-        f"reward.functions=[{user_module / 'loose.py'}:length_reward]", "reward.weights=[3]",
-    ])
+    task.write_text(
+        "".join(json.dumps({"id": f"t{i}", "problem": f"Say {i}.", "answer": "7"}) + "\n" for i in range(8))
+    )
+    cfg = load_config(
+        None,
+        [
+            f"model.name={tiny_model_dir}",
+            f"data.train={task}",
+            "data.eval=null",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=8",
+            "trainer.steps=1",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            f"logging.output_dir={tmp_path / 'run'}",
+            "reward.num_workers=1",
+            f"reward.functions=[{user_module / 'loose.py'}:length_reward]",
+            "reward.weights=[3]",
+        ],
+    )
     metrics = Trainer(cfg).train()
     # length_reward = tokens / 10, weighted by 3: the step's reward is 0.3 x the mean response length
     assert metrics["reward"] == pytest.approx(0.3 * metrics["response_length"], rel=1e-6)
@@ -187,20 +229,37 @@ def test_python_api_with_file_and_in_process_functions(tiny_model_dir, tmp_path)
         return [1.0 if len(ids) < 4 else 0.0 for ids in completion_ids]
 
     task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"Say {i}.", "answer": "7"}) + "\n" for i in range(8)))
+    task.write_text(
+        "".join(json.dumps({"id": f"t{i}", "problem": f"Say {i}.", "answer": "7"}) + "\n" for i in range(8))
+    )
     metrics = semrl.train(
-        overrides=[f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null", "rollout.group_size=4",
-                   "rollout.prompts_per_step=2", "rollout.max_new_tokens=8", "trainer.steps=1", "logging.progress=false",
-                   "logging.report_to=[]", f"logging.output_dir={tmp_path / 'run'}", "reward.num_workers=1"],
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"data.train={task}",
+            "data.eval=null",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=8",
+            "trainer.steps=1",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            f"logging.output_dir={tmp_path / 'run'}",
+            "reward.num_workers=1",
+        ],
         reward_functions=["math", (f"{EXAMPLES / 'rewards.py'}:boxed_format", 0.5), (short_answers, 2.0)],
     )
     assert calls == [1] * 8  # one call per completion
     assert metrics["reward"] == pytest.approx(
-        metrics["rewards/math/mean"] + 0.5 * metrics["rewards/boxed_format/mean"]
-        + 2.0 * metrics["rewards/short_answers/mean"], abs=1e-9)
+        metrics["rewards/math/mean"]
+        + 0.5 * metrics["rewards/boxed_format/mean"]
+        + 2.0 * metrics["rewards/short_answers/mean"],
+        abs=1e-9,
+    )
 
 
-def test_the_api_gives_a_config_object_left_auto_a_directory_of_its_own(tiny_model_dir, tmp_path, monkeypatch):
+def test_the_api_gives_a_config_object_left_auto_a_directory_of_its_own(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     """semrl.train(Config) with logging.output_dir 'auto' (a Config built in Python, not loaded from
     a file) trains into runs/METHOD-YYYYMMDD-HHMMSS, as load_config would have named it."""
     import dataclasses
@@ -211,10 +270,22 @@ def test_the_api_gives_a_config_object_left_auto_a_directory_of_its_own(tiny_mod
 
     task = tmp_path / "task.jsonl"
     task.write_text("".join(json.dumps({"problem": f"Say {i}.", "answer": "7"}) + "\n" for i in range(8)))
-    cfg = load_config(None, [f"model.name={tiny_model_dir}", f"data.train={task}", "data.eval=null",
-                             "rollout.group_size=2", "rollout.prompts_per_step=2", "rollout.max_new_tokens=4",
-                             "trainer.steps=1", "logging.progress=false", "logging.report_to=[]",
-                             "reward.num_workers=1", "logging.output_dir=placeholder"])
+    cfg = load_config(
+        None,
+        [
+            f"model.name={tiny_model_dir}",
+            f"data.train={task}",
+            "data.eval=null",
+            "rollout.group_size=2",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=4",
+            "trainer.steps=1",
+            "logging.progress=false",
+            "logging.report_to=[]",
+            "reward.num_workers=1",
+            "logging.output_dir=placeholder",
+        ],
+    )
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, output_dir="auto"))
     monkeypatch.chdir(tmp_path)
     semrl.train(cfg)
@@ -228,14 +299,27 @@ def test_functions_with_one_name_from_two_files_get_distinct_metric_keys(user_mo
     other.mkdir()
     (other / "loose.py").write_text(USER_MODULE.replace("len(ids) / 10", "len(ids) / 5"))
     (user_module / "second.py").write_text(USER_MODULE.replace("len(ids) / 10", "1.0 + 0 * len(ids)"))
-    names = [f"{user_module / 'loose.py'}:length_reward", f"{user_module / 'second.py'}:length_reward",
-             "myrewards.scores:length_reward", f"{other / 'loose.py'}:length_reward", "math", "math"]
+    names = [
+        f"{user_module / 'loose.py'}:length_reward",
+        f"{user_module / 'second.py'}:length_reward",
+        "myrewards.scores:length_reward",
+        f"{other / 'loose.py'}:length_reward",
+        "math",
+        "math",
+    ]
     functions = reward_functions(names, None)
     assert functions.metric_keys == (
-        "loose.length_reward#1", "second.length_reward", "scores.length_reward", "loose.length_reward#2", "math#1",
+        "loose.length_reward#1",
+        "second.length_reward",
+        "scores.length_reward",
+        "loose.length_reward#2",
+        "math#1",
         "math#2",
     )
-    assert reward_functions(["myrewards.scores:length_reward", "math"], None).metric_keys == ("length_reward", "math")
+    assert reward_functions(["myrewards.scores:length_reward", "math"], None).metric_keys == (
+        "length_reward",
+        "math",
+    )
     cases = _random_cases(12, 1)
     with VerifierPool(2, 10.0, functions.pool_functions) as pool:
         _, sums = _score(functions, None, cases, pool)
@@ -260,7 +344,9 @@ print("TRAINED")
 def _run_script(script: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     """``script`` run as a user runs it (``python script.py``), with this interpreter's import path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def _assert_told_to_add_a_guard(out: subprocess.CompletedProcess[str], script: Path) -> None:
@@ -272,7 +358,9 @@ def _assert_told_to_add_a_guard(out: subprocess.CompletedProcess[str], script: P
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_script_without_a_main_guard_is_told_to_add_one(tiny_model_dir, seven_task, tmp_path, guarded):
     (tmp_path / "rewards.py").write_text(USER_MODULE)  # a function of its own: scored in the reward workers
-    body = SCRIPT.format(model=tiny_model_dir, task=seven_task, out=tmp_path / "run", rewards=tmp_path / "rewards.py")
+    body = SCRIPT.format(
+        model=tiny_model_dir, task=seven_task, out=tmp_path / "run", rewards=tmp_path / "rewards.py"
+    )
     if guarded:
         body = "if __name__ == '__main__':\n" + textwrap.indent(body, "    ")
     script = tmp_path / "train_me.py"

@@ -24,7 +24,9 @@ def _prompts(tok, n):
 def test_shapes_and_flags(tiny):
     tok, model, engine = tiny
     reqs = [GenerationRequest(p) for p in _prompts(tok, 6)]  # 6 > batch_size: two batches
-    gens = engine.generate(reqs, SamplingParams(max_new_tokens=12, logprobs_top_k=20), torch.Generator().manual_seed(0))
+    gens = engine.generate(
+        reqs, SamplingParams(max_new_tokens=12, logprobs_top_k=20), torch.Generator().manual_seed(0)
+    )
     assert len(gens) == 6
     for g in gens:
         n = len(g.token_ids)
@@ -52,7 +54,8 @@ def test_generation_logprobs_match_training_forward(tiny):
     tok, model, engine = tiny
     prompts = _prompts(tok, 4)
     gens = engine.generate(
-        [GenerationRequest(p) for p in prompts], SamplingParams(temperature=0.7, max_new_tokens=10),
+        [GenerationRequest(p) for p in prompts],
+        SamplingParams(temperature=0.7, max_new_tokens=10),
         torch.Generator().manual_seed(2),
     )
     batch = make_sequence_batch(prompts, [g.token_ids.tolist() for g in gens], tok.pad_token_id)
@@ -71,7 +74,10 @@ def test_prefix_continuation_matches_greedy_full_generation(tiny):
     greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
     full = engine.generate([GenerationRequest(p) for p in prompts], greedy)
     conts = engine.generate(
-        [GenerationRequest(p, prefix_ids=f.token_ids[:4].tolist(), max_new_tokens=6) for p, f in zip(prompts, full, strict=False)],
+        [
+            GenerationRequest(p, prefix_ids=f.token_ids[:4].tolist(), max_new_tokens=6)
+            for p, f in zip(prompts, full, strict=False)
+        ],
         greedy,
     )
     for f, c in zip(full, conts, strict=False):
@@ -110,7 +116,9 @@ def test_prefix_cache_continuation_matches_recomputed_prefix(tiny):
     # mixed batch: two rows continue from cached parents (one at k=0), one row re-encodes its prefix
     cuts = [4, 0, 3]
     requests = [
-        GenerationRequest(p, prefix_ids=f.token_ids[:k].tolist(), max_new_tokens=10 - k, cache=f.cache if i < 2 else None)
+        GenerationRequest(
+            p, prefix_ids=f.token_ids[:k].tolist(), max_new_tokens=10 - k, cache=f.cache if i < 2 else None
+        )
         for i, (p, f, k) in enumerate(zip(prompts, full, cuts, strict=True))
     ]
     conts = engine.generate(requests, greedy, return_cache=True)
@@ -130,7 +138,10 @@ def test_finished_rows_leave_the_batch_without_changing_results(tiny):
     tok, model, _ = tiny
     prompts = _prompts(tok, 5)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
-    alone = [HFEngine(model, [tok.eos_token_id], tok.pad_token_id, 1).generate([GenerationRequest(p)], greedy)[0] for p in prompts]
+    alone = [
+        HFEngine(model, [tok.eos_token_id], tok.pad_token_id, 1).generate([GenerationRequest(p)], greedy)[0]
+        for p in prompts
+    ]
     budgets = [3, 12, 5, 12, 1]  # rows leave at different steps
     together = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, 8).generate(
         [GenerationRequest(p, max_new_tokens=b) for p, b in zip(prompts, budgets, strict=True)], greedy
@@ -178,5 +189,8 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         for sampler in (engine, HFEngine(lora, [tok.eos_token_id], tok.pad_token_id, batch_size=4)):
-            sampler.generate([GenerationRequest(p) for p in _prompts(tok, 2)], SamplingParams(max_new_tokens=4),
-                             torch.Generator().manual_seed(0))
+            sampler.generate(
+                [GenerationRequest(p) for p in _prompts(tok, 2)],
+                SamplingParams(max_new_tokens=4),
+                torch.Generator().manual_seed(0),
+            )

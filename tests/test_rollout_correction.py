@@ -33,8 +33,12 @@ def _reference(old, rollout, lengths, level, cap, mode):
                 w_row[t] = 0.0 if r > cap else r
         weights.append(w_row)
     mean = (lambda xs: sum(xs) / len(xs)) if ratios else (lambda xs: 0.0)
-    return weights, {"mismatch_kl": mean(kls), "ratio_mean": mean(ratios),
-                     "ratio_max": max(ratios, default=1.0), "capped_frac": mean([float(c) for c in capped])}
+    return weights, {
+        "mismatch_kl": mean(kls),
+        "ratio_mean": mean(ratios),
+        "ratio_max": max(ratios, default=1.0),
+        "capped_frac": mean([float(c) for c in capped]),
+    }
 
 
 @pytest.mark.parametrize("level", ["none", "token", "sequence"])
@@ -87,22 +91,40 @@ def test_every_method_loss_is_weighted_by_the_correction(level):
     for name, loss in POLICY_LOSSES.items():
         totals = {}
         for setting in ("none", level):
-            cfg = load_config(None, [f"algorithm.rollout_is={setting}", "algorithm.rollout_is_cap=1.5",
-                                     "algorithm.loss_agg_mode=token-mean", "sent.selection_scope=micro",
-                                     "entropy_8020.code_compat=true"])
+            cfg = load_config(
+                None,
+                [
+                    f"algorithm.rollout_is={setting}",
+                    "algorithm.rollout_is_cap=1.5",
+                    "algorithm.loss_agg_mode=token-mean",
+                    "sent.selection_scope=micro",
+                    "entropy_8020.code_compat=true",
+                ],
+            )
             config = method_config(cfg, loss.section)
             x = PolicyLossInputs(
-                logp=logp, old_logp=old, advantages=torch.randn(n, width, generator=torch.Generator().manual_seed(1)),
-                mask=mask, entropy=torch.rand(n, width, generator=torch.Generator().manual_seed(2)),
-                ref_logp=old, generator=torch.Generator().manual_seed(3), num_tokens=int(mask.sum()),
+                logp=logp,
+                old_logp=old,
+                advantages=torch.randn(n, width, generator=torch.Generator().manual_seed(1)),
+                mask=mask,
+                entropy=torch.rand(n, width, generator=torch.Generator().manual_seed(2)),
+                ref_logp=old,
+                generator=torch.Generator().manual_seed(3),
+                num_tokens=int(mask.sum()),
                 rollout_logp=rollout,
             )
             total, metrics, _ = micro_batch_loss(load(loss.loss_fn), x, config, n)
             x.generator = torch.Generator().manual_seed(3)  # Clip-Cov draws from it: the same draws again
             token_loss, _ = load(loss.loss_fn)(x, config)
             weights, _ = rollout_correction(old, rollout, mask, setting, 1.5)
-            expected = aggregate_loss(token_loss * weights, mask, "token-mean", num_sequences=n, num_tokens=int(mask.sum()),
-                                      max_response_length=width)
+            expected = aggregate_loss(
+                token_loss * weights,
+                mask,
+                "token-mean",
+                num_sequences=n,
+                num_tokens=int(mask.sum()),
+                max_response_length=width,
+            )
             assert torch.allclose(total, expected, atol=1e-6), (name, setting)
             assert metrics["rollout_is/mismatch_kl"] > 0
             totals[setting] = total.item()

@@ -26,7 +26,9 @@ PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
 
 def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
     engine, emb, prompts = setup
-    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=0.0), torch.Generator().manual_seed(0)).groups
+    groups = tree_rollout(
+        engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=0.0), torch.Generator().manual_seed(0)
+    ).groups
     assert len(groups) == 3
     for g in groups:
         assert len(g.generations) == 4 and g.branched == [False, True, True, True]
@@ -45,7 +47,9 @@ def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
 
 def test_epsilon_one_gives_independent_chains(setup):
     engine, emb, prompts = setup
-    groups = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=1.0), torch.Generator().manual_seed(0)).groups
+    groups = tree_rollout(
+        engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=1.0), torch.Generator().manual_seed(0)
+    ).groups
     for g in groups:
         assert g.tree.parents == (-1, -1, -1, -1) and not any(g.branched)
         assert g.generated_tokens == sum(g.tree.lengths)
@@ -62,7 +66,9 @@ def test_round_schedule_matches_the_sequential_algorithm(setup):
     """Fresh chains first, then one branch per round: every branch picks the argmax over exactly
     the chains with a smaller index, as the sequential loop of section 1.3 would."""
     engine, emb, prompts = setup
-    result = tree_rollout(engine, prompts, 8, PARAMS, emb, RoseConfig(epsilon=0.5), torch.Generator().manual_seed(5))
+    result = tree_rollout(
+        engine, prompts, 8, PARAMS, emb, RoseConfig(epsilon=0.5), torch.Generator().manual_seed(5)
+    )
     branches_per_prompt = [sum(g.branched) for g in result.groups]
     assert result.rounds == 1 + max(branches_per_prompt)
     assert 0 < result.score_seconds < result.generate_seconds
@@ -121,8 +127,15 @@ def test_every_branch_copies_its_parent_up_to_k_and_resamples_from_k(setup, reus
         differs, branched = 0, 0
         for seed in range(4):
             requests.clear()
-            out = tree_rollout(engine, prompts, 6, PARAMS, emb, RoseConfig(epsilon=0.3, reuse_kv_cache=reuse_kv_cache),
-                               torch.Generator().manual_seed(seed))
+            out = tree_rollout(
+                engine,
+                prompts,
+                6,
+                PARAMS,
+                emb,
+                RoseConfig(epsilon=0.3, reuse_kv_cache=reuse_kv_cache),
+                torch.Generator().manual_seed(seed),
+            )
             for p, group in enumerate(out.groups):
                 tree, chains = group.tree, [g.token_ids.tolist() for g in group.generations]
                 for c, (parent, k) in enumerate(zip(tree.parents, tree.branch_positions, strict=True)):
@@ -133,9 +146,16 @@ def test_every_branch_copies_its_parent_up_to_k_and_resamples_from_k(setup, reus
                     assert chains[c][:k] == chains[parent][:k]
                     assert len(chains[c]) > k  # at least the re-sampled token
                     differs += chains[c][k] != chains[parent][k]
-                    match = [r for r in requests if r.prompt_ids == prompts[p] and r.prefix_ids == chains[parent][:k]
-                             and r.max_new_tokens == PARAMS.max_new_tokens - k]
-                    assert match, f"no request continued chain {parent} from its first {k} tokens with budget L - k"
+                    match = [
+                        r
+                        for r in requests
+                        if r.prompt_ids == prompts[p]
+                        and r.prefix_ids == chains[parent][:k]
+                        and r.max_new_tokens == PARAMS.max_new_tokens - k
+                    ]
+                    assert match, (
+                        f"no request continued chain {parent} from its first {k} tokens with budget L - k"
+                    )
                     assert group.generations[c].logprobs.shape == (len(chains[c]),)
         assert branched > 20 and differs > branched // 4, (branched, differs)
     finally:

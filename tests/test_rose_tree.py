@@ -175,8 +175,14 @@ def _common(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _rose_reference(chains: list[list[int]], tree: ChainTree, rewards: list[float], correct: list[bool],
-                    alpha: float, width: int) -> torch.Tensor:
+def _rose_reference(
+    chains: list[list[int]],
+    tree: ChainTree,
+    rewards: list[float],
+    correct: list[bool],
+    alpha: float,
+    width: int,
+) -> torch.Tensor:
     """ROSE paper eqs. 4-8 computed from the token lists: a node is where a branch re-sampled, its
     members the chains sharing the tokens before it; V = mean reward of the members."""
     g = len(chains)
@@ -220,10 +226,15 @@ def test_segment_advantages_equal_the_papers_definition_on_random_trees(alpha):
         tree, chains = _token_tree(gen, g)
         correct = (torch.rand(g, generator=gen) < 0.5).tolist()
         # rewards with DAPO shaping and a negative truncation reward: not 0/1, can be negative
-        rewards = [(1.0 if ok else -0.5 * int(torch.randint(0, 2, (1,), generator=gen))) - 0.1 * int(torch.randint(0, 3, (1,), generator=gen))
-                   for ok in correct]
+        rewards = [
+            (1.0 if ok else -0.5 * int(torch.randint(0, 2, (1,), generator=gen)))
+            - 0.1 * int(torch.randint(0, 3, (1,), generator=gen))
+            for ok in correct
+        ]
         width = max(tree.lengths) + 3  # padding must stay 0
-        got = segment_advantages(tree, torch.tensor(rewards), width, alpha=alpha, correct=torch.tensor(correct))
+        got = segment_advantages(
+            tree, torch.tensor(rewards), width, alpha=alpha, correct=torch.tensor(correct)
+        )
         want = _rose_reference(chains, tree, rewards, correct, alpha, width)
         assert torch.allclose(got, want, atol=1e-5), (tree, rewards, correct)
 

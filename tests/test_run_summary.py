@@ -10,14 +10,39 @@ from semrl.tracking.run_summary import MAX_STEP_ROWS, run_summary
 def _rows(steps: int, with_eval: bool = True):
     rows = []
     if with_eval:
-        rows.append({"step": 0, "eval/problems": 32.0, "eval/mean@8": 0.125, "eval/pass@8": 0.5, "eval/maj@8": 0.25,
-                     "eval/response_length": 60.0, "eval/truncated_frac": 0.8})
+        rows.append(
+            {
+                "step": 0,
+                "eval/problems": 32.0,
+                "eval/mean@8": 0.125,
+                "eval/pass@8": 0.5,
+                "eval/maj@8": 0.25,
+                "eval/response_length": 60.0,
+                "eval/truncated_frac": 0.8,
+            }
+        )
     for s in range(1, steps + 1):
-        rows.append({"step": s, "reward": s / 100, "accuracy": s / 200, "response_length": 50.0 - s / 10,
-                     "time/step_s": 30.0})
+        rows.append(
+            {
+                "step": s,
+                "reward": s / 100,
+                "accuracy": s / 200,
+                "response_length": 50.0 - s / 10,
+                "time/step_s": 30.0,
+            }
+        )
     if with_eval:
-        rows.append({"step": steps, "eval/problems": 32.0, "eval/mean@8": 0.75, "eval/pass@8": 0.9, "eval/maj@8": 0.8,
-                     "eval/response_length": 25.5, "eval/truncated_frac": 0.05})
+        rows.append(
+            {
+                "step": steps,
+                "eval/problems": 32.0,
+                "eval/mean@8": 0.75,
+                "eval/pass@8": 0.9,
+                "eval/maj@8": 0.8,
+                "eval/response_length": 25.5,
+                "eval/truncated_frac": 0.05,
+            }
+        )
     return rows
 
 
@@ -45,7 +70,13 @@ def test_summary_gives_the_evaluation_time_beside_the_training_time():
 def test_the_rollout_cost_shows_beside_each_step_when_logged():
     rows = _rows(2)
     for r in rows[1:3]:
-        r.update({"rollout/sampled_tokens": 3000.0, "rollout/prefill_tokens": 410.0, "rollout/running_batch": 37.25})
+        r.update(
+            {
+                "rollout/sampled_tokens": 3000.0,
+                "rollout/prefill_tokens": 410.0,
+                "rollout/running_batch": 37.25,
+            }
+        )
     text = run_summary(rows, "runs/x")
     assert "sampled  prefill   batch" in text
     assert re.search(r"^\s+2\s+0\.020\s+0\.010\s+49\.8\s+30\.0\s+3000\s+410\s+37\.2$", text, re.M), text

@@ -43,13 +43,17 @@ def test_uncertainty_scale_functions():
 
 
 def test_seed_grpo_scales_advantages_by_group_semantic_entropy():
-    cfg = load_config(None, ["algorithm.method=seed_grpo", "seed_grpo.alpha=1.0", "seed_grpo.likelihood=frequency"])
+    cfg = load_config(
+        None, ["algorithm.method=seed_grpo", "seed_grpo.alpha=1.0", "seed_grpo.likelihood=frequency"]
+    )
     spec = get_method("seed_grpo")
     assert cfg.algorithm.norm_adv_by_std is False
     # group 0: answers all equal (SE = 0, scale 1); group 1: 4 distinct answers (SE = log 4 = max, scale 0)
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     inputs = AdvantageInputs(
-        rewards, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), torch.ones(8, 2),
+        rewards,
+        torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]),
+        torch.ones(8, 2),
         answers=["3", "3", "3", "3", "1", "2", "4", None],
     )
     adv, metrics = load(spec.advantage_fn)(inputs, method_config(cfg, "seed_grpo"))

@@ -100,7 +100,9 @@ def test_false_decisions_stay_within_alpha_and_the_power_is_near_the_fixed_desig
     assert _rejections(levels, looks, rng.standard_t(3, (n, looks[-1]))).mean() < 0.05 + 3 * se
     power = _rejections(levels, looks, 1.0 + rng.standard_normal((n, looks[-1]))).mean()
     m = looks[-1]
-    fixed = st.nct.sf(st.t.ppf(0.975, m - 1), m - 1, math.sqrt(m)) + st.nct.cdf(-st.t.ppf(0.975, m - 1), m - 1, math.sqrt(m))
+    fixed = st.nct.sf(st.t.ppf(0.975, m - 1), m - 1, math.sqrt(m)) + st.nct.cdf(
+        -st.t.ppf(0.975, m - 1), m - 1, math.sqrt(m)
+    )
     assert fixed - (0.08 if kind == "spending_obrien_fleming" else 0.15) < power
     assert power <= fixed + 3 * math.sqrt(fixed * (1 - fixed) / n)
     # the uncalibrated z levels let more through with few seeds: what the calibration is for
@@ -118,7 +120,9 @@ def test_holm_and_bh_match_statsmodels():
         if rng.uniform() < 0.3:
             p[rng.integers(0, m)] = p[0]  # ties
         assert holm(p) == pytest.approx(multipletests(p, method="holm")[1].tolist(), abs=1e-12)
-        assert benjamini_hochberg(p) == pytest.approx(multipletests(p, method="fdr_bh")[1].tolist(), abs=1e-12)
+        assert benjamini_hochberg(p) == pytest.approx(
+            multipletests(p, method="fdr_bh")[1].tolist(), abs=1e-12
+        )
 
 
 def test_sign_flip_p_value_equals_full_enumeration():
@@ -166,9 +170,17 @@ def test_outcomes_are_exclusive_with_the_written_precedence_over_every_region():
         for at_margin in (False, True):
             rule = Hypothesis("r", "", "m", "a", "b", expect, 0.05)
             for low, high in itertools.combinations_with_replacement(points, 2):
-                for lo, hi in ((low - 1e-3, high + 1e-3), (low + 1e-3, high - 1e-3) if high - low > 0.01 else (low, high)):
+                for lo, hi in (
+                    (low - 1e-3, high + 1e-3),
+                    (low + 1e-3, high - 1e-3) if high - low > 0.01 else (low, high),
+                ):
                     got = outcome_of(lo, hi, rule, at_margin)
-                    assert got == _literal_outcome(lo, hi, expect, 0.05, at_margin), (expect, at_margin, lo, hi)
+                    assert got == _literal_outcome(lo, hi, expect, 0.05, at_margin), (
+                        expect,
+                        at_margin,
+                        lo,
+                        hi,
+                    )
                     seen.add(got)
     assert seen == {"decided", "decided against", "ruled out", "undecided"}
     # inside (0, margin): decided at zero, ruled out when the rule decides at its margin
@@ -224,9 +236,22 @@ def test_rules_files_with_designs_are_read_and_checked(tmp_path):
         "design": {"type": "group_sequential", "looks": [4, 8], "boundary": "pocock", "max_hours": 12},
         "families": {"primary": "holm", "secondary": "bh"},
         "rules": [
-            {"id": "H1", "metric": "eval/pass@16", "pair": ["rose", "dr_grpo"], "expect": "greater", "margin": 0.05},
-            {"id": "S1", "family": "secondary", "decide_at": "margin", "metric": "eval/pass@1",
-             "pair": ["rose", "dr_grpo"], "expect": "greater", "margin": 0.05},
+            {
+                "id": "H1",
+                "metric": "eval/pass@16",
+                "pair": ["rose", "dr_grpo"],
+                "expect": "greater",
+                "margin": 0.05,
+            },
+            {
+                "id": "S1",
+                "family": "secondary",
+                "decide_at": "margin",
+                "metric": "eval/pass@1",
+                "pair": ["rose", "dr_grpo"],
+                "expect": "greater",
+                "margin": 0.05,
+            },
         ],
     }
     import yaml
@@ -317,11 +342,17 @@ def test_anytime_rules_are_judged_at_every_seed_with_bonferroni(tmp_path):
     import yaml
 
     path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump({
-        "design": {"type": "anytime", "max_seeds": 10},
-        "rules": [{"id": f"H{i}", "metric": "m", "pair": ["a", "b"], "expect": "greater", "margin": 0.1}
-                  for i in range(2)],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "design": {"type": "anytime", "max_seeds": 10},
+                "rules": [
+                    {"id": f"H{i}", "metric": "m", "pair": ["a", "b"], "expect": "greater", "margin": 0.1}
+                    for i in range(2)
+                ],
+            }
+        )
+    )
     rf = load_rules(path)
     assert rf.design.looks == tuple(range(2, 11)) and rf.design.families == {"primary": "bonferroni"}
     diffs = {"H0": {s: 1.0 + 0.1 * (s % 3) for s in range(10)}, "H1": {s: (-1) ** s * 0.3 for s in range(10)}}
@@ -386,7 +417,9 @@ def test_study3s_write_up_tables_are_what_its_run_records_give():
         for mine in look["rules"]:
             cells = [c.strip() for c in rows[mine["logged"]["id"]][2].split("|")]
             _, difference, design, descriptive, counts, p_values, outcome = cells
-            interval, interval95 = (re.fullmatch(r"\[(\S+), (\S+)\]", cell).groups() for cell in (design, descriptive))
+            interval, interval95 = (
+                re.fullmatch(r"\[(\S+), (\S+)\]", cell).groups() for cell in (design, descriptive)
+            )
             shown = {
                 "estimate": difference,
                 **dict(zip(("low", "high"), interval, strict=True)),
@@ -395,17 +428,26 @@ def test_study3s_write_up_tables_are_what_its_run_records_give():
             }
             where = f"look {head[1]}, {mine['logged']['id']}"
             for key, figure in shown.items():
-                assert _shown_equals(figure, mine[key]), f"{where}: {key} shown {figure}, records give {mine[key]}"
+                assert _shown_equals(figure, mine[key]), (
+                    f"{where}: {key} shown {figure}, records give {mine[key]}"
+                )
             assert tuple(map(int, counts.split(" / "))) == mine["above_at_below"], where
             assert outcome == mine["logged"]["outcome"], where
             checked += 1
         # the held-out means, mean ± s.e. over the look's seeds
         variants = {"Dr.GRPO": "dr_grpo", "ROSE": "rose", "TreePO": "treepo"}
-        means = re.findall(r"^\s*\| (Dr\.GRPO|ROSE|TreePO) \| (\S+) ± (\S+) \| (\S+) ± (\S+) \|$", section, re.M)
+        means = re.findall(
+            r"^\s*\| (Dr\.GRPO|ROSE|TreePO) \| (\S+) ± (\S+) \| (\S+) ± (\S+) \|$", section, re.M
+        )
         assert len(means) == 3, f"look {head[1]}: the held-out means table"
         for name, *figures in means:
-            for (mean, se), metric in zip((figures[:2], figures[2:]), ("eval/pass@1", "eval/pass@16"), strict=True):
-                values = [check_look.value(study, variants[name], seed, {"metric": metric}) for seed in look["seeds"]]
+            for (mean, se), metric in zip(
+                (figures[:2], figures[2:]), ("eval/pass@1", "eval/pass@16"), strict=True
+            ):
+                values = [
+                    check_look.value(study, variants[name], seed, {"metric": metric})
+                    for seed in look["seeds"]
+                ]
                 assert _shown_equals(mean, float(np.mean(values))), f"look {head[1]}: {name} {metric}"
                 assert _shown_equals(se, float(np.std(values, ddof=1) / math.sqrt(len(values)))), name
                 checked += 1
@@ -427,8 +469,15 @@ def test_sign_test_rules_are_logged_and_rebuilt_from_the_raw_records_without_sem
         (tmp_path / variant).symlink_to(study / variant)
     body = yaml.safe_load((root / "configs" / "study" / "study3_rules.yaml").read_text())
     body["rules"] = [{**rule, "test": "sign"} for rule in body["rules"][:2]] + [
-        {"id": "K1", "family": "secondary", "metric": "collapsed", "pair": ["rose", "treepo"], "expect": "less",
-         "margin": 0.1, "test": "sign"},
+        {
+            "id": "K1",
+            "family": "secondary",
+            "metric": "collapsed",
+            "pair": ["rose", "treepo"],
+            "expect": "less",
+            "margin": 0.1,
+            "test": "sign",
+        },
     ]
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(body))

@@ -35,13 +35,16 @@ def _pilot(root: Path, rng: np.random.Generator, spread: float) -> dict[tuple[st
             values = np.clip(0.5 + spread * rng.normal(size=(3, 2)), 0, 1)
             rows = [{"step": s, "accuracy": 0.3} for s in range(1, 31)]
             for i, step in enumerate((10, 20, 30)):
-                rows[step - 1].update({"eval/pass@16": values[i, 0], "eval/pass@1": values[i, 1],
-                                       "eval/mean@32": values[i, 1]})
+                rows[step - 1].update(
+                    {"eval/pass@16": values[i, 0], "eval/pass@1": values[i, 1], "eval/mean@32": values[i, 1]}
+                )
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            (run / "config.yaml").write_text(yaml.safe_dump({"algorithm": {"method": variant},
-                                                             "trainer": {"seed": seed}}))
-            (run / "sweep_done.json").write_text(json.dumps({"variant": variant, "seed": seed,
-                                                             "seconds": hours * 3600}))
+            (run / "config.yaml").write_text(
+                yaml.safe_dump({"algorithm": {"method": variant}, "trainer": {"seed": seed}})
+            )
+            (run / "sweep_done.json").write_text(
+                json.dumps({"variant": variant, "seed": seed, "seconds": hours * 3600})
+            )
             evals[(variant, seed)] = values
     return evals
 
@@ -57,7 +60,10 @@ def test_the_pilot_sizes_study_4b_from_its_curve_differences(tmp_path, seed):
         report, decided = script.size(root, REPO / "configs/study/study4b_pilot_rules.yaml", 16, 24.0)
         can = True
         for column, (rule, effect) in enumerate(script.PLANNED.items()):
-            d = [evals[("rose", s)][:, column].mean() - evals[("dr_grpo", s)][:, column].mean() for s in range(300, 304)]
+            d = [
+                evals[("rose", s)][:, column].mean() - evals[("dr_grpo", s)][:, column].mean()
+                for s in range(300, 304)
+            ]
             sd = float(np.std(d, ddof=1))
             need = seeds_needed(effect, sd)
             row = next(line for line in report.splitlines() if line.startswith(f"| {rule} "))

@@ -21,8 +21,14 @@ from semrl.studies.stats import (
 )
 
 
-def _study(rng: np.random.Generator, seeds: int, truth: float, seed_sd: float, problems: int = 32,
-           identical_seeds: bool = False) -> dict[str, list[Run]]:
+def _study(
+    rng: np.random.Generator,
+    seeds: int,
+    truth: float,
+    seed_sd: float,
+    problems: int = 32,
+    identical_seeds: bool = False,
+) -> dict[str, list[Run]]:
     """Two variants, ``seeds`` seeds: per problem, each variant's score is a share of 16 Bernoulli
     samples whose rate has a seed effect (seed-level variance dominant) and, for 'new', ``truth``
     added. Each run logs its final held-out mean@16."""
@@ -33,8 +39,10 @@ def _study(rng: np.random.Generator, seeds: int, truth: float, seed_sd: float, p
             rates = first
         else:
             level = rng.uniform(0.3, 0.5, problems)
-            rates = {"base": np.clip(level + rng.normal(0, seed_sd), 0, 1),
-                     "new": np.clip(level + truth + rng.normal(0, seed_sd), 0, 1)}
+            rates = {
+                "base": np.clip(level + rng.normal(0, seed_sd), 0, 1),
+                "new": np.clip(level + truth + rng.normal(0, seed_sd), 0, 1),
+            }
             first = first or rates
         for name in groups:
             # identical seeds share their samples too: the same study copied
@@ -119,7 +127,15 @@ def test_seed_differences_pair_by_seed_and_skip_unpaired():
     # over the last 2 logged steps (0 and 5): the means 0.25 - 0.1 and 0.35 - 0.3
     assert seed_differences(a, b, "m", window=2) == pytest.approx([0.15, 0.05])
     rows = comparison_rows({"a": a, "b": b}, [("a", "b")], ["m", "missing"])
-    assert len(rows) == 1 and rows[0][:7] == ["a - b", "m", "+0.200", "[-1.071, +1.471]", "2", "2 / 0 / 0", "no"]
+    assert len(rows) == 1 and rows[0][:7] == [
+        "a - b",
+        "m",
+        "+0.200",
+        "[-1.071, +1.471]",
+        "2",
+        "2 / 0 / 0",
+        "no",
+    ]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -92,7 +92,9 @@ def test_grid_expands_variants_times_seeds_seed_by_seed(tmp_path):
     # a variant's config outside the grid (the benchmarks): the run's, less what the sweep sets per run
     alone = sweep.variant_config("b", ["trainer.seed=3", "logging.output_dir=study/b/seed-3"]).to_dict()
     run = cfg.to_dict()
-    assert alone["logging"].pop("eval_cache") != run["logging"].pop("eval_cache")  # the study's cache is the sweep's
+    assert alone["logging"].pop("eval_cache") != run["logging"].pop(
+        "eval_cache"
+    )  # the study's cache is the sweep's
     assert alone == run
     assert sweep.variant_config("a", ["trainer.steps=9"]).trainer.steps == 9
     with pytest.raises(SweepError, match="no variant 'c'; its variants: a, b"):
@@ -219,14 +221,25 @@ def test_ctrl_c_lets_the_run_stop_after_its_step_and_stops_the_sweep(digit_model
     from semrl.runtime.checkpoint import list_checkpoints, verify_checkpoint
     from semrl.runtime.preemption import EXIT_PREEMPTED
 
-    path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0, 1],
-                       overrides={"trainer.steps": 3})
+    path = _tiny_sweep(
+        tmp_path,
+        digit_model_dir,
+        seven_task,
+        {"dr": {"algorithm.method": "dr_grpo"}},
+        [0, 1],
+        overrides={"trainer.steps": 3},
+    )
     sweep = load_sweep(path)
     first, second = sweep.runs
     # a session of its own: the fault's SIGINT goes to the sweep's process group, not to pytest's
-    proc = subprocess.run([sys.executable, "-m", "semrl", "sweep", str(path)], capture_output=True, text=True,
-                          env={**os.environ, "SEMRL_FAULT_CTRL_C": "rollout@2"}, start_new_session=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "semrl", "sweep", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SEMRL_FAULT_CTRL_C": "rollout@2"},
+        start_new_session=True,
+        timeout=600,
+    )
     assert proc.returncode == EXIT_PREEMPTED, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "stopped after step 2" in proc.stderr
     assert [c.name for c in list_checkpoints(first.run_dir)] == ["step-000001", "step-000002"]
@@ -247,9 +260,15 @@ def test_the_recorded_code_is_the_code_that_runs_not_the_installed_one(tmp_path)
     init = copy / "__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{semrl.__version__}"', '__version__ = "0.0.1"'))
     proc = subprocess.run(
-        [sys.executable, "-c", "import json; from semrl.studies.sweep import code_version; "
-         "print(json.dumps(code_version()))"],
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "src")}, capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-c",
+            "import json; from semrl.studies.sweep import code_version; print(json.dumps(code_version()))",
+        ],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "src")},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     code = json.loads(proc.stdout)
@@ -315,9 +334,17 @@ def test_a_run_from_before_data_eval_auto_has_the_same_settings(tmp_path, held, 
     from semrl.studies.sweep import check_run_config
 
     _write(tmp_path / "base.yaml", {"data": {"train": "arithmetic", "eval": "auto"}})
-    sweep = load_sweep(_write(tmp_path / "sweep.yaml", {
-        "base": "base.yaml", "output_dir": str(tmp_path / "out"), "seeds": [0], "variants": {"dr": {}},
-    }))
+    sweep = load_sweep(
+        _write(
+            tmp_path / "sweep.yaml",
+            {
+                "base": "base.yaml",
+                "output_dir": str(tmp_path / "out"),
+                "seeds": [0],
+                "variants": {"dr": {}},
+            },
+        )
+    )
     (run,) = sweep.runs
     run.run_dir.mkdir(parents=True)
     written = load_config(sweep.base, list(run.overrides)).to_dict()
@@ -377,10 +404,15 @@ def test_the_base_evaluation_can_be_left_out_or_cut_to_a_subset(digit_model_dir,
     from semrl.studies.seeds import final_table, find_runs
 
     path = _tiny_sweep(
-        tmp_path, digit_model_dir, seven_task,
-        {"none": {"algorithm.method": "dr_grpo", "logging.eval_base": False},
-         "subset": {"algorithm.method": "dr_grpo", "logging.eval_base_problems": 2}},
-        [0], keep_checkpoints=False,
+        tmp_path,
+        digit_model_dir,
+        seven_task,
+        {
+            "none": {"algorithm.method": "dr_grpo", "logging.eval_base": False},
+            "subset": {"algorithm.method": "dr_grpo", "logging.eval_base_problems": 2},
+        },
+        [0],
+        keep_checkpoints=False,
     )
     assert run_local(load_sweep(path), print) == 0
     none, subset = (_steps(tmp_path / "out" / v / "seed-0") for v in ("none", "subset"))
@@ -401,19 +433,37 @@ def _forced_study(tmp_path: Path, model_dir: Path, task: Path, looks: list[int])
         "def never(prompts, completions, **kwargs):\n    return [0.0] * len(completions)\n"
     )
     variants = {
-        name: {"algorithm.method": "dr_grpo", "reward.functions": ["math", f"{judges}:{judge}"],
-               "reward.correctness": f"{judges}:{judge}"}
+        name: {
+            "algorithm.method": "dr_grpo",
+            "reward.functions": ["math", f"{judges}:{judge}"],
+            "reward.correctness": f"{judges}:{judge}",
+        }
         for name, judge in (("always", "always"), ("never", "never"), ("never2", "never"))
     }
     sweep = _tiny_sweep(tmp_path, model_dir, task, variants, [0, 1, 2, 3], keep_checkpoints=False)
-    rules = _write(tmp_path / "rules.yaml", {
-        "design": {"type": "group_sequential", "looks": looks, "boundary": "pocock"},
-        "families": {"primary": "holm"},
-        "rules": [
-            {"id": "up", "metric": "eval/mean@4", "pair": ["always", "never"], "expect": "greater", "margin": 0.1},
-            {"id": "same", "metric": "eval/mean@4", "pair": ["never2", "never"], "expect": "greater", "margin": 0.1},
-        ],
-    })
+    rules = _write(
+        tmp_path / "rules.yaml",
+        {
+            "design": {"type": "group_sequential", "looks": looks, "boundary": "pocock"},
+            "families": {"primary": "holm"},
+            "rules": [
+                {
+                    "id": "up",
+                    "metric": "eval/mean@4",
+                    "pair": ["always", "never"],
+                    "expect": "greater",
+                    "margin": 0.1,
+                },
+                {
+                    "id": "same",
+                    "metric": "eval/mean@4",
+                    "pair": ["never2", "never"],
+                    "expect": "greater",
+                    "margin": 0.1,
+                },
+            ],
+        },
+    )
     return sweep, rules
 
 
@@ -487,10 +537,15 @@ def test_dry_run_of_a_sequential_study_says_where_it_stands_and_judges_nothing(
             (out / variant / f"seed-{seed}" / "sweep_done.json").write_text(json.dumps({"seconds": 1200.0}))
     (out / "always" / "seed-2").mkdir()
     (out / "always" / "seed-2" / "metrics.jsonl").write_text('{"step": 1}\n')
-    look = {"time": "2026-11-27T00:00:00+00:00", "look": 1, "seeds": [0, 1], "rules": [
-        {"id": "up", "family": "primary", "outcome": "undecided"},
-        {"id": "same", "family": "primary", "outcome": "ruled out"},
-    ]}
+    look = {
+        "time": "2026-11-27T00:00:00+00:00",
+        "look": 1,
+        "seeds": [0, 1],
+        "rules": [
+            {"id": "up", "family": "primary", "outcome": "undecided"},
+            {"id": "same", "family": "primary", "outcome": "ruled out"},
+        ],
+    }
     log = json.dumps(look) + "\n"
     (out / "looks.jsonl").write_text(log)
 

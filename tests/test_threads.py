@@ -16,8 +16,9 @@ from semrl.core.threads import available_cores, torch_threads
 def _policy_after_import(env: dict[str, str]) -> str:
     code = "import semrl, os; print(os.environ.get('OMP_WAIT_POLICY'))"
     clean = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    return subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_importing_semrl_makes_openmp_wait_passively_unless_the_user_chose():
@@ -49,11 +50,19 @@ def test_a_run_pinned_to_one_core_trains_on_one_thread(digit_model_dir, seven_ta
     os.sched_setaffinity(0, {min(cores)})
     try:
         torch.set_num_threads(2)
-        cfg = load_config(None, [
-            f"model.name={digit_model_dir}", f"data.train={seven_task}", "data.eval=null",
-            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}", "reward.num_workers=1", "logging.progress=false",
-            f"logging.output_dir={tmp_path / 'run'}", "logging.report_to=[]",
-        ])
+        cfg = load_config(
+            None,
+            [
+                f"model.name={digit_model_dir}",
+                f"data.train={seven_task}",
+                "data.eval=null",
+                f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+                "reward.num_workers=1",
+                "logging.progress=false",
+                f"logging.output_dir={tmp_path / 'run'}",
+                "logging.report_to=[]",
+            ],
+        )
         Trainer(cfg).pool.close()
         assert torch.get_num_threads() == 1
     finally:

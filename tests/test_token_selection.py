@@ -68,7 +68,9 @@ def test_clip_cov_zeroes_a_random_candidate_and_keeps_the_rest():
     mask = torch.ones(1, 4)
     cov = token_covariance(logp, adv, mask)  # position 0: (-4 - -0.25)(-5 - -1.325) = 13.78
     assert cov[0, 0] > 5 and torch.allclose(cov[0, 1:], torch.tensor(1.25 * 1.225))
-    loss, metrics = clip_cov_loss(logp, logp.clone(), adv, mask, 0.2, 0.2, clip_cov_ratio=0.5, cov_lb=2.0, cov_ub=20.0)
+    loss, metrics = clip_cov_loss(
+        logp, logp.clone(), adv, mask, 0.2, 0.2, clip_cov_ratio=0.5, cov_lb=2.0, cov_ub=20.0
+    )
     assert loss[0, 0] == 0 and torch.allclose(loss[0, 1:], -adv[0, 1:])  # ratio 1
     assert metrics["clip_cov_frac"] == pytest.approx(0.25)
     # with ub below the only candidate's covariance nothing is dropped
@@ -88,9 +90,7 @@ def test_sent_coefficients_paper_and_code_scopes():
     assert beta[top] == pytest.approx(0.2)
     assert (beta[low] > 0).all() and (beta[~low] == 0).all()
     assert torch.isclose(beta[low], torch.tensor(0.05)).sum() == 4
-    code = sent_coefficients(
-        ENTROPY, LOGP, ADV, MASK, 0.8, 0.2, 0.2, 0.05, beta_low_scope="bottom_cov_ratio"
-    )
+    code = sent_coefficients(ENTROPY, LOGP, ADV, MASK, 0.8, 0.2, 0.2, 0.05, beta_low_scope="bottom_cov_ratio")
     # code: beta_low only on the bottom-Cov token
     assert code[top] == pytest.approx(0.2) and code[bottom] == pytest.approx(0.05)
     assert (code > 0).sum() == 2

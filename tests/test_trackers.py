@@ -72,8 +72,14 @@ def test_each_tracker_receives_the_metrics_the_config_and_the_samples(digit_mode
 
     out = offline / "run"
     cfg = _cfg(
-        digit_model_dir, seven_task, out, "trainer.steps=2", "logging.project=semrl-test", "logging.run_name=two-steps",
-        "logging.report_to=[tensorboard,wandb,trackio,mlflow]", "logging.samples_per_step=3",
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=2",
+        "logging.project=semrl-test",
+        "logging.run_name=two-steps",
+        "logging.report_to=[tensorboard,wandb,trackio,mlflow]",
+        "logging.samples_per_step=3",
     )
     Trainer(cfg).train()
     expected = {m["step"]: m for m in _metrics(out)}
@@ -83,8 +89,13 @@ def test_each_tracker_receives_the_metrics_the_config_and_the_samples(digit_mode
     # TensorBoard
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0}).Reload()
     for key in KEYS:
-        assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(key)] == [(s, expected[s][key]) for s in (1, 2)]
-    text = {t: [e.tensor_proto.string_val[0].decode() for e in events.Tensors(t)] for t in ("config/text_summary", "samples/text_summary")}
+        assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(key)] == [
+            (s, expected[s][key]) for s in (1, 2)
+        ]
+    text = {
+        t: [e.tensor_proto.string_val[0].decode() for e in events.Tensors(t)]
+        for t in ("config/text_summary", "samples/text_summary")
+    }
     assert "tiny-digits" in text["config/text_summary"][0]
     assert samples[0]["response"].replace("|", "\\|") in text["samples/text_summary"][0]
 
@@ -97,13 +108,21 @@ def test_each_tracker_receives_the_metrics_the_config_and_the_samples(digit_mode
     history = _wandb_history(records)
     for step in (1, 2):
         assert {k: history[step][k] for k in KEYS} == {k: expected[step][k] for k in KEYS}
-        table = json.loads(Path(glob.glob(str(out / "wandb" / "offline-run-*" / "files" / history[step]["samples/path"]))[0]).read_text())
-        assert [dict(zip(table["columns"], row, strict=True)) for row in table["data"]] == [s for s in samples if s["step"] == step]
+        table = json.loads(
+            Path(
+                glob.glob(str(out / "wandb" / "offline-run-*" / "files" / history[step]["samples/path"]))[0]
+            ).read_text()
+        )
+        assert [dict(zip(table["columns"], row, strict=True)) for row in table["data"]] == [
+            s for s in samples if s["step"] == step
+        ]
 
     # Trackio (TRACKIO_DIR)
     logs = SQLiteStorage.get_logs("semrl-test", "two-steps")
     scalars = {row["step"]: row for row in logs if "reward" in row}
-    assert {s: {k: scalars[s][k] for k in KEYS} for s in (1, 2)} == {s: {k: expected[s][k] for k in KEYS} for s in (1, 2)}
+    assert {s: {k: scalars[s][k] for k in KEYS} for s in (1, 2)} == {
+        s: {k: expected[s][k] for k in KEYS} for s in (1, 2)
+    }
     logged = [row["samples"] for row in logs if "samples" in row]
     assert len(logged) == 2 and "Pick a number" in json.dumps(logged[0])
     assert SQLiteStorage.get_run_config("semrl-test", "two-steps")["model"]["name"] == str(digit_model_dir)
@@ -115,8 +134,12 @@ def test_each_tracker_receives_the_metrics_the_config_and_the_samples(digit_mode
     run_id = runs[0].info.run_id
     assert json.loads(runs[0].data.params["model.name"]) == str(digit_model_dir)
     for key in KEYS:
-        assert [(m.step, m.value) for m in client.get_metric_history(run_id, key)] == [(s, expected[s][key]) for s in (1, 2)]
-    stored = Path(client.download_artifacts(run_id, "samples/step-000002.jsonl", str(offline / "dl"))).read_text()
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, key)] == [
+            (s, expected[s][key]) for s in (1, 2)
+        ]
+    stored = Path(
+        client.download_artifacts(run_id, "samples/step-000002.jsonl", str(offline / "dl"))
+    ).read_text()
     assert [json.loads(line) for line in stored.splitlines()] == [s for s in samples if s["step"] == 2]
     assert json.loads((out / "trackers.json").read_text()) == {"wandb": run.run_id, "mlflow": run_id}
 
@@ -126,13 +149,18 @@ def test_a_resumed_run_continues_its_tracker_runs(digit_model_dir, seven_task, o
 
     out = offline / "run"
     trackers = "logging.report_to=[wandb,mlflow]"
-    Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=1", trackers, "logging.project=resumed")).train()
+    Trainer(
+        _cfg(digit_model_dir, seven_task, out, "trainer.steps=1", trackers, "logging.project=resumed")
+    ).train()
     assert main(["train", "--resume", str(out), "trainer.steps=2", "logging.progress=false"]) == 0
     client = MlflowClient()
     runs = client.search_runs([client.get_experiment_by_name("resumed").experiment_id])
     assert len(runs) == 1
     rewards = [m["reward"] for m in _metrics(out)]
-    assert [(m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, "reward")] == [(1, rewards[0]), (2, rewards[1])]
+    assert [(m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, "reward")] == [
+        (1, rewards[0]),
+        (2, rewards[1]),
+    ]
     ids = {r.run.run_id for r in _wandb_records(out) if r.WhichOneof("record_type") == "run"}
     assert ids == {json.loads((out / "trackers.json").read_text())["wandb"]}
     assert len(glob.glob(str(out / "wandb" / "offline-run-*"))) == 2  # one offline segment per process run
@@ -145,8 +173,17 @@ def test_steps_run_again_after_a_resume_reach_mlflow_and_trackio_once(digit_mode
     from trackio import SQLiteStorage
 
     out = offline / "run"
-    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=3", "logging.save_every=1", "logging.keep_last=5",
-               "logging.report_to=[mlflow,trackio]", "logging.project=once", "logging.run_name=once")
+    cfg = _cfg(
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=3",
+        "logging.save_every=1",
+        "logging.keep_last=5",
+        "logging.report_to=[mlflow,trackio]",
+        "logging.project=once",
+        "logging.run_name=once",
+    )
     Trainer(cfg).train()
     # the newest checkpoint is gone (as when it is damaged): the resume starts from step 2 and runs step 3 again
     shutil.rmtree(out / "checkpoints" / "step-000003")
@@ -155,7 +192,9 @@ def test_steps_run_again_after_a_resume_reach_mlflow_and_trackio_once(digit_mode
     assert sorted(rewards) == [1, 2, 3]
     client = MlflowClient()
     (run,) = client.search_runs([client.get_experiment_by_name("once").experiment_id])
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward")] == sorted(rewards.items())
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward")] == sorted(
+        rewards.items()
+    )
     logs = SQLiteStorage.get_logs("once", "once")
     assert sorted((row["step"], row["reward"]) for row in logs if "reward" in row) == sorted(rewards.items())
     assert sorted(row["step"] for row in logs if "samples" in row) == [1, 2, 3]
@@ -167,7 +206,9 @@ def test_tracker_names_are_checked_when_the_config_loads(monkeypatch):
     import importlib.util
 
     find_spec = importlib.util.find_spec  # wandb as if not installed
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a)
+    )
     with pytest.raises(ConfigError, match=r"pip install 'semrl\[wandb\]'"):
         load_config(None, ["logging.report_to=[wandb]"])
 

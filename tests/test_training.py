@@ -48,7 +48,14 @@ def test_reward_rises_on_trivial_task(digit_model_dir, seven_task, tmp_path, met
     # padded rows: packed ones give the same update (tests/test_packing.py), but shuffling whole groups
     # draws other numbers from the random stream, so the sampled trajectory differs; at this lr some
     # trajectories of this 14-step toy collapse into 4-token answers (either layout, seed-dependent)
-    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=14", f"algorithm.method={method}", "trainer.packing=none")
+    cfg = _cfg(
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=14",
+        f"algorithm.method={method}",
+        "trainer.packing=none",
+    )
     Trainer(cfg).train()
     rewards = [m["reward"] for m in _metrics(out)]
     assert len(rewards) == 14
@@ -67,9 +74,16 @@ def test_reward_rises_on_trivial_task(digit_model_dir, seven_task, tmp_path, met
 def test_multiple_epochs_minibatches_and_kl_run(digit_model_dir, seven_task, tmp_path):
     out = tmp_path / "ppo"
     cfg = _cfg(
-        digit_model_dir, seven_task, out, "trainer.steps=2", "trainer.ppo_epochs=2",
-        "trainer.mini_batch_size=16", "trainer.micro_batch_size=8", "algorithm.kl_coef=0.01",
-        "trainer.warmup_steps=2", "trainer.lr_schedule=cosine",
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=2",
+        "trainer.ppo_epochs=2",
+        "trainer.mini_batch_size=16",
+        "trainer.micro_batch_size=8",
+        "algorithm.kl_coef=0.01",
+        "trainer.warmup_steps=2",
+        "trainer.lr_schedule=cosine",
     )
     trainer = Trainer(cfg)
     assert trainer.ref_model is not None
@@ -114,13 +128,32 @@ def test_cli_reports_bad_config_before_loading_a_model(tmp_path, capsys):
 
 
 def test_missing_model_and_bad_data_fail_clearly(seven_task, tmp_path, capsys):
-    assert main(["train", f"model.name={tmp_path}/nope.gguf", f"data.train={seven_task}",
-                 f"logging.output_dir={tmp_path}/a"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                f"model.name={tmp_path}/nope.gguf",
+                f"data.train={seven_task}",
+                f"logging.output_dir={tmp_path}/a",
+            ]
+        )
+        == 2
+    )
     assert "does not exist" in capsys.readouterr().err
     truncated = tmp_path / "broken.gguf"
     truncated.write_bytes(b"GGUF" + b"\0" * 100)
-    assert main(["train", f"model.name={truncated}", f"data.train={seven_task}", "data.eval=null",
-                 f"logging.output_dir={tmp_path}/b"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                f"model.name={truncated}",
+                f"data.train={seven_task}",
+                "data.eval=null",
+                f"logging.output_dir={tmp_path}/b",
+            ]
+        )
+        == 2
+    )
     assert "truncated" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "problem": "p"}\n')
@@ -137,8 +170,25 @@ def test_help_lists_every_command(capsys):
 
 
 def _eval_args(model_dir, out, *extra):
-    return ["eval", "--model", str(model_dir), "--n", "4", "--max-new-tokens", "4", "--temperature", "1.0",
-            "--batch-size", "8", "--system-prompt", DIGIT_SYSTEM_PROMPT, "--output", str(out), "--quiet", *extra]
+    return [
+        "eval",
+        "--model",
+        str(model_dir),
+        "--n",
+        "4",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "1.0",
+        "--batch-size",
+        "8",
+        "--system-prompt",
+        DIGIT_SYSTEM_PROMPT,
+        "--output",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
 
 
 def test_eval_cli_reports_pass_at_k_on_several_datasets(digit_model_dir, seven_task, tmp_path, capsys):
@@ -149,7 +199,14 @@ def test_eval_cli_reports_pass_at_k_on_several_datasets(digit_model_dir, seven_t
     assert set(report) == {seven_task.stem, "arithmetic"}
     metrics = report[seven_task.stem]["metrics"]
     assert metrics["problems"] == 6
-    assert {"mean@4", "pass@3", "maj@4", "response_length/correct", "distinct_answers", "verify_timeouts"} <= set(metrics)
+    assert {
+        "mean@4",
+        "pass@3",
+        "maj@4",
+        "response_length/correct",
+        "distinct_answers",
+        "verify_timeouts",
+    } <= set(metrics)
     assert metrics["pass@1"] == pytest.approx(metrics["mean@4"])
     assert metrics["pass@1"] <= metrics["pass@2"] <= metrics["pass@3"] <= metrics["pass@4"]
     assert report["arithmetic"]["by_level"].keys() == {"1"}
@@ -170,11 +227,17 @@ def test_eval_cli_resumes_with_the_same_samples(digit_model_dir, seven_task, tmp
     assert "reused 3 problems" in capsys.readouterr().out
 
     def by_id(path):
-        return {r["id"]: r for r in map(json.loads, (path / seven_task.stem / "problems.jsonl").read_text().splitlines())}
+        return {
+            r["id"]: r
+            for r in map(json.loads, (path / seven_task.stem / "problems.jsonl").read_text().splitlines())
+        }
 
     assert by_id(resumed) == by_id(whole)
     # other sampling settings in the same directory: refused, nothing overwritten
-    assert main(_eval_args(digit_model_dir, resumed, "--data", str(seven_task), "--limit", "6", "--seed", "1")) == 2
+    assert (
+        main(_eval_args(digit_model_dir, resumed, "--data", str(seven_task), "--limit", "6", "--seed", "1"))
+        == 2
+    )
     assert "other settings" in capsys.readouterr().err
     assert by_id(resumed) == by_id(whole)
 
@@ -194,7 +257,9 @@ def test_hub_id_offline_says_to_pass_a_local_path(monkeypatch):
 
 def test_rose_trains_and_logs_tree_metrics(digit_model_dir, seven_task, tmp_path):
     out = tmp_path / "rose"
-    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=3", "algorithm.method=rose", "rose.epsilon=0.5")
+    cfg = _cfg(
+        digit_model_dir, seven_task, out, "trainer.steps=3", "algorithm.method=rose", "rose.epsilon=0.5"
+    )
     Trainer(cfg).train()
     metrics = _metrics(out)
     assert len(metrics) == 3
@@ -208,13 +273,21 @@ def test_rose_trains_and_logs_tree_metrics(digit_model_dir, seven_task, tmp_path
 
 
 @pytest.mark.parametrize("metric", ["reward", "accuracy"])
-def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_dir, seven_task, tmp_path, metric):
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(
+    digit_model_dir, seven_task, tmp_path, metric
+):
     out = tmp_path / "dyn"
     cfg = _cfg(
-        digit_model_dir, seven_task, out, "trainer.steps=2", "algorithm.dynamic_sampling=true",
-        "algorithm.max_sampling_rounds=3", f"algorithm.dynamic_sampling_metric={metric}",
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=2",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_sampling_rounds=3",
+        f"algorithm.dynamic_sampling_metric={metric}",
         # overlong shaping makes rewards differ by length, so the two metrics keep different groups
-        "reward.overlong_buffer_len=3", "rollout.max_new_tokens=6",
+        "reward.overlong_buffer_len=3",
+        "rollout.max_new_tokens=6",
     )
     trainer = Trainer(cfg)
     collected = trainer.collect()
@@ -246,15 +319,30 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(digit_model_di
         ("dapo", ["algorithm.clip_ratio_high=0.28", "reward.overlong_buffer_len=2"]),
         ("fr3e", ["fr3e.anchor_metric=surprisal"]),
         ("treepo", ["rollout.max_new_tokens=6", "treepo.segment_length=2", "treepo.weight=group_size"]),
-        ("latr", ["rollout.max_new_tokens=6", "latr.lookahead=[2,3]", "latr.tau_abs=0.02", "latr.tau_rel=0.9",
-                  "latr.host=dapo", "latr.eta_values=[0.5]"]),
+        (
+            "latr",
+            [
+                "rollout.max_new_tokens=6",
+                "latr.lookahead=[2,3]",
+                "latr.tau_abs=0.02",
+                "latr.tau_rel=0.9",
+                "latr.host=dapo",
+                "latr.eta_values=[0.5]",
+            ],
+        ),
     ],
 )
 def test_every_method_trains_and_logs_entropy_dynamics(digit_model_dir, seven_task, tmp_path, method, extra):
     out = tmp_path / method
     cfg = _cfg(
-        digit_model_dir, seven_task, out, "trainer.steps=2", f"algorithm.method={method}",
-        "trainer.mini_batch_size=16", "trainer.micro_batch_size=8", *extra,
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=2",
+        f"algorithm.method={method}",
+        "trainer.mini_batch_size=16",
+        "trainer.micro_batch_size=8",
+        *extra,
     )
     trainer = Trainer(cfg)
     assert (trainer.ref_model is not None) == ("sent.kl_target=ref_k3" in extra)
@@ -289,8 +377,15 @@ def test_log_ref_kl_loads_the_reference_without_a_kl_loss(digit_model_dir, seven
 
 
 def test_fr3e_trains_continuations_with_their_prefix_in_the_prompt(digit_model_dir, seven_task, tmp_path):
-    cfg = _cfg(digit_model_dir, seven_task, tmp_path / "f", "trainer.steps=0", "algorithm.method=fr3e",
-               "rollout.max_new_tokens=6", "fr3e.num_anchors=3")
+    cfg = _cfg(
+        digit_model_dir,
+        seven_task,
+        tmp_path / "f",
+        "trainer.steps=0",
+        "algorithm.method=fr3e",
+        "rollout.max_new_tokens=6",
+        "fr3e.num_anchors=3",
+    )
     trainer = Trainer(cfg)
     batch = trainer.rollout()
     assert len(batch.generations) == 32
@@ -310,12 +405,23 @@ def test_held_out_and_transfer_evaluations_keep_their_problem_records(digit_mode
     from semrl.evaluation import records_path, summarize_records
 
     transfer = tmp_path / "transfer.jsonl"
-    transfer.write_text("".join(
-        json.dumps({"id": f"t{i}", "problem": f"Choose a digit ({i}).", "answer": "3"}) + "\n" for i in range(5)
-    ))
+    transfer.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "problem": f"Choose a digit ({i}).", "answer": "3"}) + "\n"
+            for i in range(5)
+        )
+    )
     out = tmp_path / "run"
-    cfg = _cfg(digit_model_dir, seven_task, out, "trainer.steps=1", f"data.eval={seven_task}", "data.eval_size=6",
-               f"data.transfer={transfer}", "logging.eval_samples=3")
+    cfg = _cfg(
+        digit_model_dir,
+        seven_task,
+        out,
+        "trainer.steps=1",
+        f"data.eval={seven_task}",
+        "data.eval_size=6",
+        f"data.transfer={transfer}",
+        "logging.eval_samples=3",
+    )
     Trainer(cfg).train()
     rows = _metrics(out)
     for step in (0, 1):
@@ -328,14 +434,26 @@ def test_held_out_and_transfer_evaluations_keep_their_problem_records(digit_mode
             }
 
 
-def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_dir, seven_task, tmp_path, monkeypatch):
+def test_eval_and_curriculum_score_build_prompts_as_training_does(
+    digit_model_dir, seven_task, tmp_path, monkeypatch
+):
     import semrl.data.prompts
 
     template = "Question: {problem}\nAnswer:"
     out = tmp_path / "run"
-    Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=1", f"data.prompt_template={json.dumps(template)}")).train()
+    Trainer(
+        _cfg(
+            digit_model_dir,
+            seven_task,
+            out,
+            "trainer.steps=1",
+            f"data.prompt_template={json.dumps(template)}",
+        )
+    ).train()
     seen: list[tuple[str | None, str | None]] = []
-    for module in (semrl.data.prompts,):  # evaluation and curriculum scoring build prompts through PromptFormat
+    for module in (
+        semrl.data.prompts,
+    ):  # evaluation and curriculum scoring build prompts through PromptFormat
         real = module.build_prompt_ids
 
         def spy(tokenizer, problem, system=None, prompt_template=None, _real=real):  # noqa: ANN001
@@ -345,8 +463,24 @@ def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_di
         monkeypatch.setattr(module, "build_prompt_ids", spy)
     # evaluating a checkpoint: the run's template, without a flag
     ckpt = out / "checkpoints" / "step-000001"
-    args = ["eval", "--model", str(ckpt), "--n", "2", "--max-new-tokens", "2", "--batch-size", "4", "--quiet",
-            "--data", str(seven_task), "--limit", "2", "--output", str(tmp_path / "ev")]
+    args = [
+        "eval",
+        "--model",
+        str(ckpt),
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--batch-size",
+        "4",
+        "--quiet",
+        "--data",
+        str(seven_task),
+        "--limit",
+        "2",
+        "--output",
+        str(tmp_path / "ev"),
+    ]
     assert main(args) == 0
     assert seen and all(t == template for _, t in seen)
     settings = json.loads((tmp_path / "ev" / seven_task.stem / "settings.json").read_text())
@@ -354,14 +488,60 @@ def test_eval_and_curriculum_score_build_prompts_as_training_does(digit_model_di
     # an explicit flag; the base model has no run config
     seen.clear()
     other = "Q: {problem} A:"
-    assert main(["curriculum", "score", "--model", str(digit_model_dir), "--data", str(seven_task), "--limit", "2",
-                 "--n", "2", "--max-new-tokens", "2", "--batch-size", "4", "--quiet", "--prompt-template", other,
-                 "--output", str(tmp_path / "c.jsonl")]) == 0
+    assert (
+        main(
+            [
+                "curriculum",
+                "score",
+                "--model",
+                str(digit_model_dir),
+                "--data",
+                str(seven_task),
+                "--limit",
+                "2",
+                "--n",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--batch-size",
+                "4",
+                "--quiet",
+                "--prompt-template",
+                other,
+                "--output",
+                str(tmp_path / "c.jsonl"),
+            ]
+        )
+        == 0
+    )
     assert seen and all(t == other for _, t in seen)
     seen.clear()
-    assert main(["eval", "--model", str(digit_model_dir), "--n", "2", "--max-new-tokens", "2", "--batch-size", "4",
-                 "--quiet", "--data", str(seven_task), "--limit", "2", "--output", str(tmp_path / "ev2")]) == 0
-    assert seen and all(t is None and s is not None for s, t in seen)  # the chat template and semrl's system prompt
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(digit_model_dir),
+                "--n",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--batch-size",
+                "4",
+                "--quiet",
+                "--data",
+                str(seven_task),
+                "--limit",
+                "2",
+                "--output",
+                str(tmp_path / "ev2"),
+            ]
+        )
+        == 0
+    )
+    assert seen and all(
+        t is None and s is not None for s, t in seen
+    )  # the chat template and semrl's system prompt
     assert main([*args[:-1], str(tmp_path / "ev3"), "--prompt-template", "no field"]) == 2
 
 
@@ -385,16 +565,34 @@ def _train_counting_old_pass_rows(cfg, monkeypatch, reuse: bool) -> tuple[list[d
         for m in _metrics(pathlib.Path(out))
     ]
     step = cfg.trainer.steps
-    return metrics, load_file(pathlib.Path(out) / "checkpoints" / f"step-{step:06d}" / "model.safetensors"), sum(rows)
+    return (
+        metrics,
+        load_file(pathlib.Path(out) / "checkpoints" / f"step-{step:06d}" / "model.safetensors"),
+        sum(rows),
+    )
 
 
 REUSE_CASES = {
     "dr_grpo": ["trainer.ppo_epochs=2", "trainer.mini_batch_size=16", "trainer.micro_batch_size=8"],
-    "grpo": ["algorithm.method=grpo", "algorithm.kl_coef=0.01", "trainer.mini_batch_size=8",
-             "trainer.micro_batch_size=4"],
-    "rose": ["algorithm.method=rose", "trainer.packing=tree", "trainer.mini_batch_size=16",
-             "rollout.max_new_tokens=6", "trainer.seed=2"],  # seed 2: a first batch with right and wrong
-    "kl_cov": ["algorithm.method=kl_cov", "kl_cov.ratio=0.1", "trainer.ppo_epochs=2", "trainer.mini_batch_size=16"],
+    "grpo": [
+        "algorithm.method=grpo",
+        "algorithm.kl_coef=0.01",
+        "trainer.mini_batch_size=8",
+        "trainer.micro_batch_size=4",
+    ],
+    "rose": [
+        "algorithm.method=rose",
+        "trainer.packing=tree",
+        "trainer.mini_batch_size=16",
+        "rollout.max_new_tokens=6",
+        "trainer.seed=2",
+    ],  # seed 2: a first batch with right and wrong
+    "kl_cov": [
+        "algorithm.method=kl_cov",
+        "kl_cov.ratio=0.1",
+        "trainer.ppo_epochs=2",
+        "trainer.mini_batch_size=16",
+    ],
 }
 
 
@@ -408,12 +606,20 @@ def test_first_mini_batch_reuses_its_forward_as_old_log_probs_bit_for_bit(
     runs = {}
     for reuse in (False, True):
         # seed 1: its first batch holds correct and wrong answers (seed 0's has none right: no gradient)
-        cfg = _cfg(digit_model_dir, seven_task, tmp_path / f"{method}-{reuse}", "trainer.steps=1",
-                   "trainer.seed=1", *REUSE_CASES[method])
+        cfg = _cfg(
+            digit_model_dir,
+            seven_task,
+            tmp_path / f"{method}-{reuse}",
+            "trainer.steps=1",
+            "trainer.seed=1",
+            *REUSE_CASES[method],
+        )
         runs[reuse] = _train_counting_old_pass_rows(cfg, monkeypatch, reuse)
     (m0, w0, rows0), (m1, w1, rows1) = runs[False], runs[True]
     trained = next(m for m in m1 if m["step"] == 1)
-    assert trained["actor/grad_norm"] > 0 and 0 < trained["accuracy"] < 1, trained  # the update moved the weights
+    assert trained["actor/grad_norm"] > 0 and 0 < trained["accuracy"] < 1, (
+        trained
+    )  # the update moved the weights
     assert m0 == m1
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
     mini = int(next(x for x in REUSE_CASES[method] if x.startswith("trainer.mini_batch_size=")).split("=")[1])
@@ -426,17 +632,39 @@ def test_sampled_tokens_match_the_logged_samples_and_trees(digit_model_dir, seve
     (samples.jsonl with every sample logged), a tree's shared prefixes once (trees.jsonl), and
     DAPO's dropped groups too (at least the kept batch's tokens)."""
     out = tmp_path / method
-    extra = {"rose": ["algorithm.method=rose", "rollout.max_new_tokens=6"],
-             "dapo": ["algorithm.method=dapo", "algorithm.dynamic_sampling=true", "algorithm.max_sampling_rounds=3"]}
-    Trainer(_cfg(digit_model_dir, seven_task, out, "trainer.steps=2", "logging.samples_per_step=32",
-                 "logging.trees_per_step=4", *extra.get(method, []))).train()
+    extra = {
+        "rose": ["algorithm.method=rose", "rollout.max_new_tokens=6"],
+        "dapo": [
+            "algorithm.method=dapo",
+            "algorithm.dynamic_sampling=true",
+            "algorithm.max_sampling_rounds=3",
+        ],
+    }
+    Trainer(
+        _cfg(
+            digit_model_dir,
+            seven_task,
+            out,
+            "trainer.steps=2",
+            "logging.samples_per_step=32",
+            "logging.trees_per_step=4",
+            *extra.get(method, []),
+        )
+    ).train()
     logged = {m["step"]: m["rollout/sampled_tokens"] for m in _metrics(out) if m["step"] > 0}
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     kept = {s: sum(r["tokens"] for r in samples if r["step"] == s) for s in logged}
     if method == "rose":
         trees = [json.loads(line) for line in (out / "trees.jsonl").read_text().splitlines()]
-        fresh = {s: sum(c["length"] - (c["branch_position"] if c["parent"] >= 0 else 0)
-                        for t in trees if t["step"] == s for c in t["chains"]) for s in logged}
+        fresh = {
+            s: sum(
+                c["length"] - (c["branch_position"] if c["parent"] >= 0 else 0)
+                for t in trees
+                if t["step"] == s
+                for c in t["chains"]
+            )
+            for s in logged
+        }
         assert logged == fresh and all(fresh[s] < kept[s] for s in logged)  # prefixes are shared
     elif method == "dapo":
         rounds = {m["step"]: m["dynamic_sampling/rollout_batches"] for m in _metrics(out) if m["step"] > 0}
@@ -454,8 +682,17 @@ def test_sampled_tokens_match_the_logged_samples_and_trees(digit_model_dir, seve
                 assert m["time/rollout_trajectories_per_s"] * m["time/rollout_s"] == pytest.approx(count)
 
 
-@pytest.mark.parametrize("bad", ["trainer.lr=-1", "rollout.temperature=-1", "algorithm.kl_coef=-0.1",
-                                 "rollout.top_p=1.5", "trainer.micro_batch_size=0", "rose.epsilon=2"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "trainer.lr=-1",
+        "rollout.temperature=-1",
+        "algorithm.kl_coef=-0.1",
+        "rollout.top_p=1.5",
+        "trainer.micro_batch_size=0",
+        "rose.epsilon=2",
+    ],
+)
 def test_an_out_of_range_value_fails_before_the_run_directory_is_written(tmp_path, capsys, bad, monkeypatch):
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"training started with {bad}")  # fail at once, not after a whole run

@@ -60,19 +60,26 @@ def test_layout_visibility_is_each_chain_s_own_prefix(seed):
         assert torch.equal(dense[row, :t, :t], want)
         assert not dense[row, :t, t:].any()  # no real token sees padding
         pads = dense.shape[-1] - t  # padding sees earlier padding only
-        assert torch.equal(dense[row, t:, t:], torch.ones(pads, pads).tril().bool()) and not dense[row, t:, :t].any()
+        assert (
+            torch.equal(dense[row, t:, t:], torch.ones(pads, pads).tril().bool())
+            and not dense[row, t:, :t].any()
+        )
 
 
 def _qkv(batch, heads: int, kv_heads: int, dim: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     b, s = batch.input_ids.shape
-    return [torch.randn(b, h, s, dim, generator=gen, dtype=torch.float64, requires_grad=True)
-            for h in (heads, kv_heads, kv_heads)]
+    return [
+        torch.randn(b, h, s, dim, generator=gen, dtype=torch.float64, requires_grad=True)
+        for h in (heads, kv_heads, kv_heads)
+    ]
 
 
 def _dense_reference(q, k, v, batch, scale):
     mask = batch.layout.dense_visible()[:, None]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+    )
     return out.transpose(1, 2)
 
 
@@ -93,8 +100,12 @@ def test_blockwise_attention_and_gradients_equal_dense(seed, block):
     for a, b in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
     with torch.no_grad():  # the path without recomputation (old-policy and reference passes)
-        torch.testing.assert_close(blockwise_tree_attention(q, k, v, batch.layout, 0.3, block=block)[real],
-                                   want[real], atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(
+            blockwise_tree_attention(q, k, v, batch.layout, 0.3, block=block)[real],
+            want[real],
+            atol=1e-12,
+            rtol=1e-10,
+        )
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -114,7 +125,9 @@ def test_flex_attention_block_mask_equals_dense(seed):
             full = {kb for kb, t in enumerate(tiles) if t.shape == (128, 128) and t.all()}
             partial = {kb for kb, t in enumerate(tiles) if t.any()} - full
             got_partial = block_mask.kv_indices[row, 0, qb, : block_mask.kv_num_blocks[row, 0, qb]].tolist()
-            got_full = block_mask.full_kv_indices[row, 0, qb, : block_mask.full_kv_num_blocks[row, 0, qb]].tolist()
+            got_full = block_mask.full_kv_indices[
+                row, 0, qb, : block_mask.full_kv_num_blocks[row, 0, qb]
+            ].tolist()
             assert (set(got_partial), set(got_full)) == (partial, full)
     assert int(block_mask.full_kv_num_blocks.sum()) > 0
     with torch.no_grad():

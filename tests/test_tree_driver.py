@@ -90,7 +90,8 @@ def test_engine_cost_equals_a_hand_count(setup, kind):
     engine.sampled_by_prompt = Counter()
     before = engine.cost.snapshot()
     gens = engine.generate(
-        [GenerationRequest(prompts[0], seed=1), GenerationRequest(prompts[1], max_new_tokens=4, seed=2)], params,
+        [GenerationRequest(prompts[0], seed=1), GenerationRequest(prompts[1], max_new_tokens=4, seed=2)],
+        params,
         return_cache=True,
     )
     spent = engine.cost.since(before)
@@ -104,11 +105,23 @@ def test_engine_cost_equals_a_hand_count(setup, kind):
     k = n[0] - 1
     context = len(prompts[0]) + k
     before = engine.cost.snapshot()
-    (branch,) = engine.generate([GenerationRequest(
-        prompts[0], gens[0].token_ids[:k].tolist(), max_new_tokens=3, cache=gens[0].cache, seed=3,
-    )], params)
+    (branch,) = engine.generate(
+        [
+            GenerationRequest(
+                prompts[0],
+                gens[0].token_ids[:k].tolist(),
+                max_new_tokens=3,
+                cache=gens[0].cache,
+                seed=3,
+            )
+        ],
+        params,
+    )
     spent = engine.cost.since(before)
-    assert engine.sampled_by_prompt == {tuple(prompts[0]): n[0] + len(branch.token_ids), tuple(prompts[1]): n[1]}
+    assert engine.sampled_by_prompt == {
+        tuple(prompts[0]): n[0] + len(branch.token_ids),
+        tuple(prompts[1]): n[1],
+    }
     engine.sampled_by_prompt = None
     # hf: the parent's KV serves all but the last context token; vllm: whole blocks, the rest again
     assert spent.prefill_tokens == (1 if kind == "hf" else (context - 1) % BLOCK + 1)
@@ -121,8 +134,12 @@ def test_cost_metrics_of_a_step():
     cost = EngineCost(sampled_tokens=120, prefill_tokens=40, engine_steps=10, running_rows=35, requests=6)
     metrics = cost_metrics(cost, trajectories=8, seconds=2.0, total=lambda x: 2.0 * x)  # two equal processes
     assert metrics == {
-        "rollout/sampled_tokens": 240.0, "rollout/prefill_tokens": 80.0, "rollout/engine_steps": 10.0,
-        "rollout/running_batch": 3.5, "time/rollout_tokens_per_s": 120.0, "time/rollout_trajectories_per_s": 8.0,
+        "rollout/sampled_tokens": 240.0,
+        "rollout/prefill_tokens": 80.0,
+        "rollout/engine_steps": 10.0,
+        "rollout/running_batch": 3.5,
+        "time/rollout_tokens_per_s": 120.0,
+        "time/rollout_trajectories_per_s": 8.0,
     }
     assert EngineCost(1, 2, 3, 4, 5).since(EngineCost(1, 1, 1, 1, 1)) == EngineCost(0, 1, 2, 3, 4)
 
@@ -144,12 +161,18 @@ def test_tree_tokens_do_not_depend_on_the_batch_limit(setup):
     for limit in (64, 3):
         engine.request_log = []
         with _batch_limit(engine, limit):
-            runs.append(segment_tree_rollout(engine, prompts, params, settings, tok.decode, prompt_seeds=[7, 8, 9, 10]))
+            runs.append(
+                segment_tree_rollout(
+                    engine, prompts, params, settings, tok.decode, prompt_seeds=[7, 8, 9, 10]
+                )
+            )
         orders.append([r.tag for r in engine.request_log])
     engine.request_log = None
     assert orders[0] != orders[1]  # the schedule changed
     assert _leaf_tokens(runs[0]) == _leaf_tokens(runs[1])
-    assert [[leaf.nodes for leaf in ls] for ls in runs[0].leaves] == [[leaf.nodes for leaf in ls] for ls in runs[1].leaves]
+    assert [[leaf.nodes for leaf in ls] for ls in runs[0].leaves] == [
+        [leaf.nodes for leaf in ls] for ls in runs[1].leaves
+    ]
 
 
 def test_a_prompt_branches_while_another_prompts_first_segment_runs(setup):
@@ -182,7 +205,11 @@ def test_aligned_treepo_branches_recompute_one_context_token(setup, aligned):
     assert len({len(p) % BLOCK for p in prompts}) > 1
     params = SamplingParams(temperature=1.0, max_new_tokens=96, logprobs_top_k=0)
     settings = SegmentTreeSettings(
-        width=6, segment_length=BLOCK, max_depth=3, branch=2, block_size=BLOCK if aligned else 0,
+        width=6,
+        segment_length=BLOCK,
+        max_depth=3,
+        branch=2,
+        block_size=BLOCK if aligned else 0,
     )
     engine.request_log = []
     out = segment_tree_rollout(engine, prompts, params, settings, tok.decode, prompt_seeds=[5, 6, 7, 8])
@@ -205,22 +232,34 @@ def test_aligned_treepo_branches_recompute_one_context_token(setup, aligned):
 def _lockstep(engine, prompts, params, settings, decode, seeds):
     """Today's lockstep schedule: every prompt's depth in one engine call, the same node seeds."""
     trees = [
-        PromptTree(p, settings, params.max_new_tokens, prompt_generator(seeds[p]),
-                   first_segment_length(settings, len(prompts[p])))
+        PromptTree(
+            p,
+            settings,
+            params.max_new_tokens,
+            prompt_generator(seeds[p]),
+            first_segment_length(settings, len(prompts[p])),
+        )
         for p in range(len(prompts))
     ]
     while not all(t.done for t in trees):
         live = [t for t in trees if not t.done]
         requests = [
-            GenerationRequest(prompts[t.prompt], path.token_ids(), max_new_tokens=budget,
-                              seed=node_seed(seeds[t.prompt], node))
-            for t in live for path, budget, node in zip(t.active, t.budgets(), t.node_ids(), strict=True)
+            GenerationRequest(
+                prompts[t.prompt],
+                path.token_ids(),
+                max_new_tokens=budget,
+                seed=node_seed(seeds[t.prompt], node),
+            )
+            for t in live
+            for path, budget, node in zip(t.active, t.budgets(), t.node_ids(), strict=True)
         ]
         outs = engine.generate(requests, params)
         start = 0
         for t in live:
             n = len(t.active)
-            t.advance(outs[start : start + n], [decode(o.token_ids.tolist()) for o in outs[start : start + n]])
+            t.advance(
+                outs[start : start + n], [decode(o.token_ids.tolist()) for o in outs[start : start + n]]
+            )
             start += n
     return [t.leaves for t in trees]
 
@@ -234,14 +273,21 @@ def test_the_driver_grows_the_trees_of_lockstep_sampling(setup, block):
     prompts = _prompts(tok, 3, words=2)
     params = SamplingParams(temperature=1.0, max_new_tokens=16, logprobs_top_k=0)
     settings = SegmentTreeSettings(
-        width=6, segment_length=8 if block else 4, max_depth=2 if block else 4, branch=2, first_branch_max=3,
-        block_size=block, reuse_kv_cache=False,
+        width=6,
+        segment_length=8 if block else 4,
+        max_depth=2 if block else 4,
+        branch=2,
+        first_branch_max=3,
+        block_size=block,
+        reuse_kv_cache=False,
     )
     seeds = [11, 12, 13]
     driven = segment_tree_rollout(engine, prompts, params, settings, tok.decode, prompt_seeds=seeds).leaves
     stepped = _lockstep(engine, prompts, params, settings, tok.decode, seeds)
     for a, b in zip(driven, stepped, strict=True):
-        assert [(x.token_ids(), x.nodes, x.reason) for x in a] == [(x.token_ids(), x.nodes, x.reason) for x in b]
+        assert [(x.token_ids(), x.nodes, x.reason) for x in a] == [
+            (x.token_ids(), x.nodes, x.reason) for x in b
+        ]
     rewards = torch.rand(18, generator=torch.Generator().manual_seed(0)).round()
     groups = [p for p in range(3) for _ in range(6)]
     paths = [[tuple(x.nodes) for leaves in trees for x in leaves] for trees in (driven, stepped)]
@@ -257,8 +303,12 @@ def test_the_driver_grows_the_trees_of_lockstep_sampling(setup, block):
 
 def _segment(n: int) -> Generation:
     return Generation(
-        token_ids=torch.zeros(n, dtype=torch.long), logprobs=torch.zeros(n), top_logprobs=torch.zeros(n, 0),
-        top_ids=torch.zeros(n, 0, dtype=torch.long), entropy=None, finished=False,
+        token_ids=torch.zeros(n, dtype=torch.long),
+        logprobs=torch.zeros(n),
+        top_logprobs=torch.zeros(n, 0),
+        top_ids=torch.zeros(n, 0, dtype=torch.long),
+        entropy=None,
+        finished=False,
     )
 
 
@@ -272,9 +322,12 @@ def test_aligned_boundaries_leave_every_branch_context_at_one_past_a_block(seed)
         length, depth = block * rng.randint(1, 4), rng.randint(1, 5)
         prompt = rng.randint(1, 100)
         budget = length * depth if rng.random() < 0.7 else rng.randint(1, length * depth)
-        settings = SegmentTreeSettings(width=4, segment_length=length, max_depth=depth, branch=2, block_size=block)
-        tree = PromptTree(0, settings, budget, torch.Generator().manual_seed(0),
-                          first_segment_length(settings, prompt))
+        settings = SegmentTreeSettings(
+            width=4, segment_length=length, max_depth=depth, branch=2, block_size=block
+        )
+        tree = PromptTree(
+            0, settings, budget, torch.Generator().manual_seed(0), first_segment_length(settings, prompt)
+        )
         while not tree.done:
             budgets = tree.budgets()
             tree.advance([_segment(b) for b in budgets], [""] * len(budgets))
@@ -302,10 +355,14 @@ def test_fr3e_and_rose_samples_do_not_depend_on_the_batch_limit(setup, method):
 
     tok, model = setup
     engine = _engine("vllm", model, tok)
-    cfg = load_config(None, [f"algorithm.method={method}", "rollout.max_new_tokens=40", "rollout.group_size=4"])
+    cfg = load_config(
+        None, [f"algorithm.method={method}", "rollout.max_new_tokens=40", "rollout.group_size=4"]
+    )
     spec = get_method(method)
     params = sampling_params(cfg.rollout, top_logprobs=spec.reads_top_logprobs)
-    entropy = partial(with_sampling_entropy, model, temperature=params.temperature, compute_dtype=engine.compute_dtype)
+    entropy = partial(
+        with_sampling_entropy, model, temperature=params.temperature, compute_dtype=engine.compute_dtype
+    )
     from semrl.data import build_prompt_ids
 
     from .conftest import DIGIT_SYSTEM_PROMPT
@@ -316,8 +373,15 @@ def test_fr3e_and_rose_samples_do_not_depend_on_the_batch_limit(setup, method):
     prompts = [*_prompts(tok, 2), *short]
     runs, orders = [], []
     for limit in (64, 1):
-        ctx = RolloutContext(engine, params, torch.Generator().manual_seed(0), method_config(cfg, spec.section), entropy,
-                             decode=partial(tok.decode, skip_special_tokens=True), prompt_seeds=[21, 22, 23, 24])
+        ctx = RolloutContext(
+            engine,
+            params,
+            torch.Generator().manual_seed(0),
+            method_config(cfg, spec.section),
+            entropy,
+            decode=partial(tok.decode, skip_special_tokens=True),
+            prompt_seeds=[21, 22, 23, 24],
+        )
         engine.request_log = []
         with _batch_limit(engine, limit):
             runs.append([g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations])

@@ -107,11 +107,27 @@ def _paths(spec: list[str]) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize(
     ("leaves", "rewards", "average", "size", "whitened"),
     [
-        (["a/a1", "a/a2", "b/b1", "b/b2"], [1, -1, -1, -1], [1.25, -0.75, -0.25, -0.25],
-         [4 / 3, -2 / 3, -1 / 3, -1 / 3], [1.4434, -0.8660, -0.2887, -0.2887]),
-        (["a/a1", "a/a2", "b"], [1, 1, -1], [1 / 3, 1 / 3, -4 / 3], [0.4, 0.4, -4 / 3], [0.5774, 0.5774, -1.1547]),
-        (["a/a'/x", "a/a'/y", "b"], [1, -1, -1], [10 / 9, -8 / 9, -2 / 3], [1.1429, -0.8571, -0.6667],
-         [1.1488, -0.6757, -0.4730]),
+        (
+            ["a/a1", "a/a2", "b/b1", "b/b2"],
+            [1, -1, -1, -1],
+            [1.25, -0.75, -0.25, -0.25],
+            [4 / 3, -2 / 3, -1 / 3, -1 / 3],
+            [1.4434, -0.8660, -0.2887, -0.2887],
+        ),
+        (
+            ["a/a1", "a/a2", "b"],
+            [1, 1, -1],
+            [1 / 3, 1 / 3, -4 / 3],
+            [0.4, 0.4, -4 / 3],
+            [0.5774, 0.5774, -1.1547],
+        ),
+        (
+            ["a/a'/x", "a/a'/y", "b"],
+            [1, -1, -1],
+            [10 / 9, -8 / 9, -2 / 3],
+            [1.1429, -0.8571, -0.6667],
+            [1.1488, -0.6757, -0.4730],
+        ),
     ],
 )
 def test_hand_computed_trees(leaves, rewards, average, size, whitened):
@@ -119,18 +135,26 @@ def test_hand_computed_trees(leaves, rewards, average, size, whitened):
     groups = [0] * len(leaves)
     avg = tree_outcome_advantages(r, groups, paths, "average")
     torch.testing.assert_close(avg, torch.tensor(average), atol=1e-4, rtol=0)
-    torch.testing.assert_close(tree_outcome_advantages(r, groups, paths, "group_size"), torch.tensor(size), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        tree_outcome_advantages(r, groups, paths, "group_size"), torch.tensor(size), atol=1e-4, rtol=0
+    )
     one_token = torch.ones(len(leaves), 1)
-    torch.testing.assert_close(whiten(avg[:, None], one_token)[:, 0], torch.tensor(whitened), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        whiten(avg[:, None], one_token)[:, 0], torch.tensor(whitened), atol=1e-4, rtol=0
+    )
 
 
 def test_whitening_is_token_weighted():
-    avg = tree_outcome_advantages(torch.tensor([1.0, -1, -1, -1]), [0] * 4, _paths(["a/a1", "a/a2", "b/b1", "b/b2"]))
+    avg = tree_outcome_advantages(
+        torch.tensor([1.0, -1, -1, -1]), [0] * 4, _paths(["a/a1", "a/a2", "b/b1", "b/b2"])
+    )
     mask = torch.zeros(4, 4)
     for i, n in enumerate([2, 1, 1, 4]):
         mask[i, :n] = 1
     out = whiten(avg[:, None] * mask, mask)
-    torch.testing.assert_close(out[:, 0], torch.tensor([1.5771, -1.0791, -0.4150, -0.4150]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        out[:, 0], torch.tensor([1.5771, -1.0791, -0.4150, -0.4150]), atol=1e-4, rtol=0
+    )
     assert bool((out[mask == 0] == 0).all())
 
 
@@ -180,8 +204,10 @@ def test_advantage_matches_the_official_estimator_on_random_trees(weight, drop):
             mask[i, :n] = 1
         if mask.sum() > 1:
             torch.testing.assert_close(
-                whiten(got[:, None] * mask, mask), _reference_whiten(ref.float()[:, None] * mask, mask),
-                atol=2e-5, rtol=1e-5,
+                whiten(got[:, None] * mask, mask),
+                _reference_whiten(ref.float()[:, None] * mask, mask),
+                atol=2e-5,
+                rtol=1e-5,
             )
 
 
@@ -227,17 +253,26 @@ def test_repetition_hand_checks_and_reference():
 
 def _gen(n: int, finished: bool = False) -> Generation:
     return Generation(
-        token_ids=torch.arange(n), logprobs=torch.zeros(n), top_logprobs=torch.zeros(n, 0),
-        top_ids=torch.zeros(n, 0, dtype=torch.long), entropy=torch.zeros(n), finished=finished,
+        token_ids=torch.arange(n),
+        logprobs=torch.zeros(n),
+        top_logprobs=torch.zeros(n, 0),
+        top_ids=torch.zeros(n, 0, dtype=torch.long),
+        entropy=torch.zeros(n),
+        finished=finished,
     )
 
 
 def test_stop_reasons_in_the_code_order():
-    s = SegmentTreeSettings(width=4, segment_length=4, max_depth=3, branch=2, repetition_window=2, repetition_count=3)
+    s = SegmentTreeSettings(
+        width=4, segment_length=4, max_depth=3, branch=2, repetition_window=2, repetition_count=3
+    )
     assert stop_reason(_gen(4, True), "so \\boxed{3}", 8, 2, 64, s) == "finished"
     assert stop_reason(_gen(1, True), "", 5, 2, 64, s) == "eos"  # EOS as the segment's only token counts
     assert stop_reason(_gen(4), "\\boxed{3}", 8, 2, 64, s) is None  # boxed without EOS goes on (code)
-    assert stop_reason(_gen(4), "\\boxed{3}", 8, 2, 64, SegmentTreeSettings(4, 4, 3, 2, stop_on_boxed=True)) == "finished"
+    assert (
+        stop_reason(_gen(4), "\\boxed{3}", 8, 2, 64, SegmentTreeSettings(4, 4, 3, 2, stop_on_boxed=True))
+        == "finished"
+    )
     assert stop_reason(_gen(4), "ababab", 64, 3, 64, s) == "max_length"
     assert stop_reason(_gen(4), "ababab", 12, 3, 64, s) == "max_depth"
     assert stop_reason(_gen(4), "ababab", 12, 2, 64, s) == "repetition"
@@ -250,15 +285,22 @@ def _leaf(prompt: int, lengths: list[int], nodes: list[int], reason: str) -> Tre
 
 def test_fallback_cuts_at_segment_boundaries_and_spends_the_budget():
     gen = torch.Generator().manual_seed(0)
-    leaves = [_leaf(0, [4, 4, 2], [0, 1, 2], "eos"), _leaf(0, [4, 4, 4], [0, 1, 3], "max_length"),
-              _leaf(0, [3], [4], "finished")]
+    leaves = [
+        _leaf(0, [4, 4, 2], [0, 1, 2], "eos"),
+        _leaf(0, [4, 4, 4], [0, 1, 3], "max_length"),
+        _leaf(0, [3], [4], "finished"),
+    ]
     kept = defaultdict(int)
     for _ in range(600):
         paths = fallback_paths(leaves, 3, 2, 0, gen)
         assert len(paths) == 3  # min(b, remaining) copies per candidate until 3 are made
         for path in paths:
             # a prefix of a candidate (answer or EOS), cut where a segment ends
-            source = next(leaf for leaf in leaves if leaf.nodes[: len(path.nodes)] == path.nodes and leaf.reason != "max_length")
+            source = next(
+                leaf
+                for leaf in leaves
+                if leaf.nodes[: len(path.nodes)] == path.nodes and leaf.reason != "max_length"
+            )
             assert path.segments == source.segments[: len(path.nodes)]
             kept[len(path.nodes)] += 1
         assert paths[0].nodes == paths[1].nodes  # the two copies of the first candidate
@@ -286,7 +328,13 @@ def test_every_prompt_ends_with_width_leaves_under_random_stops(seed):
         w, b, seg, d = rng.randint(2, 12), rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 6)
         b = min(b, w)
         settings = SegmentTreeSettings(
-            w, seg, d, b, first_branch_max=rng.choice([0, b + 2]), repetition_window=4, repetition_count=3,
+            w,
+            seg,
+            d,
+            b,
+            first_branch_max=rng.choice([0, b + 2]),
+            repetition_window=4,
+            repetition_count=3,
             stop_on_boxed=rng.random() < 0.5,
         )
         max_length = seg * d + rng.randint(-seg + 1, seg) if d > 1 else seg
@@ -372,7 +420,9 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
 
     engine, tok, prompts = hf_setup
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
-    settings = SegmentTreeSettings(width=6, segment_length=3, max_depth=4, branch=2, reuse_kv_cache=reuse_kv_cache)
+    settings = SegmentTreeSettings(
+        width=6, segment_length=3, max_depth=4, branch=2, reuse_kv_cache=reuse_kv_cache
+    )
     requests, original = [], engine.generate
 
     def spy(reqs, *args, **kwargs):
@@ -382,7 +432,9 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     engine.generate = spy
     try:
         before = engine.generated_tokens
-        out = segment_tree_rollout(engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(0))
+        out = segment_tree_rollout(
+            engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(0)
+        )
     finally:
         engine.generate = original
     assert [len(leaves) for leaves in out.leaves] == [6, 6, 6]
@@ -394,7 +446,10 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
         for a in range(6):
             for c in range(6):
                 n = 0
-                while n < min(len(leaves[a].nodes), len(leaves[c].nodes)) and leaves[a].nodes[n] == leaves[c].nodes[n]:
+                while (
+                    n < min(len(leaves[a].nodes), len(leaves[c].nodes))
+                    and leaves[a].nodes[n] == leaves[c].nodes[n]
+                ):
                     n += 1
                 assert tokens[a][: 3 * n] == tokens[c][: 3 * n]
             assert len(tokens[a]) <= 12 and all(s.cache is None for s in leaves[a].segments)

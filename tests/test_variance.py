@@ -33,11 +33,17 @@ def _records(rng: np.random.Generator, problems: int, n: int) -> list[dict]:
         for _ in range(n):
             answered = rng.uniform() < 0.8
             correct = bool(answered and rng.uniform() < p)
-            samples.append({
-                "response": "", "answer": "x" if answered else None, "correct": correct,
-                "length": int(rng.integers(1, 60)), "truncated": False, "timed_out": False,
-                "cluster": 0 if correct else int(rng.integers(1, 4)),
-            })
+            samples.append(
+                {
+                    "response": "",
+                    "answer": "x" if answered else None,
+                    "correct": correct,
+                    "length": int(rng.integers(1, 60)),
+                    "truncated": False,
+                    "timed_out": False,
+                    "cluster": 0 if correct else int(rng.integers(1, 4)),
+                }
+            )
         out.append({"id": str(i), "gold": "1", "level": None, "subject": None, "samples": samples})
     return out
 
@@ -73,17 +79,23 @@ def _seed(rng, problems: int, n: int, effect: float, train_sd: float = 0.0) -> t
     return _evaluation(rng, base + shift, n), _evaluation(rng, base, n)
 
 
-@pytest.mark.parametrize("metric", ["pass@1", "pass@4", "pass@8", "distinct_answers", "response_length/correct"])
+@pytest.mark.parametrize(
+    "metric", ["pass@1", "pass@4", "pass@8", "distinct_answers", "response_length/correct"]
+)
 def test_bootstrap_variances_match_repeated_evaluations(metric):
     """The paired bootstrap over problems estimates the variance of D over fresh problem and sample
     draws; the bootstrap of samples estimates it over fresh samples of the same problems."""
     rng = np.random.default_rng(1)
     problems, n = 64, 8
-    fresh = [metric_value(metric, a) - metric_value(metric, b) for a, b in (_seed(rng, problems, n, 0.5) for _ in range(600))]
+    fresh = [
+        metric_value(metric, a) - metric_value(metric, b)
+        for a, b in (_seed(rng, problems, n, 0.5) for _ in range(600))
+    ]
     true_draw = np.var(fresh, ddof=1)
     fixed = rng.normal(-1.0, 1.5, problems)
     resampled = [
-        metric_value(metric, _evaluation(rng, fixed + 0.5, n)) - metric_value(metric, _evaluation(rng, fixed, n))
+        metric_value(metric, _evaluation(rng, fixed + 0.5, n))
+        - metric_value(metric, _evaluation(rng, fixed, n))
         for _ in range(600)
     ]
     true_samples = np.var(resampled, ddof=1)
@@ -134,21 +146,28 @@ def test_the_training_share_is_recovered_on_average():
     shifts = 0.3 + rng.normal(0.0, train_sd, 2000)
     true_train = np.var([(1 / (1 + np.exp(-(population + s)))).mean() for s in shifts], ddof=1)
     studies = [
-        decompose("pass@1", ("a", "b"), [_seed(rng, problems, n, 0.3, train_sd) for _ in range(5)], reps=40, seed=k)
+        decompose(
+            "pass@1", ("a", "b"), [_seed(rng, problems, n, 0.3, train_sd) for _ in range(5)], reps=40, seed=k
+        )
         for k in range(200)
     ]
     raw = np.array([d.var_train_raw for d in studies])
     assert abs(raw.mean() - true_train) < 3 * raw.std(ddof=1) / np.sqrt(len(raw))
     assert 3 * raw.std(ddof=1) / np.sqrt(len(raw)) < 0.35 * np.mean([d.var_draw for d in studies])
-    quiet = [decompose("pass@1", ("a", "b"), [_seed(rng, problems, n, 0.3, 0.0) for _ in range(5)], reps=40,
-                       seed=k) for k in range(30)]
+    quiet = [
+        decompose(
+            "pass@1", ("a", "b"), [_seed(rng, problems, n, 0.3, 0.0) for _ in range(5)], reps=40, seed=k
+        )
+        for k in range(30)
+    ]
     assert np.median([d.draw_share for d in quiet]) > 0.6 > np.median([d.draw_share for d in studies])
     assert all(d.var_total_ci[0] < d.var_total < d.var_total_ci[1] for d in studies)
 
 
 def test_designs_are_the_cheapest_that_reach_the_target():
-    d = Decomposition("pass@16", ("rose", "dr_grpo"), (0.0, 0.1), 128, 16, 0.0015, (0.0005, 0.012), 0.0015, 0.0003,
-                      0.0002)
+    d = Decomposition(
+        "pass@16", ("rose", "dr_grpo"), (0.0, 0.1), 128, 16, 0.0015, (0.0005, 0.012), 0.0015, 0.0003, 0.0002
+    )
     target = 0.03
     designs = cheapest_designs(d, target, seed_cost_s=1000.0, sample_cost_s=0.1)
     assert [x.cost_s for x in designs] == sorted(x.cost_s for x in designs)
@@ -159,7 +178,9 @@ def test_designs_are_the_cheapest_that_reach_the_target():
     # brute force over the same grid
     best = min(
         (s * (1000.0 + p * n * 0.1), p, n, s)
-        for p in (32, 64, 128, 256, 512) for n in (16, 32) for s in range(2, 41)
+        for p in (32, 64, 128, 256, 512)
+        for n in (16, 32)
+        for s in range(2, 41)
         if half_width(var_per_seed(d, p, n), s) <= target
     )
     assert (designs[0].problems, designs[0].samples, designs[0].seeds) == best[1:]
@@ -185,7 +206,9 @@ def _jackknife_reference(metric: str, records: list[dict]) -> float:
 
     def value(rows: list[list[dict]]) -> float:
         if metric == "distinct_answers":
-            return sum(len({s["cluster"] for s in row if s["answer"] is not None}) for row in rows) / len(rows)
+            return sum(len({s["cluster"] for s in row if s["answer"] is not None}) for row in rows) / len(
+                rows
+            )
         lengths = [s["length"] for row in rows for s in row if s["correct"]]
         return sum(lengths) / len(lengths) if lengths else 0.0
 
@@ -210,4 +233,6 @@ def test_the_jackknife_variance_equals_its_definition(case, metric):
     rng = np.random.default_rng(100 + case)
     records = _records(rng, problems=int(rng.integers(2, 9)), n=int(rng.integers(2, 7)))
     expected = _jackknife_reference(metric, records)
-    assert samples_variance(metric, Samples.from_records(records)) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert samples_variance(metric, Samples.from_records(records)) == pytest.approx(
+        expected, rel=1e-9, abs=1e-12
+    )

@@ -68,5 +68,7 @@ class Interrupted(Exception):
                 f"continue it with 'semrl train --resume {run_dir}'"
             )
         saved = f"and the new run directory {run_dir} is removed" if removed else f"or saved in {run_dir}"
-        return cls(f"interrupted while loading, before step 1: nothing was trained {saved}; the same command "
-                   "starts the run again")
+        return cls(
+            f"interrupted while loading, before step 1: nothing was trained {saved}; the same command "
+            "starts the run again"
+        )

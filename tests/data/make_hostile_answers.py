@@ -17,10 +17,21 @@ OUT = Path(__file__).with_name("hostile_answers.jsonl")
 def rows() -> list[dict]:
     out: list[dict] = []
 
-    def add(category: str, text: str, gold: str = "3", repeat: int = 1, prefix: str = "", suffix: str = "") -> None:
+    def add(
+        category: str, text: str, gold: str = "3", repeat: int = 1, prefix: str = "", suffix: str = ""
+    ) -> None:
         number = sum(r["category"] == category for r in out)
-        out.append({"id": f"{category}-{number}", "category": category, "gold": gold,
-                    "prefix": prefix, "text": text, "repeat": repeat, "suffix": suffix})
+        out.append(
+            {
+                "id": f"{category}-{number}",
+                "category": category,
+                "gold": gold,
+                "prefix": prefix,
+                "text": text,
+                "repeat": repeat,
+                "suffix": suffix,
+            }
+        )
 
     # Huge exponents and towers: sympy would try to evaluate them.
     for base in ("2", "9", "10", "5", "7"):
@@ -75,36 +86,103 @@ def rows() -> list[dict]:
 
     # Unbalanced braces and broken LaTeX.
     for text in (
-        r"\boxed{3", r"\boxed{{3}", r"\boxed{3}}}}", r"\boxed}3{", r"\boxed{\}", r"\boxed{\{}", r"\boxed{3\}",
-        r"\boxed{\frac{1}{2}", r"\boxed{\frac{1}{", r"\boxed{\frac}", r"\boxed{\sqrt}", r"\boxed{^}", r"\boxed{_}",
-        r"\boxed{}", r"\boxed{ }", r"\boxed{\left(3}", r"\boxed{3\right)}", r"\boxed{\begin{matrix}3}",
-        r"\boxed{\end{matrix}}", r"\boxed{\begin{array}{" + "c" * 500 + "}1\\end{array}}", r"\boxed{$$3}",
-        r"\boxed{3$}", r"\boxed{\\\\\\}", r"\boxed{\frac{1}{0}}", r"\boxed{0/0}", r"\boxed{1/0}",
-        r"\boxed{\log(0)}", r"\boxed{\infty - \infty}", r"\boxed{\frac{\infty}{\infty}}", r"\boxed{\sqrt{-1}^{i}}",
-        r"\boxed{3 = }", r"\boxed{= 3 =}", r"\boxed{3,,,,}", r"\boxed{;;;}", r"\boxed{\mathrm{}}",
-        r"\boxed{\unknowncommand{3}}", r"\boxed{\def\x{\x}\x}", r"\boxed{\newcommand{\a}{\a}\a}",
-        r"\boxed{\input{/etc/passwd}}", r"\boxed{\include{/etc/shadow}}", r"\boxed{\write18{touch {MARKER}}}",
-        r"\boxed{\immediate\write18{rm -rf /}}", r"\boxed{\catcode`\{=12 3}",
+        r"\boxed{3",
+        r"\boxed{{3}",
+        r"\boxed{3}}}}",
+        r"\boxed}3{",
+        r"\boxed{\}",
+        r"\boxed{\{}",
+        r"\boxed{3\}",
+        r"\boxed{\frac{1}{2}",
+        r"\boxed{\frac{1}{",
+        r"\boxed{\frac}",
+        r"\boxed{\sqrt}",
+        r"\boxed{^}",
+        r"\boxed{_}",
+        r"\boxed{}",
+        r"\boxed{ }",
+        r"\boxed{\left(3}",
+        r"\boxed{3\right)}",
+        r"\boxed{\begin{matrix}3}",
+        r"\boxed{\end{matrix}}",
+        r"\boxed{\begin{array}{" + "c" * 500 + "}1\\end{array}}",
+        r"\boxed{$$3}",
+        r"\boxed{3$}",
+        r"\boxed{\\\\\\}",
+        r"\boxed{\frac{1}{0}}",
+        r"\boxed{0/0}",
+        r"\boxed{1/0}",
+        r"\boxed{\log(0)}",
+        r"\boxed{\infty - \infty}",
+        r"\boxed{\frac{\infty}{\infty}}",
+        r"\boxed{\sqrt{-1}^{i}}",
+        r"\boxed{3 = }",
+        r"\boxed{= 3 =}",
+        r"\boxed{3,,,,}",
+        r"\boxed{;;;}",
+        r"\boxed{\mathrm{}}",
+        r"\boxed{\unknowncommand{3}}",
+        r"\boxed{\def\x{\x}\x}",
+        r"\boxed{\newcommand{\a}{\a}\a}",
+        r"\boxed{\input{/etc/passwd}}",
+        r"\boxed{\include{/etc/shadow}}",
+        r"\boxed{\write18{touch {MARKER}}}",
+        r"\boxed{\immediate\write18{rm -rf /}}",
+        r"\boxed{\catcode`\{=12 3}",
     ):
         add("broken_latex", text)
 
     # Control characters and odd whitespace.
     for text in (
-        "\x00", "\\boxed{3\x00}", "\\boxed{\x1b[2J3}", "\\boxed{3\x7f}", "\\boxed{\u202e3}", "\\boxed{3\u200b}",
-        "\\boxed{\ufeff3}", "\\boxed{3\r\n}", "\\boxed{\t3\t}", "\\boxed{\x0c3}", "\\boxed{\x08\x08\x083}",
-        "\\boxed{\ud7ff}", "\\boxed{\uffff}", "\\boxed{\U0010ffff}", "\x1b]0;pwned\x07\\boxed{3}",
-        "\\boxed{3}\x00\\boxed{4}", "\\boxed{" + "\x00" * 1000 + "}", "\\boxed{\u2028\u20293}",
-        "\\boxed{3\u0301\u0301\u0301\u0301\u0301\u0301}", "\\boxed{" + "\u0300" * 5000 + "}",
+        "\x00",
+        "\\boxed{3\x00}",
+        "\\boxed{\x1b[2J3}",
+        "\\boxed{3\x7f}",
+        "\\boxed{\u202e3}",
+        "\\boxed{3\u200b}",
+        "\\boxed{\ufeff3}",
+        "\\boxed{3\r\n}",
+        "\\boxed{\t3\t}",
+        "\\boxed{\x0c3}",
+        "\\boxed{\x08\x08\x083}",
+        "\\boxed{\ud7ff}",
+        "\\boxed{\uffff}",
+        "\\boxed{\U0010ffff}",
+        "\x1b]0;pwned\x07\\boxed{3}",
+        "\\boxed{3}\x00\\boxed{4}",
+        "\\boxed{" + "\x00" * 1000 + "}",
+        "\\boxed{\u2028\u20293}",
+        "\\boxed{3\u0301\u0301\u0301\u0301\u0301\u0301}",
+        "\\boxed{" + "\u0300" * 5000 + "}",
     ):
         add("control_chars", text)
 
     # Unicode look-alikes: must not be read as the gold digits or as LaTeX commands.
     for text in (
-        "\\boxed{\uff13}", "\\boxed{\u0663}", "\\boxed{\U0001d7d1}", "\\boxed{\u2083}", "\\boxed{\u00b3}",
-        "\\boxed{\u2462}", "\\boxed{\u2162}", "\\boxed{\u0417}", "\\boxed{\u01b7}", "\uff3cboxed\uff5b3\uff5d",
-        "\\b\u043exed{3}", "\\boxed\u2009{3}", "\\boxed{\u22123}", "\\boxed{\u20133}", "\\boxed{3\u2044 1}",
-        "\\boxed{\u00bd}", "\\boxed{\u221a9}", "\\boxed{\u03c0}", "\\boxed{\u221e}", "\\boxed{\u2148}",
-        "\\boxed{\u0033\ufe0f\u20e3}", "\\boxed{\U0001f4af}", "\\boxed{\u0968}", "\\boxed{\u17e3}",
+        "\\boxed{\uff13}",
+        "\\boxed{\u0663}",
+        "\\boxed{\U0001d7d1}",
+        "\\boxed{\u2083}",
+        "\\boxed{\u00b3}",
+        "\\boxed{\u2462}",
+        "\\boxed{\u2162}",
+        "\\boxed{\u0417}",
+        "\\boxed{\u01b7}",
+        "\uff3cboxed\uff5b3\uff5d",
+        "\\b\u043exed{3}",
+        "\\boxed\u2009{3}",
+        "\\boxed{\u22123}",
+        "\\boxed{\u20133}",
+        "\\boxed{3\u2044 1}",
+        "\\boxed{\u00bd}",
+        "\\boxed{\u221a9}",
+        "\\boxed{\u03c0}",
+        "\\boxed{\u221e}",
+        "\\boxed{\u2148}",
+        "\\boxed{\u0033\ufe0f\u20e3}",
+        "\\boxed{\U0001f4af}",
+        "\\boxed{\u0968}",
+        "\\boxed{\u17e3}",
     ):
         add("unicode_lookalike", text)
 
@@ -140,15 +218,32 @@ def rows() -> list[dict]:
 
     # Plausible but wrong or ambiguous answers: must score as the verifier decides, without error.
     for text in (
-        r"\boxed{3}", r"\boxed{3.0}", r"\boxed{\frac{6}{2}}", r"\boxed{x = 3}", r"\boxed{3 \text{ apples}}",
-        r"\boxed{(3)}", r"\boxed{\{3\}}", r"\boxed{[3, 3]}", r"\boxed{3 + 0i}", r"\boxed{3^{1}}",
-        r"\boxed{\sqrt{9}}", r"\boxed{-3}", r"\boxed{3, 4}", r"\boxed{\pm 3}", r"\boxed{3\%}",
+        r"\boxed{3}",
+        r"\boxed{3.0}",
+        r"\boxed{\frac{6}{2}}",
+        r"\boxed{x = 3}",
+        r"\boxed{3 \text{ apples}}",
+        r"\boxed{(3)}",
+        r"\boxed{\{3\}}",
+        r"\boxed{[3, 3]}",
+        r"\boxed{3 + 0i}",
+        r"\boxed{3^{1}}",
+        r"\boxed{\sqrt{9}}",
+        r"\boxed{-3}",
+        r"\boxed{3, 4}",
+        r"\boxed{\pm 3}",
+        r"\boxed{3\%}",
     ):
         add("plausible", text)
     for gold, text in (
-        (r"\frac{1}{2}", r"\boxed{0.5}"), (r"\frac{1}{2}", r"\boxed{\frac{2}{4}}"), (r"\sqrt{2}", r"\boxed{2^{1/2}}"),
-        (r"(1, 2)", r"\boxed{\left(1,2\right)}"), (r"\pi", r"\boxed{3.14159}"), (r"x^2+1", r"\boxed{1+x^{2}}"),
-        (r"10^{100}", r"\boxed{10^{100}}"), (r"2^{2^{2^{2^{2}}}}", r"\boxed{2^{65536}}"),
+        (r"\frac{1}{2}", r"\boxed{0.5}"),
+        (r"\frac{1}{2}", r"\boxed{\frac{2}{4}}"),
+        (r"\sqrt{2}", r"\boxed{2^{1/2}}"),
+        (r"(1, 2)", r"\boxed{\left(1,2\right)}"),
+        (r"\pi", r"\boxed{3.14159}"),
+        (r"x^2+1", r"\boxed{1+x^{2}}"),
+        (r"10^{100}", r"\boxed{10^{100}}"),
+        (r"2^{2^{2^{2^{2}}}}", r"\boxed{2^{65536}}"),
     ):
         add("plausible", text, gold=gold)
     return out

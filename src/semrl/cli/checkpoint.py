@@ -11,7 +11,8 @@ from semrl.errors import ConfigError
 
 def add_parser(sub: SubParsers) -> None:
     ck = sub.add_parser(
-        "checkpoint", help="verify a run's checkpoints",
+        "checkpoint",
+        help="verify a run's checkpoints",
         description="verify: check every checkpoint of a run (and its curriculum references) against its "
         "manifest (file sizes and SHA-256); exit 1 if one is damaged.",
     )

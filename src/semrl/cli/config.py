@@ -15,13 +15,17 @@ if TYPE_CHECKING:
 
 def add_parser(sub: SubParsers) -> None:
     conf = sub.add_parser(
-        "config", help="print the config reference or check a config file",
+        "config",
+        help="print the config reference or check a config file",
         description="Without arguments: every config key with type, default and meaning; with section "
         "names (semrl config rollout trainer): only those sections' keys. To a terminal the reference is "
         "wrapped to its width; piped, it is the Markdown of docs/config-reference.md.",
     )
     conf.add_argument(
-        "--check", nargs="?", const="", metavar="YAML",
+        "--check",
+        nargs="?",
+        const="",
+        metavar="YAML",
         help="validate a config file (a path, or a packaged config's name such as demo) with overrides, "
         "and read what training reads before a model: the problems of data.* and the reward functions",
     )
@@ -29,7 +33,8 @@ def add_parser(sub: SubParsers) -> None:
     conf.add_argument("--methods", action="store_true", help="list the registered methods")
     add_plugin_arg(conf)
     conf.add_argument(
-        "overrides", nargs="*",
+        "overrides",
+        nargs="*",
         help="with --check: section.key=value overrides; without: the sections to list (e.g. rollout)",
     )
     conf.set_defaults(func=run)

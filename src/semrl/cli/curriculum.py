@@ -35,24 +35,34 @@ def add_parser(sub: SubParsers) -> None:
     score.add_argument("--limit", type=int, default=0, help="score only the first N problems")
     score.add_argument("--n", type=int, default=8, help="answers sampled per problem (M)")
     score.add_argument(  # the training sampler's defaults: the entropy of the policy that will train
-        "--temperature", type=float, default=DEFAULTS.rollout.temperature,
+        "--temperature",
+        type=float,
+        default=DEFAULTS.rollout.temperature,
         help="sampling temperature (default %(default)s, as rollout.temperature)",
     )
     score.add_argument(
-        "--top-p", type=float, default=DEFAULTS.rollout.top_p,
-        help="nucleus sampling threshold (default %(default)s)"
+        "--top-p",
+        type=float,
+        default=DEFAULTS.rollout.top_p,
+        help="nucleus sampling threshold (default %(default)s)",
     )
     score.add_argument(
-        "--max-new-tokens", type=int, default=DEFAULTS.rollout.max_new_tokens,
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULTS.rollout.max_new_tokens,
         help="response budget (default %(default)s, as rollout.max_new_tokens)",
     )
     score.add_argument(
-        "--estimator", choices=["length_normalized", "frequency"], default="length_normalized",
+        "--estimator",
+        choices=["length_normalized", "frequency"],
+        default="length_normalized",
         help="cluster mass: exp(mean token log-prob) per answer, or answer counts",
     )
     score.add_argument(
-        "--seed", type=int, default=DEFAULTS.trainer.seed,
-        help="sampling seed; arithmetic problems use it too"
+        "--seed",
+        type=int,
+        default=DEFAULTS.trainer.seed,
+        help="sampling seed; arithmetic problems use it too",
     )
     add_model_io_args(score)
     score.add_argument("--output", required=True, help="jsonl file to append to (data.curriculum)")
@@ -73,7 +83,9 @@ def run_score(args: argparse.Namespace) -> int:
         from semrl.config.engine_checks import check_unfiltered_logprobs
 
         check_unfiltered_logprobs(
-            args.top_p, 0, f"--engine vllm with --top-p {args.top_p}",
+            args.top_p,
+            0,
+            f"--engine vllm with --top-p {args.top_p}",
             "the length_normalized estimator reads them as the unfiltered distribution's",
             "use --top-p 1, --estimator frequency or --engine hf",
         )
@@ -84,9 +96,17 @@ def run_score(args: argparse.Namespace) -> int:
     bar = tqdm(total=len(found), desc="score", disable=args.quiet)
     with VerifierPool(2, args.timeout, numeral_answers=not args.expressions_as_answers) as pool, bar:
         written = score_problems(
-            sampler.engine, sampler.tokenizer, Judge(pool, not args.no_number_fallback), found,
-            Path(args.output), params, args.n, sampler.prompt,
-            args.estimator, torch.Generator().manual_seed(args.seed), bar.update,
+            sampler.engine,
+            sampler.tokenizer,
+            Judge(pool, not args.no_number_fallback),
+            found,
+            Path(args.output),
+            params,
+            args.n,
+            sampler.prompt,
+            args.estimator,
+            torch.Generator().manual_seed(args.seed),
+            bar.update,
         )
     print(f"{args.output}: {written} problems scored, {len(found) - written} already there")
     return 0

@@ -26,12 +26,15 @@ def add_parser(sub: SubParsers) -> None:
     )
     add_model_arg(ev)
     ev.add_argument(
-        "--data", nargs="+", default=["arithmetic"],
+        "--data",
+        nargs="+",
+        default=["arithmetic"],
         help="benchmark names (math500 aime24 aime25 amc23 gsm8k_test minerva_math olympiadbench ...), "
         ".jsonl/.parquet files in the same schema, or 'arithmetic'",
     )
     ev.add_argument(
-        "--preset", choices=["rose", "sent", "greedy", "aime64"],
+        "--preset",
+        choices=["rose", "sent", "greedy", "aime64"],
         help="papers' sampling settings: rose = n 8, T 0.6, top_p 0.95, 4096 tokens; sent = n 1, T 1.0, "
         "top_p 0.6; greedy = n 1, T 0; aime64 = n 64, T 0.6. Explicit flags override it",
     )
@@ -75,18 +78,32 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output or Path("runs") / "eval" / Path(path).name)
     settings = {
         name: EvalSettings(
-            model=path, dataset=source, num_samples=n, temperature=temperature, top_p=top_p,
-            max_new_tokens=max_new_tokens, seed=args.seed, system_prompt=system, prompt_template=template,
+            model=path,
+            dataset=source,
+            num_samples=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            seed=args.seed,
+            system_prompt=system,
+            prompt_template=template,
             final_number_fallback=not args.no_number_fallback,
             numeral_answers=not args.expressions_as_answers,
-            problems_per_chunk=max(1, args.batch_size // n), batch_size=args.batch_size,
+            problems_per_chunk=max(1, args.batch_size // n),
+            batch_size=args.batch_size,
         )
         for name, source in datasets.items()
     }
     with VerifierPool(2, args.timeout, numeral_answers=not args.expressions_as_answers) as pool:
         summaries, reused = evaluate_datasets(
-            sampler.engine, sampler.tokenizer, pool, found, settings, out,
-            f"{args.model}: n={n}, T={temperature}, top_p={top_p}", quiet=args.quiet,
+            sampler.engine,
+            sampler.tokenizer,
+            pool,
+            found,
+            settings,
+            out,
+            f"{args.model}: n={n}, T={temperature}, top_p={top_p}",
+            quiet=args.quiet,
         )
     for name, count in reused.items():
         if count:

@@ -24,24 +24,36 @@ def add_parser(sub: SubParsers) -> None:
         "at equal cost'). Writes records.jsonl (resumable), summary.json and results.md.",
     )
     ex.add_argument("--config", help="a config file or packaged name (demo, rose_paper, ...)")
-    ex.add_argument("--methods", nargs="+", default=TREE_METHODS,
-                    help="rollout methods (default: %(default)s)")
+    ex.add_argument(
+        "--methods", nargs="+", default=TREE_METHODS, help="rollout methods (default: %(default)s)"
+    )
     ex.add_argument("--seeds", type=int, nargs="+", default=[0], help="rollout seeds per method (default 0)")
-    ex.add_argument("--data", default="arithmetic",
-                    help="benchmark name or .jsonl/.parquet file; arithmetic: the held-out problems")
+    ex.add_argument(
+        "--data",
+        default="arithmetic",
+        help="benchmark name or .jsonl/.parquet file; arithmetic: the held-out problems",
+    )
     ex.add_argument("--limit", type=int, default=0, help="only the first N problems")
     ex.add_argument(
-        "--independent-samples", type=int, default=0,
+        "--independent-samples",
+        type=int,
+        default=0,
         help="independent responses per problem, the equal-cost reference (default 2 x rollout.group_size); "
         "a tree that spends more than that many responses' tokens on a problem is refused",
     )
-    ex.add_argument("--batch-problems", type=int, default=32,
-                    help="problems per engine call (default %(default)s); a problem's records do not "
-                    "depend on it, except LATR's finishing samples")
-    ex.add_argument("--output",
-                    help="directory (default runs/explore-YYYYMMDD-HHMMSS); a re-run continues it")
     ex.add_argument(
-        "--decide", metavar="RULES",
+        "--batch-problems",
+        type=int,
+        default=32,
+        help="problems per engine call (default %(default)s); a problem's records do not "
+        "depend on it, except LATR's finishing samples",
+    )
+    ex.add_argument(
+        "--output", help="directory (default runs/explore-YYYYMMDD-HHMMSS); a re-run continues it"
+    )
+    ex.add_argument(
+        "--decide",
+        metavar="RULES",
         help="a rules file with a design whose looks count problems; pairs name methods or 'independent', "
         "metrics are solved, distinct_answers or distinct_correct (docs/evaluation.md)",
     )
@@ -72,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
     independent = args.independent_samples or 2 * leaves
     if independent < 2:
         raise ConfigError(f"--independent-samples must be >= 2, got {independent}")
-    problems = load_dataset(args.data, split="eval", seed=cfg.trainer.seed, arithmetic_size=args.limit or 64,
-                            levels=cfg.data.arithmetic_levels)
+    problems = load_dataset(
+        args.data,
+        split="eval",
+        seed=cfg.trainer.seed,
+        arithmetic_size=args.limit or 64,
+        levels=cfg.data.arithmetic_levels,
+    )
     problems = problems[: args.limit] if args.limit else problems
     out = Path(args.output or fresh_run_dir("explore"))
     import torch
@@ -87,16 +104,35 @@ def run(args: argparse.Namespace) -> int:
     tokenizer, model = load_tokenizer(path), load_model(path)
     prompt = PromptFormat.of(cfg.data)
     longest = max(len(prompt.ids(tokenizer, p.problem)) for p in problems)
-    engine = build_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.generation_batch_size,
-                          longest + cfg.rollout.max_new_tokens, cfg.rollout.logprobs_top_k,
-                          seed=cfg.trainer.seed, vllm_options=cfg.rollout)
-    print(f"exploration into {out}: {len(problems)} problems, methods {', '.join(args.methods)}, seeds "
-          f"{args.seeds}, {leaves} leaves per rollout, {independent} independent samples per problem",
-          flush=True)
+    engine = build_engine(
+        cfg.rollout.engine,
+        model,
+        tokenizer,
+        cfg.rollout.generation_batch_size,
+        longest + cfg.rollout.max_new_tokens,
+        cfg.rollout.logprobs_top_k,
+        seed=cfg.trainer.seed,
+        vllm_options=cfg.rollout,
+    )
+    print(
+        f"exploration into {out}: {len(problems)} problems, methods {', '.join(args.methods)}, seeds "
+        f"{args.seeds}, {leaves} leaves per rollout, {independent} independent samples per problem",
+        flush=True,
+    )
     with torch.no_grad():
-        records = run_exploration(cfg, args.methods, args.seeds, problems, independent, out, engine, model,
-                                  tokenizer, progress=lambda line: print(line, flush=True),
-                                  batch_problems=args.batch_problems)
+        records = run_exploration(
+            cfg,
+            args.methods,
+            args.seeds,
+            problems,
+            independent,
+            out,
+            engine,
+            model,
+            tokenizer,
+            progress=lambda line: print(line, flush=True),
+            batch_problems=args.batch_problems,
+        )
     summary = write_summary(out, records)
     print(summary_table(summary))
     if rules is not None:

@@ -11,7 +11,8 @@ from semrl.errors import ConfigError
 
 def add_parser(sub: SubParsers) -> None:
     ex = sub.add_parser(
-        "export", help="write a run's trained model as one Hugging Face model directory",
+        "export",
+        help="write a run's trained model as one Hugging Face model directory",
         description="The newest valid checkpoint (or --checkpoint) as a directory that "
         "AutoModelForCausalLM.from_pretrained loads: LoRA adapters merged into the run's base model, "
         "no trainer state.",
@@ -28,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from semrl.runtime.export import export_model
 
     output = export_model(
-        Path(args.run_dir), Path(args.output) if args.output else None,
+        Path(args.run_dir),
+        Path(args.output) if args.output else None,
         Path(args.checkpoint) if args.checkpoint else None,
     )
     print(f"wrote {output} (load it with AutoModelForCausalLM.from_pretrained)")

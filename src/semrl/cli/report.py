@@ -9,7 +9,8 @@ from semrl.cli.common import SubParsers
 
 def add_parser(sub: SubParsers) -> None:
     rep = sub.add_parser(
-        "report", help="write a run's HTML report",
+        "report",
+        help="write a run's HTML report",
         description="A self-contained HTML page (no server, no network) with training and evaluation "
         "curves, evaluation tables and the reasoning-tree viewer, plus PNG curves (with matplotlib).",
     )

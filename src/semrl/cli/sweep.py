@@ -10,7 +10,8 @@ from semrl.cli.common import SubParsers
 
 def add_parser(sub: SubParsers) -> None:
     sw = sub.add_parser(
-        "sweep", help="run a grid of variants x seeds (a multi-seed study)",
+        "sweep",
+        help="run a grid of variants x seeds (a multi-seed study)",
         description="A base config, named variants (sets of overrides) and seeds from one YAML file "
         "(docs/sweeps.md); each run goes to OUTPUT_DIR/VARIANT/seed-S. Finished runs are skipped and "
         "interrupted ones resumed, so running the same command again continues a study. Compare the "
@@ -18,13 +19,16 @@ def add_parser(sub: SubParsers) -> None:
     )
     sw.add_argument("sweep_file", help="sweep YAML file")
     sw.add_argument(
-        "--dry-run", action="store_true",
+        "--dry-run",
+        action="store_true",
         help="list the runs, their state and commands; run nothing. With --until-decided, first where the "
         "study stands: looks taken, the next look and the runs it needs, the hours against max_hours "
-        "(read from the looks log and the finished runs' records; nothing is judged)"
+        "(read from the looks log and the finished runs' records; nothing is judged)",
     )
     sw.add_argument(
-        "--launcher", choices=["local", "slurm", "submitit-local"], default="local",
+        "--launcher",
+        choices=["local", "slurm", "submitit-local"],
+        default="local",
         help="local: one run after another here (default); slurm: one job per run through submitit "
         "(pip install 'semrl[slurm]'); submitit-local: submitit's local executor, to try the job path here",
     )
@@ -36,7 +40,8 @@ def add_parser(sub: SubParsers) -> None:
     sw.add_argument("--array-parallelism", type=int, help="jobs of the array running at once")
     sw.add_argument("--wait", action="store_true", help="slurm: wait for every job to end")
     sw.add_argument(
-        "--until-decided", metavar="RULES_YAML",
+        "--until-decided",
+        metavar="RULES_YAML",
         help="a sequential study: seeds one at a time in seed order, the rules file's design judged at "
         "each planned look (appended to OUTPUT_DIR/looks.jsonl); stops when every primary rule is "
         "decided, decided against or ruled out, at the last look, or at the design's max_hours "
@@ -72,13 +77,19 @@ def run(args: argparse.Namespace) -> int:
     if args.launcher == "local":
         return sweeps.run_local(sweep)
     options = {
-        "partition": args.partition, "gpus_per_node": args.gpus_per_node, "cpus_per_task": args.cpus_per_task,
-        "timeout_min": args.timeout_min, "array_parallelism": args.array_parallelism, "account": args.account,
+        "partition": args.partition,
+        "gpus_per_node": args.gpus_per_node,
+        "cpus_per_task": args.cpus_per_task,
+        "timeout_min": args.timeout_min,
+        "array_parallelism": args.array_parallelism,
+        "account": args.account,
     }
     folder = sweep.output_dir / ".submitit"
     cluster = "slurm" if args.launcher == "slurm" else "local"
     executor = sweeps.slurm_executor(sweep, folder, options, cluster=cluster)
     jobs = sweeps.submit(sweep, executor, wait=args.wait or cluster == "local")
-    print(f"{len(jobs)} job(s) submitted; logs in {folder}. Run the same command again to see what is done "
-          "and submit what is left.")
+    print(
+        f"{len(jobs)} job(s) submitted; logs in {folder}. Run the same command again to see what is done "
+        "and submit what is left."
+    )
     return 0

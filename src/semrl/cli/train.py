@@ -21,7 +21,10 @@ def add_parser(sub: SubParsers) -> None:
     train.add_argument("--config", help="YAML config file (see 'semrl config' for every key)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     train.add_argument(
-        "--num-processes", type=int, default=1, metavar="N",
+        "--num-processes",
+        type=int,
+        default=1,
+        metavar="N",
         help="data-parallel processes on this machine, started through 'accelerate launch' (gloo on CPU, "
         "NCCL on GPUs); the same as 'accelerate launch --multi_gpu --num_processes N -m semrl train ...'",
     )
@@ -115,12 +118,24 @@ def _launch(args: argparse.Namespace) -> int:
     # every process writes to the one run directory chosen here, also where it is chosen by the clock
     overrides = [*args.overrides, *([] if args.resume else [f"logging.output_dir={cfg.logging.output_dir}"])]
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-        "--num_processes", str(args.num_processes), "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no",
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(args.num_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
         # a free port rather than torch's fixed 29500: two runs on one machine do not collide
-        "--main_process_port", os.environ.get("MASTER_PORT") or str(_free_port()),
-        "-m", "semrl", "train",
+        "--main_process_port",
+        os.environ.get("MASTER_PORT") or str(_free_port()),
+        "-m",
+        "semrl",
+        "train",
     ]
     command += ["--config", args.config] if args.config else []
     command += ["--resume", args.resume] if args.resume else []

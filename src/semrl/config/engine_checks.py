@@ -42,7 +42,9 @@ def check_vllm_settings(cfg: Config) -> None:
             "rollout.engine=hf"
         )
     check_unfiltered_logprobs(
-        r.top_p, r.top_k, f"rollout.engine=vllm with rollout.top_p={r.top_p}, rollout.top_k={r.top_k}",
+        r.top_p,
+        r.top_k,
+        f"rollout.engine=vllm with rollout.top_p={r.top_p}, rollout.top_k={r.top_k}",
         "training uses the tempered unfiltered one",
         "set rollout.top_p=1 and rollout.top_k=0, or rollout.engine=hf",
     )

@@ -37,8 +37,13 @@ if TYPE_CHECKING:
     from semrl.methods.registry import PolicyLoss
 
 __all__ = [
-    "config_from_dict", "config_reference", "fresh_run_dir", "load_config", "method_sections",
-    "methods_table", "validate",
+    "config_from_dict",
+    "config_reference",
+    "fresh_run_dir",
+    "load_config",
+    "method_sections",
+    "methods_table",
+    "validate",
 ]
 
 
@@ -73,9 +78,11 @@ def config_from_dict(values: dict[str, Any], name: str | None = None) -> Config:
         spec = get_method(spec.host(values.get(spec.name)))
     algorithm = dict(values.get("algorithm") or {})
     for key, default in (
-        ("norm_adv_by_std", spec.norm_adv_by_std), ("loss_agg_mode", spec.loss_agg_mode),
+        ("norm_adv_by_std", spec.norm_adv_by_std),
+        ("loss_agg_mode", spec.loss_agg_mode),
         ("policy_loss", spec.policy_loss),
-        ("clip_ratio_low", spec.clip_ratio_low), ("clip_ratio_high", spec.clip_ratio_high),
+        ("clip_ratio_low", spec.clip_ratio_low),
+        ("clip_ratio_high", spec.clip_ratio_high),
     ):
         if algorithm.get(key) is None:
             algorithm[key] = default
@@ -163,7 +170,8 @@ def _warn_inert_terms(cfg: Config, loss: PolicyLoss) -> None:
             "so old log-probs equal the current ones and every ratio is exactly 1. To make it act, set "
             "trainer.mini_batch_size below the rollout batch of %d sequences or trainer.ppo_epochs > 1 "
             "(docs/troubleshooting.md, 'Configs that cannot learn')",
-            " and ".join(inert), cfg.rollout.group_size * cfg.rollout.prompts_per_step,
+            " and ".join(inert),
+            cfg.rollout.group_size * cfg.rollout.prompts_per_step,
         )
 
 

@@ -36,7 +36,12 @@ from semrl.config.options import (
 from semrl.errors import ConfigError, did_you_mean
 
 __all__ = [
-    "Config", "ConfigError", "build_config", "check_fields", "check_trainer_sections", "read_values",
+    "Config",
+    "ConfigError",
+    "build_config",
+    "check_fields",
+    "check_trainer_sections",
+    "read_values",
     "save_config",
 ]
 
@@ -45,8 +50,12 @@ DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer w
 
 
 # name (also the module imported) -> what pip installs it (tensorboard is a core dependency)
-TRACKERS = {"tensorboard": "tensorboard", "wandb": "'semrl[wandb]'", "trackio": "'semrl[trackio]'",
-            "mlflow": "'semrl[mlflow]'"}
+TRACKERS = {
+    "tensorboard": "tensorboard",
+    "wandb": "'semrl[wandb]'",
+    "trackio": "'semrl[trackio]'",
+    "mlflow": "'semrl[mlflow]'",
+}
 
 
 def check_trackers(names: list[str]) -> None:
@@ -84,13 +93,12 @@ class ModelConfig:
         "Keep the trained parameters, gradients and AdamW state in float32 under a bfloat16/float16 "
         "model.dtype, gradients reduced in float32 (verl's fp32 actor with reduce_dtype fp32). false: "
         "parameters and optimizer state in model.dtype, half their memory, but an update smaller "
-        "than the dtype's spacing is lost: at lr 1e-6 most are (docs/training.md \"Precision\").",
+        'than the dtype\'s spacing is lost: at lr 1e-6 most are (docs/training.md "Precision").',
     )
     attn_implementation: Literal["sdpa", "eager"] = option("sdpa", "Attention kernel.")
     cache_dir: str | None = option(
         None,
-        "Where converted GGUF models are cached as safetensors. Default: $SEMRL_CACHE or "
-        "~/.cache/semrl.",
+        "Where converted GGUF models are cached as safetensors. Default: $SEMRL_CACHE or ~/.cache/semrl.",
     )
     gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward pass: less memory, ~30% more time."
@@ -147,26 +155,30 @@ class DataConfig:
         "benchmark name or a file. null: none.",
     )
     transfer_levels: list[int] = option(
-        [5], "Arithmetic levels of the transfer split (data.transfer=arithmetic); keep them out of "
+        [5],
+        "Arithmetic levels of the transfer split (data.transfer=arithmetic); keep them out of "
         "data.arithmetic_levels.",
         valid=Range(1, 5),
     )
     problem_key: str = option("problem", "Column holding the problem text (e.g. 'question' for GSM8K).")
     answer_key: str = option("answer", "Column holding the gold answer.")
     id_key: str = option(
-        "id", "Column holding a unique id (optional): a row without it is numbered row-N, N its 1-based "
-        "position among the file's rows."
+        "id",
+        "Column holding a unique id (optional): a row without it is numbered row-N, N its 1-based "
+        "position among the file's rows.",
     )
     train_split: str = option(
         "train", "Split of data.train when it is a dataset with splits (a directory or hub id)."
     )
     eval_split: str = option("test", "Split of data.eval when it is a dataset with splits.")
     prompt_template: str | None = option(
-        None, "Plain-text prompt with a {problem} field, tokenized as is instead of the chat template "
+        None,
+        "Plain-text prompt with a {problem} field, tokenized as is instead of the chat template "
         "(base models; ROSE trains Qwen3-Base this way). data.system_prompt is then not used.",
     )
     arithmetic_levels: list[int] = option(
-        [1], "Difficulty levels of the arithmetic task (1: 1-digit sums ... 5: multi-step).",
+        [1],
+        "Difficulty levels of the arithmetic task (1: 1-digit sums ... 5: multi-step).",
         valid=Range(1, 5),
     )
     arithmetic_size: int = option(2000, "Number of procedural training problems generated.", valid=AT_LEAST_1)
@@ -181,15 +193,17 @@ class DataConfig:
         False, "Skip (and count) malformed data rows instead of failing on the first one."
     )
     curriculum: str | None = option(
-        None, "Per-problem semantic-entropy file from 'semrl curriculum score': train in stages, "
-        "low entropy (easy) first (SENT). null: no curriculum."
+        None,
+        "Per-problem semantic-entropy file from 'semrl curriculum score': train in stages, "
+        "low entropy (easy) first (SENT). null: no curriculum.",
     )
     curriculum_stages: int = option(
         2, "Curriculum stages of equal size; trainer.steps is split evenly.", valid=AT_LEAST_1
     )
     curriculum_reset_optimizer: bool = option(
-        True, "Each stage starts from the previous stage's final checkpoint like a new run: fresh "
-        "optimizer and schedule, and that checkpoint as the KL reference (SENT's scripts)."
+        True,
+        "Each stage starts from the previous stage's final checkpoint like a new run: fresh "
+        "optimizer and schedule, and that checkpoint as the KL reference (SENT's scripts).",
     )
 
 
@@ -198,23 +212,28 @@ class RolloutConfig:
     """The ``rollout`` section: group size, prompts per step, response budget, the sampler and its engine."""
 
     group_size: int = option(
-        8, "Completions sampled per prompt (G; TRL: num_generations). Every method's advantage compares a "
+        8,
+        "Completions sampled per prompt (G; TRL: num_generations). Every method's advantage compares a "
         "response with the others to its prompt, so one response per prompt learns nothing (TRL refuses "
-        "num_generations < 2 too).", valid=Range(2),
+        "num_generations < 2 too).",
+        valid=Range(2),
     )
     prompts_per_step: int = option(8, "Prompts per rollout batch (verl: train_batch_size).", valid=AT_LEAST_1)
     max_new_tokens: int = option(
         64, "Maximum response length in tokens (verl: response_length).", valid=AT_LEAST_1
     )
     temperature: float = option(
-        1.0, "Sampling temperature for training rollouts. Greedy sampling (0) gives a prompt's G responses "
+        1.0,
+        "Sampling temperature for training rollouts. Greedy sampling (0) gives a prompt's G responses "
         "the same text, so every advantage is 0: a greedy evaluation is logging.eval_temperature=0.",
         valid=POSITIVE,
     )
     top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).", valid=OPEN_FRACTION)
     top_k: int = option(
-        0, "Top-k sampling (0 = off). 1 is refused: it samples the most likely token only, so a prompt's "
-        "responses are the same text and nothing is learned.", valid=NON_NEGATIVE,
+        0,
+        "Top-k sampling (0 = off). 1 is refused: it samples the most likely token only, so a prompt's "
+        "responses are the same text and nothing is learned.",
+        valid=NON_NEGATIVE,
     )
     generation_batch_size: int = option(64, "Sequences generated together in one batch.", valid=AT_LEAST_1)
     logprobs_top_k: int = option(
@@ -234,7 +253,8 @@ class RolloutConfig:
         valid=POSITIVE,
     )
     vllm_gpu_memory_utilization: float = option(
-        0.3, "vllm engine on GPU: fraction of GPU memory vLLM may take for weights and KV cache "
+        0.3,
+        "vllm engine on GPU: fraction of GPU memory vLLM may take for weights and KV cache "
         "(colocated with training, as TRL's vllm_gpu_memory_utilization).",
         valid=OPEN_FRACTION,
     )
@@ -295,7 +315,7 @@ class RewardConfig:
         "'path/to/file.py:function' taking TRL's (prompts, completions, completion_ids, **columns) or "
         "verl's compute_score(data_source, solution_str, ground_truth, extra_info). The list replaces "
         "the default: name 'math' too to keep it. Each runs in the killable reward workers "
-        "(docs/training.md \"Reward functions\").",
+        '(docs/training.md "Reward functions").',
     )
     correctness: str | None = option(
         None,
@@ -315,18 +335,20 @@ class RewardConfig:
         "For a gold answer that is a plain number (68, 0.5, \\frac{1}{2}, 10,080, 20\\%), the 'math' "
         "check and every evaluation credit only an answer that is a numeral, not an expression "
         "math-verify would evaluate (50+18, 2\\times34, \\frac{136}{2}); false: math-verify's verdict "
-        "alone, as semrl 0.2 did (docs/rewards-and-data.md, \"An answer must be an answer\").",
+        'alone, as semrl 0.2 did (docs/rewards-and-data.md, "An answer must be an answer").',
     )
     timeout_s: float = option(
         5.0, "Hard wall-clock limit per answer verification; a timeout scores 0.", valid=POSITIVE
     )
     num_workers: int = option(2, "Verification worker processes.", valid=AT_LEAST_1)
     truncated_reward: float | None = option(
-        None, "Reward for responses cut at max_new_tokens (null: verify them like the others).",
+        None,
+        "Reward for responses cut at max_new_tokens (null: verify them like the others).",
         valid=FINITE,
     )
     overlong_buffer_len: int = option(
-        0, "DAPO overlong shaping: over the last N tokens before max_new_tokens the penalty rises "
+        0,
+        "DAPO overlong shaping: over the last N tokens before max_new_tokens the penalty rises "
         "linearly to overlong_penalty_factor (0: off; verl: reward_model.overlong_buffer.len).",
         valid=NON_NEGATIVE,
     )
@@ -341,20 +363,19 @@ class AlgorithmConfig:
     sampling, the entropy bonus)."""
 
     method: str = option(
-        "dr_grpo", "Method from the registry; the table of methods below (and 'semrl config --methods') "
-        "lists them. A method's own options are in the section named after it."
+        "dr_grpo",
+        "Method from the registry; the table of methods below (and 'semrl config --methods') "
+        "lists them. A method's own options are in the section named after it.",
     )
     policy_loss: str | None = option(
         None,
         "Per-token policy loss from the registry of losses "
-        "(null: the method's); the table of methods lists them."
+        "(null: the method's); the table of methods lists them.",
     )
     norm_adv_by_std: bool | None = option(
         None, "Divide group-centred rewards by the group std (null: the method's default)."
     )
-    loss_agg_mode: (
-        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
-    ) = option(
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = option(
         None, "Loss aggregation (null: the method's default); docs/algorithms.md, section Loss aggregation."
     )
     clip_ratio_low: float | None = option(
@@ -364,11 +385,13 @@ class AlgorithmConfig:
         valid=FRACTION,
     )
     clip_ratio_high: float | None = option(
-        None, "PPO clip epsilon above 1 (DAPO clip-higher: 0.28); null: the method's (0.2; Clip-Cov 1.0).",
+        None,
+        "PPO clip epsilon above 1 (DAPO clip-higher: 0.28); null: the method's (0.2; Clip-Cov 1.0).",
         valid=NON_NEGATIVE,
     )
     clip_ratio_c: float = option(
-        3.0, "Dual-clip constant for negative advantages (verl default 3).",
+        3.0,
+        "Dual-clip constant for negative advantages (verl default 3).",
         valid=Range(1, None, low_open=True),
     )
     kl_coef: float = option(
@@ -376,21 +399,25 @@ class AlgorithmConfig:
     )
     kl_estimator: Literal["k1", "k2", "k3"] = option("k3", "KL estimator (k3 = verl low_var_kl).")
     dynamic_sampling: bool = option(
-        False, "Drop groups whose rewards are all equal and sample more prompts until the batch is "
-        "full (DAPO; verl: algorithm.filter_groups.enable)."
+        False,
+        "Drop groups whose rewards are all equal and sample more prompts until the batch is "
+        "full (DAPO; verl: algorithm.filter_groups.enable).",
     )
     dynamic_sampling_metric: Literal["reward", "accuracy"] = option(
-        "reward", "What must vary within a group for dynamic sampling to keep it: the final reward, "
+        "reward",
+        "What must vary within a group for dynamic sampling to keep it: the final reward, "
         "overlong shaping included (verl metric seq_final_reward, as ROSE's code), or correctness "
         "(acc, DAPO's recipe).",
     )
     max_sampling_rounds: int = option(
-        8, "Rollout batches per step at most with dynamic sampling (verl: max_num_gen_batches); a "
+        8,
+        "Rollout batches per step at most with dynamic sampling (verl: max_num_gen_batches); a "
         "batch still short is filled with dropped, zero-advantage groups.",
         valid=AT_LEAST_1,
     )
     entropy_coeff: float = option(
-        0.0, "Entropy bonus for every method (verl's actor.entropy_coeff, TRL's entropy_coef): the loss "
+        0.0,
+        "Entropy bonus for every method (verl's actor.entropy_coeff, TRL's entropy_coef): the loss "
         "becomes pg_loss - entropy_coeff x H, H the full-vocabulary entropy of the temperature-scaled "
         "distribution, with its gradient, aggregated with algorithm.loss_agg_mode like the policy "
         "term; > 0 raises the entropy. 0: off. SENT's 'w/ En' baseline: 0.001 "
@@ -398,7 +425,8 @@ class AlgorithmConfig:
         valid=NON_NEGATIVE,
     )
     entropy_target: float | None = option(
-        None, "Adaptive entropy bonus (TRL's use_adaptive_entropy, after Skywork-OR1): after each "
+        None,
+        "Adaptive entropy bonus (TRL's use_adaptive_entropy, after Skywork-OR1): after each "
         "optimizer step the coefficient, starting at entropy_coeff, moves up by entropy_coeff_delta when "
         "the step's mean token entropy is <= this target (nats) and down otherwise, within "
         "[entropy_coeff_min, entropy_coeff_max]; the next step applies the bonus only when it was <= "
@@ -406,7 +434,8 @@ class AlgorithmConfig:
         valid=NON_NEGATIVE,
     )
     entropy_coeff_delta: float = option(
-        0.005, "Adaptive entropy bonus: the coefficient's step per optimizer step (TRL's default).",
+        0.005,
+        "Adaptive entropy bonus: the coefficient's step per optimizer step (TRL's default).",
         valid=NON_NEGATIVE,
     )
     entropy_coeff_min: float = option(
@@ -416,9 +445,10 @@ class AlgorithmConfig:
         1.0, "Adaptive entropy bonus: upper bound of the coefficient.", valid=NON_NEGATIVE
     )
     rollout_is: Literal["none", "token", "sequence"] = option(
-        "none", "Correct the engine/trainer mismatch: weight each token's policy loss by pi_old / pi_engine "
+        "none",
+        "Correct the engine/trainer mismatch: weight each token's policy loss by pi_old / pi_engine "
         "of its token (token) or of its whole response (sequence), truncated at rollout_is_cap (verl: "
-        "rollout_is; TRL: vllm_importance_sampling_correction). docs/algorithms.md, Rollout correction."
+        "rollout_is; TRL: vllm_importance_sampling_correction). docs/algorithms.md, Rollout correction.",
     )
     rollout_is_cap: float = option(
         2.0, "Upper cap C of the rollout-correction weights (> 0).", valid=POSITIVE
@@ -443,7 +473,8 @@ class TrainerConfig:
     max_grad_norm: float = option(1.0, "Gradient-norm clipping threshold.", valid=POSITIVE)
     ppo_epochs: int = option(1, "Passes over each rollout batch.", valid=AT_LEAST_1)
     mini_batch_size: int | None = option(
-        None, "Sequences per optimizer step (null: the whole rollout batch, one step).",
+        None,
+        "Sequences per optimizer step (null: the whole rollout batch, one step).",
         valid=AT_LEAST_1,
     )
     micro_batch_size: int = option(
@@ -469,7 +500,7 @@ class TrainerConfig:
         "tree",
         "tree: the rows of each prompt group go through the model packed, the prompt and every shared "
         "tree prefix computed once, groups sharing rows (tree attention in memory linear in the tokens: "
-        "docs/algorithms.md \"Tree packing\"); micro-batches then take whole groups in a shuffled group "
+        'docs/algorithms.md "Tree packing"); micro-batches then take whole groups in a shuffled group '
         "order. Same log-probs, loss and gradients as 'none' (padded rows), the fallback for model types "
         "it does not know.",
     )
@@ -486,8 +517,10 @@ class TrainerConfig:
     )
     seed: int = option(0, "Seed for data order, sampling and initialisation.", valid=NON_NEGATIVE)
     num_threads: int | None = option(
-        None, "torch CPU threads. null: torch's default (OMP_NUM_THREADS when set, else the machine's "
-        "cores), capped at the cores this process may run on (its CPU affinity).", valid=AT_LEAST_1,
+        None,
+        "torch CPU threads. null: torch's default (OMP_NUM_THREADS when set, else the machine's "
+        "cores), capped at the cores this process may run on (its CPU affinity).",
+        valid=AT_LEAST_1,
     )
 
 
@@ -520,7 +553,8 @@ class LoggingConfig:
         valid=AT_LEAST_1,
     )
     eval_temperature: float | None = option(
-        None, "Evaluation temperature (null: the training temperature).",
+        None,
+        "Evaluation temperature (null: the training temperature).",
         valid=NON_NEGATIVE,
     )
     eval_cache: str | None = option(
@@ -532,7 +566,8 @@ class LoggingConfig:
     )
     samples_per_step: int = option(4, "Completions written to samples.jsonl per step.", valid=NON_NEGATIVE)
     trees_per_step: int = option(
-        2, "Rollout trees (ROSE) written to trees.jsonl per step for the report's tree viewer; 0: none.",
+        2,
+        "Rollout trees (ROSE) written to trees.jsonl per step for the report's tree viewer; 0: none.",
         valid=NON_NEGATIVE,
     )
     report_to: list[str] = option(
@@ -548,11 +583,11 @@ class LoggingConfig:
         False, "Load the reference model to log the KL to it even when algorithm.kl_coef = 0."
     )
     low_entropy_threshold: float = option(
-        0.1, "Tokens with entropy below this (nats) count as low-entropy in entropy/low_frac.",
+        0.1,
+        "Tokens with entropy below this (nats) count as low-entropy in entropy/low_frac.",
         valid=NON_NEGATIVE,
     )
     progress: bool = option(True, "Show a live progress bar.")
-
 
 
 @dataclass(frozen=True)
@@ -642,10 +677,7 @@ PACKAGED_CONFIGS = Path(__file__).parents[1] / "configs"
 def packaged_configs() -> list[str]:
     """The names of the run configs shipped in the package (``demo``, ``rose_demo``, ...): the
     ``configs/`` YAML files that are not sweeps."""
-    return sorted(
-        path.stem for path in PACKAGED_CONFIGS.glob("*.yaml")
-        if not path.stem.startswith("study")
-    )
+    return sorted(path.stem for path in PACKAGED_CONFIGS.glob("*.yaml") if not path.stem.startswith("study"))
 
 
 def config_file(path: str | Path) -> Path:

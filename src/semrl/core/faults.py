@@ -49,8 +49,10 @@ class Faults:
     """
 
     def __init__(
-        self, kill: frozenset[tuple[str, int]] = frozenset(),
-        terminate: frozenset[tuple[str, int]] = frozenset(), enospc_step: int | None = None,
+        self,
+        kill: frozenset[tuple[str, int]] = frozenset(),
+        terminate: frozenset[tuple[str, int]] = frozenset(),
+        enospc_step: int | None = None,
         interrupt: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
         self.kill, self.terminate, self.enospc_step = kill, terminate, enospc_step

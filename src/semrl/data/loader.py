@@ -39,8 +39,14 @@ class Problem:
 
 def problem_columns(problem: Problem) -> dict[str, Any]:
     """The dataset columns of a problem as reward functions receive them (``answer``, ``id``, ...)."""
-    return {**problem.extra, "id": problem.id, "answer": problem.answer, "solution": problem.solution,
-            "level": problem.level, "subject": problem.subject}
+    return {
+        **problem.extra,
+        "id": problem.id,
+        "answer": problem.answer,
+        "solution": problem.solution,
+        "level": problem.level,
+        "subject": problem.subject,
+    }
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,13 @@ def load_problem_sets(cfg: Config) -> tuple[list[Problem], list[list[Problem]]]:
     def load(name: str, split: Literal["train", "eval"], exclude: set[str] | None = None) -> list[Problem]:
         size = data.arithmetic_size if split == "train" else data.eval_size
         return load_dataset(
-            name, split=split, seed=cfg.trainer.seed, arithmetic_size=size, levels=data.arithmetic_levels,
-            exclude=exclude, skip_bad_rows=data.skip_bad_rows,
+            name,
+            split=split,
+            seed=cfg.trainer.seed,
+            arithmetic_size=size,
+            levels=data.arithmetic_levels,
+            exclude=exclude,
+            skip_bad_rows=data.skip_bad_rows,
             columns=Columns(data.problem_key, data.answer_key, data.id_key),
             dataset_split=data.train_split if split == "train" else data.eval_split,
         )
@@ -92,9 +97,15 @@ def load_transfer_problems(cfg: Config, exclude: list[list[Problem]]) -> list[Pr
         return []
     seen = {p.problem for problems in exclude for p in problems}
     problems = load_dataset(
-        data.transfer, split="eval", seed=cfg.trainer.seed, arithmetic_size=data.eval_size,
-        levels=data.transfer_levels, exclude=seen, skip_bad_rows=data.skip_bad_rows,
-        columns=Columns(data.problem_key, data.answer_key, data.id_key), dataset_split=data.eval_split,
+        data.transfer,
+        split="eval",
+        seed=cfg.trainer.seed,
+        arithmetic_size=data.eval_size,
+        levels=data.transfer_levels,
+        exclude=seen,
+        skip_bad_rows=data.skip_bad_rows,
+        columns=Columns(data.problem_key, data.answer_key, data.id_key),
+        dataset_split=data.eval_split,
     )[: data.eval_size]
     if not problems:
         raise DataError(

@@ -94,8 +94,11 @@ def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     for k in range(1, n + 1):
         out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in counts]))
     votes = [  # per problem: (answer classes, correct, has an answer) of its samples
-        ([s["cluster"] for s in r["samples"]], [s["correct"] for s in r["samples"]],
-         [s["answer"] is not None for s in r["samples"]])
+        (
+            [s["cluster"] for s in r["samples"]],
+            [s["correct"] for s in r["samples"]],
+            [s["answer"] is not None for s in r["samples"]],
+        )
         for r in records
     ]
     for k in range(1, n + 1):
@@ -138,12 +141,18 @@ class SampledProblem:
     def record(self) -> dict[str, Any]:
         """Its problem record (module docstring)."""
         return {
-            "id": self.problem.id, "gold": self.problem.answer, "level": self.problem.level,
+            "id": self.problem.id,
+            "gold": self.problem.answer,
+            "level": self.problem.level,
             "subject": self.problem.subject,
             "samples": [
                 {
-                    "response": text, "answer": reward.answer, "correct": reward.correct,
-                    "length": len(gen.token_ids), "truncated": gen.truncated, "timed_out": reward.timed_out,
+                    "response": text,
+                    "answer": reward.answer,
+                    "correct": reward.correct,
+                    "length": len(gen.token_ids),
+                    "truncated": gen.truncated,
+                    "timed_out": reward.timed_out,
                     "cluster": cluster,
                 }
                 for gen, text, reward, cluster in zip(
@@ -218,8 +227,12 @@ def _judged(
         from semrl.data import problem_columns
 
         rewards, _ = functions.score(
-            pool, [problem.problem] * len(gens), texts, [g.token_ids.tolist() for g in gens],
-            [problem_columns(problem)] * len(gens), final_number_fallback=final_number_fallback,
+            pool,
+            [problem.problem] * len(gens),
+            texts,
+            [g.token_ids.tolist() for g in gens],
+            [problem_columns(problem)] * len(gens),
+            final_number_fallback=final_number_fallback,
         )
     clusters = cluster_answers(
         [r.answer for r in rewards], lambda a, b: pool.verify_many([(a, b)])[0].correct
@@ -325,11 +338,20 @@ def evaluate_dataset(
         if len(todo) < len(problems[start : start + size]):
             todo = list(problems[start : start + size])  # a partly written chunk: redo it whole
         generator = torch.Generator().manual_seed(settings.seed + chunk)
-        records = [s.record() for s in sample_and_verify(
-            engine, tokenizer, todo, params, settings.num_samples,
-            PromptFormat(settings.system_prompt, settings.prompt_template),
-            Judge(pool, settings.final_number_fallback), generator, progress,
-        )]
+        records = [
+            s.record()
+            for s in sample_and_verify(
+                engine,
+                tokenizer,
+                todo,
+                params,
+                settings.num_samples,
+                PromptFormat(settings.system_prompt, settings.prompt_template),
+                Judge(pool, settings.final_number_fallback),
+                generator,
+                progress,
+            )
+        ]
         new = [r for r in records if r["id"] not in done]
         with records_file.open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r) + "\n" for r in new))
@@ -378,8 +400,10 @@ def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
         cells = [f"{int(metrics['problems'])}", f"{metrics[f'mean@{n}']:.3f}"]
         cells += [f"{metrics[f'pass@{k}']:.3f}" for k in report_ks(n)]
         cells += [
-            f"{metrics[f'maj@{n}']:.3f}", f"{metrics['response_length']:.1f}",
-            f"{metrics['response_length/correct']:.1f}", f"{metrics['distinct_answers']:.2f}",
+            f"{metrics[f'maj@{n}']:.3f}",
+            f"{metrics['response_length']:.1f}",
+            f"{metrics['response_length/correct']:.1f}",
+            f"{metrics['distinct_answers']:.2f}",
             f"{int(metrics['verify_timeouts'])}",
         ]
         return cells
@@ -423,20 +447,34 @@ def evaluation_key(cfg: Config, problems: Sequence[Problem], split: str, world: 
     answers, the verdicts by the reward functions."""
     model, rollout, log = cfg.model, cfg.rollout, cfg.logging
     return {
-        "split": split, "model": model.name, "weights": weights_fingerprint(model.name),
-        "dtype": model.dtype, "master_weights": model.master_weights, "lora_r": model.lora_r,
+        "split": split,
+        "model": model.name,
+        "weights": weights_fingerprint(model.name),
+        "dtype": model.dtype,
+        "master_weights": model.master_weights,
+        "lora_r": model.lora_r,
         "attn_implementation": model.attn_implementation,
-        "engine": rollout.engine, "generation_batch_size": rollout.generation_batch_size,
-        "vllm_block_size": rollout.vllm_block_size, "vllm_dtype": rollout.vllm_dtype,
+        "engine": rollout.engine,
+        "generation_batch_size": rollout.generation_batch_size,
+        "vllm_block_size": rollout.vllm_block_size,
+        "vllm_dtype": rollout.vllm_dtype,
         "vllm_max_num_seqs": rollout.vllm_max_num_seqs,
         "vllm_max_num_batched_tokens": rollout.vllm_max_num_batched_tokens,
         "temperature": log.eval_temperature,
-        "rollout_temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k,
-        "max_new_tokens": rollout.max_new_tokens, "samples": log.eval_samples, "seed": cfg.trainer.seed,
-        "world": world, "system_prompt": cfg.data.system_prompt, "prompt_template": cfg.data.prompt_template,
+        "rollout_temperature": rollout.temperature,
+        "top_p": rollout.top_p,
+        "top_k": rollout.top_k,
+        "max_new_tokens": rollout.max_new_tokens,
+        "samples": log.eval_samples,
+        "seed": cfg.trainer.seed,
+        "world": world,
+        "system_prompt": cfg.data.system_prompt,
+        "prompt_template": cfg.data.prompt_template,
         "final_number_fallback": cfg.reward.final_number_fallback,
-        "reward_functions": list(cfg.reward.functions), "correctness": cfg.reward.correctness,
-        "reward_timeout_s": cfg.reward.timeout_s, "numeral_answers": cfg.reward.numeral_answers,
+        "reward_functions": list(cfg.reward.functions),
+        "correctness": cfg.reward.correctness,
+        "reward_timeout_s": cfg.reward.timeout_s,
+        "numeral_answers": cfg.reward.numeral_answers,
         "problems": hashlib.sha256(
             json.dumps([[p.id, p.problem, p.answer] for p in problems]).encode()
         ).hexdigest(),
@@ -467,9 +505,16 @@ def records_path(run_dir: str | Path, split: str, step: int) -> Path:
 
 
 def evaluate_held_out(
-    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool, problems: Sequence[Problem],
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: VerifierPool,
+    problems: Sequence[Problem],
     cfg: Config,
-    processes: ProcessGroup, *, split: str = "eval", step: int = 0, run_dir: str | Path | None = None,
+    processes: ProcessGroup,
+    *,
+    split: str = "eval",
+    step: int = 0,
+    run_dir: str | Path | None = None,
     functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
     """In-training evaluation: ``logging.eval_samples`` samples per problem at the evaluation
@@ -490,13 +535,27 @@ def evaluate_held_out(
     offset = EVAL_SPLITS.index(split) * 104_729 if split in EVAL_SPLITS else 0
     gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * processes.rank + offset)
     share = problems[processes.rank :: processes.world]
-    with tqdm(total=len(share) * log.eval_samples, desc=split, unit="sample", leave=False,
-              disable=not (log.progress and processes.is_main)) as bar:
-        records = [s.record() for s in sample_and_verify(
-            engine, tokenizer, share, sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
-            log.eval_samples, PromptFormat.of(cfg.data),
-            Judge(pool, cfg.reward.final_number_fallback, functions), gen, bar.update,
-        )]
+    with tqdm(
+        total=len(share) * log.eval_samples,
+        desc=split,
+        unit="sample",
+        leave=False,
+        disable=not (log.progress and processes.is_main),
+    ) as bar:
+        records = [
+            s.record()
+            for s in sample_and_verify(
+                engine,
+                tokenizer,
+                share,
+                sampling_params(cfg.rollout, log.eval_temperature, top_logprobs=False),
+                log.eval_samples,
+                PromptFormat.of(cfg.data),
+                Judge(pool, cfg.reward.final_number_fallback, functions),
+                gen,
+                bar.update,
+            )
+        ]
     shares = processes.gather(records)
     # back in the problems' order (process r sampled problems r, r + world, ...)
     records = []
@@ -509,9 +568,14 @@ def evaluate_held_out(
 
 
 def evaluate_splits(
-    engine: Engine, tokenizer: PreTrainedTokenizerBase, pool: VerifierPool,
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: VerifierPool,
     splits: Mapping[str, Sequence[Problem]],
-    cfg: Config, processes: ProcessGroup, step: int, run_dir: str | Path,
+    cfg: Config,
+    processes: ProcessGroup,
+    step: int,
+    run_dir: str | Path,
     functions: RewardFunctions | None = None,
 ) -> dict[str, float]:
     """``evaluate_held_out`` of each split (``{"eval": held-out, "transfer": ...}``), metrics merged,
@@ -523,7 +587,15 @@ def evaluate_splits(
         start = time.perf_counter()
         out.update(
             evaluate_held_out(
-                engine, tokenizer, pool, problems, cfg, processes, split=split, step=step, run_dir=run_dir,
+                engine,
+                tokenizer,
+                pool,
+                problems,
+                cfg,
+                processes,
+                split=split,
+                step=step,
+                run_dir=run_dir,
                 functions=functions,
             )
         )

@@ -81,7 +81,9 @@ def score_problems(
                 problem = s.problem
                 mean_logp = torch.stack([g.logprobs.mean() for g in s.generations])
                 row = {
-                    "id": problem.id, "problem": problem.problem, "answer": problem.answer,
+                    "id": problem.id,
+                    "problem": problem.problem,
+                    "answer": problem.answer,
                     "level": problem.level,
                     SCORE_FIELD: cluster_entropy(s.clusters, mean_logp, estimator),
                     "num_clusters": len(set(s.clusters)),

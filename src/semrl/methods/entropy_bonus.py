@@ -43,8 +43,11 @@ class EntropyBonus:
     def from_config(cls, algorithm: AlgorithmConfig) -> EntropyBonus:
         """From the ``algorithm`` section's ``entropy_*`` keys."""
         return cls(
-            algorithm.entropy_coeff, algorithm.entropy_target, algorithm.entropy_coeff_delta,
-            algorithm.entropy_coeff_min, algorithm.entropy_coeff_max,
+            algorithm.entropy_coeff,
+            algorithm.entropy_target,
+            algorithm.entropy_coeff_delta,
+            algorithm.entropy_coeff_min,
+            algorithm.entropy_coeff_max,
         )
 
     @property

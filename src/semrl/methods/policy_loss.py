@@ -122,7 +122,11 @@ def micro_batch_loss(
 
     def aggregate(values: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(
-            values, x.mask, mode, num_sequences=num_sequences, num_tokens=x.num_tokens,
+            values,
+            x.mask,
+            mode,
+            num_sequences=num_sequences,
+            num_tokens=x.num_tokens,
             max_response_length=config.rollout.max_new_tokens,
         )
 

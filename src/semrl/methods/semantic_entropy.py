@@ -40,7 +40,7 @@ def cluster_answers(
         if equivalent is not None:
             found = next(
                 (c for c, rep in enumerate(representatives) if rep != "\0none" and equivalent(rep, answer)),
-                -1
+                -1,
             )
         if found < 0:
             found = len(representatives)
@@ -51,8 +51,9 @@ def cluster_answers(
 
 
 def cluster_entropy(
-    cluster_ids: Sequence[int], mean_logprobs: torch.Tensor | None = None,
-    estimator: Estimator = "length_normalized"
+    cluster_ids: Sequence[int],
+    mean_logprobs: torch.Tensor | None = None,
+    estimator: Estimator = "length_normalized",
 ) -> float:
     """Semantic entropy (nats) of M responses given their cluster ids.
 

@@ -163,9 +163,7 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(
-    path: str, dtype: str = "float32", attn_implementation: str = "sdpa"
-) -> PreTrainedModel:
+def load_model(path: str, dtype: str = "float32", attn_implementation: str = "sdpa") -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     from semrl.models.precision import DTYPES

@@ -180,8 +180,10 @@ def _call_here(score: Scorer, call: tuple[str, str, list[int], dict[str, Any]]) 
 
 
 def reward_functions(
-    names: list[str], weights: list[float] | None = None,
-    in_process: dict[str, Callable[..., Any]] | None = None, correctness: str | None = None,
+    names: list[str],
+    weights: list[float] | None = None,
+    in_process: dict[str, Callable[..., Any]] | None = None,
+    correctness: str | None = None,
 ) -> RewardFunctions:
     """Check and bundle ``reward.functions``: every function is imported and its signature checked
     here, so a bad one fails before training starts. ``in_process`` maps names to callables that
@@ -254,8 +256,13 @@ class Response(Protocol):
 
 
 def score(
-    problems: list[Problem], texts: list[str], generations: Sequence[Response], functions: RewardFunctions,
-    pool: VerifierPool, rc: RewardConfig, max_new_tokens: int,
+    problems: list[Problem],
+    texts: list[str],
+    generations: Sequence[Response],
+    functions: RewardFunctions,
+    pool: VerifierPool,
+    rc: RewardConfig,
+    max_new_tokens: int,
 ) -> Scores:
     """Score every response with the ``reward`` section's functions and shaping (DAPO's overlong
     penalty): ``texts[i]`` and ``generations[i]`` answer ``problems[i]``."""
@@ -266,9 +273,14 @@ def score(
 
     timeouts_before = pool.num_timeouts
     results, function_sums = functions.score(
-        pool, [p.problem for p in problems], texts, [g.token_ids.tolist() for g in generations],
-        [problem_columns(p) for p in problems], final_number_fallback=rc.final_number_fallback,
-        truncated=[g.truncated for g in generations], truncated_reward=rc.truncated_reward,
+        pool,
+        [p.problem for p in problems],
+        texts,
+        [g.token_ids.tolist() for g in generations],
+        [problem_columns(p) for p in problems],
+        final_number_fallback=rc.final_number_fallback,
+        truncated=[g.truncated for g in generations],
+        truncated_reward=rc.truncated_reward,
     )
     rewards = torch.tensor([r.reward for r in results])
     if rc.overlong_buffer_len > 0:

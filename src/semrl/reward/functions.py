@@ -60,7 +60,8 @@ def final_number(prompts: list[str], completions: list[str], answer: list[str], 
 
 
 _BUILTIN_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
-    "boxed_match": boxed_match, "final_number": final_number
+    "boxed_match": boxed_match,
+    "final_number": final_number,
 }
 
 
@@ -134,8 +135,12 @@ def scorer(function: Callable[..., Any]) -> Scorer:
             prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]
         ) -> float | None:
             extra = {k: v for k, v in columns.items() if k not in ("answer", "data_source")}
-            score = function(data_source=columns.get("data_source", "semrl"), solution_str=completion,
-                             ground_truth=columns.get("answer"), extra_info=extra)
+            score = function(
+                data_source=columns.get("data_source", "semrl"),
+                solution_str=completion,
+                ground_truth=columns.get("answer"),
+                extra_info=extra,
+            )
             return _as_score(score["score"] if isinstance(score, dict) else score)
 
         return score_verl
@@ -143,8 +148,12 @@ def scorer(function: Callable[..., Any]) -> Scorer:
     def score_trl(
         prompt: str, completion: str, completion_ids: list[int], columns: dict[str, Any]
     ) -> float | None:
-        scores = function(prompts=[prompt], completions=[completion], completion_ids=[completion_ids],
-                          **{k: [v] for k, v in columns.items()})
+        scores = function(
+            prompts=[prompt],
+            completions=[completion],
+            completion_ids=[completion_ids],
+            **{k: [v] for k, v in columns.items()},
+        )
         if not isinstance(scores, list | tuple) or len(scores) != 1:
             raise TypeError(f"expected a list of 1 score for 1 completion, got {scores!r:.200}")
         return _as_score(scores[0])

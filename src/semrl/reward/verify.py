@@ -165,7 +165,10 @@ class VerifierPool:
     be a numeral, not an expression math-verify would evaluate (``semrl.reward.answer_form``)."""
 
     def __init__(
-        self, num_workers: int = 2, timeout_s: float = 5.0, functions: tuple[str, ...] = (),
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 5.0,
+        functions: tuple[str, ...] = (),
         numeral_answers: bool = True,
     ) -> None:
         self.functions = tuple(functions)

@@ -85,8 +85,10 @@ class GroupFilter:
         if len(self.kept) < self.wanted:
             logger.warning(
                 "dynamic sampling: %d of %d groups have distinct rewards after %d rollout batches "
-                "(algorithm.max_sampling_rounds); filling with zero-advantage groups", len(self.kept),
-                self.wanted, self.rounds,
+                "(algorithm.max_sampling_rounds); filling with zero-advantage groups",
+                len(self.kept),
+                self.wanted,
+                self.rounds,
             )
         metrics["dynamic_sampling/rollout_batches"] = float(self.rounds)
         metrics["dynamic_sampling/kept_groups"] = self.processes.sum(min(len(self.kept), self.wanted))

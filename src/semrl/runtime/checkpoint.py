@@ -136,10 +136,14 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    run_dir: Path,
+    step: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     trainer_state: dict[str, Any],
     keep_last: int,
-    model_state: dict[str, torch.Tensor] | None = None, faults: Faults = NO_FAULTS,
+    model_state: dict[str, torch.Tensor] | None = None,
+    faults: Faults = NO_FAULTS,
 ) -> Path:
     """Write ``model`` (or ``model_state``, its full weights, for a sharded model) and the trainer state."""
     final = checkpoint_dir(run_dir, step)
@@ -257,9 +261,14 @@ def full_weights(model: torch.nn.Module, fsdp: bool) -> dict[str, torch.Tensor] 
 
 
 def save_run(
-    run_dir: Path, run: RunState, model: torch.nn.Module, rollout_model: PreTrainedModel,
+    run_dir: Path,
+    run: RunState,
+    model: torch.nn.Module,
+    rollout_model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    cfg: Config, processes: ProcessGroup, faults: Faults = NO_FAULTS,
+    cfg: Config,
+    processes: ProcessGroup,
+    faults: Faults = NO_FAULTS,
 ) -> Path:
     """Checkpoint of the run at ``run.step``, written by the main process (a collective: every
     process calls it). ``model`` is the trained model, ``rollout_model`` its full weights' holder."""
@@ -281,7 +290,13 @@ def save_run(
     weights = full_weights(model, fsdp)
     if processes.is_main:
         path = save_checkpoint(
-            run_dir, run.step, rollout_model, tokenizer, state, cfg.logging.keep_last, model_state=weights,
+            run_dir,
+            run.step,
+            rollout_model,
+            tokenizer,
+            state,
+            cfg.logging.keep_last,
+            model_state=weights,
             faults=faults,
         )
     processes.barrier()
@@ -327,9 +342,15 @@ def stage_reference_dirs(run_dir: Path) -> list[Path]:
 
 
 def advance_stage(
-    run_dir: Path, run: RunState, model: torch.nn.Module, rollout_model: PreTrainedModel,
+    run_dir: Path,
+    run: RunState,
+    model: torch.nn.Module,
+    rollout_model: PreTrainedModel,
     ref_model: PreTrainedModel | None,
-    tokenizer: PreTrainedTokenizerBase, cfg: Config, processes: ProcessGroup, faults: Faults = NO_FAULTS,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: Config,
+    processes: ProcessGroup,
+    faults: Faults = NO_FAULTS,
 ) -> None:
     """Checkpoint, then move the run to its curriculum's next stage (a collective). With
     ``data.curriculum_reset_optimizer`` the new stage starts like a run from the previous stage's
@@ -346,15 +367,30 @@ def advance_stage(
     run.optim.restart(curriculum.steps_left_in_stage(run.step))
     if ref_model is not None:
         save_stage_reference(
-            run_dir, curriculum.stage, run.step, model, rollout_model, ref_model, tokenizer,
-            cfg.trainer.fsdp, processes, faults,
+            run_dir,
+            curriculum.stage,
+            run.step,
+            model,
+            rollout_model,
+            ref_model,
+            tokenizer,
+            cfg.trainer.fsdp,
+            processes,
+            faults,
         )
 
 
 def save_stage_reference(
-    run_dir: Path, stage: int, step: int, model: torch.nn.Module, rollout_model: PreTrainedModel,
+    run_dir: Path,
+    stage: int,
+    step: int,
+    model: torch.nn.Module,
+    rollout_model: PreTrainedModel,
     ref_model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase, fsdp: bool, processes: ProcessGroup, faults: Faults = NO_FAULTS,
+    tokenizer: PreTrainedTokenizerBase,
+    fsdp: bool,
+    processes: ProcessGroup,
+    faults: Faults = NO_FAULTS,
 ) -> None:
     """Make the current weights stage ``stage``'s reference: loaded into every process's
     ``ref_model`` (under FSDP one gathered parameter at a time) and kept under
@@ -366,7 +402,13 @@ def save_stage_reference(
         load_streamed(ref_model, iter_full_parameters(model))
     if processes.is_main:
         save_checkpoint(
-            stage_reference_dir(run_dir, stage), step, rollout_model, tokenizer, {}, 1, model_state=weights,
+            stage_reference_dir(run_dir, stage),
+            step,
+            rollout_model,
+            tokenizer,
+            {},
+            1,
+            model_state=weights,
             faults=faults,
         )
     processes.barrier()

@@ -60,9 +60,8 @@ def prepare_run_dir(cfg: Config, resume: bool, processes: ProcessGroup) -> Path 
         if ckpt is None:
             reasons = "".join(f"\n  {c.name}: {'; '.join(problems)}" for c, problems in reversed(skipped))
             raise ConfigError(
-                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}" + (
-                    f"; found:{reasons}" if skipped else ""
-                )
+                f"--resume: no valid checkpoint in {run_dir / 'checkpoints'}"
+                + (f"; found:{reasons}" if skipped else "")
             )
         if processes.is_main:
             cleanup_partial(run_dir)
@@ -147,8 +146,9 @@ def load_models(cfg: Config, model_path: str, processes: ProcessGroup, needs_ref
     tokenizer = load_tokenizer(model_path)
     lora = m.lora_r > 0  # the base from model.name; trained adapters from a checkpoint being resumed
     model = load_model(
-        resolve_model_path(m.name, m.cache_dir) if lora else model_path, precision.params_name,
-        m.attn_implementation
+        resolve_model_path(m.name, m.cache_dir) if lora else model_path,
+        precision.params_name,
+        m.attn_implementation,
     )
     if lora:
         add_adapters(model, m, model_path if is_adapter_checkpoint(model_path) else None, cfg.trainer.seed)
@@ -166,9 +166,15 @@ def load_models(cfg: Config, model_path: str, processes: ProcessGroup, needs_ref
     per_process = r.prompts_per_step // processes.world * r.group_size
     batch = r.generation_batch_size if r.engine == "hf" else per_process
     engine = build_engine(
-        r.engine, rollout_model, tokenizer, batch,
+        r.engine,
+        rollout_model,
+        tokenizer,
+        batch,
         cfg.data.max_prompt_length + r.max_new_tokens,
-        r.logprobs_top_k, cfg.trainer.seed + processes.rank, r, compute_dtype=precision.compute,
+        r.logprobs_top_k,
+        cfg.trainer.seed + processes.rank,
+        r,
+        compute_dtype=precision.compute,
         # vllm under FSDP: the sharded model's weights reach the engine only gathered
         initial_weights=iter_full_parameters(model) if cfg.trainer.fsdp and rollout_model is model else None,
     )
@@ -176,7 +182,8 @@ def load_models(cfg: Config, model_path: str, processes: ProcessGroup, needs_ref
         logger.warning(
             "the %s engine samples in %s and the trainer computes in %s: their log-probs differ; "
             "algorithm.rollout_is=token corrects for it (docs/algorithms.md, Rollout correction)",
-            engine.name, str(engine.compute_dtype).removeprefix("torch."),
+            engine.name,
+            str(engine.compute_dtype).removeprefix("torch."),
             str(precision.compute).removeprefix("torch."),
         )
     ref_model = None

@@ -65,7 +65,8 @@ def _seam_functions(
     loss_fn: LossFn = load(policy_loss.loss_fn, ("inputs", "config"), f"{loss} loss_fn")
     prepare_fn: PrepareFn | None = (
         load(policy_loss.prepare_fn, ("mini_batch", "config"), f"{loss} prepare_fn")
-        if policy_loss.prepare_fn else None
+        if policy_loss.prepare_fn
+        else None
     )
     return advantage_fn, rollout_fn, loss_fn, prepare_fn
 
@@ -86,7 +87,10 @@ class Trainer:
     """
 
     def __init__(
-        self, cfg: Config, resume: bool = False, reward_callables: dict[str, Any] | None = None,
+        self,
+        cfg: Config,
+        resume: bool = False,
+        reward_callables: dict[str, Any] | None = None,
         reuse_first_forward: bool = True,
     ) -> None:
         self.cfg = cfg
@@ -124,8 +128,10 @@ class Trainer:
 
         with self.processes.state.main_process_first():  # one process converts a GGUF into the cache
             model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
-        needs_ref = cfg.algorithm.kl_coef > 0 or cfg.logging.log_ref_kl or self.policy_loss.needs_reference(
-            self.loss_config.options
+        needs_ref = (
+            cfg.algorithm.kl_coef > 0
+            or cfg.logging.log_ref_kl
+            or self.policy_loss.needs_reference(self.loss_config.options)
         )
         models = setup.load_models(cfg, model_path, self.processes, needs_ref)
         self.faults.at("load", 0)
@@ -148,9 +154,21 @@ class Trainer:
         bonus = EntropyBonus.from_config(cfg.algorithm)
         self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
         self.actor = Actor(
-            cfg, self.model, self.ref_model, self.reference_weights, self.precision, self.packing,
-            self.processes, optim, bonus, loss_fn, prepare_fn, self.loss_config,
-            self.generator, reuse_first_forward, self.faults,
+            cfg,
+            self.model,
+            self.ref_model,
+            self.reference_weights,
+            self.precision,
+            self.packing,
+            self.processes,
+            optim,
+            bonus,
+            loss_fn,
+            prepare_fn,
+            self.loss_config,
+            self.generator,
+            reuse_first_forward,
+            self.faults,
         )
         self.resumed = ckpt is not None
         if ckpt is not None:
@@ -166,7 +184,13 @@ class Trainer:
 
     def save(self) -> Path:
         return save_run(
-            self.run_dir, self.run, self.model, self.rollout_model, self.tokenizer, self.cfg, self.processes,
+            self.run_dir,
+            self.run,
+            self.model,
+            self.rollout_model,
+            self.tokenizer,
+            self.cfg,
+            self.processes,
             self.faults,
         )
 
@@ -185,14 +209,24 @@ class Trainer:
                 self.log.metrics({"step": 0, **self.evaluate()})
                 self._stop_if_needed(None, stop)
             bar = tqdm(
-                total=cfg.trainer.steps, initial=run.step, desc="train",
-                disable=not (cfg.logging.progress and self.processes.is_main), dynamic_ncols=True,
+                total=cfg.trainer.steps,
+                initial=run.step,
+                desc="train",
+                disable=not (cfg.logging.progress and self.processes.is_main),
+                dynamic_ncols=True,
             )
             while run.step < cfg.trainer.steps:
                 if self.curriculum.advances(run.step):  # checkpoint, next stage (and its reference)
                     advance_stage(
-                        self.run_dir, run, self.model, self.rollout_model, self.ref_model, self.tokenizer,
-                        cfg, self.processes, self.faults,
+                        self.run_dir,
+                        run,
+                        self.model,
+                        self.rollout_model,
+                        self.ref_model,
+                        self.tokenizer,
+                        cfg,
+                        self.processes,
+                        self.faults,
                     )
                 t0, cpu0 = time.perf_counter(), time.process_time()
                 collected = self.collect()
@@ -234,8 +268,13 @@ class Trainer:
                     last.update(self.evaluate())
                 self.log.metrics(last)
                 self.log.samples(
-                    batch, scores, advantages, run.step, self.tokenizer, cfg.logging.samples_per_step,
-                    cfg.logging.trees_per_step
+                    batch,
+                    scores,
+                    advantages,
+                    run.step,
+                    self.tokenizer,
+                    cfg.logging.samples_per_step,
+                    cfg.logging.trees_per_step,
                 )
                 saved, save_every = None, cfg.logging.save_every
                 if (save_every and run.step % save_every == 0) or run.step == cfg.trainer.steps:
@@ -243,9 +282,11 @@ class Trainer:
                 self._stop_if_needed(saved, stop)
                 bar.update(1)
                 bar.set_postfix(
-                    reward=f"{last['reward']:.3f}", acc=f"{last['accuracy']:.3f}",
+                    reward=f"{last['reward']:.3f}",
+                    acc=f"{last['accuracy']:.3f}",
                     entropy=f"{last['entropy']:.2f}",
-                    len=f"{last['response_length']:.0f}", s_per_step=f"{last['time/step_s']:.1f}",
+                    len=f"{last['response_length']:.0f}",
+                    s_per_step=f"{last['time/step_s']:.1f}",
                 )
         finally:
             stop.uninstall()
@@ -296,18 +337,24 @@ class Trainer:
         global_batch = self.curriculum.sampler.next_indices(cfg.rollout.prompts_per_step)
         share = self.processes.share(len(global_batch))  # positions in the global batch
         problems = [self.curriculum.problems[global_batch[k]] for k in share]
-        prompt_ids = [
-            self.prompt.ids(self.tokenizer, p.problem) for p in problems
-        ]
+        prompt_ids = [self.prompt.ids(self.tokenizer, p.problem) for p in problems]
         params = sampling_params(cfg.rollout, top_logprobs=self.method.reads_top_logprobs)
         if self.rollout_fn is not None:
             entropy = partial(  # at the weights that sampled, in the engine's dtype
-                with_sampling_entropy, self.rollout_model, temperature=params.temperature,
+                with_sampling_entropy,
+                self.rollout_model,
+                temperature=params.temperature,
                 compute_dtype=self.engine.compute_dtype,
             )
             context = RolloutContext(
-                self.engine, params, self.generator, self.method_config, entropy, self.method_state,
-                decode=partial(self.tokenizer.decode, skip_special_tokens=True), step=self.step,
+                self.engine,
+                params,
+                self.generator,
+                self.method_config,
+                entropy,
+                self.method_state,
+                decode=partial(self.tokenizer.decode, skip_special_tokens=True),
+                step=self.step,
                 prompt_seeds=[prompt_seed(cfg.trainer.seed, self.step, round_index, k) for k in share],
             )
             out = self.rollout_fn(context, prompt_ids)
@@ -318,9 +365,10 @@ class Trainer:
             requests = [
                 GenerationRequest(
                     ids,
-                    seed=sequence_seed(cfg.trainer.seed, self.step, round_index, k, j) if seeded else None
+                    seed=sequence_seed(cfg.trainer.seed, self.step, round_index, k, j) if seeded else None,
                 )
-                for k, ids in zip(share, prompt_ids, strict=True) for j in range(group)
+                for k, ids in zip(share, prompt_ids, strict=True)
+                for j in range(group)
             ]
             gens = self.engine.generate(requests, params, self.generator)
             groups, metrics, sequence_prompts = None, {}, None
@@ -340,7 +388,12 @@ class Trainer:
         """Every response's score (``semrl.reward.score``)."""
         cfg = self.cfg
         return score(
-            batch.problems, batch.texts, batch.generations, self.rewards, self.pool, cfg.reward,
+            batch.problems,
+            batch.texts,
+            batch.generations,
+            self.rewards,
+            self.pool,
+            cfg.reward,
             cfg.rollout.max_new_tokens,
         )
 
@@ -358,8 +411,12 @@ class Trainer:
     def advantages(self, batch: RolloutBatch, scores: Scores) -> tuple[torch.Tensor, dict[str, float]]:
         """(N, T) advantages from the method's estimator, and its metrics."""
         inputs = AdvantageInputs(
-            scores.rewards, batch.group_ids, batch.sequences.response_mask, batch.groups,
-            answers=[r.answer for r in scores.results], correct=[r.correct for r in scores.results],
+            scores.rewards,
+            batch.group_ids,
+            batch.sequences.response_mask,
+            batch.groups,
+            answers=[r.answer for r in scores.results],
+            correct=[r.correct for r in scores.results],
             logprobs=batch.rollout_logprobs,
         )
         return self.advantage_fn(inputs, self.method_config)
@@ -372,6 +429,13 @@ class Trainer:
         if self.step == 0 and first is not None:  # the base model on a subset (logging.eval_base_problems)
             splits = {split: problems[:first] for split, problems in splits.items()}
         return evaluate_splits(
-            self.engine, self.tokenizer, self.pool, splits, self.cfg, self.processes, self.step, self.run_dir,
+            self.engine,
+            self.tokenizer,
+            self.pool,
+            splits,
+            self.cfg,
+            self.processes,
+            self.step,
+            self.run_dir,
             self.rewards,
         )

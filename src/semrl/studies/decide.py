@@ -187,9 +187,16 @@ def _hypothesis(entry: Any, where: str) -> Hypothesis:
         raise ConfigError(f"{where}: 'over: curve' takes every evaluation after step 0; leave out 'window'")
     test = _test(entry, over, window, where)
     return Hypothesis(
-        id=str(entry["id"]), claim=str(entry.get("claim", "")), metric=str(entry["metric"]),
-        variant=pair[0], baseline=pair[1], expect=entry["expect"], margin=float(margin), window=window,
-        over=over, test=test,
+        id=str(entry["id"]),
+        claim=str(entry.get("claim", "")),
+        metric=str(entry["metric"]),
+        variant=pair[0],
+        baseline=pair[1],
+        expect=entry["expect"],
+        margin=float(margin),
+        window=window,
+        over=over,
+        test=test,
     )
 
 
@@ -222,8 +229,16 @@ def load_hypotheses(path: str | Path) -> list[Hypothesis]:
 
 
 DECISION_HEADER = [
-    "rule", "claim", "pair", "metric", "expect (δ)", "difference", "95% t-interval", "seeds",
-    "wins / ties / losses", "outcome",
+    "rule",
+    "claim",
+    "pair",
+    "metric",
+    "expect (δ)",
+    "difference",
+    "95% t-interval",
+    "seeds",
+    "wins / ties / losses",
+    "outcome",
 ]
 
 
@@ -237,14 +252,20 @@ def decision_rows(decisions: Sequence[Decision]) -> list[list[str]]:
         outcome = dec.outcome
         if outcome == "undecided":
             outcome += ": " + _seeds_needed(c, rule)
-        rows.append([
-            rule.id, rule.claim, f"{rule.variant} - {rule.baseline}", metric, f"{expect} ({rule.margin:g})",
-            "" if c is None else f"{c.estimate:+.3f}",
-            "" if c is None else c.interval_text,
-            "0" if c is None else str(c.seeds),
-            "" if c is None else c.agreement_text,
-            outcome,
-        ])
+        rows.append(
+            [
+                rule.id,
+                rule.claim,
+                f"{rule.variant} - {rule.baseline}",
+                metric,
+                f"{expect} ({rule.margin:g})",
+                "" if c is None else f"{c.estimate:+.3f}",
+                "" if c is None else c.interval_text,
+                "0" if c is None else str(c.seeds),
+                "" if c is None else c.agreement_text,
+                outcome,
+            ]
+        )
     return rows
 
 

@@ -143,9 +143,17 @@ class Judged:
 
     def record(self) -> dict[str, Any]:
         out = {
-            "id": self.rule.id, "family": self.family, "seeds": self.seeds, "estimate": self.estimate,
-            "low": self.low, "high": self.high, "level": self.level, "p_t": self.p_t,
-            "p_sign_flip": self.p_sign_flip, "outcome": self.outcome, "settled_at_look": self.look,
+            "id": self.rule.id,
+            "family": self.family,
+            "seeds": self.seeds,
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "level": self.level,
+            "p_t": self.p_t,
+            "p_sign_flip": self.p_sign_flip,
+            "outcome": self.outcome,
+            "settled_at_look": self.look,
         }
         if self.rule.test != "t":  # the looks logs of t rules keep the keys they always had
             out |= {"test": self.rule.test, "p_sign": self.p_sign}
@@ -180,9 +188,7 @@ def _design(entry: Any, where: str) -> Design:
         raise ConfigError(f"{where}: unknown design keys {unknown}; the keys are {sorted(known)}")
     kind = entry.get("type")
     if kind not in DESIGN_TYPES:
-        raise ConfigError(
-            f"{where}: design 'type' must be one of {', '.join(DESIGN_TYPES)}, got {kind!r}"
-        )
+        raise ConfigError(f"{where}: design 'type' must be one of {', '.join(DESIGN_TYPES)}, got {kind!r}")
     looks = _looks(entry, kind, where)
     alpha = _number(entry, "alpha", 0.05, where, "in (0, 0.5)", lambda x: 0 < x < 0.5)
     boundary = entry.get("boundary", "spending_obrien_fleming")
@@ -205,8 +211,11 @@ def _looks(entry: dict[str, Any], kind: str, where: str) -> list[int]:
             raise ConfigError(f"{where}: an anytime design needs 'max_seeds', an integer >= 2, got {top!r}")
         return list(range(2, top + 1))
     looks = entry.get("looks", [entry["seeds"]] if "seeds" in entry else None)
-    if not (isinstance(looks, list) and looks and all(isinstance(n, int) and not isinstance(n, bool)
-                                                       for n in looks)):
+    if not (
+        isinstance(looks, list)
+        and looks
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in looks)
+    ):
         raise ConfigError(f"{where}: design 'looks' must be a list of seed counts, e.g. [4, 8, 12]")
     if looks != sorted(set(looks)) or looks[0] < 2:
         raise ConfigError(f"{where}: design 'looks' must increase and start at >= 2 seeds, got {looks}")
@@ -349,20 +358,47 @@ def _interval(rule: Hypothesis, d: list[float], level: float) -> tuple[float, fl
 
 
 def _judged(
-    rule: Hypothesis, family: str, d: list[float], estimate: float, low: float, high: float, level: float,
-    outcome: str, look: int | None,
+    rule: Hypothesis,
+    family: str,
+    d: list[float],
+    estimate: float,
+    low: float,
+    high: float,
+    level: float,
+    outcome: str,
+    look: int | None,
 ) -> Judged:
     """A rule's ``Judged`` with every p-value and spread computed from its per-seed differences."""
     flip = sign_flip_p_value(d) if 1 <= len(d) <= MAX_SIGN_FLIP_SEEDS else None
     sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
     needed = sign_seeds_to_settle(d, tie=0.0) if rule.test == "sign" else None
-    return Judged(rule, family, len(d), estimate, low, high, level, t_p_value(d), flip, outcome, look, sd,
-                  sign_p_value(d), needed)
+    return Judged(
+        rule,
+        family,
+        len(d),
+        estimate,
+        low,
+        high,
+        level,
+        t_p_value(d),
+        flip,
+        outcome,
+        look,
+        sd,
+        sign_p_value(d),
+        needed,
+    )
 
 
 def _judge_family(
-    rules: Sequence[Hypothesis], diffs: dict[str, list[float]], design: Design, look: int, correction: str,
-    settled: dict[str, Judged], family: str, at_margin: frozenset[str],
+    rules: Sequence[Hypothesis],
+    diffs: dict[str, list[float]],
+    design: Design,
+    look: int,
+    correction: str,
+    settled: dict[str, Judged],
+    family: str,
+    at_margin: frozenset[str],
 ) -> list[Judged]:
     """The rules of one family at look ``look`` (0-based), the ones settled earlier carried over."""
     open_rules = [r for r in rules if r.id not in settled]
@@ -398,8 +434,12 @@ def _judge_family(
 
 
 def _step_down(
-    open_rules: list[Hypothesis], family_size: int, correction: str, alpha: float,
-    judged: Callable[[Hypothesis, float], Judged], level: Callable[[float], float],
+    open_rules: list[Hypothesis],
+    family_size: int,
+    correction: str,
+    alpha: float,
+    judged: Callable[[Hypothesis, float], Judged],
+    level: Callable[[float], float],
 ) -> dict[str, Judged]:
     """Holm: alpha / r for each of the r open rules, again with the rest while some settle;
     Bonferroni: alpha / m for each of the family's m rules; none: alpha each."""
@@ -417,7 +457,9 @@ def _step_down(
 
 
 def judge_looks(
-    diffs_by_seed: dict[str, dict[int, float]], rules_file: RulesFile, seeds: Sequence[int],
+    diffs_by_seed: dict[str, dict[int, float]],
+    rules_file: RulesFile,
+    seeds: Sequence[int],
 ) -> list[list[Judged]]:
     """Every planned look the given seeds reach, in order: the look at n seeds reads the first n of
     ``seeds`` (seed order). ``diffs_by_seed[rule id][seed]`` is the rule's per-seed difference."""
@@ -435,8 +477,9 @@ def judge_looks(
         for family, correction in design.families.items():
             members = [r for r in rules_file.rules if rules_file.families[r.id] == family]
             if members:
-                judged += _judge_family(members, diffs, design, k, correction, settled, family,
-                                        rules_file.decide_at_margin)
+                judged += _judge_family(
+                    members, diffs, design, k, correction, settled, family, rules_file.decide_at_margin
+                )
         for j in judged:
             if j.outcome in SETTLED and j.rule.id not in settled:
                 settled[j.rule.id] = j
@@ -473,8 +516,11 @@ def descriptive(diffs: dict[str, list[float]], rules_file: RulesFile) -> list[Ju
     for rule in rules_file.rules:
         d = diffs[rule.id]
         estimate, low, high = _interval(rule, d, 0.05)
-        out.append(_judged(rule, rules_file.families[rule.id], d, estimate, low, high, math.nan,
-                           "descriptive only", None))
+        out.append(
+            _judged(
+                rule, rules_file.families[rule.id], d, estimate, low, high, math.nan, "descriptive only", None
+            )
+        )
     return out
 
 
@@ -498,8 +544,18 @@ def seeds_range(j: Judged) -> str:
 
 
 JUDGED_HEADER = [
-    "rule", "family", "pair", "metric", "expect (δ)", "difference", "interval", "level", "seeds",
-    "p (t / sign-flip)", "outcome", "a new study would need (seeds)",
+    "rule",
+    "family",
+    "pair",
+    "metric",
+    "expect (δ)",
+    "difference",
+    "interval",
+    "level",
+    "seeds",
+    "p (t / sign-flip)",
+    "outcome",
+    "a new study would need (seeds)",
 ]
 
 
@@ -511,13 +567,22 @@ def judged_rows(judged: Sequence[Judged]) -> list[list[str]]:
         flip = "" if j.p_sign_flip is None else f" / {j.p_sign_flip:.3g}"
         outcome = j.outcome + (f" (look {j.look})" if j.look else "")
         interval = "" if math.isnan(j.low) else f"[{j.low:+.3f}, {j.high:+.3f}]"
-        rows.append([
-            rule.id, j.family, f"{rule.variant} - {rule.baseline}", metric_label(rule),
-            f"{expect} ({rule.margin:g})",
-            f"{j.estimate:+.3f}", interval, "95% (none)" if math.isnan(j.level) else f"{1 - j.level:.2%}",
-            str(j.seeds), _p_text(j) + flip, outcome,
-            "" if j.outcome in SETTLED else seeds_range(j),
-        ])
+        rows.append(
+            [
+                rule.id,
+                j.family,
+                f"{rule.variant} - {rule.baseline}",
+                metric_label(rule),
+                f"{expect} ({rule.margin:g})",
+                f"{j.estimate:+.3f}",
+                interval,
+                "95% (none)" if math.isnan(j.level) else f"{1 - j.level:.2%}",
+                str(j.seeds),
+                _p_text(j) + flip,
+                outcome,
+                "" if j.outcome in SETTLED else seeds_range(j),
+            ]
+        )
     return rows
 
 
@@ -545,7 +610,9 @@ def append_look(log: Path, seeds: Sequence[int], look: int, judged: Sequence[Jud
             "only if that look was never reported)"
         )
     entry = {
-        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "look": look, "seeds": list(seeds),
+        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "look": look,
+        "seeds": list(seeds),
         "rules": [j.record() for j in judged],
     }
     with log.open("a", encoding="utf-8") as fh:

@@ -82,15 +82,26 @@ class Explored:
 
     def record(self) -> dict[str, Any]:
         return {
-            "method": self.method, "seed": self.seed, "problem": self.problem,
-            "sampled_tokens": self.sampled_tokens, "lengths": self.lengths, "correct": self.correct,
-            "clusters": self.clusters, "responses": self.responses,
+            "method": self.method,
+            "seed": self.seed,
+            "problem": self.problem,
+            "sampled_tokens": self.sampled_tokens,
+            "lengths": self.lengths,
+            "correct": self.correct,
+            "clusters": self.clusters,
+            "responses": self.responses,
         }
 
 
 def _verified(
-    method: str, seed: int, problem: Problem, responses: Sequence[list[int]], sampled: int,
-    decode: Callable[[list[int]], str], pool: VerifierPool, fallback: bool,
+    method: str,
+    seed: int,
+    problem: Problem,
+    responses: Sequence[list[int]],
+    sampled: int,
+    decode: Callable[[list[int]], str],
+    pool: VerifierPool,
+    fallback: bool,
 ) -> Explored:
     """The leaves' whole responses decoded, verified against the problem's answer and clustered by
     equivalence."""
@@ -99,8 +110,16 @@ def _verified(
     answers = [r.answer for r in rewards]
     ids = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
     clusters = [c if a is not None else None for c, a in zip(ids, answers, strict=True)]
-    return Explored(method, seed, problem.id, sampled, [len(ids) for ids in responses],
-                    [bool(r.correct) for r in rewards], clusters, texts)
+    return Explored(
+        method,
+        seed,
+        problem.id,
+        sampled,
+        [len(ids) for ids in responses],
+        [bool(r.correct) for r in rewards],
+        clusters,
+        texts,
+    )
 
 
 def problem_seed(seed: int, problem: str) -> int:
@@ -112,8 +131,16 @@ def problem_seed(seed: int, problem: str) -> int:
 
 
 def explore_batch(
-    method: str, seed: int, problems: Sequence[Problem], prompt_ids: Sequence[list[int]], engine: Engine,
-    cfg: Config, model: torch.nn.Module, decode: Callable[[list[int]], str], pool: VerifierPool, leaves: int,
+    method: str,
+    seed: int,
+    problems: Sequence[Problem],
+    prompt_ids: Sequence[list[int]],
+    engine: Engine,
+    cfg: Config,
+    model: torch.nn.Module,
+    decode: Callable[[list[int]], str],
+    pool: VerifierPool,
+    leaves: int,
 ) -> tuple[list[Explored], dict[str, Any]]:
     """(the records, the call's record for ``calls.jsonl``: its problems, rollout seconds and
     ``EngineCost``). One rollout of each problem, all in one engine call: ``leaves`` independent samples
@@ -124,8 +151,10 @@ def explore_batch(
     Every request of independent sampling, ROSE, TreePO and FR3E draws from (seed, problem, node),
     so their records do not depend on the batch; LATR's finishing requests draw from one stream."""
     if len({tuple(ids) for ids in prompt_ids}) != len(prompt_ids):
-        raise ValueError("explore_batch: two problems of one call have the same prompt; their costs "
-                         "could not be told apart")
+        raise ValueError(
+            "explore_batch: two problems of one call have the same prompt; their costs "
+            "could not be told apart"
+        )
     seeds = [problem_seed(seed, problem.id) for problem in problems]
     generator = torch.Generator().manual_seed(seed)
     before = engine.generated_tokens
@@ -136,17 +165,25 @@ def explore_batch(
         prefixes: list[list[int]] | None = None
         if method == INDEPENDENT:
             params = sampling_params(cfg.rollout, top_logprobs=False)
-            requests = [GenerationRequest(ids, seed=node_seed(s, i))
-                        for ids, s in zip(prompt_ids, seeds, strict=True) for i in range(leaves)]
+            requests = [
+                GenerationRequest(ids, seed=node_seed(s, i))
+                for ids, s in zip(prompt_ids, seeds, strict=True)
+                for i in range(leaves)
+            ]
             gens = engine.generate(requests, params, generator)
         else:
             spec = get_method(method)
             params = sampling_params(cfg.rollout, top_logprobs=spec.reads_top_logprobs)
-            entropy = partial(with_sampling_entropy, model, temperature=params.temperature,
-                              compute_dtype=engine.compute_dtype)
+            entropy = partial(
+                with_sampling_entropy,
+                model,
+                temperature=params.temperature,
+                compute_dtype=engine.compute_dtype,
+            )
             section = method_config(cfg, spec.section)
-            ctx = RolloutContext(engine, params, generator, section, entropy, decode=decode,
-                                 prompt_seeds=seeds)
+            ctx = RolloutContext(
+                engine, params, generator, section, entropy, decode=decode, prompt_seeds=seeds
+            )
             assert spec.rollout_fn is not None
             rollout: RolloutFn = load(spec.rollout_fn, ("ctx", "prompt_ids"), f"method {method}'s rollout_fn")
             out = rollout(ctx, list(prompt_ids))
@@ -154,11 +191,18 @@ def explore_batch(
         cost = engine.sampled_by_prompt
     finally:
         engine.sampled_by_prompt = None
-    call = {"method": method, "seed": seed, "problems": [p.id for p in problems],
-            "rollout_s": time.perf_counter() - started, **vars(engine.cost.since(spent))}
+    call = {
+        "method": method,
+        "seed": seed,
+        "problems": [p.id for p in problems],
+        "rollout_s": time.perf_counter() - started,
+        **vars(engine.cost.since(spent)),
+    }
     if sum(cost.values()) != engine.generated_tokens - before:
-        raise RuntimeError(f"{method}: {sum(cost.values())} sampled tokens counted per prompt, "
-                           f"{engine.generated_tokens - before} by the engine")
+        raise RuntimeError(
+            f"{method}: {sum(cost.values())} sampled tokens counted per prompt, "
+            f"{engine.generated_tokens - before} by the engine"
+        )
     if len(gens) != leaves * len(problems):
         raise RuntimeError(f"{method}: {len(gens)} leaves for {len(problems)} problems of {leaves}")
     records = []
@@ -167,11 +211,21 @@ def explore_batch(
         # a leaf that continues a prefix of the response (FR3E's anchors) is that prefix and its
         # continuation: the answer is read from the whole response
         responses = [
-            (prefixes[i][len(ids):] if prefixes is not None else []) + gens[i].token_ids.tolist()
+            (prefixes[i][len(ids) :] if prefixes is not None else []) + gens[i].token_ids.tolist()
             for i in rows
         ]
-        records.append(_verified(method, seed, problem, responses, cost[tuple(ids)], decode, pool,
-                                 cfg.reward.final_number_fallback))
+        records.append(
+            _verified(
+                method,
+                seed,
+                problem,
+                responses,
+                cost[tuple(ids)],
+                decode,
+                pool,
+                cfg.reward.final_number_fallback,
+            )
+        )
     return records, call
 
 
@@ -208,9 +262,17 @@ def _appendable(path: Path) -> None:
 
 
 def run_exploration(
-    cfg: Config, methods: Sequence[str], seeds: Sequence[int], problems: Sequence[Problem],
-    independent_samples: int, out_dir: Path, engine: Engine, model: torch.nn.Module,
-    tokenizer: Any, progress: Callable[[str], None] | None = None, batch_problems: int = 32,
+    cfg: Config,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    problems: Sequence[Problem],
+    independent_samples: int,
+    out_dir: Path,
+    engine: Engine,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    progress: Callable[[str], None] | None = None,
+    batch_problems: int = 32,
 ) -> list[Explored]:
     """Every (method, seed, problem) not yet in ``out_dir/records.jsonl``, ``batch_problems`` problems
     per engine call, each call's records appended as it finishes; independent sampling once per
@@ -227,16 +289,28 @@ def run_exploration(
         (m, s, cfg.rollout.group_size) for s in seeds for m in methods if m != INDEPENDENT
     ]
     reward = cfg.reward
-    with VerifierPool(reward.num_workers, reward.timeout_s, numeral_answers=reward.numeral_answers) as pool, \
-            (out_dir / RECORDS).open("a", encoding="utf-8") as log, \
-            (out_dir / CALLS).open("a", encoding="utf-8") as calls:
+    with (
+        VerifierPool(reward.num_workers, reward.timeout_s, numeral_answers=reward.numeral_answers) as pool,
+        (out_dir / RECORDS).open("a", encoding="utf-8") as log,
+        (out_dir / CALLS).open("a", encoding="utf-8") as calls,
+    ):
         for method, seed, leaves in jobs:
             todo = [p for p in problems if (method, seed, p.id) not in done]
             ids = [prompt.ids(tokenizer, p.problem) for p in todo]
             for batch in batches(todo, ids, batch_problems):
                 t0 = time.perf_counter()
-                records, call = explore_batch(method, seed, [todo[i] for i in batch], [ids[i] for i in batch],
-                                              engine, cfg, model, decode, pool, leaves)
+                records, call = explore_batch(
+                    method,
+                    seed,
+                    [todo[i] for i in batch],
+                    [ids[i] for i in batch],
+                    engine,
+                    cfg,
+                    model,
+                    decode,
+                    pool,
+                    leaves,
+                )
                 for record in records:
                     log.write(json.dumps(record.record()) + "\n")
                 log.flush()
@@ -245,9 +319,11 @@ def run_exploration(
                 if progress is not None:
                     tokens = sum(r.sampled_tokens for r in records)
                     correct = sum(sum(r.correct) for r in records)
-                    progress(f"{method} seed {seed} {records[0].problem}..{records[-1].problem} "
-                             f"({len(records)} problems): {tokens} tokens, {correct}/{leaves * len(records)} "
-                             f"correct, {time.perf_counter() - t0:.1f} s")
+                    progress(
+                        f"{method} seed {seed} {records[0].problem}..{records[-1].problem} "
+                        f"({len(records)} problems): {tokens} tokens, {correct}/{leaves * len(records)} "
+                        f"correct, {time.perf_counter() - t0:.1f} s"
+                    )
     return read_records(out_dir)
 
 
@@ -317,7 +393,8 @@ def summarize(records: Sequence[Explored], calls: Sequence[dict[str, Any]] = ())
     out: dict[str, Any] = {"problems": len(reference), "methods": {}}
     for method, rollouts in by_method.items():
         row: dict[str, Any] = {
-            "rollouts": len(rollouts), "sampled_tokens": sum(x.sampled_tokens for x in rollouts),
+            "rollouts": len(rollouts),
+            "sampled_tokens": sum(x.sampled_tokens for x in rollouts),
             "per_1k_tokens": {m: per_token(rollouts, m) for m in EQUAL_COST_METRICS},
         }
         if method != INDEPENDENT:
@@ -327,15 +404,22 @@ def summarize(records: Sequence[Explored], calls: Sequence[dict[str, Any]] = ())
                 median, median_low, median_high = median_interval(d, 0.05)
                 x = np.asarray(d)
                 row[metric] = {
-                    "mean": mean, "t_interval": [low, high], "median": median,
-                    "sign_interval": [median_low, median_high], "p_sign": sign_p_value(d),
+                    "mean": mean,
+                    "t_interval": [low, high],
+                    "median": median,
+                    "sign_interval": [median_low, median_high],
+                    "p_sign": sign_p_value(d),
                     "above_at_below": [int((x > 0).sum()), int((x == 0).sum()), int((x < 0).sum())],
                 }
                 if calls:
                     timed, left_out = equal_time_differences(records, calls, method, metric)
                     t_mean, t_low, t_high = paired_t(list(timed.values()))
-                    row[metric]["equal_time"] = {"mean": t_mean, "t_interval": [t_low, t_high],
-                                                 "problems": len(timed), "rollouts_left_out": left_out}
+                    row[metric]["equal_time"] = {
+                        "mean": t_mean,
+                        "t_interval": [t_low, t_high],
+                        "problems": len(timed),
+                        "rollouts_left_out": left_out,
+                    }
         mine = [c for c in calls if c["method"] == method]
         if mine:
             seconds = sum(c["rollout_s"] for c in mine)
@@ -403,7 +487,8 @@ def write_summary(out_dir: Path, records: Sequence[Explored]) -> dict[str, Any]:
 def _reference(records: Sequence[Explored]) -> dict[str, IndependentSamples]:
     return {
         r.problem: IndependentSamples(r.problem, tuple(r.lengths), tuple(r.correct), tuple(r.clusters))
-        for r in records if r.method == INDEPENDENT
+        for r in records
+        if r.method == INDEPENDENT
     }
 
 
@@ -471,7 +556,9 @@ def judge_exploration(
     log_looks(out_dir / LOOKS_LOG, looks, design, units)
     k = len(looks)
     families = ", ".join(f"{f}: {c}" for f, c in design.families.items())
-    heading = (f"Exploration rules, look {k} of {len(design.looks)} at {design.looks[k - 1]} problems "
-               f"(problems as the unit; {design.type} design, alpha {design.alpha:g} two-sided per family, "
-               f"{families})")
+    heading = (
+        f"Exploration rules, look {k} of {len(design.looks)} at {design.looks[k - 1]} problems "
+        f"(problems as the unit; {design.type} design, alpha {design.alpha:g} two-sided per family, "
+        f"{families})"
+    )
     return heading, [JUDGED_HEADER, *judged_rows(looks[-1])], looks[-1]

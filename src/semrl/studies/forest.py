@@ -68,8 +68,15 @@ def draw_forest(rows: Sequence[ForestRow], path: Path, title: str) -> Path | Non
         if not math.isnan(low):
             ax.plot([low / unit, high / unit], [y, y], color=colour, lw=1.2, zorder=3)
         if row.design is not None and not math.isnan(row.design[0]):
-            ax.plot([row.design[0] / unit, row.design[1] / unit], [y, y], color=colour, lw=6, alpha=0.35,
-                    solid_capstyle="butt", zorder=1)
+            ax.plot(
+                [row.design[0] / unit, row.design[1] / unit],
+                [y, y],
+                color=colour,
+                lw=6,
+                alpha=0.35,
+                solid_capstyle="butt",
+                zorder=1,
+            )
         ax.plot([row.estimate / unit], [y], marker="D", ms=6, color=colour, mec="#000000", mew=0.6, zorder=4)
         ax.annotate(row.outcome, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [r.label for r in reversed(rows)], fontsize=8)
@@ -106,10 +113,17 @@ def forest_rows(judged: Sequence[Any], differences: dict[str, list[float]]) -> l
         rule, d = j.rule, differences[j.rule.id]
         _, low, high = repeated_interval(d, 0.05)
         descriptive_only = math.isnan(j.level)
-        rows.append(ForestRow(
-            label=rule_label(rule), variant=rule.variant,
-            estimate=j.estimate, design=None if descriptive_only else (j.low, j.high),
-            level=None if descriptive_only else 1 - j.level, descriptive=(low, high), margin=rule.margin,
-            outcome=j.outcome, differences=list(d),
-        ))
+        rows.append(
+            ForestRow(
+                label=rule_label(rule),
+                variant=rule.variant,
+                estimate=j.estimate,
+                design=None if descriptive_only else (j.low, j.high),
+                level=None if descriptive_only else 1 - j.level,
+                descriptive=(low, high),
+                margin=rule.margin,
+                outcome=j.outcome,
+                differences=list(d),
+            )
+        )
     return rows

@@ -29,13 +29,29 @@ logger = logging.getLogger(__name__)
 __all__ = ["compare_runs", "load_metrics", "read_jsonl", "series", "write_report"]
 
 TRAIN_METRICS = [
-    names.REWARD, names.ACCURACY, names.ENTROPY, names.LOW_ENTROPY_FRAC, names.KL, names.RESPONSE_LENGTH,
-    names.CORRECT_LENGTH, names.TRUNCATED_FRAC, names.DISTINCT_ANSWERS, names.CLIP_FRAC, names.GRAD_NORM,
-    *names.ROSE, names.CURRICULUM_STAGE, names.STEP_S,
+    names.REWARD,
+    names.ACCURACY,
+    names.ENTROPY,
+    names.LOW_ENTROPY_FRAC,
+    names.KL,
+    names.RESPONSE_LENGTH,
+    names.CORRECT_LENGTH,
+    names.TRUNCATED_FRAC,
+    names.DISTINCT_ANSWERS,
+    names.CLIP_FRAC,
+    names.GRAD_NORM,
+    *names.ROSE,
+    names.CURRICULUM_STAGE,
+    names.STEP_S,
     *names.COST,  # the rollout's cost (docs/engines.md, "What a rollout costs")
 ]
 COMPARE_METRICS = [
-    names.REWARD, names.ACCURACY, names.ENTROPY, names.LOW_ENTROPY_FRAC, names.KL, names.RESPONSE_LENGTH,
+    names.REWARD,
+    names.ACCURACY,
+    names.ENTROPY,
+    names.LOW_ENTROPY_FRAC,
+    names.KL,
+    names.RESPONSE_LENGTH,
     names.STEP_S,
 ]
 
@@ -82,9 +98,19 @@ def _curated_eval_metrics(names: list[str]) -> list[str]:
 # One colour per method in every figure semrl draws: Okabe and Ito's palette, which readers with
 # red-green colour blindness tell apart (ROSE bluish green, SENT vermillion), then tab10's.
 METHOD_COLORS = {
-    "base model": "#000000", "dr_grpo": "#0072B2", "grpo": "#E69F00", "rose": "#009E73", "sent": "#D55E00",
-    "treepo": "#CC79A7", "latr": "#56B4E9", "dapo": "#7f7f7f", "fr3e": "#8c564b", "seed_grpo": "#F0E442",
-    "kl_cov": "#bcbd22", "clip_cov": "#17becf", "entropy_8020": "#9467bd",
+    "base model": "#000000",
+    "dr_grpo": "#0072B2",
+    "grpo": "#E69F00",
+    "rose": "#009E73",
+    "sent": "#D55E00",
+    "treepo": "#CC79A7",
+    "latr": "#56B4E9",
+    "dapo": "#7f7f7f",
+    "fr3e": "#8c564b",
+    "seed_grpo": "#F0E442",
+    "kl_cov": "#bcbd22",
+    "clip_cov": "#17becf",
+    "entropy_8020": "#9467bd",
 }
 OTHER_COLORS = ("#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
 
@@ -126,7 +152,11 @@ def _plot_pngs(curves: dict[str, dict[str, list[tuple[int, float]]]], out_dir: P
         for name, points in by_run.items():
             if points:
                 ax.plot(
-                    [p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name,
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    marker="o",
+                    markersize=3,
+                    label=name,
                     color=method_color(name),
                 )
         ax.set_xlabel("step")
@@ -172,7 +202,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, max_tre
     train_points = {m: series(train_rows, m) for m in TRAIN_METRICS}
     train_curves = [
         {"metric": m, "series": [{"name": run_dir.name, "points": points}]}
-        for m, points in train_points.items() if points
+        for m, points in train_points.items()
+        if points
     ]
     eval_names = _eval_metric_names(rows)
     eval_curves = [
@@ -188,8 +219,12 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, max_tre
     model = (config.get("model") or {}).get("name", "?")
     summary = f"{run_dir.name}: method {method}, model {model}, {steps} steps, {len(trees)} saved trees."
     data = {
-        "title": run_dir.name, "summary": summary, "train_curves": train_curves,
-        "eval_curves": eval_curves, "eval_table": _eval_table(rows, eval_names), "trees": trees,
+        "title": run_dir.name,
+        "summary": summary,
+        "train_curves": train_curves,
+        "eval_curves": eval_curves,
+        "eval_table": _eval_table(rows, eval_names),
+        "trees": trees,
         "config_text": config_text,
     }
     assets = resources.files("semrl.studies")

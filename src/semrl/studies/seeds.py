@@ -67,8 +67,15 @@ TOKENS = names.SAMPLED_TOKENS  # logged every step: the compute axis
 SEED_DIR = re.compile(r"^seed-(\d+)$")
 SPLITS = ("eval", "transfer")
 CURVE_METRICS = [
-    names.REWARD, names.ACCURACY, names.ENTROPY, names.LOW_ENTROPY_FRAC, names.KL, names.RESPONSE_LENGTH,
-    names.CORRECT_LENGTH, names.DISTINCT_ANSWERS, names.STEP_S,
+    names.REWARD,
+    names.ACCURACY,
+    names.ENTROPY,
+    names.LOW_ENTROPY_FRAC,
+    names.KL,
+    names.RESPONSE_LENGTH,
+    names.CORRECT_LENGTH,
+    names.DISTINCT_ANSWERS,
+    names.STEP_S,
 ]
 
 
@@ -149,7 +156,8 @@ def _sweep_runs(root: Path) -> list[tuple[str, int, Path]]:
         unfinished = [r for r in found if not (r[2] / DONE_FILE).exists()]
         if unfinished:
             logger.warning(
-                "%d unfinished run(s) left out: %s", len(unfinished),
+                "%d unfinished run(s) left out: %s",
+                len(unfinished),
                 ", ".join(f"{v}/seed-{s}" for v, s, _ in unfinished),
             )
         found = [r for r in found if (r[2] / DONE_FILE).exists()]
@@ -234,7 +242,10 @@ def aggregate(groups: dict[str, list[Run]]) -> dict[str, dict[str, list[tuple[in
 
 
 def seed_differences(
-    variant: Sequence[Run], baseline: Sequence[Run], metric: str, budget: float | None = None,
+    variant: Sequence[Run],
+    baseline: Sequence[Run],
+    metric: str,
+    budget: float | None = None,
     window: int = 1,
 ) -> list[float]:
     """Per-seed differences variant - baseline of ``metric`` over the seeds both ran: at each run's
@@ -266,8 +277,12 @@ def comparison_pairs(groups: dict[str, list[Run]], baseline: str | None) -> list
 
 
 def comparison_rows(
-    groups: dict[str, list[Run]], pairs: Sequence[tuple[str, str]], metrics: Sequence[str],
-    budget: float | None = None, prefix: str = "", window: int = 1,
+    groups: dict[str, list[Run]],
+    pairs: Sequence[tuple[str, str]],
+    metrics: Sequence[str],
+    budget: float | None = None,
+    prefix: str = "",
+    window: int = 1,
 ) -> list[list[str]]:
     """One row per pair and metric with paired seeds (named without ``prefix``): the difference, its
     t-interval, the seeds that agree, whether the interval excludes 0, the minimal detectable effect
@@ -279,12 +294,19 @@ def comparison_rows(
             if not d:
                 continue
             c = compare_paired(d, tie=1e-9)
-            rows.append([
-                f"{variant} - {base}", metric.removeprefix(prefix), f"{c.estimate:+.3f}", c.interval_text,
-                str(c.seeds), c.agreement_text, "yes" if c.excludes_zero else "no",
-                "" if math.isnan(c.mde) else f"{c.mde:.3f}",
-                "" if c.seeds_needed is None else str(c.seeds_needed),
-            ])
+            rows.append(
+                [
+                    f"{variant} - {base}",
+                    metric.removeprefix(prefix),
+                    f"{c.estimate:+.3f}",
+                    c.interval_text,
+                    str(c.seeds),
+                    c.agreement_text,
+                    "yes" if c.excludes_zero else "no",
+                    "" if math.isnan(c.mde) else f"{c.mde:.3f}",
+                    "" if c.seeds_needed is None else str(c.seeds_needed),
+                ]
+            )
     return rows
 
 
@@ -325,8 +347,10 @@ def rule_value(run: Run, rule: Hypothesis, paired: Run) -> float | None:
         )
     if name.startswith("pass@") and name[5:].isdigit():
         k = int(name[5:])
-        n = max((int(key.split("@")[1]) for row in run.rows for key in row
-                 if key.startswith(f"{split}/mean@")), default=0)
+        n = max(
+            (int(key.split("@")[1]) for row in run.rows for key in row if key.startswith(f"{split}/mean@")),
+            default=0,
+        )
         if n < 2 * k:
             raise ConfigError(
                 f"rule {rule.id} (over: curve): {rule.metric} from {n} samples per problem; a pass@{k} curve "
@@ -336,7 +360,11 @@ def rule_value(run: Run, rule: Hypothesis, paired: Run) -> float | None:
 
 
 def design_section(
-    groups: dict[str, list[Run]], rules: RulesFile, chosen: bool, descriptive: bool, log: Path | None,
+    groups: dict[str, list[Run]],
+    rules: RulesFile,
+    chosen: bool,
+    descriptive: bool,
+    log: Path | None,
 ) -> tuple[Section, list[ForestRow]]:
     """The decision section of a rules file with a design: its latest planned look on the first
     seeds that finished every variant the rules name (``semrl.studies.designs``), and that look's
@@ -370,7 +398,7 @@ def design_section(
     stop = "every primary rule settled: the study stops" if primary_done(looks[-1]) else "primary rules open"
     heading = (
         f"Decision rules, look {k} of {len(design.looks)} at {n} seeds ({design.type} design, "
-        f"{ {'fixed': 'one look', 'anytime': 't-test e-value'}.get(design.type, design.boundary)}, "
+        f"{ {'fixed': 'one look', 'anytime': 't-test e-value'}.get(design.type, design.boundary) }, "
         f"alpha {design.alpha:g} two-sided per "
         f"family, {', '.join(f'{f}: {c} ({CONTROLS[c]})' for f, c in design.families.items())}; {stop}{nxt})"
     )
@@ -402,18 +430,32 @@ def decision_forest(groups: dict[str, list[Run]], decisions: Sequence[Decision])
         if decision.comparison is None:
             continue
         d = list(rule_differences(groups, [rule])[rule.id].values())
-        rows.append(ForestRow(
-            label=rule_label(rule), variant=rule.variant,
-            estimate=decision.comparison.estimate, design=None, level=None,
-            descriptive=(decision.comparison.low, decision.comparison.high), margin=rule.margin,
-            outcome=decision.outcome, differences=d,
-        ))
+        rows.append(
+            ForestRow(
+                label=rule_label(rule),
+                variant=rule.variant,
+                estimate=decision.comparison.estimate,
+                design=None,
+                level=None,
+                descriptive=(decision.comparison.low, decision.comparison.high),
+                margin=rule.margin,
+                outcome=decision.outcome,
+                differences=d,
+            )
+        )
     return rows
 
 
 COMPARISON_HEADER = [
-    "pair", "metric", "difference", "95% t-interval", "seeds", "wins / ties / losses", "excludes 0",
-    "detectable at 80%", "seeds needed",
+    "pair",
+    "metric",
+    "difference",
+    "95% t-interval",
+    "seeds",
+    "wins / ties / losses",
+    "excludes 0",
+    "detectable at 80%",
+    "seeds needed",
 ]
 
 
@@ -483,7 +525,7 @@ def _base_rows(groups: dict[str, list[Run]], split: str) -> dict[int, dict[str, 
 
 
 def _base_label(base: dict[int, dict[str, float]], groups: dict[str, list[Run]], split: str) -> str:
-    """"base model (step 0)", saying how many problems it covers where the final evaluations have
+    """ "base model (step 0)", saying how many problems it covers where the final evaluations have
     more (``logging.eval_base_problems``) and over how many seeds where not every seed has one
     (``logging.eval_base``)."""
     finals = [r for runs in groups.values() for r in _finished(runs, split)]
@@ -509,15 +551,18 @@ def final_metrics(groups: dict[str, list[Run]], split: str) -> list[str]:
     if not n:
         return []
     ks = sorted({1, 2, 4, 8, 16, n} & set(range(1, n + 1)))
-    return [f"{split}/{m}" for m in [
-        f"mean@{n}",
-        *(f"pass@{k}" for k in ks),
-        f"maj@{n}",
-        "response_length",
-        "response_length/correct",
-        "distinct_answers",
-        "truncated_frac",
-    ]]
+    return [
+        f"{split}/{m}"
+        for m in [
+            f"mean@{n}",
+            *(f"pass@{k}" for k in ks),
+            f"maj@{n}",
+            "response_length",
+            "response_length/correct",
+            "distinct_answers",
+            "truncated_frac",
+        ]
+    ]
 
 
 def final_table(
@@ -536,19 +581,21 @@ def final_table(
         rows.append(
             [
                 _base_label(base, groups, split),
-                *(
-                    _fmt(*mean_se([b[m] for b in base.values() if m in b]))
-                    for m in metrics
-                ),
+                *(_fmt(*mean_se([b[m] for b in base.values() if m in b])) for m in metrics),
             ]
         )
     for variant, runs in groups.items():
         finals = _finished(runs, split)
         cells = [
-            _fmt(*mean_se([
-                v for r in finals
-                if (v := r.final(m) if budget is None else value_at_tokens(r, m, budget)) is not None
-            ]))
+            _fmt(
+                *mean_se(
+                    [
+                        v
+                        for r in finals
+                        if (v := r.final(m) if budget is None else value_at_tokens(r, m, budget)) is not None
+                    ]
+                )
+            )
             for m in metrics
         ]
         rows.append([variant, *cells])
@@ -612,7 +659,12 @@ def _band(ax: Any, points: list[tuple[float, float, float, int]], label: str) ->
 
 
 def _figure(
-    plt: Any, path: Path, lines: dict[str, list[Any]], xlabel: str, ylabel: str, size: tuple[float, float],
+    plt: Any,
+    path: Path,
+    lines: dict[str, list[Any]],
+    xlabel: str,
+    ylabel: str,
+    size: tuple[float, float],
     log_x: bool = False,
 ) -> Path:
     """A figure of every variant's band, saved as ``path``."""
@@ -646,10 +698,17 @@ def _plots(
         curves = pass_at_k_curves(groups, split)
         if curves:
             ylabel = f"{'held-out' if split == 'eval' else 'transfer'} pass@k"
-            written.append(_figure(
-                plt, out / f"pass_at_k_{split}.png", curves, "k (samples per problem)", ylabel, (5.5, 3.6),
-                log_x=True,
-            ))
+            written.append(
+                _figure(
+                    plt,
+                    out / f"pass_at_k_{split}.png",
+                    curves,
+                    "k (samples per problem)",
+                    ylabel,
+                    (5.5, 3.6),
+                    log_x=True,
+                )
+            )
     tokens = {v: mean_tokens_at_steps(runs) for v, runs in groups.items()}
     xlabel = "step" if x_axis == "step" else "sampled tokens (cumulative, mean over seeds)"
     for metric in metrics:
@@ -683,21 +742,27 @@ def _split_sections(
     sections: list[Section] = [
         (f"{title}: final evaluation, mean ± s.e. (n seeds)", header, rows),
         (
-            f"{title}: pass@k for k = 1..{n}, mean ± s.e.", ["k", *curve],
+            f"{title}: pass@k for k = 1..{n}, mean ± s.e.",
+            ["k", *curve],
             [[str(k), *(_fmt(*pts[k - 1][1:]) for pts in curve.values())] for k in range(1, n + 1)],
         ),
     ]
     # a held-out value at equal tokens is read between two real evaluations: with only the ones
     # before and after training it would be a straight line between them, so it is not shown
     between = budget is not None and _evaluated_during_training(groups, split)
-    note = "" if budget is None or between else (
-        "; none at equal sampled tokens: the runs evaluated only before and after training"
+    note = (
+        ""
+        if budget is None or between
+        else ("; none at equal sampled tokens: the runs evaluated only before and after training")
     )
     if rows := comparison_rows(groups, pairs, final_metrics(groups, split), prefix=f"{split}/"):
-        sections.append((
-            f"{title}: paired differences at equal steps (over seeds; 95% t-interval{note})",
-            COMPARISON_HEADER, rows,
-        ))
+        sections.append(
+            (
+                f"{title}: paired differences at equal steps (over seeds; 95% t-interval{note})",
+                COMPARISON_HEADER,
+                rows,
+            )
+        )
     if between:
         read = "read linearly between the evaluations around it"
         header, rows = final_table(groups, split, budget)
@@ -705,11 +770,14 @@ def _split_sections(
             (f"{title}: at equal sampled tokens ({budget:,.0f}; {read}), mean ± s.e.", header, rows)
         )
         if rows := comparison_rows(groups, pairs, final_metrics(groups, split), budget, f"{split}/"):
-            sections.append((
-                f"{title}: paired differences at equal sampled tokens ({budget:,.0f}; {read}; "
-                "95% t-interval)",
-                COMPARISON_HEADER, rows,
-            ))
+            sections.append(
+                (
+                    f"{title}: paired differences at equal sampled tokens ({budget:,.0f}; {read}; "
+                    "95% t-interval)",
+                    COMPARISON_HEADER,
+                    rows,
+                )
+            )
     return sections
 
 
@@ -724,7 +792,10 @@ def _evaluated_during_training(groups: dict[str, list[Run]], split: str) -> bool
 
 
 def _training_sections(
-    groups: dict[str, list[Run]], pairs: list[tuple[str, str]], metrics: list[str], budget: float | None,
+    groups: dict[str, list[Run]],
+    pairs: list[tuple[str, str]],
+    metrics: list[str],
+    budget: float | None,
     window: int,
 ) -> list[Section]:
     """Paired differences of the training metrics (at the last step or window, and with ``budget``
@@ -737,10 +808,13 @@ def _training_sections(
         sections.append((heading, COMPARISON_HEADER, rows))
     if budget is not None:
         at_budget = [
-            [v, *(
-                _fmt(*mean_se([x for r in runs if (x := value_at_tokens(r, m, budget)) is not None]))
-                for m in last_step
-            )]
+            [
+                v,
+                *(
+                    _fmt(*mean_se([x for r in runs if (x := value_at_tokens(r, m, budget)) is not None]))
+                    for m in last_step
+                ),
+            ]
             for v, runs in groups.items()
         ]
         where = f"at equal sampled tokens ({budget:,.0f})"
@@ -766,8 +840,14 @@ def _training_sections(
 
 
 def _write_outputs(
-    out: Path, groups: dict[str, list[Run]], title: str, sections: list[Section], md: list[str],
-    metrics: list[str], x_axis: str, forest: Sequence[ForestRow] = (),
+    out: Path,
+    groups: dict[str, list[Run]],
+    title: str,
+    sections: list[Section],
+    md: list[str],
+    metrics: list[str],
+    x_axis: str,
+    forest: Sequence[ForestRow] = (),
 ) -> list[str]:
     """``results.md`` (``md`` and the figures), ``aggregate.json``, the PNG figures (first the
     decisions' forest plot, with ``forest``) and a self-contained ``index.html`` in ``out``; returns

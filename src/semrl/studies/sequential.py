@@ -167,8 +167,10 @@ def nominal_levels(
         p = 2 * st.t.sf(np.abs(mean) / (sd / math.sqrt(n)), n - 1)
         candidates = np.sort(p[alive])
         m = int(round(target * CALIBRATION_DRAWS))
-        level = float(candidates[m - 1] + candidates[m]) / 2 if 0 < m < len(candidates) else (
-            0.0 if m == 0 else 1.0
+        level = (
+            float(candidates[m - 1] + candidates[m]) / 2
+            if 0 < m < len(candidates)
+            else (0.0 if m == 0 else 1.0)
         )
         levels.append(level)
         alive &= ~(p < level)
@@ -242,7 +244,10 @@ def bonferroni(p_values: Sequence[float]) -> list[float]:
 
 
 CORRECTIONS = {
-    "holm": holm, "bh": benjamini_hochberg, "bh_spent": benjamini_hochberg, "bonferroni": bonferroni,
+    "holm": holm,
+    "bh": benjamini_hochberg,
+    "bh_spent": benjamini_hochberg,
+    "bonferroni": bonferroni,
     "none": lambda p: list(map(float, p)),
 }
 # What each correction holds at alpha for its family (docs/evaluation.md, "Designs"). Over several
@@ -250,8 +255,10 @@ CORRECTIONS = {
 # under no effect (tests/test_error_rates.py); BH at the alpha each look spends holds it over the
 # looks: the false share of all decisions is at most the sum of the looks' false shares.
 CONTROLS = {
-    "holm": "family-wise error", "bonferroni": "family-wise error",
-    "bh": "false discovery rate at each look", "bh_spent": "false discovery rate over the looks",
+    "holm": "family-wise error",
+    "bonferroni": "family-wise error",
+    "bh": "false discovery rate at each look",
+    "bh_spent": "false discovery rate over the looks",
     "none": "each rule's error alone",
 }
 

@@ -161,8 +161,11 @@ def sd_interval(differences: Sequence[float], alpha: float = ALPHA) -> tuple[flo
         return math.nan, math.nan, math.nan
     s = float(np.std(differences, ddof=1))
     df = n - 1
-    return (s, s * math.sqrt(df / float(st.chi2.ppf(1 - alpha / 2, df))),
-            s * math.sqrt(df / float(st.chi2.ppf(alpha / 2, df))))
+    return (
+        s,
+        s * math.sqrt(df / float(st.chi2.ppf(1 - alpha / 2, df))),
+        s * math.sqrt(df / float(st.chi2.ppf(alpha / 2, df))),
+    )
 
 
 @dataclass(frozen=True)
@@ -198,9 +201,17 @@ def size_from_pilot(
     differences: at their s.d. and at both ends of its interval. The pilot's mean is not used (it is
     descriptive, never evidence for the planned study)."""
     sd, low, high = sd_interval(differences, alpha)
-    return PilotSizing(len(differences), sd, low, high, effect, seeds_needed(effect, sd, alpha, power),
-                       seeds_needed(effect, low, alpha, power), seeds_needed(effect, high, alpha, power),
-                       max_seeds)
+    return PilotSizing(
+        len(differences),
+        sd,
+        low,
+        high,
+        effect,
+        seeds_needed(effect, sd, alpha, power),
+        seeds_needed(effect, low, alpha, power),
+        seeds_needed(effect, high, alpha, power),
+        max_seeds,
+    )
 
 
 def sign_p_value(differences: Sequence[float]) -> float:
@@ -294,14 +305,24 @@ def compare_paired(differences: Sequence[float], tie: float = 1e-12, test: str =
     if test == "sign":
         median, low, high = median_interval(d, ALPHA)
         return PairedComparison(
-            median, low, high, int(d.size), *win_tie_loss(d, tie),
-            sd=float(d.std(ddof=1)) if d.size > 1 else math.nan, mde=math.nan,
+            median,
+            low,
+            high,
+            int(d.size),
+            *win_tie_loss(d, tie),
+            sd=float(d.std(ddof=1)) if d.size > 1 else math.nan,
+            mde=math.nan,
             seeds_needed=sign_seeds_to_settle(d, tie),
         )
     estimate, low, high = paired_t(d)
     sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
     return PairedComparison(
-        estimate, low, high, int(d.size), *win_tie_loss(d, tie), sd=sd,
+        estimate,
+        low,
+        high,
+        int(d.size),
+        *win_tie_loss(d, tie),
+        sd=sd,
         mde=min_detectable_effect(sd, d.size) if d.size > 1 else math.nan,
         seeds_needed=seeds_needed(estimate, sd) if d.size > 1 else None,
     )

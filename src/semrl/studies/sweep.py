@@ -223,10 +223,17 @@ def load_sweep(path: str | Path) -> Sweep:
         by_variant[name] = overrides = _variant_overrides(name, values, common)
         for seed in seeds:
             run_dir = out / name / f"seed-{seed}"
-            run = SweepRun(name, seed, run_dir, (
-                *overrides, _override("trainer.seed", seed), _override("logging.output_dir", str(run_dir)),
-                _override("logging.eval_cache", str(out / EVAL_CACHE)),
-            ))
+            run = SweepRun(
+                name,
+                seed,
+                run_dir,
+                (
+                    *overrides,
+                    _override("trainer.seed", seed),
+                    _override("logging.output_dir", str(run_dir)),
+                    _override("logging.eval_cache", str(out / EVAL_CACHE)),
+                ),
+            )
             try:
                 load_config(base, list(run.overrides))
             except ConfigError as err:
@@ -306,8 +313,13 @@ def code_version() -> dict[str, Any]:
             ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10
         )
         if commit.returncode == 0:
-            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=source,
-                                    capture_output=True, text=True, timeout=10)
+            status = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=source,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             info["commit"], info["modified"] = commit.stdout.strip(), bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
@@ -631,8 +643,10 @@ def study_status(sweep: Sweep, rules: RulesFile) -> str:
     elif len(logged) == len(design.looks):
         lines.append(f"stopped: the design's last look ({len(logged)}) is taken")
     elif design.max_hours is not None and hours >= design.max_hours:
-        lines.append(f"stopped: the runs' hours passed max_hours; the looks it reaches are taken by the next "
-                     f"`semrl sweep --until-decided`, which then runs nothing (looks taken: {len(logged)})")
+        lines.append(
+            f"stopped: the runs' hours passed max_hours; the looks it reaches are taken by the next "
+            f"`semrl sweep --until-decided`, which then runs nothing (looks taken: {len(logged)})"
+        )
     else:
         following = design.looks[len(logged)]
         read = seeds[:following]
@@ -644,8 +658,10 @@ def study_status(sweep: Sweep, rules: RulesFile) -> str:
             needed_text = f"{len(needed)} run(s) left"
             if started:
                 needed_text += f"; started: {', '.join(started)}"
-        lines.append(f"next: look {len(logged) + 1} at {following} seeds (seeds "
-                     f"{seeds[0]}-{seeds[following - 1]}): {needed_text}")
+        lines.append(
+            f"next: look {len(logged) + 1} at {following} seeds (seeds "
+            f"{seeds[0]}-{seeds[following - 1]}): {needed_text}"
+        )
     return "\n".join(lines)
 
 
@@ -665,16 +681,22 @@ def run_until_decided(sweep: Sweep, rules: RulesFile, echo: Callable[[str], Any]
         taken, settled = _take_looks(sweep, rules, design, echo)
         if settled or taken == len(design.looks):
             why = "every primary rule is settled" if settled else "the design's last look is taken"
-            echo(f"study stopped at look {taken} of {len(design.looks)}: {why} "
-                 f"({sweep.output_dir / 'looks.jsonl'})")
+            echo(
+                f"study stopped at look {taken} of {len(design.looks)}: {why} "
+                f"({sweep.output_dir / 'looks.jsonl'})"
+            )
             return 0
         if design.max_hours is not None and (hours := _spent_hours(sweep)) >= design.max_hours:
-            echo(f"study stopped: its runs took {hours:.1f} h, the design's budget is {design.max_hours:g} h "
-                 f"(max_hours); looks taken: {taken}")
+            echo(
+                f"study stopped: its runs took {hours:.1f} h, the design's budget is {design.max_hours:g} h "
+                f"(max_hours); looks taken: {taken}"
+            )
             return 0
         following = next((n for n in design.looks if n > index), None)
-        echo(f"seed {seed} ({index + 1} of at most {len(seeds)}); looks taken {taken}, "
-             f"next at {following} seeds")
+        echo(
+            f"seed {seed} ({index + 1} of at most {len(seeds)}); looks taken {taken}, "
+            f"next at {following} seeds"
+        )
         for run in (r for r in sweep.runs if r.seed == seed):
             if run_state(run) == "done":
                 continue
@@ -683,8 +705,10 @@ def run_until_decided(sweep: Sweep, rules: RulesFile, echo: Callable[[str], Any]
                 echo(f"{run.name}: stopped (exit {code}); run the same command again to continue")
                 return EXIT_PREEMPTED
             if code != 0:
-                echo(f"{run.name}: failed with exit code {code}; see {run.run_dir}. A sequential study "
-                     "cannot skip a seed: fix the cause and run the same command again")
+                echo(
+                    f"{run.name}: failed with exit code {code}; see {run.run_dir}. A sequential study "
+                    "cannot skip a seed: fix the cause and run the same command again"
+                )
                 return 1
     taken, settled = _take_looks(sweep, rules, design, echo)
     echo(f"study stopped at look {taken} of {len(design.looks)} ({sweep.output_dir / 'looks.jsonl'})")

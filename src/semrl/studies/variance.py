@@ -206,7 +206,10 @@ class Decomposition:
 
 
 def decompose(
-    metric: str, pair: tuple[str, str], seeds: Sequence[tuple[Samples, Samples]], reps: int = 400,
+    metric: str,
+    pair: tuple[str, str],
+    seeds: Sequence[tuple[Samples, Samples]],
+    reps: int = 400,
     seed: int = 0,
 ) -> Decomposition:
     """The decomposition of ``metric(A) - metric(B)`` from each seed's (A, B) evaluations."""
@@ -221,7 +224,15 @@ def decompose(
     var_draw = float(np.mean([d for d, _ in parts]))
     p, n = seeds[0][0].correct.shape
     return Decomposition(
-        metric, pair, tuple(diffs), p, n, var_total, ci, var_draw, float(np.mean([s for _, s in parts])),
+        metric,
+        pair,
+        tuple(diffs),
+        p,
+        n,
+        var_total,
+        ci,
+        var_draw,
+        float(np.mean([s for _, s in parts])),
         var_total - var_draw,
     )
 
@@ -236,7 +247,8 @@ def var_per_seed(d: Decomposition, problems: int, samples: int, var_train: float
     e.g. the upper end of its range)."""
     train = d.var_train if var_train is None else var_train
     return (
-        train + d.var_problems * d.problems / problems
+        train
+        + d.var_problems * d.problems / problems
         + d.var_samples * d.problems * d.samples / (problems * samples)
     )
 
@@ -253,9 +265,15 @@ class Design:
 
 
 def cheapest_designs(
-    d: Decomposition, target: float, seed_cost_s: float, sample_cost_s: float,
-    problems: Sequence[int] = (32, 64, 128, 256, 512), samples: Sequence[int] = (16, 32),
-    max_seeds: int = 40, var_train: float | None = None, evaluations: int = 1,
+    d: Decomposition,
+    target: float,
+    seed_cost_s: float,
+    sample_cost_s: float,
+    problems: Sequence[int] = (32, 64, 128, 256, 512),
+    samples: Sequence[int] = (16, 32),
+    max_seeds: int = 40,
+    var_train: float | None = None,
+    evaluations: int = 1,
 ) -> list[Design]:
     """For every (problems, samples) the fewest seeds whose half-width is <= ``target``, cheapest
     first. Per seed the design costs ``seed_cost_s`` (training, per seed of the pair) plus
@@ -287,17 +305,22 @@ def final_samples(run: Run, split: str) -> Samples | None:
 
 
 def variance_section(
-    groups: dict[str, list[Run]], pairs: Sequence[tuple[str, str]], split: str = "eval",
-    metrics: Sequence[str] = VARIANCE_METRICS, reps: int = 400,
+    groups: dict[str, list[Run]],
+    pairs: Sequence[tuple[str, str]],
+    split: str = "eval",
+    metrics: Sequence[str] = VARIANCE_METRICS,
+    reps: int = 400,
 ) -> str:
     """Markdown: for each pair and metric, the seed-to-seed variance of the final difference split
     into the evaluation's draw (problems, samples) and training, from the runs' problem records
     (``semrl compare SWEEP --variance``)."""
     lines = [
-        f"## Where the variance is ({split}, final evaluation)", "",
+        f"## Where the variance is ({split}, final evaluation)",
+        "",
         "Per-seed difference D = A - B. var(D): across seeds [95% chi-square interval]; draw: paired "
         "bootstrap over each seed's problems, of which samples: each problem's samples drawn again; "
-        "training = var(D) - draw (floored at 0). Shares are of var(D).", "",
+        "training = var(D) - draw (floored at 0). Shares are of var(D).",
+        "",
         "| A - B | metric | seeds | P x n | var(D) [95% CI] | draw (samples) | training | draw share |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -32,12 +32,27 @@ COST = (SAMPLED_TOKENS, PREFILL_TOKENS, ENGINE_STEPS, RUNNING_BATCH, TOKENS_PER_
 # only where the run has them
 KL = "kl"  # a KL term (algorithm.kl_coef > 0, SENT)
 ROSE = (
-    "rose/branched_chains", "rose/generated_vs_independent", "rose/branch_entropy", "rose/branch_divergence",
+    "rose/branched_chains",
+    "rose/generated_vs_independent",
+    "rose/branch_entropy",
+    "rose/branch_divergence",
 )
 EVAL_S = "time/eval_s"  # a step with an evaluation
 EVAL_PROBLEMS = "eval/problems"
 
 EVERY_STEP = (
-    REWARD, ACCURACY, ENTROPY, LOW_ENTROPY_FRAC, RESPONSE_LENGTH, CORRECT_LENGTH, TRUNCATED_FRAC,
-    DISTINCT_ANSWERS, ALL_EQUAL, CLIP_FRAC, GRAD_NORM, CURRICULUM_STAGE, STEP_S, *COST,
+    REWARD,
+    ACCURACY,
+    ENTROPY,
+    LOW_ENTROPY_FRAC,
+    RESPONSE_LENGTH,
+    CORRECT_LENGTH,
+    TRUNCATED_FRAC,
+    DISTINCT_ANSWERS,
+    ALL_EQUAL,
+    CLIP_FRAC,
+    GRAD_NORM,
+    CURRICULUM_STAGE,
+    STEP_S,
+    *COST,
 )

@@ -92,7 +92,9 @@ def rollout_metrics(
 
 
 def entropy_metrics(
-    batch: RolloutBatch, advantages: torch.Tensor, low_entropy_threshold: float,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    low_entropy_threshold: float,
     measured_entropy: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Entropy dynamics over the step's response tokens (rollout-time entropy and log-probs):

@@ -34,8 +34,9 @@ def _stored_through(tracker: Tracker) -> int:
         return tracker.stored_through()
     except Exception as err:  # a store that cannot be read: send every step again rather than lose any
         logger.warning(
-            "could not read which steps %s already stores (%r); sending them again", type(tracker).__name__,
-            err
+            "could not read which steps %s already stores (%r); sending them again",
+            type(tracker).__name__,
+            err,
         )
         return -1
 

@@ -15,9 +15,13 @@ COST_COLUMNS = (names.SAMPLED_TOKENS, names.PREFILL_TOKENS, names.RUNNING_BATCH)
 def _held_out_rows(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     k = next((key.split("@")[1] for key in after if key.startswith("eval/mean@")), None)
     rows = []
-    names = [(f"eval/mean@{k}", f"mean@{k}", "{:.3f}"), (f"eval/pass@{k}", f"pass@{k}", "{:.3f}"),
-             (f"eval/maj@{k}", f"maj@{k}", "{:.3f}"), ("eval/response_length", "response length", "{:.1f}"),
-             ("eval/truncated_frac", "truncated", "{:.0%}")]
+    names = [
+        (f"eval/mean@{k}", f"mean@{k}", "{:.3f}"),
+        (f"eval/pass@{k}", f"pass@{k}", "{:.3f}"),
+        (f"eval/maj@{k}", f"maj@{k}", "{:.3f}"),
+        ("eval/response_length", "response length", "{:.1f}"),
+        ("eval/truncated_frac", "truncated", "{:.0%}"),
+    ]
     for key, label, fmt in names:
         if key in after:
             old = fmt.format(before[key]) if key in before else "-"
@@ -65,8 +69,11 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path, eval_source: st
             for r in shown
         ]
     run = Path(run_dir)
-    lines += ["", f"metrics: {run / 'metrics.jsonl'}   checkpoints: {run / 'checkpoints'}",
-              f"report:  semrl report {run}   (HTML with the figures, in {run / 'report'})"]
+    lines += [
+        "",
+        f"metrics: {run / 'metrics.jsonl'}   checkpoints: {run / 'checkpoints'}",
+        f"report:  semrl report {run}   (HTML with the figures, in {run / 'report'})",
+    ]
     return "\n".join(lines)
 
 

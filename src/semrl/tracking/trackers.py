@@ -160,7 +160,12 @@ def open_trackers(
 
 
 def _open_each(
-    names: list[str], run_dir: Path, config: dict[str, Any], project: str, name: str, ids: dict[str, str],
+    names: list[str],
+    run_dir: Path,
+    config: dict[str, Any],
+    project: str,
+    name: str,
+    ids: dict[str, str],
     trackers: list[Tracker],
 ) -> None:
     for tracker_name in names:
@@ -170,8 +175,12 @@ def _open_each(
             import wandb
 
             run = wandb.init(
-                project=project, name=name, id=ids.get("wandb"), resume="allow", dir=str(run_dir),
-                config=config
+                project=project,
+                name=name,
+                id=ids.get("wandb"),
+                resume="allow",
+                dir=str(run_dir),
+                config=config,
             )
             ids["wandb"] = run.id
             trackers.append(RunTracker(run, wandb.Table))

@@ -50,15 +50,20 @@ def tree_records(
             point = points[c]
             chains.append(
                 {
-                    "chain": c, "parent": tree.parents[c], "branch_position": tree.branch_positions[c],
-                    "length": tree.lengths[c], "answer": scores.results[row].answer,
-                    "reward": scores.rewards[row].item(), "correct": scores.results[row].correct,
-                    "branch": None if point is None else dict(
-                        zip(("entropy", "divergence", "score"), point, strict=True)
-                    ),
+                    "chain": c,
+                    "parent": tree.parents[c],
+                    "branch_position": tree.branch_positions[c],
+                    "length": tree.lengths[c],
+                    "answer": scores.results[row].answer,
+                    "reward": scores.rewards[row].item(),
+                    "correct": scores.results[row].correct,
+                    "branch": None
+                    if point is None
+                    else dict(zip(("entropy", "divergence", "score"), point, strict=True)),
                     "segments": [
                         {
-                            "start": a, "end": b,
+                            "start": a,
+                            "end": b,
                             "text": tokenizer.decode(ids[a:b], skip_special_tokens=True),
                             "advantage": advantages[row, a:b].mean().item(),
                         }
@@ -69,8 +74,11 @@ def tree_records(
         problem = batch.problems[base]
         records.append(
             {
-                "step": step, "problem_id": problem.id, "problem": problem.problem, "gold": problem.answer,
-                "chains": chains
+                "step": step,
+                "problem_id": problem.id,
+                "problem": problem.problem,
+                "gold": problem.answer,
+                "chains": chains,
             }
         )
     return records

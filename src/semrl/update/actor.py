@@ -152,11 +152,22 @@ class Actor:
     """
 
     def __init__(
-        self, cfg: Config, model: torch.nn.Module, ref_model: PreTrainedModel | None,
-        reference_weights: Callable[[], AbstractContextManager[Any]], precision: Precision, packing: bool,
-        processes: ProcessGroup, optim: Optimization, bonus: EntropyBonus, loss_fn: LossFn,
-        prepare_fn: PrepareFn | None, loss_config: MethodConfig[Any], generator: torch.Generator,
-        reuse_first_forward: bool = True, faults: Faults = NO_FAULTS,
+        self,
+        cfg: Config,
+        model: torch.nn.Module,
+        ref_model: PreTrainedModel | None,
+        reference_weights: Callable[[], AbstractContextManager[Any]],
+        precision: Precision,
+        packing: bool,
+        processes: ProcessGroup,
+        optim: Optimization,
+        bonus: EntropyBonus,
+        loss_fn: LossFn,
+        prepare_fn: PrepareFn | None,
+        loss_config: MethodConfig[Any],
+        generator: torch.Generator,
+        reuse_first_forward: bool = True,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.cfg, self.model, self.ref_model = cfg, model, ref_model
         self.reference_weights, self.precision = reference_weights, precision
@@ -219,21 +230,33 @@ class Actor:
                 old_rows, first_forward_rows = every_row[~skipped], skipped
             with self.precision.autocast(self.model):
                 logp, sampling_entropy = batch_logprobs(
-                    self.model, batch, self.temperature,
+                    self.model,
+                    batch,
+                    self.temperature,
                     self._row_batches(batch, old_rows) if len(old_rows) else [],
-                    packed=self.packing, with_entropy=fill, chunk_size=chunk,
+                    packed=self.packing,
+                    with_entropy=fill,
+                    chunk_size=chunk,
                 )
             old_logp = None if on_policy else logp
         if self.ref_model is not None:
             with self.reference_weights():
                 ref_logp = batch_logprobs(
-                    self.ref_model, batch, self.temperature, self._row_batches(batch, every_row),
-                    packed=self.packing, chunk_size=chunk,
+                    self.ref_model,
+                    batch,
+                    self.temperature,
+                    self._row_batches(batch, every_row),
+                    packed=self.packing,
+                    chunk_size=chunk,
                 )[0]
         return PolicyPasses(old_logp, ref_logp, sampling_entropy, first_forward_rows)
 
     def update(
-        self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses, first_order: torch.Tensor,
+        self,
+        batch: RolloutBatch,
+        advantages: torch.Tensor,
+        passes: PolicyPasses,
+        first_order: torch.Tensor,
         step: int,
     ) -> UpdateResult:
         """PPO epochs over mini-batches (epoch 0 in ``first_order``), gradient accumulation over
@@ -245,8 +268,10 @@ class Actor:
         stats: dict[str, list[float]] = defaultdict(list)
         self.model.train()
         for epoch in range(self.cfg.trainer.ppo_epochs):
-            order = first_order if epoch == 0 else shuffled_rows(
-                total, batch.group_size, self.packing, self.generator
+            order = (
+                first_order
+                if epoch == 0
+                else shuffled_rows(total, batch.group_size, self.packing, self.generator)
             )
             for start in range(0, total, size):
                 mini = self._mini_batch(batch, advantages, order[start : start + size], first)
@@ -289,8 +314,14 @@ class Actor:
         return MiniBatch(rows, self.micro_batch_plan(batch, rows), selection, num_tokens)
 
     def _micro_batch_loss(
-        self, batch: RolloutBatch, advantages: torch.Tensor, passes: PolicyPasses, mini: MiniBatch,
-        positions: torch.Tensor, first: FirstForward, entropy_coeff: float,
+        self,
+        batch: RolloutBatch,
+        advantages: torch.Tensor,
+        passes: PolicyPasses,
+        mini: MiniBatch,
+        positions: torch.Tensor,
+        first: FirstForward,
+        entropy_coeff: float,
     ) -> tuple[torch.Tensor, dict[str, float], float]:
         """The loss of micro-batch ``mini.rows[positions]`` (forward with gradient, the entropy bonus
         at ``entropy_coeff``), its metrics and the sum of its token entropies; ``first`` takes the old
@@ -298,7 +329,12 @@ class Actor:
         idx, world = mini.rows[positions], self.processes.world
         with self.precision.autocast(self.model):
             logp, entropy, mask = rows_logprobs(
-                self.model, batch, idx, self.temperature, with_entropy=True, packed=self.packing,
+                self.model,
+                batch,
+                idx,
+                self.temperature,
+                with_entropy=True,
+                packed=self.packing,
                 chunk_size=self.cfg.trainer.logits_chunk_size,
             )
         r, dev = mask.shape[1], logp.device
@@ -306,13 +342,17 @@ class Actor:
         inputs = PolicyLossInputs(
             logp=logp,
             old_logp=old_logp,
-            advantages=advantages[idx, :r].to(dev), mask=mask,
+            advantages=advantages[idx, :r].to(dev),
+            mask=mask,
             entropy=None if entropy is None else entropy.detach(),
             ref_logp=None if passes.ref_logp is None else passes.ref_logp[idx, :r].to(dev),
             selection={k: v[positions, :r].to(dev) for k, v in mini.selection.items()},
-            generator=self.generator, num_tokens=mini.num_tokens, num_micro_batches=len(mini.plan) * world,
+            generator=self.generator,
+            num_tokens=mini.num_tokens,
+            num_micro_batches=len(mini.plan) * world,
             rollout_logp=batch.rollout_logprobs[idx, :r].to(dev),
-            entropy_coeff=entropy_coeff, bonus_entropy=entropy,
+            entropy_coeff=entropy_coeff,
+            bonus_entropy=entropy,
         )
         loss, loss_metrics, kl = micro_batch_loss(
             self.loss_fn, inputs, self.loss_config, len(mini.rows) * world

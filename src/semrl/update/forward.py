@@ -33,8 +33,13 @@ def response_logprobs(
     hidden = final_hidden_states(model, input_ids=ids, attention_mask=att, position_ids=positions)
     # the hidden state of column c predicts token c + 1
     return head_logprobs(
-        model, hidden[:, p - 1 : p + r - 1], ids[:, p:], batch.response_mask.to(device), temperature,
-        with_entropy, chunk_size,
+        model,
+        hidden[:, p - 1 : p + r - 1],
+        ids[:, p:],
+        batch.response_mask.to(device),
+        temperature,
+        with_entropy,
+        chunk_size,
     )
 
 
@@ -90,7 +95,12 @@ def head_logprobs(
     weight, bias = lm_head_parameters(model)
     keep = mask.bool()
     logp_kept, entropy_kept = chunked_logprobs(
-        hidden[keep], weight, targets[keep], bias=bias, temperature=temperature, with_entropy=with_entropy,
+        hidden[keep],
+        weight,
+        targets[keep],
+        bias=bias,
+        temperature=temperature,
+        with_entropy=with_entropy,
         chunk_size=chunk_size,
     )
     logp = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)

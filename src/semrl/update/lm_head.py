@@ -32,9 +32,15 @@ def _chunk_logits(
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
         targets: torch.Tensor,
-        temperature: float, chunk_size: int, compute_dtype: torch.dtype, with_entropy: bool,
+        temperature: float,
+        chunk_size: int,
+        compute_dtype: torch.dtype,
+        with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = hidden.shape[0]
         w = weight.to(compute_dtype)
@@ -101,7 +107,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
             grad_hidden,
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(bias.dtype),
-            None, None, None, None, None,
+            None,
+            None,
+            None,
+            None,
+            None,
         )
 
 
@@ -144,7 +154,13 @@ def chunked_logprobs(
     with torch.autocast(hidden.device.type, enabled=False):
         # torch.autograd.Function.apply is untyped
         logp, entropy = _ChunkedLogprobs.apply(  # type: ignore[no-untyped-call]
-            hidden, weight, bias, targets, temperature if temperature > 0 else 1.0, chunk_size, compute_dtype,
+            hidden,
+            weight,
+            bias,
+            targets,
+            temperature if temperature > 0 else 1.0,
+            chunk_size,
+            compute_dtype,
             with_entropy,
         )
     return logp, entropy if with_entropy else None

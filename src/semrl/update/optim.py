@@ -43,8 +43,13 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[tor
 
 
 def guarded_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, processes: ProcessGroup,
-    max_grad_norm: float, sum_gradients: bool, losses: list[float],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    processes: ProcessGroup,
+    max_grad_norm: float,
+    sum_gradients: bool,
+    losses: list[float],
     scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[float, bool]:
     """One optimizer update from the accumulated gradients: summed over processes (unless FSDP
@@ -78,8 +83,12 @@ class Optimization:
     """
 
     def __init__(
-        self, model: torch.nn.Module, cfg: Config, processes: ProcessGroup, steps: int,
-        scaler: torch.amp.GradScaler
+        self,
+        model: torch.nn.Module,
+        cfg: Config,
+        processes: ProcessGroup,
+        steps: int,
+        scaler: torch.amp.GradScaler,
     ) -> None:
         self.model, self.cfg, self.processes, self.scaler = model, cfg, processes, scaler
         self.optimizer, self.scheduler = make_optimizer(model, cfg, steps)
@@ -98,8 +107,14 @@ class Optimization:
         are not finite; returns (grad norm, applied) and counts consecutive skipped updates."""
         fsdp = self.cfg.trainer.fsdp  # FSDP reduce-scatters the gradients during backward
         grad_norm, applied = guarded_step(
-            self.model, self.optimizer, self.scheduler, self.processes, self.cfg.trainer.max_grad_norm,
-            not fsdp, losses, self.scaler,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.processes,
+            self.cfg.trainer.max_grad_norm,
+            not fsdp,
+            losses,
+            self.scaler,
         )
         self.consecutive_bad_updates = 0 if applied else self.consecutive_bad_updates + 1
         return grad_norm, applied

@@ -187,9 +187,13 @@ def packed_response_logprobs(
     unique, inverse = torch.unique(predictions, dim=0, return_inverse=True)
     unique, inverse, keep = unique.to(device), inverse.to(device), keep.to(device)
     logp_unique, entropy_unique = head_logprobs(
-        model, hidden[unique[:, 0], unique[:, 1]][None], unique[None, :, 2],
+        model,
+        hidden[unique[:, 0], unique[:, 1]][None],
+        unique[None, :, 2],
         torch.ones_like(unique[None, :, 2]),
-        temperature, with_entropy, chunk_size,
+        temperature,
+        with_entropy,
+        chunk_size,
     )
     logp = torch.zeros(keep.shape, dtype=torch.float32, device=device)
     logp[keep] = logp_unique[0, inverse]
@@ -209,11 +213,12 @@ def supports_packing(model: torch.nn.Module) -> bool:
         config, "use_sliding_window", True
     )
     return (
-        hasattr(model, "model") and hasattr(model, "lm_head")
-        and getattr(config, "model_type", "") in {
-            "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "olmo2"
-        }
-        and not sliding and getattr(config, "attn_logit_softcapping", None) is None
+        hasattr(model, "model")
+        and hasattr(model, "lm_head")
+        and getattr(config, "model_type", "")
+        in {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "olmo2"}
+        and not sliding
+        and getattr(config, "attn_logit_softcapping", None) is None
     )
 
 

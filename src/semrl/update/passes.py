@@ -19,7 +19,12 @@ from semrl.update.packing import pack_rows, packed_response_logprobs, unpack_ord
 
 
 def rows_logprobs(
-    model: Any, batch: RolloutBatch, idx: torch.Tensor, temperature: float, *, with_entropy: bool,
+    model: Any,
+    batch: RolloutBatch,
+    idx: torch.Tensor,
+    temperature: float,
+    *,
+    with_entropy: bool,
     packed: bool,
     chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -35,8 +40,12 @@ def rows_logprobs(
         return logp, entropy, sub.response_mask.to(logp.device).float()
     rows = idx.tolist()
     packed_rows, order = pack_rows(
-        batch.prompt_ids, [g.token_ids.tolist() for g in batch.generations], rows, batch.group_size,
-        batch.trees(), batch.pad_token_id,
+        batch.prompt_ids,
+        [g.token_ids.tolist() for g in batch.generations],
+        rows,
+        batch.group_size,
+        batch.trees(),
+        batch.pad_token_id,
     )
     logp, entropy = packed_response_logprobs(model, packed_rows, temperature, with_entropy, chunk_size)
     back = unpack_order(order)
@@ -45,8 +54,14 @@ def rows_logprobs(
 
 
 def batch_logprobs(
-    model: Any, batch: RolloutBatch, temperature: float, micro_batches: list[torch.Tensor], *, packed: bool,
-    with_entropy: bool = False, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+    model: Any,
+    batch: RolloutBatch,
+    temperature: float,
+    micro_batches: list[torch.Tensor],
+    *,
+    packed: bool,
+    with_entropy: bool = False,
+    chunk_size: int = DEFAULT_LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, T) log-probs of every response token under ``model`` (old policy or reference), without
     gradient, one micro-batch of rows at a time; and (N, T) entropies with ``with_entropy``."""
@@ -56,8 +71,13 @@ def batch_logprobs(
     with torch.no_grad():
         for idx in micro_batches:
             logp, entropy, _ = rows_logprobs(
-                model, batch, idx, temperature, with_entropy=with_entropy, packed=packed,
-                chunk_size=chunk_size
+                model,
+                batch,
+                idx,
+                temperature,
+                with_entropy=with_entropy,
+                packed=packed,
+                chunk_size=chunk_size,
             )
             out[idx, : logp.shape[1]] = logp.cpu()
             if entropies is not None and entropy is not None:
@@ -66,7 +86,11 @@ def batch_logprobs(
 
 
 def micro_batches(
-    batch: RolloutBatch, rows: torch.Tensor, size: int, token_budget: int | None, packed: bool,
+    batch: RolloutBatch,
+    rows: torch.Tensor,
+    size: int,
+    token_budget: int | None,
+    packed: bool,
     count: int | None = None,
 ) -> list[torch.Tensor]:
     """Positions into ``rows`` of each micro-batch.

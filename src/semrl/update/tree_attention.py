@@ -118,8 +118,9 @@ class TreeLayout:
             full = torch.zeros_like(partial)
             for query_block in self.query_blocks(FLEX_BLOCK):
                 q_block = query_block.start // FLEX_BLOCK
-                seen = self.visible(query_block.row, slice(query_block.start, query_block.end),
-                                    slice(0, query_block.end))
+                seen = self.visible(
+                    query_block.row, slice(query_block.start, query_block.end), slice(0, query_block.end)
+                )
                 for k_block in (query_block.keys // FLEX_BLOCK).unique().tolist():
                     tile = seen[:, k_block * FLEX_BLOCK : (k_block + 1) * FLEX_BLOCK]
                     is_full = bool(tile.all()) and tile.shape == (FLEX_BLOCK, FLEX_BLOCK)
@@ -127,9 +128,11 @@ class TreeLayout:
 
             def kv_blocks(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 counts = flags.sum(-1, dtype=torch.int32)[:, None]  # (B, 1, QB)
-                order = flags.to(torch.int8).argsort(dim=-1, descending=True, stable=True).to(
-                    torch.int32
-                )[:, None]
+                order = (
+                    flags.to(torch.int8)
+                    .argsort(dim=-1, descending=True, stable=True)
+                    .to(torch.int32)[:, None]
+                )
                 return counts, order
 
             pos, seg, cutoff = self.position_ids, self.segment, self.cutoff
@@ -138,28 +141,45 @@ class TreeLayout:
                 return (pos[b, k] <= pos[b, q]) & (pos[b, k] < cutoff[seg[b, q], seg[b, k]])
 
             self._block_mask = BlockMask.from_kv_blocks(
-                *kv_blocks(partial), *kv_blocks(full), BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
+                *kv_blocks(partial),
+                *kv_blocks(full),
+                BLOCK_SIZE=FLEX_BLOCK,
+                mask_mod=mask_mod,
                 seq_lengths=(width, width),
             )
         return self._block_mask
 
 
 def _block_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout, block: QueryBlock,
-    scaling: float | None, dropout: float,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: TreeLayout,
+    block: QueryBlock,
+    scaling: float | None,
+    dropout: float,
 ) -> torch.Tensor:
     """(1, H, Q, D) attention of one query block to its gathered keys."""
     mask = layout.visible(block.row, slice(block.start, block.end), block.keys)
     return F.scaled_dot_product_attention(
-        query, key.index_select(2, block.keys), value.index_select(2, block.keys), attn_mask=mask[None, None],
-        dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
+        query,
+        key.index_select(2, block.keys),
+        value.index_select(2, block.keys),
+        attn_mask=mask[None, None],
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1],
     )
 
 
 def blockwise_tree_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: TreeLayout,
     scaling: float | None = None,
-    dropout: float = 0.0, block: int | None = None,
+    dropout: float = 0.0,
+    block: int | None = None,
 ) -> torch.Tensor:
     """(B, Hq, S, D) queries, (B, Hkv, S, D) keys and values -> (B, S, Hq, D) outputs, in query
     blocks of ``block`` columns (default ``CPU_QUERY_BLOCK``)."""
@@ -167,13 +187,20 @@ def blockwise_tree_attention(
     rows: list[list[torch.Tensor]] = [[] for _ in range(query.shape[0])]
     with_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     for qb in layout.query_blocks(block):
-        args = (query[qb.row : qb.row + 1, :, qb.start : qb.end], key[qb.row : qb.row + 1],
-                value[qb.row : qb.row + 1], layout, qb, scaling, dropout)
+        args = (
+            query[qb.row : qb.row + 1, :, qb.start : qb.end],
+            key[qb.row : qb.row + 1],
+            value[qb.row : qb.row + 1],
+            layout,
+            qb,
+            scaling,
+            dropout,
+        )
         # a block keeps its gathered keys for backward only while they are few per query, so what is
         # kept stays linear in the tokens; long ancestries are recomputed instead
         recompute = with_grad and len(qb.keys) > KEPT_KEYS_PER_QUERY * (qb.end - qb.start)
-        out = checkpoint(_block_attention, *args, use_reentrant=False) if recompute else _block_attention(
-            *args
+        out = (
+            checkpoint(_block_attention, *args, use_reentrant=False) if recompute else _block_attention(*args)
         )
         rows[qb.row].append(out)
     return torch.cat([torch.cat(parts, dim=2) for parts in rows]).transpose(1, 2).contiguous()
@@ -183,7 +210,10 @@ _compiled_flex: Callable[..., torch.Tensor] | None = None
 
 
 def flex_tree_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: TreeLayout,
     scaling: float | None = None,
 ) -> torch.Tensor:
     """FlexAttention over the layout's ``BlockMask`` -> (B, S, Hq, D). Compiled on CUDA (uncompiled
@@ -196,22 +226,35 @@ def flex_tree_attention(
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
         kernel = _compiled_flex
-    out = kernel(query, key, value, block_mask=layout.block_mask(), scale=scaling,
-                 enable_gqa=key.shape[1] != query.shape[1])
+    out = kernel(
+        query,
+        key,
+        value,
+        block_mask=layout.block_mask(),
+        scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
     return cast("torch.Tensor", out.transpose(1, 2).contiguous())
 
 
 def tree_attention_forward(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-    tree: TreeLayout | None = None, **kwargs: Any,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    tree: TreeLayout | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function: tree attention when the forward got ``tree=``, otherwise
     the model's own implementation (padded rows, generation)."""
     if tree is None:
         fallback = _fallback(module)
-        output = fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                          **kwargs)
+        output = fallback(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
         return cast("tuple[torch.Tensor, None]", output)
     unsupported = [k for k in ("sliding_window", "softcap") if kwargs.get(k) is not None]
     if unsupported:

@@ -25,7 +25,8 @@ class ClipCovConfig:
     """The ``clip_cov`` config section, read when ``algorithm.method=clip_cov``."""
 
     ratio: float = option(
-        0.0002, "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio).",
+        0.0002,
+        "Clip-Cov: fraction of tokens whose gradient is removed (verl: clip_cov_ratio).",
         valid=OPEN_FRACTION,
     )
     lb: float = option(
@@ -55,4 +56,3 @@ register_method(
         options=ClipCovConfig,
     )
 )
-

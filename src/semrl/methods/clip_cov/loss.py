@@ -16,6 +16,5 @@ def clip_cov(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     a, c = config.algorithm, config.options
     return clip_cov_loss(
-        x.logp, x.old_logp, x.advantages, x.mask, *clip_range(a), c.ratio, c.lb, c.ub,
-        x.generator
+        x.logp, x.old_logp, x.advantages, x.mask, *clip_range(a), c.ratio, c.lb, c.ub, x.generator
     )

@@ -29,13 +29,15 @@ class Entropy8020Config:
     """The ``entropy_8020`` config section, read when ``algorithm.method=entropy_8020``."""
 
     top_quantile: float = option(
-        0.2, "80/20 rule: fraction of highest-entropy tokens of a mini-batch kept in the loss.",
+        0.2,
+        "80/20 rule: fraction of highest-entropy tokens of a mini-batch kept in the loss.",
         valid=OPEN_FRACTION,
     )
 
     code_compat: bool = option(
-        False, "80/20 rule as the official code: select per micro-batch from the current entropies and "
-        "average the loss over the selected tokens only (needs algorithm.loss_agg_mode=token-mean)."
+        False,
+        "80/20 rule as the official code: select per micro-batch from the current entropies and "
+        "average the loss over the selected tokens only (needs algorithm.loss_agg_mode=token-mean).",
     )
 
     def __post_init__(self) -> None:
@@ -52,8 +54,10 @@ def check_8020(cfg: Config) -> None:
 
 register_policy_loss(
     PolicyLoss(
-        "high_entropy", "semrl.methods.entropy_8020.loss:high_entropy",
-        prepare_fn="semrl.methods.entropy_8020.loss:select_high_entropy", section="entropy_8020",
+        "high_entropy",
+        "semrl.methods.entropy_8020.loss:high_entropy",
+        prepare_fn="semrl.methods.entropy_8020.loss:select_high_entropy",
+        section="entropy_8020",
     )
 )
 register_method(
@@ -68,4 +72,3 @@ register_method(
         check=check_8020,
     )
 )
-

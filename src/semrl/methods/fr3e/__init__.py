@@ -72,4 +72,3 @@ register_method(
         needs_entropy=fr3e_needs_entropy,
     )
 )
-

@@ -101,10 +101,18 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
             prefix = chain.token_ids[:anchor].tolist()
             for _ in range(size):
                 c = len(out)
-                out.append(((p, c), GenerationRequest(
-                    ids, prefix, params.max_new_tokens - anchor, cache=chain.cache if anchor else None,
-                    seed=node_seed(seeds[p], 1 + c),
-                )))
+                out.append(
+                    (
+                        (p, c),
+                        GenerationRequest(
+                            ids,
+                            prefix,
+                            params.max_new_tokens - anchor,
+                            cache=chain.cache if anchor else None,
+                            seed=node_seed(seeds[p], 1 + c),
+                        ),
+                    )
+                )
                 sequence_prompts[p].append(ids + prefix)
                 states_per_group[p].append(j)
         return out
@@ -119,8 +127,9 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         continuations[p][c] = out
         return []
 
-    first = [((p, -1), GenerationRequest(ids, seed=node_seed(seeds[p], 0)))
-             for p, ids in enumerate(prompt_ids)]
+    first = [
+        ((p, -1), GenerationRequest(ids, seed=node_seed(seeds[p], 0))) for p, ids in enumerate(prompt_ids)
+    ]
     ctx.engine.generate_dynamic(first, params, ctx.generator, on_done, return_cache=True)
     gens = [g for row in continuations for g in row if g is not None]
     if len(gens) != len(prompt_ids) * group:
@@ -134,8 +143,10 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         "fr3e/first_return_tokens": float(first_tokens),
     }
     return MethodRollout(
-        gens, groups=[GroupInfo(method_data=tuple(states)) for states in states_per_group],
-        sequence_prompt_ids=[ids for rows in sequence_prompts for ids in rows], metrics=metrics,
+        gens,
+        groups=[GroupInfo(method_data=tuple(states)) for states in states_per_group],
+        sequence_prompt_ids=[ids for rows in sequence_prompts for ids in rows],
+        metrics=metrics,
     )
 
 

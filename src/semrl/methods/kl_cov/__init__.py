@@ -22,12 +22,14 @@ class KLCovConfig:
     """The ``kl_cov`` config section, read when ``algorithm.method=kl_cov``."""
 
     ratio: float = option(
-        0.002, "KL-Cov: fraction of a micro-batch's tokens (top Cov) given the |logp - old| penalty "
+        0.002,
+        "KL-Cov: fraction of a micro-batch's tokens (top Cov) given the |logp - old| penalty "
         "(verl: kl_cov_ratio).",
         valid=OPEN_FRACTION,
     )
     ppo_kl_coef: float = option(
-        1.0, "KL-Cov: coefficient of the |logp - old logp| penalty (verl: ppo_kl_coef).",
+        1.0,
+        "KL-Cov: coefficient of the |logp - old logp| penalty (verl: ppo_kl_coef).",
         valid=NON_NEGATIVE,
     )
 
@@ -37,9 +39,14 @@ class KLCovConfig:
 
 register_policy_loss(
     PolicyLoss(
-        "kl_cov", "semrl.methods.kl_cov.loss:kl_cov", section="kl_cov",
-        off_policy_term=lambda o: f"the |logp - old logp| penalty (kl_cov.ppo_kl_coef={o.ppo_kl_coef})"
-        if o.ppo_kl_coef > 0 else None,
+        "kl_cov",
+        "semrl.methods.kl_cov.loss:kl_cov",
+        section="kl_cov",
+        off_policy_term=lambda o: (
+            f"the |logp - old logp| penalty (kl_cov.ppo_kl_coef={o.ppo_kl_coef})"
+            if o.ppo_kl_coef > 0
+            else None
+        ),
     )
 )
 
@@ -55,4 +62,3 @@ register_method(
         options=KLCovConfig,
     )
 )
-

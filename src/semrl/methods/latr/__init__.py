@@ -41,59 +41,80 @@ class LatrConfig:
     """The ``latr`` config section, read when ``algorithm.method=latr``."""
 
     host: Literal["grpo", "dr_grpo", "dapo"] = option(
-        "grpo", "LATR: the method whose advantages, loss aggregation and clip defaults it trains with "
+        "grpo",
+        "LATR: the method whose advantages, loss aggregation and clip defaults it trains with "
         "(the paper: GRPO and DAPO). DAPO's dynamic sampling is algorithm.dynamic_sampling.",
     )
     tau_abs: float = option(
-        0.25, "LATR fork test: the second most likely token's probability must exceed this (code "
-        "default and Countdown scripts 0.25; math scripts 0.15).", valid=FRACTION,
+        0.25,
+        "LATR fork test: the second most likely token's probability must exceed this (code "
+        "default and Countdown scripts 0.25; math scripts 0.15).",
+        valid=FRACTION,
     )
     tau_rel: float = option(
-        0.15, "LATR fork test: p1 - p2 must be below this (code default and Countdown 0.15; math 0.25).",
+        0.15,
+        "LATR fork test: p1 - p2 must be below this (code default and Countdown 0.15; math 0.25).",
         valid=FRACTION,
     )
     edit_distance_threshold: float | None = option(
-        0.4, "Prune a branch whose Levenshtein distance to its parent's window, over the window length, "
-        "is below this (code default and Countdown 0.4; math: null). null: off.", valid=FRACTION,
+        0.4,
+        "Prune a branch whose Levenshtein distance to its parent's window, over the window length, "
+        "is below this (code default and Countdown 0.4; math: null). null: off.",
+        valid=FRACTION,
     )
     suffix_match_threshold: float | None = option(
-        None, "Prune a branch whose longest suffix shared with its parent's window, over its length, "
-        "is above this (math scripts 0.2). null: off.", valid=FRACTION,
+        None,
+        "Prune a branch whose longest suffix shared with its parent's window, over its length, "
+        "is above this (math scripts 0.2). null: off.",
+        valid=FRACTION,
     )
     rouge_l_threshold: float | None = option(
-        None, "Prune a branch whose ROUGE-L F with its parent's window is above this (math scripts 0.5). "
-        "null: off.", valid=FRACTION,
+        None,
+        "Prune a branch whose ROUGE-L F with its parent's window is above this (math scripts 0.5). "
+        "null: off.",
+        valid=FRACTION,
     )
     lookahead: list[int] = option(
-        [20, 30, 50], "Lookahead lengths r: a branch is compared with its parent r tokens after its fork, "
+        [20, 30, 50],
+        "Lookahead lengths r: a branch is compared with its parent r tokens after its fork, "
         "for each r (the code's rollout_filter_steps; 1,024- and 8,192-token responses). The CPU demo "
-        "scales them to [4, 6, 10] for 64 tokens.", valid=AT_LEAST_1,
+        "scales them to [4, 6, 10] for 64 tokens.",
+        valid=AT_LEAST_1,
     )
     keep_math_symbols: bool = option(
-        True, "Never prune a branch forked where the parent's token, stripped, is a substring of the "
+        True,
+        "Never prune a branch forked where the parent's token, stripped, is a substring of the "
         "code's symbol string (digits, arithmetic operators, brackets, comparison signs; so also any "
         "whitespace token), as the code does (semrl.methods.latr.tree.MATH_SYMBOLS).",
     )
     eta_steps: list[int] = option(
-        [0], "Training steps at which the share eta of LATR rows changes (with eta_values; the code's "
-        "mix_ratio_schedule, e.g. [0, 10, 20, 80, 200] for Countdown).", valid=NON_NEGATIVE,
+        [0],
+        "Training steps at which the share eta of LATR rows changes (with eta_values; the code's "
+        "mix_ratio_schedule, e.g. [0, 10, 20, 80, 200] for Countdown).",
+        valid=NON_NEGATIVE,
     )
     eta_values: list[float] = option(
-        [1.0], "eta from each of eta_steps on: round(n * eta) rows per prompt are LATR's, the rest "
-        "ordinary samples (Countdown: [1, 0.75, 0.5, 0.25, 0]).", valid=FRACTION,
+        [1.0],
+        "eta from each of eta_steps on: round(n * eta) rows per prompt are LATR's, the rest "
+        "ordinary samples (Countdown: [1, 0.75, 0.5, 0.25, 0]).",
+        valid=FRACTION,
     )
     return_threshold: float = option(
-        0.98, "The lookahead phase ends once the trees hold this share of their k rows (a tree whose "
+        0.98,
+        "The lookahead phase ends once the trees hold this share of their k rows (a tree whose "
         "rows all ended counts as full) and no row is younger than the longest lookahead.",
         valid=FRACTION,
     )
     return_threshold_decay: float = option(
-        0.0, "Linear decay of return_threshold over the response (scripts 0.05; code default 0).",
+        0.0,
+        "Linear decay of return_threshold over the response (scripts 0.05; code default 0).",
         valid=FRACTION,
     )
     force_return_step: int = option(
-        0, "End the lookahead phase after this many tokens at most (scripts: 512 of 1,024, 1,024 of "
-        "8,192). 0: rollout.max_new_tokens.", valid=NON_NEGATIVE,
+        0,
+        "End the lookahead phase after this many tokens at most (scripts: 512 of 1,024, 1,024 of "
+        "8,192). 0: rollout.max_new_tokens.",
+        valid=NON_NEGATIVE,
     )
 
     def __post_init__(self) -> None:
@@ -159,4 +180,3 @@ register_method(
         host=latr_host,
     )
 )
-

@@ -30,16 +30,18 @@ from semrl.methods.latr import LatrConfig
 
 def _forest_settings(o: LatrConfig, width: int) -> ForestSettings:
     return ForestSettings(
-        width=width, tau_abs=o.tau_abs, tau_rel=o.tau_rel,
+        width=width,
+        tau_abs=o.tau_abs,
+        tau_rel=o.tau_rel,
         prune=PruneRule(o.edit_distance_threshold, o.suffix_match_threshold, o.rouge_l_threshold),
-        windows=tuple(o.lookahead), keep_math_symbols=o.keep_math_symbols,
-        return_threshold=o.return_threshold, return_threshold_decay=o.return_threshold_decay,
+        windows=tuple(o.lookahead),
+        keep_math_symbols=o.keep_math_symbols,
+        return_threshold=o.return_threshold,
+        return_threshold_decay=o.return_threshold_decay,
     )
 
 
-def lookahead_phase(
-    ctx: RolloutContext, prompt_ids: list[list[int]], width: int
-) -> tuple[LatrForest, int]:
+def lookahead_phase(ctx: RolloutContext, prompt_ids: list[list[int]], width: int) -> tuple[LatrForest, int]:
     """Grow the LATR trees of every prompt token by token; returns the forest and its loop steps.
 
     Every row of every prompt takes one token per forward of one batched KV cache (``RowLoop``): a
@@ -57,8 +59,13 @@ def lookahead_phase(
     if model is None:
         return forest, _lookahead_by_requests(ctx, prompt_ids, forest, limit)
     pad = getattr(ctx.engine, "pad_token_id", None)
-    loop = RowLoop(model, ctx.engine.compute_dtype, pad if pad is not None else min(eos), ctx.engine.cost,
-                   getattr(ctx.engine, "sampled_by_prompt", None))
+    loop = RowLoop(
+        model,
+        ctx.engine.compute_dtype,
+        pad if pad is not None else min(eos),
+        ctx.engine.cost,
+        getattr(ctx.engine, "sampled_by_prompt", None),
+    )
     rows = forest.active()
     loop.start([prompt_ids[b.root] for b in rows])
     following: list[Branch] = []
@@ -120,8 +127,11 @@ def _lookahead_by_requests(
 def _prefix_generation(branch: Branch, top_k: int) -> Generation:
     n = len(branch.tokens)
     return Generation(
-        token_ids=torch.tensor(branch.tokens, dtype=torch.long), logprobs=torch.tensor(branch.logprobs),
-        top_logprobs=torch.zeros(n, top_k), top_ids=torch.zeros(n, top_k, dtype=torch.long), entropy=None,
+        token_ids=torch.tensor(branch.tokens, dtype=torch.long),
+        logprobs=torch.tensor(branch.logprobs),
+        top_logprobs=torch.zeros(n, top_k),
+        top_ids=torch.zeros(n, top_k, dtype=torch.long),
+        entropy=None,
         finished=branch.finished,
     )
 
@@ -184,7 +194,8 @@ def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     gens, groups = [], []
     for p, group in enumerate(rows):
         mine = [
-            outs[(p, j)] if branch is None
+            outs[(p, j)]
+            if branch is None
             else join_generations([_prefix_generation(branch, params.logprobs_top_k), *rest((p, j))])
             for j, branch in enumerate(group)
         ]

@@ -160,8 +160,12 @@ class LatrForest:
         return [b for tree in self.trees for b in tree if not b.finished]
 
     def advance(
-        self, step: int, rows: list[Branch], top_ids: list[tuple[int, int]],
-        top_logprobs: list[tuple[float, float]], caches: list[Any] | None = None,
+        self,
+        step: int,
+        rows: list[Branch],
+        top_ids: list[tuple[int, int]],
+        top_logprobs: list[tuple[float, float]],
+        caches: list[Any] | None = None,
     ) -> None:
         """Loop step ``step``: every row of ``rows`` (``active()``) takes its argmax token; rows that
         pass the fork test open a branch with their second token while their prompt has room, the
@@ -177,10 +181,18 @@ class LatrForest:
                 if room[row.root] > 0:
                     room[row.root] -= 1
                     self.forks += 1
-                    born.append(Branch(
-                        row.root, [*row.tokens, second], [*row.logprobs, lp2], parent=row, birth=step,
-                        fork_position=len(row.tokens), finished=second in self.eos_ids, cache=cache,
-                    ))
+                    born.append(
+                        Branch(
+                            row.root,
+                            [*row.tokens, second],
+                            [*row.logprobs, lp2],
+                            parent=row,
+                            birth=step,
+                            fork_position=len(row.tokens),
+                            finished=second in self.eos_ids,
+                            cache=cache,
+                        )
+                    )
                 else:
                     self.suppressed += 1
             row.tokens.append(first)
@@ -224,4 +236,3 @@ class LatrForest:
         if effective < round(s.width * self.num_prompts * threshold):
             return False
         return all(b.birth + max(s.windows) < step for tree in self.trees for b in tree)
-

@@ -51,7 +51,7 @@ class RoseConfig:
     entropy_with_sampled: bool = option(
         False,
         "With entropy_mode=topk_logprobs: add the sampled token's -p log p when it is outside the top k "
-        "(20 or 21 terms), as the ROSE code does with vLLM's log-prob dictionary (docs/engines.md)."
+        "(20 or 21 terms), as the ROSE code does with vLLM's log-prob dictionary (docs/engines.md).",
     )
     sd_mode: Literal["rose", "normalized"] = option(
         "rose", "Semantic divergence: ROSE code formula, or the normalised non-negative variant."
@@ -63,8 +63,9 @@ class RoseConfig:
         False, "Key tree nodes by (prompt, position) like ROSE's code instead of the exact tree."
     )
     reuse_kv_cache: bool = option(
-        True, "Continue branches from the parent chain's KV cache (kept until the step's trees are "
-        "done); false re-encodes prompt + prefix, saving memory on long responses."
+        True,
+        "Continue branches from the parent chain's KV cache (kept until the step's trees are "
+        "done); false re-encodes prompt + prefix, saving memory on long responses.",
     )
 
     def __post_init__(self) -> None:
@@ -95,4 +96,3 @@ register_method(
         reads_top_logprobs=True,
     )
 )
-

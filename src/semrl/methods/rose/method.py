@@ -31,8 +31,15 @@ def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     unit_embeddings = normalized_embeddings(ctx.engine.input_embeddings()).cpu()
     options: RoseConfig = ctx.config.options
     result = tree_rollout(
-        ctx.engine, prompt_ids, ctx.group_size, ctx.params, unit_embeddings, options, ctx.generator,
-        ctx.sampling_entropy, ctx.seeds_of_prompts(len(prompt_ids)),
+        ctx.engine,
+        prompt_ids,
+        ctx.group_size,
+        ctx.params,
+        unit_embeddings,
+        options,
+        ctx.generator,
+        ctx.sampling_entropy,
+        ctx.seeds_of_prompts(len(prompt_ids)),
     )
     groups = result.groups
     gens = [g for group in groups for g in group.generations]
@@ -51,9 +58,8 @@ def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         # leaves' total length = what independent sampling of the same responses would generate
         "rose/generated_vs_independent": generated / max(1, total_tokens),
         "rose/generation_rounds": float(result.rounds),
-        "rose/score_time_frac": result.score_seconds / max(
-            1e-9, result.score_seconds + result.generate_seconds
-        ),
+        "rose/score_time_frac": result.score_seconds
+        / max(1e-9, result.score_seconds + result.generate_seconds),
     }
     infos = [
         GroupInfo(
@@ -76,7 +82,10 @@ def rose_advantages(
         g = len(tree)
         out.append(
             segment_advantages(
-                tree, inputs.rewards[start : start + g], width, alpha=options.alpha,
+                tree,
+                inputs.rewards[start : start + g],
+                width,
+                alpha=options.alpha,
                 code_compat=options.code_compat,
                 correct=torch.tensor(inputs.correct[start : start + g], dtype=torch.bool),
             )

@@ -72,9 +72,9 @@ def _concat(prefix: Generation, k: int, cont: Generation) -> Generation:
         logprobs=torch.cat([prefix.logprobs[:k], cont.logprobs]),
         top_logprobs=torch.cat([prefix.top_logprobs[:k], cont.top_logprobs]),
         top_ids=torch.cat([prefix.top_ids[:k], cont.top_ids]),
-        entropy=None if prefix.entropy is None or cont.entropy is None else torch.cat(
-            [prefix.entropy[:k], cont.entropy]
-        ),
+        entropy=None
+        if prefix.entropy is None or cont.entropy is None
+        else torch.cat([prefix.entropy[:k], cont.entropy]),
         finished=cont.finished,
         cache=cont.cache,  # covers prompt + prefix + continuation: the whole new chain
     )
@@ -129,8 +129,11 @@ def tree_rollout(  # noqa: PLR0915
     streams = [generator] * n if prompt_seeds is None else [prompt_generator(seed) for seed in prompt_seeds]
     # a prompt's epsilon coins come first from its own stream: its tree does not depend on the other
     # prompts of the call (nor on the number of processes)
-    coins = (torch.rand((n, g), generator=generator) if prompt_seeds is None
-             else torch.stack([torch.rand(g, generator=stream) for stream in streams]))
+    coins = (
+        torch.rand((n, g), generator=generator)
+        if prompt_seeds is None
+        else torch.stack([torch.rand(g, generator=stream) for stream in streams])
+    )
     is_fresh = coins < options.epsilon
     is_fresh[:, 0] = True
     chains: list[list[Generation | None]] = [[None] * g for _ in range(n)]
@@ -150,9 +153,11 @@ def tree_rollout(  # noqa: PLR0915
         parent = chains[job.prompt][job.parent]
         assert parent is not None
         return GenerationRequest(
-            prompts[job.prompt], prefix_ids=parent.token_ids[: job.position].tolist(),
+            prompts[job.prompt],
+            prefix_ids=parent.token_ids[: job.position].tolist(),
             max_new_tokens=params.max_new_tokens - job.position,
-            cache=parent.cache if options.reuse_kv_cache else None, seed=seed,
+            cache=parent.cache if options.reuse_kv_cache else None,
+            seed=seed,
         )
 
     def finish(
@@ -165,9 +170,15 @@ def tree_rollout(  # noqa: PLR0915
             assert sampling_entropy is not None
             out = sampling_entropy([request.prompt_ids + request.prefix_ids], [out])[0]
         score, entropy, divergence = branch_scores(
-            out.top_logprobs, out.top_ids, unit_embeddings, metric=options.branch_metric,
-            entropy_mode=options.entropy_mode, full_entropy=out.entropy,
-            sd_mode=options.sd_mode, sd_top_k=options.sd_top_k, generator=streams[p],
+            out.top_logprobs,
+            out.top_ids,
+            unit_embeddings,
+            metric=options.branch_metric,
+            entropy_mode=options.entropy_mode,
+            full_entropy=out.entropy,
+            sd_mode=options.sd_mode,
+            sd_top_k=options.sd_top_k,
+            generator=streams[p],
             sampled=(out.token_ids, out.logprobs) if options.entropy_with_sampled else None,
         )
         generated[p] += len(out.token_ids)
@@ -193,7 +204,10 @@ def tree_rollout(  # noqa: PLR0915
     first = [_Job(p, it, -1, -1 if it == 0 else 0) for p in range(n) for it in range(g) if is_fresh[p, it]]
     t_start = time.perf_counter()
     rounds = engine.generate_dynamic(
-        [(job, request_for(job)) for job in first], params, generator, finish,
+        [(job, request_for(job)) for job in first],
+        params,
+        generator,
+        finish,
         return_cache=options.reuse_kv_cache,
     )
     total_seconds = time.perf_counter() - t_start
@@ -208,8 +222,11 @@ def tree_rollout(  # noqa: PLR0915
         chosen = [(c, st) for c, st in enumerate(stats[p]) if st is not None]
         groups.append(
             TreeGroup(
-                generations=leaves, tree=tree, branched=[q >= 0 for q in parents[p]],
-                chosen_entropy=[h for _, (h, _) in chosen], chosen_divergence=[d for _, (_, d) in chosen],
+                generations=leaves,
+                tree=tree,
+                branched=[q >= 0 for q in parents[p]],
+                chosen_entropy=[h for _, (h, _) in chosen],
+                chosen_divergence=[d for _, (_, d) in chosen],
                 branch_points=[
                     None if st is None else (*st, chosen_scores[p][c]) for c, st in enumerate(stats[p])
                 ],

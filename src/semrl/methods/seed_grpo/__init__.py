@@ -42,4 +42,3 @@ register_method(
         options=SeedConfig,
     )
 )
-

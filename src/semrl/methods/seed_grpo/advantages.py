@@ -1,5 +1,4 @@
-"""SEED-GRPO's advantages: GRPO's, scaled by the group's semantic entropy of answers.
-"""
+"""SEED-GRPO's advantages: GRPO's, scaled by the group's semantic entropy of answers."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ class SentConfig:
         0.8, "SENT: tokens below this entropy rank quantile are low-entropy.", valid=OPEN_FRACTION
     )
     cov_top_ratio: float = option(
-        0.0002, "SENT: fraction of low-entropy tokens with the highest Cov(logp, A) given beta_high.",
+        0.0002,
+        "SENT: fraction of low-entropy tokens with the highest Cov(logp, A) given beta_high.",
         valid=OPEN_FRACTION,
     )
     beta_high: float = option(
@@ -46,7 +47,7 @@ class SentConfig:
     kl_target: Literal["old_abs", "ref_k3"] = option(
         "old_abs",
         "Token KL: |logp - old logp| (code; no effect on a "
-        "single on-policy update) or k3 to the reference (paper)."
+        "single on-policy update) or k3 to the reference (paper).",
     )
     selection_scope: Literal["mini", "micro"] = option(
         "mini", "Select tokens over the whole mini-batch (ours) or each micro-batch (code)."
@@ -59,11 +60,16 @@ class SentConfig:
 
 register_policy_loss(
     PolicyLoss(
-        "sent", "semrl.methods.sent.loss:sent", prepare_fn="semrl.methods.sent.loss:select_sent_tokens",
+        "sent",
+        "semrl.methods.sent.loss:sent",
+        prepare_fn="semrl.methods.sent.loss:select_sent_tokens",
         section="sent",
         needs_reference=lambda options: options.kl_target == "ref_k3",
-        off_policy_term=lambda o: "the token penalty |logp - old logp| (sent.kl_target=old_abs)"
-        if o.kl_target == "old_abs" and (o.beta_high > 0 or o.beta_low > 0) else None,
+        off_policy_term=lambda o: (
+            "the token penalty |logp - old logp| (sent.kl_target=old_abs)"
+            if o.kl_target == "old_abs" and (o.beta_high > 0 or o.beta_low > 0)
+            else None
+        ),
     )
 )
 
@@ -81,4 +87,3 @@ register_method(
         options=SentConfig,
     )
 )
-

@@ -20,8 +20,15 @@ def _beta(
     logp: torch.Tensor, entropy: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, s: SentConfig
 ) -> torch.Tensor:
     return sent_coefficients(
-        entropy, logp, adv, mask, s.entropy_quantile, s.cov_top_ratio, s.beta_high, s.beta_low,
-        s.beta_low_scope
+        entropy,
+        logp,
+        adv,
+        mask,
+        s.entropy_quantile,
+        s.cov_top_ratio,
+        s.beta_high,
+        s.beta_low,
+        s.beta_low_scope,
     )
 
 

@@ -37,56 +37,71 @@ class TreePOConfig:
     """The ``treepo`` config section, read when ``algorithm.method=treepo``."""
 
     segment_length: int = option(
-        512, "TreePO: tokens per segment l, the unit of branching and of the fallback cut (paper and "
-        "code: 512, the 14 x 512 setting). The CPU demo uses 16.", valid=AT_LEAST_1,
+        512,
+        "TreePO: tokens per segment l, the unit of branching and of the fallback cut (paper and "
+        "code: 512, the 14 x 512 setting). The CPU demo uses 16.",
+        valid=AT_LEAST_1,
     )
     max_depth: int | None = option(
-        None, "TreePO: segments per path at most, d. null: rollout.max_new_tokens / segment_length, "
+        None,
+        "TreePO: segments per path at most, d. null: rollout.max_new_tokens / segment_length, "
         "which must then divide it (d x l = the response budget, as in the paper's settings).",
         valid=AT_LEAST_1,
     )
     branch: int = option(
-        2, "TreePO: copies b of each surviving path per segment (the depth budget b^d; code's "
-        "fixed_step_width 2). A leaf that stops donates its b to the survivors.", valid=AT_LEAST_1,
+        2,
+        "TreePO: copies b of each surviving path per segment (the depth budget b^d; code's "
+        "fixed_step_width 2). A leaf that stops donates its b to the survivors.",
+        valid=AT_LEAST_1,
     )
     first_branch_max: int = option(
-        0, "TreePO 'More Init Divergence': > branch draws the first fork per prompt uniformly from "
+        0,
+        "TreePO 'More Init Divergence': > branch draws the first fork per prompt uniformly from "
         "branch .. this (the paper's 2..8); 0: the first fork is branch too (the released script's "
-        "effective setting).", valid=NON_NEGATIVE,
+        "effective setting).",
+        valid=NON_NEGATIVE,
     )
     stop_on_boxed: bool = option(
-        False, "Stop a path at a segment holding a \\boxed{} answer even without EOS (paper); false: "
+        False,
+        "Stop a path at a segment holding a \\boxed{} answer even without EOS (paper); false: "
         "only answer + EOS is 'finished' (code's boxed_and_eos_first); EOS alone stops a path either way.",
     )
     repetition_window: int = option(
-        32, "TreePO early stop: a segment whose text repeats some window of this many characters ...",
+        32,
+        "TreePO early stop: a segment whose text repeats some window of this many characters ...",
         valid=AT_LEAST_1,
     )
     repetition_count: int = option(
-        8, "... at least this many times (overlapping) becomes a leaf (code: 32 characters, 8 times).",
+        8,
+        "... at least this many times (overlapping) becomes a leaf (code: 32 characters, 8 times).",
         valid=AT_LEAST_1,
     )
     weight: Literal["average", "group_size"] = option(
-        "average", "Aggregation of a leaf's depth-level advantages: their mean (paper eq. 5 and the "
+        "average",
+        "Aggregation of a leaf's depth-level advantages: their mean (paper eq. 5 and the "
         "released script) or weighted by subgroup size (eq. 6; the code's default when the key is unset).",
     )
     drop_zero_std_subgroups: bool = option(
-        False, "Leave out depth levels whose leaves all got the same reward (paper eq. 7, which it "
+        False,
+        "Leave out depth levels whose leaves all got the same reward (paper eq. 7, which it "
         "finds hurts; code's subtree_std_ds, off in the script). The prompt level always counts.",
     )
     subtract_batch_mean: bool = option(
-        True, "Whitening subtracts the batch's token-weighted mean before dividing by the std "
+        True,
+        "Whitening subtracts the batch's token-weighted mean before dividing by the std "
         "(code's masked_whiten); false divides only (paper eq. 5).",
     )
     segment_alignment: Literal["paper", "block"] = option(
-        "paper", "Where segments start. paper: every l tokens from the response's start (the paper's "
+        "paper",
+        "Where segments start. paper: every l tokens from the response's start (the paper's "
         "layout). block: segments a multiple of rollout.vllm_block_size B, the first one shortened by "
         "(P - 1) mod B for a prompt of P tokens (and the last lengthened as much), so that every branch "
         "recomputes one context token in vLLM's prefix cache instead of up to B (a deviation, "
         "docs/methods/treepo.md). Needs segment_length to be a multiple of B.",
     )
     reuse_kv_cache: bool = option(
-        True, "hf engine: continue each path from its parent's KV cache (kept until the step's trees are "
+        True,
+        "hf engine: continue each path from its parent's KV cache (kept until the step's trees are "
         "done); false re-encodes prompt + prefix. vllm reuses prefixes through its prefix cache.",
     )
 
@@ -153,4 +168,3 @@ register_method(
         check=check_treepo,
     )
 )
-

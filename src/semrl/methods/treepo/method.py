@@ -26,15 +26,24 @@ def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRo
     if ctx.decode is None:
         raise ValueError("TreePO's rollout needs RolloutContext.decode (its stop tests read segment text)")
     settings = SegmentTreeSettings(
-        width=ctx.group_size, segment_length=options.segment_length,
-        max_depth=treepo_depth(options, ctx.params.max_new_tokens), branch=options.branch,
-        first_branch_max=options.first_branch_max, stop_on_boxed=options.stop_on_boxed,
-        repetition_window=options.repetition_window, repetition_count=options.repetition_count,
+        width=ctx.group_size,
+        segment_length=options.segment_length,
+        max_depth=treepo_depth(options, ctx.params.max_new_tokens),
+        branch=options.branch,
+        first_branch_max=options.first_branch_max,
+        stop_on_boxed=options.stop_on_boxed,
+        repetition_window=options.repetition_window,
+        repetition_count=options.repetition_count,
         reuse_kv_cache=options.reuse_kv_cache,
         block_size=ctx.config.rollout.vllm_block_size if options.segment_alignment == "block" else 0,
     )
     result = segment_tree_rollout(
-        ctx.engine, prompt_ids, ctx.params, settings, ctx.decode, ctx.generator,
+        ctx.engine,
+        prompt_ids,
+        ctx.params,
+        settings,
+        ctx.decode,
+        ctx.generator,
         ctx.seeds_of_prompts(len(prompt_ids)),
     )
     gens, groups = [], []

@@ -143,8 +143,12 @@ class PromptTree:
     """
 
     def __init__(
-        self, prompt: int, settings: SegmentTreeSettings, max_length: int,
-        generator: torch.Generator | None = None, first_segment: int | None = None,
+        self,
+        prompt: int,
+        settings: SegmentTreeSettings,
+        max_length: int,
+        generator: torch.Generator | None = None,
+        first_segment: int | None = None,
     ) -> None:
         self.prompt, self.settings, self.max_length, self.generator = prompt, settings, max_length, generator
         self.first_segment = settings.segment_length if first_segment is None else first_segment
@@ -212,7 +216,10 @@ class SegmentTree:
     (``PromptTree`` per prompt, all drawing from ``generator``)."""
 
     def __init__(
-        self, num_prompts: int, settings: SegmentTreeSettings, max_length: int,
+        self,
+        num_prompts: int,
+        settings: SegmentTreeSettings,
+        max_length: int,
         generator: torch.Generator | None = None,
     ) -> None:
         self.trees = [PromptTree(p, settings, max_length, generator) for p in range(num_prompts)]
@@ -270,8 +277,13 @@ def segment_tree_rollout(
     if len(prompt_seeds) != len(prompts):
         raise ValueError(f"{len(prompt_seeds)} prompt seeds for {len(prompts)} prompts")
     trees = [
-        PromptTree(p, settings, params.max_new_tokens, prompt_generator(prompt_seeds[p]),
-                   first_segment_length(settings, len(prompts[p])))
+        PromptTree(
+            p,
+            settings,
+            params.max_new_tokens,
+            prompt_generator(prompt_seeds[p]),
+            first_segment_length(settings, len(prompts[p])),
+        )
         for p in range(len(prompts))
     ]
     back: list[list[Generation | None]] = [[] for _ in prompts]  # the segments of a prompt's depth
@@ -283,11 +295,18 @@ def segment_tree_rollout(
         paths = zip(tree.active, tree.budgets(), tree.node_ids(), strict=True)
         for i, (path, budget, node) in enumerate(paths):
             last = path.segments[-1] if path.segments else None
-            out.append(((p, i), GenerationRequest(
-                prompts[p], path.token_ids(), max_new_tokens=budget,
-                cache=last.cache if last is not None and settings.reuse_kv_cache else None,
-                seed=node_seed(prompt_seeds[p], node),
-            )))
+            out.append(
+                (
+                    (p, i),
+                    GenerationRequest(
+                        prompts[p],
+                        path.token_ids(),
+                        max_new_tokens=budget,
+                        cache=last.cache if last is not None and settings.reuse_kv_cache else None,
+                        seed=node_seed(prompt_seeds[p], node),
+                    ),
+                )
+            )
         return out
 
     def on_done(

@@ -34,9 +34,23 @@ if TYPE_CHECKING:
     from semrl.config.sections import RolloutConfig
 
 __all__ = [
-    "Engine", "EngineCost", "Generation", "GenerationRequest", "OnDone", "PrefixCache", "RequestRecord",
-    "SamplingParams", "build_engine", "eos_token_ids", "join_generations", "node_seed", "prompt_generator",
-    "prompt_seed", "request_budget", "sampling_params", "sequence_seed",
+    "Engine",
+    "EngineCost",
+    "Generation",
+    "GenerationRequest",
+    "OnDone",
+    "PrefixCache",
+    "RequestRecord",
+    "SamplingParams",
+    "build_engine",
+    "eos_token_ids",
+    "join_generations",
+    "node_seed",
+    "prompt_generator",
+    "prompt_seed",
+    "request_budget",
+    "sampling_params",
+    "sequence_seed",
 ]
 
 
@@ -73,7 +87,12 @@ def build_engine(
 
         dtype = None if compute_dtype is None else str(compute_dtype).removeprefix("torch.")
         settings = VLLMSettings.from_options(
-            vllm_options, max_model_len, batch_size, logprobs_top_k, seed, dtype,
+            vllm_options,
+            max_model_len,
+            batch_size,
+            logprobs_top_k,
+            seed,
+            dtype,
             on_gpu=model.device.type == "cuda",
         )
         return VLLMEngine(model, eos, settings, initial_weights)

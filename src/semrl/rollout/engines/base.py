@@ -155,7 +155,9 @@ def sampling_params(
     them an engine returns the sampled token's log-prob only (k = 0), which is cheaper."""
     return SamplingParams(
         temperature=rollout.temperature if temperature is None else temperature,
-        top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=rollout.max_new_tokens,
         logprobs_top_k=rollout.logprobs_top_k if top_logprobs else 0,
     )
 

@@ -107,7 +107,11 @@ class HFEngine:
     continuous_batching = False
 
     def __init__(
-        self, model: PreTrainedModel, eos_token_ids: list[int], pad_token_id: int, batch_size: int = 64,
+        self,
+        model: PreTrainedModel,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        batch_size: int = 64,
         compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
@@ -158,8 +162,12 @@ class HFEngine:
                 if self.request_log is not None:
                     self.request_log += [
                         RequestRecord(
-                            start + i, len(r.prompt_ids) + len(r.prefix_ids), prefill, len(g.token_ids),
-                            submitted, self.cost.engine_steps,
+                            start + i,
+                            len(r.prompt_ids) + len(r.prefix_ids),
+                            prefill,
+                            len(g.token_ids),
+                            submitted,
+                            self.cost.engine_steps,
                         )
                         for i, (r, g, prefill) in enumerate(
                             zip(chunk, out[start:], self._prefills, strict=True)
@@ -219,8 +227,8 @@ class HFEngine:
         # Row i = [left padding | cached[i] tokens from its PrefixCache | padding | uncached suffix].
         # The last context token is always fed, so that its logits give the first new token.
         cached = [
-            min(r.cache.length, len(ctx) - 1) if r.cache else 0 for r,
-            ctx in zip(requests, contexts, strict=True)
+            min(r.cache.length, len(ctx) - 1) if r.cache else 0
+            for r, ctx in zip(requests, contexts, strict=True)
         ]
         suffixes = [ctx[n:] for ctx, n in zip(contexts, cached, strict=True)]
         past_width, suffix_width = max(cached), max(len(s) for s in suffixes)
@@ -238,10 +246,18 @@ class HFEngine:
         self.cost.prefill_tokens += sum(self._prefills)
         self.cost.engine_steps += 1
         self.cost.running_rows += batch
-        logits = model(
-            input_ids=input_ids.to(device), attention_mask=attention, position_ids=positions.to(device),
-            **with_cache(model, cache), use_cache=True, logits_to_keep=1,
-        ).logits[:, -1, :].float()
+        logits = (
+            model(
+                input_ids=input_ids.to(device),
+                attention_mask=attention,
+                position_ids=positions.to(device),
+                **with_cache(model, cache),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1, :]
+            .float()
+        )
 
         max_steps = int(budgets.max().item())
         k = params.logprobs_top_k
@@ -274,10 +290,12 @@ class HFEngine:
                 if row_generators is None:
                     token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
                 else:
-                    token = torch.cat([
-                        torch.multinomial(probs[j], 1, generator=row_generators[int(row)])
-                        for j, row in enumerate(active.tolist())
-                    ])
+                    token = torch.cat(
+                        [
+                            torch.multinomial(probs[j], 1, generator=row_generators[int(row)])
+                            for j, row in enumerate(active.tolist())
+                        ]
+                    )
             else:
                 token = scaled.argmax(-1)
             top_lp, top_id = torch.topk(logp_all, k, dim=-1)
@@ -311,10 +329,17 @@ class HFEngine:
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], -1)
             self.cost.engine_steps += 1
             self.cost.running_rows += len(active)
-            logits = model(
-                input_ids=token[:, None], attention_mask=attention, position_ids=next_pos[:, None],
-                **with_cache(model, cache), use_cache=True,
-            ).logits[:, -1, :].float()
+            logits = (
+                model(
+                    input_ids=token[:, None],
+                    attention_mask=attention,
+                    position_ids=next_pos[:, None],
+                    **with_cache(model, cache),
+                    use_cache=True,
+                )
+                .logits[:, -1, :]
+                .float()
+            )
             next_pos = next_pos + 1
         if was_training:
             model.train()
@@ -324,9 +349,13 @@ class HFEngine:
             n = int(lengths[i])
             results.append(
                 Generation(
-                    token_ids=tokens[i, :n].clone(), logprobs=logps[i, :n].clone(),
-                    top_logprobs=top_lps[i, :n].clone(), top_ids=top_ids[i, :n].clone(),
-                    entropy=entropies[i, :n].clone(), finished=bool(finished[i]), cache=caches[i],
+                    token_ids=tokens[i, :n].clone(),
+                    logprobs=logps[i, :n].clone(),
+                    top_logprobs=top_lps[i, :n].clone(),
+                    top_ids=top_ids[i, :n].clone(),
+                    entropy=entropies[i, :n].clone(),
+                    finished=bool(finished[i]),
+                    cache=caches[i],
                 )
             )
         return results
@@ -341,7 +370,11 @@ class RowLoop:
     """
 
     def __init__(
-        self, model: PreTrainedModel, compute_dtype: torch.dtype, pad_token_id: int, cost: EngineCost,
+        self,
+        model: PreTrainedModel,
+        compute_dtype: torch.dtype,
+        pad_token_id: int,
+        cost: EngineCost,
         sampled_by_prompt: Counter[tuple[int, ...]] | None = None,
     ) -> None:
         self.model, self.compute_dtype, self.pad_token_id = model, compute_dtype, pad_token_id
@@ -357,11 +390,19 @@ class RowLoop:
         was_training = self.model.training
         self.model.eval()
         with torch.inference_mode(), autocast_to(self.compute_dtype, self.model):
-            self.logits = self.model(
-                input_ids=input_ids.to(self.device), attention_mask=self.attention.to(self.device),
-                position_ids=positions.to(self.device), **with_cache(self.model, self.cache), use_cache=True,
-                logits_to_keep=1,
-            ).logits[:, -1, :].float().cpu()
+            self.logits = (
+                self.model(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=self.attention.to(self.device),
+                    position_ids=positions.to(self.device),
+                    **with_cache(self.model, self.cache),
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1, :]
+                .float()
+                .cpu()
+            )
         if was_training:
             self.model.train()
         self.cost.engine_steps += 1

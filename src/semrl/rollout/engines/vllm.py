@@ -88,9 +88,14 @@ class VLLMSettings:
 
     @classmethod
     def from_options(
-        cls, options: RolloutConfig | None, max_model_len: int, max_num_seqs: int, max_logprobs: int,
+        cls,
+        options: RolloutConfig | None,
+        max_model_len: int,
+        max_num_seqs: int,
+        max_logprobs: int,
         seed: int,
-        dtype: str | None = None, on_gpu: bool = False,
+        dtype: str | None = None,
+        on_gpu: bool = False,
     ) -> VLLMSettings:
         """From the ``rollout`` config section (``vllm_*`` keys), or defaults when it is None.
         ``max_num_seqs`` and ``dtype`` are the defaults of ``vllm_max_num_seqs`` and ``vllm_dtype``
@@ -114,8 +119,13 @@ class VLLMSettings:
         if batched_tokens is None:  # the whole batch's prefill in one step up to 8192 tokens (verl's budget)
             batched_tokens = max(length, min(max_num_seqs * length, MAX_BATCHED_TOKENS))
         return cls(
-            length, max_num_seqs, max(1, max_logprobs), seed=seed, dtype=dtype,
-            max_num_batched_tokens=batched_tokens, **extra,
+            length,
+            max_num_seqs,
+            max(1, max_logprobs),
+            seed=seed,
+            dtype=dtype,
+            max_num_batched_tokens=batched_tokens,
+            **extra,
         )
 
     def engine_dtype(self, model: PreTrainedModel) -> str:
@@ -195,7 +205,9 @@ def check_model_for_vllm(model: PreTrainedModel, settings: VLLMSettings, on_gpu:
                 "vllm: the KV cache (%.2f GiB) holds %d full-length "
                 "sequences of the %d in a batch; vLLM will run "
                 "fewer at once (raise rollout.vllm_kv_cache_gib to %.2f for all)",
-                settings.kv_cache_gib, have // need, settings.max_num_seqs,
+                settings.kv_cache_gib,
+                have // need,
+                settings.max_num_seqs,
                 need * settings.max_num_seqs / GIB,
             )
 
@@ -231,8 +243,14 @@ def _engine_key(model: PreTrainedModel, settings: VLLMSettings) -> tuple[Any, ..
     config = {k: v for k, v in model.config.to_dict().items() if k not in skip}
     shape = json.dumps(config, sort_keys=True, default=str)
     return (
-        shape, settings.engine_dtype(model), str(model.device), settings.block_size, settings.kv_cache_gib,
-        settings.gpu_memory_utilization, settings.seed, settings.sleep_level,
+        shape,
+        settings.engine_dtype(model),
+        str(model.device),
+        settings.block_size,
+        settings.kv_cache_gib,
+        settings.gpu_memory_utilization,
+        settings.seed,
+        settings.sleep_level,
     )
 
 
@@ -317,7 +335,10 @@ class VLLMEngine:
     continuous_batching = True
 
     def __init__(
-        self, model: PreTrainedModel, eos_token_ids: list[int], settings: VLLMSettings,
+        self,
+        model: PreTrainedModel,
+        eos_token_ids: list[int],
+        settings: VLLMSettings,
         initial_weights: Iterable[tuple[str, torch.Tensor]] | None = None,
     ) -> None:
         """``initial_weights``: the stream the engine starts from (a sharded model's gathered
@@ -349,8 +370,10 @@ class VLLMEngine:
                 "starting vLLM on %s (once per process; about 45 s on a 2-core CPU)", model.name_or_path
             )
             # the first engine of the process tells whether the default group is someone else's
-            foreign = next(iter(_ENGINES.values())).foreign_process_group if _ENGINES else (
-                torch.distributed.is_initialized()
+            foreign = (
+                next(iter(_ENGINES.values())).foreign_process_group
+                if _ENGINES
+                else (torch.distributed.is_initialized())
             )
             _ENGINES[key] = _Started(settings, _start_llm(vllm, model, settings), foreign)
             on_close(shutdown_engines)
@@ -495,9 +518,16 @@ class VLLMEngine:
                 if self.sampled_by_prompt is not None:
                     self.sampled_by_prompt[tuple(request.prompt_ids)] += len(generation.token_ids)
                 if self.request_log is not None:
-                    self.request_log.append(RequestRecord(
-                        tag, context, prefill, len(generation.token_ids), submitted, self.cost.engine_steps
-                    ))
+                    self.request_log.append(
+                        RequestRecord(
+                            tag,
+                            context,
+                            prefill,
+                            len(generation.token_ids),
+                            submitted,
+                            self.cost.engine_steps,
+                        )
+                    )
                 submit(on_done(tag, request, generation))
 
     def _prepare(
@@ -517,9 +547,15 @@ class VLLMEngine:
         if seed is None and generator is not None:
             seed = int(torch.randint(2**62, (1,), generator=generator))
         sampling = vllm.SamplingParams(
-            n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            max_tokens=budget, logprobs=params.logprobs_top_k, seed=seed,
-            stop_token_ids=self.eos_token_ids, detokenize=False,
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=budget,
+            logprobs=params.logprobs_top_k,
+            seed=seed,
+            stop_token_ids=self.eos_token_ids,
+            detokenize=False,
             # one flat list per request instead of a dict per token (read without a per-token loop)
             flat_logprobs=True,
             # only the finished output (what LLM.generate asks for); the cumulative default would
@@ -545,8 +581,12 @@ class VLLMEngine:
         logprobs, top_lps, top_ids = values[:, 0].clone(), values[:, 1:].clone(), ids[:, 1:].clone()
         finished = bool(n) and tokens[-1] in self.eos_token_ids and completion.finish_reason == "stop"
         return Generation(
-            token_ids=torch.tensor(tokens, dtype=torch.long), logprobs=logprobs, top_logprobs=top_lps,
-            top_ids=top_ids, entropy=None, finished=finished,
+            token_ids=torch.tensor(tokens, dtype=torch.long),
+            logprobs=logprobs,
+            top_logprobs=top_lps,
+            top_ids=top_ids,
+            entropy=None,
+            finished=finished,
         )
 
 
