@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from semrl.studies.seeds import find_runs
+from semrl.studies.discovery import find_runs
 from semrl.studies.variance import cheapest_designs, decompose, final_samples
 
 

@@ -24,8 +24,9 @@ from typing import Any
 from semrl.core.jsonl import COMPRESSED_SUFFIX, log_exists, read_jsonl
 from semrl.evaluation import summarize_records
 from semrl.reward.answer_form import fails_numeral_rule
+from semrl.studies.comparison import rule_differences
 from semrl.studies.designs import load_rules
-from semrl.studies.seeds import Run, find_runs, rule_differences
+from semrl.studies.discovery import Run, find_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = {

@@ -21,8 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's code, also from a worktree
 
+from semrl.studies.comparison import rule_differences  # noqa: E402
 from semrl.studies.decide import load_hypotheses  # noqa: E402
-from semrl.studies.seeds import find_runs, rule_differences  # noqa: E402
+from semrl.studies.discovery import find_runs  # noqa: E402
 from semrl.studies.stats import size_from_pilot  # noqa: E402
 
 # the planned effects (issue 62): Study 2's +0.044 on pass@16, Study 3's -0.056 on pass@1

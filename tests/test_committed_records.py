@@ -15,7 +15,7 @@ import pytest
 
 from semrl.cli import main
 from semrl.core.jsonl import log_exists, read_jsonl, stored
-from semrl.studies.seeds import find_runs
+from semrl.studies.discovery import find_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,17 +12,17 @@ import yaml
 
 from semrl.cli import main
 from semrl.evaluation import records_path, summarize_records
-from semrl.studies.seeds import (
-    compare_paired,
-    compare_seeds,
+from semrl.studies.comparison import (
     cumulative_tokens,
     equal_token_budget,
-    find_runs,
-    pass_at_k_curves,
     per_step,
     seed_differences,
     value_at_tokens,
 )
+from semrl.studies.discovery import find_runs
+from semrl.studies.seeds import compare_seeds
+from semrl.studies.stats import compare_paired
+from semrl.studies.tables import pass_at_k_curves
 
 
 def _write_run(run_dir: Path, rows: list[dict], method: str = "grpo", seed: int = 0) -> Path:

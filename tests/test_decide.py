@@ -14,7 +14,7 @@ import yaml
 from semrl.cli import main
 from semrl.errors import ConfigError
 from semrl.studies.decide import EXPECTATIONS, Decision, Hypothesis, decide, decision_rows, load_hypotheses
-from semrl.studies.seeds import Run
+from semrl.studies.discovery import Run
 from semrl.studies.stats import compare_paired
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,10 +230,12 @@ def test_compare_draws_the_decisions_as_a_forest_plot(tmp_path):
     from matplotlib.image import imread
     from scipy import stats as st
 
+    from semrl.studies.comparison import design_section
     from semrl.studies.designs import load_rules
+    from semrl.studies.discovery import find_runs
     from semrl.studies.forest import forest_rows
     from semrl.studies.runs import method_color
-    from semrl.studies.seeds import compare_seeds, design_section, find_runs
+    from semrl.studies.seeds import compare_seeds
 
     sweep = _sweep(tmp_path / "sweep")
     path = tmp_path / "rules.yaml"
@@ -295,8 +297,8 @@ def test_a_curve_rule_compares_the_mean_over_evaluations_after_step_0(seed):
     """over: curve (issue 62, item 3) reads each run's evaluations after step 0 and averages them,
     by hand on random curves; changing one checkpoint's value changes the difference by that change
     over the number of checkpoints, and the base evaluation (step 0) is not read."""
+    from semrl.studies.comparison import decide_all, rule_differences
     from semrl.studies.decide import _hypothesis, metric_label
-    from semrl.studies.seeds import decide_all, rule_differences
 
     rng = np.random.default_rng(seed)
     steps = [0, *sorted(rng.choice(np.arange(1, 60), size=rng.integers(1, 6), replace=False).tolist())]
@@ -335,8 +337,8 @@ def test_a_curve_rule_compares_the_mean_over_evaluations_after_step_0(seed):
 
 
 def test_a_curve_rule_refuses_unequal_checkpoints_and_pass_at_k_from_fewer_than_2k_samples(tmp_path):
+    from semrl.studies.comparison import rule_differences
     from semrl.studies.decide import _hypothesis
-    from semrl.studies.seeds import rule_differences
 
     def rule(metric: str, **extra) -> Hypothesis:
         return _hypothesis(
@@ -385,8 +387,8 @@ def test_collapsed_counts_runs_with_no_reward_signal_in_most_steps_and_a_sign_ru
     seeds."""
     from scipy import stats as st
 
+    from semrl.studies.comparison import decide_all, rule_differences
     from semrl.studies.decide import _hypothesis
-    from semrl.studies.seeds import decide_all, rule_differences
     from semrl.studies.stats import sign_p_value
 
     rng = np.random.default_rng(seed)

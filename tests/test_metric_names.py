@@ -54,8 +54,8 @@ def test_a_run_writes_every_name_the_reports_read(digit_model_dir, seven_task, t
 
 def test_every_reader_takes_its_names_from_the_module():
     from semrl.studies.decide import NO_SIGNAL
+    from semrl.studies.discovery import CURVE_METRICS, TOKENS
     from semrl.studies.runs import COMPARE_METRICS, TRAIN_METRICS
-    from semrl.studies.seeds import CURVE_METRICS, TOKENS
     from semrl.tracking.metrics import COST_METRICS
     from semrl.tracking.run_summary import COST_COLUMNS
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from semrl.studies.seeds import Run, comparison_rows, seed_differences
+from semrl.studies.comparison import comparison_rows, seed_differences
+from semrl.studies.discovery import Run
 from semrl.studies.stats import (
     compare_paired,
     min_detectable_effect,

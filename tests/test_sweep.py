@@ -15,16 +15,10 @@ import yaml
 
 from semrl.cli import main
 from semrl.errors import ConfigError
-from semrl.studies.sweep import (
-    DONE_FILE,
-    TIME_FILE,
-    SegmentClock,
-    SweepError,
-    load_sweep,
-    recorded_time,
-    run_local,
-    run_state,
-)
+from semrl.studies.discovery import DONE_FILE
+from semrl.studies.launch import run_local
+from semrl.studies.sweep import TIME_FILE, SweepError, load_sweep
+from semrl.studies.sweep_runs import SegmentClock, recorded_time, run_state
 
 from .conftest import DIGIT_SYSTEM_PROMPT
 
@@ -263,7 +257,7 @@ def test_the_recorded_code_is_the_code_that_runs_not_the_installed_one(tmp_path)
         [
             sys.executable,
             "-c",
-            "import json; from semrl.studies.sweep import code_version; print(json.dumps(code_version()))",
+            "import json; from semrl.studies.sweep_runs import code_version; print(json.dumps(code_version()))",
         ],
         env={**os.environ, "PYTHONPATH": str(tmp_path / "src")},
         capture_output=True,
@@ -331,7 +325,7 @@ def test_a_run_from_before_data_eval_auto_has_the_same_settings(tmp_path, held, 
     """data.eval=auto on arithmetic training is the arithmetic held-out split that older runs named
     'arithmetic': a study written before resumes; another split is still refused."""
     from semrl.config.load import load_config
-    from semrl.studies.sweep import check_run_config
+    from semrl.studies.sweep_runs import check_run_config
 
     _write(tmp_path / "base.yaml", {"data": {"train": "arithmetic", "eval": "auto"}})
     sweep = load_sweep(
@@ -401,7 +395,8 @@ def test_a_sweep_file_given_to_train_names_semrl_sweep(tmp_path, capsys):
 def test_the_base_evaluation_can_be_left_out_or_cut_to_a_subset(digit_model_dir, seven_task, tmp_path):
     """logging.eval_base=false: no step-0 evaluation; logging.eval_base_problems=2: the base model on
     the first 2 held-out problems, the final evaluation on all 4, and compare's base row says so."""
-    from semrl.studies.seeds import final_table, find_runs
+    from semrl.studies.discovery import find_runs
+    from semrl.studies.tables import final_table
 
     path = _tiny_sweep(
         tmp_path,
@@ -471,7 +466,7 @@ def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_res
     digit_model_dir, seven_task, tmp_path, monkeypatch, capsys
 ):
     from semrl.studies.designs import load_rules
-    from semrl.studies.sweep import run_until_decided
+    from semrl.studies.study_loop import run_until_decided
 
     sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 4])
     sweep, rules = load_sweep(sweep_file), load_rules(rules_file)
@@ -510,7 +505,7 @@ def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_res
 
 def test_until_decided_needs_a_design_and_enough_seeds(digit_model_dir, seven_task, tmp_path):
     from semrl.studies.designs import load_rules
-    from semrl.studies.sweep import run_until_decided
+    from semrl.studies.study_loop import run_until_decided
 
     sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 6])
     with pytest.raises(SweepError, match="needs 6 seeds"):

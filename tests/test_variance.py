@@ -190,7 +190,7 @@ def test_designs_are_the_cheapest_that_reach_the_target():
 
 def test_compare_variance_reads_the_study_records():
     study = Path(__file__).parents[1] / "results" / "study_sparse"
-    from semrl.studies.seeds import find_runs
+    from semrl.studies.discovery import find_runs
 
     groups = find_runs([study], seeds=[0, 1, 2])
     text = variance_section(groups, [("rose", "dr_grpo")], metrics=("pass@16",), reps=50)

@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         if args.variance:
-            from semrl.studies.seeds import comparison_pairs, find_runs
+            from semrl.studies.comparison import comparison_pairs
+            from semrl.studies.discovery import find_runs
             from semrl.studies.variance import variance_section
 
             groups = find_runs(args.run_dirs, args.group_by, args.seeds)

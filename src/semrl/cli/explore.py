@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(summary))
     if rules is not None:
         from semrl.studies.explore_run import judge_exploration
-        from semrl.studies.seeds import markdown_lines
+        from semrl.studies.tables import markdown_lines
 
         heading, rows, _ = judge_exploration(records, rules, out)
         table = "\n".join(markdown_lines(rows[0], rows[1:]))

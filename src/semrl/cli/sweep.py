@@ -56,15 +56,16 @@ def run(args: argparse.Namespace) -> int:
     for what, given in (("sweep file", args.sweep_file), ("decision rules file", args.until_decided)):
         if given and not Path(given).is_file():  # before the sweep's imports load torch
             raise ConfigError(f"{what} '{given}' does not exist")
-    from semrl.studies import sweep as sweeps
+    from semrl.studies import launch, study_loop
+    from semrl.studies.sweep import load_sweep
 
-    sweep = sweeps.load_sweep(args.sweep_file)
+    sweep = load_sweep(args.sweep_file)
     if args.dry_run:
         if args.until_decided:
             from semrl.studies.designs import load_rules
 
-            print(sweeps.study_status(sweep, load_rules(args.until_decided)) + "\n")
-        print(sweeps.dry_run(sweep))
+            print(study_loop.study_status(sweep, load_rules(args.until_decided)) + "\n")
+        print(launch.dry_run(sweep))
         return 0
     if args.until_decided:
         if args.launcher != "local":
@@ -73,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--until-decided runs seeds one after another: use the local launcher")
         from semrl.studies.designs import load_rules
 
-        return sweeps.run_until_decided(sweep, load_rules(args.until_decided))
+        return study_loop.run_until_decided(sweep, load_rules(args.until_decided))
     if args.launcher == "local":
-        return sweeps.run_local(sweep)
+        return launch.run_local(sweep)
     options = {
         "partition": args.partition,
         "gpus_per_node": args.gpus_per_node,
@@ -86,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     }
     folder = sweep.output_dir / ".submitit"
     cluster = "slurm" if args.launcher == "slurm" else "local"
-    executor = sweeps.slurm_executor(sweep, folder, options, cluster=cluster)
-    jobs = sweeps.submit(sweep, executor, wait=args.wait or cluster == "local")
+    executor = launch.slurm_executor(sweep, folder, options, cluster=cluster)
+    jobs = launch.submit(sweep, executor, wait=args.wait or cluster == "local")
     print(
         f"{len(jobs)} job(s) submitted; logs in {folder}. Run the same command again to see what is done "
         "and submit what is left."

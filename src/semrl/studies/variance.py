@@ -25,7 +25,7 @@ from scipy import optimize, special
 from scipy import stats as st
 
 if TYPE_CHECKING:
-    from semrl.studies.seeds import Run
+    from semrl.studies.discovery import Run
 
 METRIC_HELP = "pass@k, mean@n, distinct_answers or response_length/correct"
 
