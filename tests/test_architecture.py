@@ -466,3 +466,30 @@ def test_the_data_layer_imports_no_torch():
         if torch_users:
             offenders[name] = torch_users
     assert not offenders, f"the data layer reaches torch: {offenders}"
+
+
+def _private_imports(modules: dict[str, Path]) -> list[str]:
+    """``from semrl.x import _name`` anywhere in the package: a private name used by another module
+    (dunder names such as ``__version__`` are public)."""
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("semrl"):
+                found += [
+                    f"{name} imports {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.endswith("__")
+                ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    assert not _private_imports(_modules())
+
+
+def test_the_private_import_check_finds_one(tmp_path):
+    module = tmp_path / "designs.py"
+    module.write_text("def f():\n    from semrl.studies.decide import Hypothesis, _hypothesis\n")
+    assert _private_imports({"semrl.studies.designs": module}) == [
+        "semrl.studies.designs imports semrl.studies.decide._hypothesis"
+    ]

@@ -298,7 +298,7 @@ def test_a_curve_rule_compares_the_mean_over_evaluations_after_step_0(seed):
     by hand on random curves; changing one checkpoint's value changes the difference by that change
     over the number of checkpoints, and the base evaluation (step 0) is not read."""
     from semrl.studies.comparison import decide_all, rule_differences
-    from semrl.studies.decide import _hypothesis, metric_label
+    from semrl.studies.decide import metric_label, parse_hypothesis
 
     rng = np.random.default_rng(seed)
     steps = [0, *sorted(rng.choice(np.arange(1, 60), size=rng.integers(1, 6), replace=False).tolist())]
@@ -308,7 +308,7 @@ def test_a_curve_rule_compares_the_mean_over_evaluations_after_step_0(seed):
         for s in range(4)
     }
     groups = {v: [_curve_run(v, s, curves[v, s]) for s in range(4)] for v in ("rose", "dr_grpo")}
-    rule = _hypothesis(
+    rule = parse_hypothesis(
         {
             "id": "C1",
             "metric": "eval/pass@1",
@@ -338,10 +338,10 @@ def test_a_curve_rule_compares_the_mean_over_evaluations_after_step_0(seed):
 
 def test_a_curve_rule_refuses_unequal_checkpoints_and_pass_at_k_from_fewer_than_2k_samples(tmp_path):
     from semrl.studies.comparison import rule_differences
-    from semrl.studies.decide import _hypothesis
+    from semrl.studies.decide import parse_hypothesis
 
     def rule(metric: str, **extra) -> Hypothesis:
-        return _hypothesis(
+        return parse_hypothesis(
             {
                 "id": "C1",
                 "metric": metric,
@@ -388,7 +388,7 @@ def test_collapsed_counts_runs_with_no_reward_signal_in_most_steps_and_a_sign_ru
     from scipy import stats as st
 
     from semrl.studies.comparison import decide_all, rule_differences
-    from semrl.studies.decide import _hypothesis
+    from semrl.studies.decide import parse_hypothesis
     from semrl.studies.stats import sign_p_value
 
     rng = np.random.default_rng(seed)
@@ -400,7 +400,7 @@ def test_collapsed_counts_runs_with_no_reward_signal_in_most_steps_and_a_sign_ru
     groups = {v: [_signal_run(v, s, list(runs[v, s])) for s in range(10)] for v in ("a", "b")}
     by_hand = {key: float(silent.sum() > len(silent) / 2) for key, silent in runs.items()}
     assert all(r.collapsed() == by_hand[r.variant, r.seed] for rs in groups.values() for r in rs)
-    rule = _hypothesis(
+    rule = parse_hypothesis(
         {
             "id": "K",
             "metric": "collapsed",
@@ -431,12 +431,12 @@ def test_collapsed_counts_runs_with_no_reward_signal_in_most_steps_and_a_sign_ru
 
 
 def test_a_rule_refuses_an_unknown_test_and_a_collapse_over_a_curve():
-    from semrl.studies.decide import _hypothesis
+    from semrl.studies.decide import parse_hypothesis
 
     base = {"id": "K", "metric": "collapsed", "pair": ["a", "b"], "expect": "less", "margin": 0.1}
     with pytest.raises(ConfigError, match="'test' must be one of t, sign, got 'wilcoxon'"):
-        _hypothesis({**base, "test": "wilcoxon"}, "rules.yaml, rule 1")
+        parse_hypothesis({**base, "test": "wilcoxon"}, "rules.yaml, rule 1")
     with pytest.raises(ConfigError, match="'collapsed' is one value per run.*leave out 'over' and 'window'"):
-        _hypothesis({**base, "over": "curve"}, "rules.yaml, rule 1")
+        parse_hypothesis({**base, "over": "curve"}, "rules.yaml, rule 1")
     with pytest.raises(ConfigError, match="'collapsed' is one value per run"):
-        _hypothesis({**base, "window": 5}, "rules.yaml, rule 1")
+        parse_hypothesis({**base, "window": 5}, "rules.yaml, rule 1")

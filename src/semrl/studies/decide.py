@@ -158,7 +158,8 @@ def seeds_to_settle(
     return seeds_needed(distance, comparison.sd), for_the_claim
 
 
-def _hypothesis(entry: Any, where: str) -> Hypothesis:
+def parse_hypothesis(entry: Any, where: str) -> Hypothesis:
+    """One rule of a rules file, checked; ``where`` names it in an error (file and rule number)."""
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each rule is a mapping with id, claim, metric, pair, expect, margin")
     known = {f.name for f in fields(Hypothesis)} - {"variant", "baseline"} | {"pair"}
@@ -221,7 +222,7 @@ def load_hypotheses(path: str | Path) -> list[Hypothesis]:
     entries = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{path}: expected a non-empty list of rules")
-    rules = [_hypothesis(entry, f"{path}, rule {i + 1}") for i, entry in enumerate(entries)]
+    rules = [parse_hypothesis(entry, f"{path}, rule {i + 1}") for i, entry in enumerate(entries)]
     ids = [r.id for r in rules]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{path}: rule ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")

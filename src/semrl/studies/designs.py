@@ -72,7 +72,7 @@ import numpy as np
 from scipy import stats as st
 
 from semrl.errors import ConfigError
-from semrl.studies.decide import Hypothesis, _hypothesis, metric_label
+from semrl.studies.decide import Hypothesis, metric_label, parse_hypothesis
 from semrl.studies.sequential import (
     BOUNDARIES,
     CORRECTIONS,
@@ -324,7 +324,7 @@ def _rule(
             raise ConfigError(f"{where}: family {family!r} is not in 'families' ({', '.join(families)})")
         if decide_at not in ("zero", "margin"):
             raise ConfigError(f"{where}: 'decide_at' must be zero or margin, got {decide_at!r}")
-    rule = _hypothesis(entry, where)
+    rule = parse_hypothesis(entry, where)
     if design is not None and design.type == "anytime" and rule.test != "t":
         raise ConfigError(
             f"{where}: an anytime design reads the t-test's e-value at every seed; 'test: {rule.test}' has "
