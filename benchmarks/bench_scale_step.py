@@ -27,8 +27,9 @@ from semrl.methods.registry import load, method_config
 from semrl.models.precision import Precision
 from semrl.rollout.batch import RolloutBatch
 from semrl.rollout.engines import Generation
+from semrl.update.micro_batches import micro_batches
 from semrl.update.optim import guarded_step
-from semrl.update.passes import micro_batches, rows_logprobs
+from semrl.update.row_logprobs import rows_logprobs
 
 # Qwen2.5-1.5B's shape (its config.json on the hub)
 QWEN25_15B = dict(

@@ -33,7 +33,7 @@ from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.rollout.engines import GenerationRequest, build_engine, sampling_params
-from semrl.update.passes import with_sampling_entropy
+from semrl.update.row_logprobs import with_sampling_entropy
 
 METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "rose"]
 

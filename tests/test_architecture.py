@@ -370,15 +370,36 @@ def test_methods_reach_no_training_forward_and_the_engine_exposes_no_model():
     modules = _modules()
     for name, path in modules.items():
         if name.startswith("semrl.methods."):
-            assert "semrl.update.passes" not in _imports(name, path, modules), f"{name} imports the forward"
+            assert "semrl.update.row_logprobs" not in _imports(name, path, modules), (
+                f"{name} imports the forward"
+            )
     from semrl.rollout.engines.base import Engine
 
     assert "model" not in Engine.__annotations__
 
 
+def _actor_calls(source: str) -> list[str]:
+    """The methods of ``self.actor`` that ``source`` calls."""
+    return [
+        node.func.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "actor"
+    ]
+
+
 def test_trainer_is_the_loop():
-    lines = (PACKAGE / "runtime" / "trainer.py").read_text(encoding="utf-8").count("\n")
+    source = (PACKAGE / "runtime" / "trainer.py").read_text(encoding="utf-8")
+    lines = source.count("\n")
     assert lines < 450, f"trainer.py has {lines} lines; move set-up or helpers to their own modules"
+    # the update stage's one front door: the trainer calls the actor once per step
+    assert _actor_calls(source) == ["update"]
+    assert _actor_calls("order = self.actor.first_order(b)\nself.actor.update(b, a, order)") == [
+        "first_order",
+        "update",
+    ]
 
 
 def test_every_doc_the_code_cites_ships_in_docs():

@@ -25,7 +25,7 @@ from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, build_engine, eos_token_ids
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.update.forward import response_logprobs
-from semrl.update.passes import with_sampling_entropy
+from semrl.update.row_logprobs import with_sampling_entropy
 
 from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
 

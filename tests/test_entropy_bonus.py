@@ -180,7 +180,7 @@ def test_the_bonus_raises_the_entropy_in_training(digit_model_dir, seven_task, t
     after it is well above that of the same update without a bonus (measured 3.2 vs 1.3 nats)."""
     from semrl.config.load import load_config
     from semrl.runtime.trainer import Trainer
-    from semrl.update.passes import batch_logprobs
+    from semrl.update.row_logprobs import batch_logprobs
 
     from .conftest import DIGIT_SYSTEM_PROMPT
 

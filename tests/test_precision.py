@@ -17,7 +17,7 @@ from semrl.rollout.sequences import make_sequence_batch
 from semrl.runtime.checkpoint import load_trainer_state
 from semrl.runtime.trainer import Trainer
 from semrl.update.forward import response_logprobs
-from semrl.update.passes import micro_batches
+from semrl.update.micro_batches import micro_batches
 
 from .test_training import _cfg, _metrics
 

@@ -351,7 +351,7 @@ def test_fr3e_and_rose_samples_do_not_depend_on_the_batch_limit(setup, method):
     from semrl.methods.interface import RolloutContext
     from semrl.methods.registry import load, method_config
     from semrl.rollout.engines import sampling_params
-    from semrl.update.passes import with_sampling_entropy
+    from semrl.update.row_logprobs import with_sampling_entropy
 
     tok, model = setup
     engine = _engine("vllm", model, tok)

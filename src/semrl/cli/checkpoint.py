@@ -24,11 +24,8 @@ def add_parser(sub: SubParsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if not Path(args.run_dir).is_dir():
         raise ConfigError(f"no run directory '{args.run_dir}'; give the logging.output_dir of a run")
-    from semrl.runtime.checkpoint import (
-        list_checkpoints,
-        stage_reference_dirs,
-        verify_checkpoint,
-    )
+    from semrl.runtime.checkpoint import list_checkpoints, verify_checkpoint
+    from semrl.runtime.run_state import stage_reference_dirs
 
     run_dir = Path(args.run_dir)
     references = [c for stage in stage_reference_dirs(run_dir) for c in list_checkpoints(stage)]

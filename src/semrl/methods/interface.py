@@ -18,7 +18,7 @@ from semrl.rollout.engines import Engine, Generation, SamplingParams
 
 # (contexts, generations) -> the generations with their entropy: new objects where it was None, with
 # the full-vocabulary entropy at the weights that sampled them; contexts[i] holds the tokens before
-# generations[i] (``semrl.update.passes.with_sampling_entropy``, bound by the trainer)
+# generations[i] (``semrl.update.row_logprobs.with_sampling_entropy``, bound by the trainer)
 SamplingEntropyFn = Callable[[list[list[int]], list[Generation]], list[Generation]]
 
 

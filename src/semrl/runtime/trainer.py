@@ -2,10 +2,11 @@
 
 Read it top to bottom: ``Trainer.train`` is the loop, each stage is one method. Methods differ
 only through the registry (``semrl.methods.registry``): their rollout, advantage estimator, loss and
-options; nothing here names one. Set-up lives in ``semrl.runtime.setup``, checkpoints and a
-curriculum's stage change in ``semrl.runtime.checkpoint``, the curriculum in
+options; nothing here names one. Set-up lives in ``semrl.runtime.setup``, the run's state across
+checkpoints and a curriculum's stage change in ``semrl.runtime.run_state`` (the files in
+``semrl.runtime.checkpoint``), the curriculum in
 ``semrl.data.curriculum``, the optimizer step in ``semrl.update.optim``, the no-gradient forwards in
-``semrl.update.passes``, metrics in ``semrl.tracking.metrics``, run files in
+``semrl.update.row_logprobs``, metrics in ``semrl.tracking.metrics``, run files in
 ``semrl.tracking.run_log``, DAPO's group filter in ``semrl.rollout.group_filter``.
 """
 
@@ -41,13 +42,13 @@ from semrl.reward import Scores, VerifierPool, reward_functions, score
 from semrl.rollout.batch import CollectedStep, RolloutBatch
 from semrl.rollout.engines import GenerationRequest, prompt_seed, sampling_params, sequence_seed
 from semrl.rollout.group_filter import GroupFilter
-from semrl.runtime.checkpoint import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.runtime.preemption import StopSignal
+from semrl.runtime.run_state import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.tracking.metrics import cost_metrics, entropy_metrics, reward_metrics, rollout_metrics
 from semrl.tracking.run_log import RunLog
-from semrl.update.actor import Actor, UpdateResult
+from semrl.update.actor import Actor, ActorState, LoadedLoss, PolicyModels, UpdateResult
 from semrl.update.optim import Optimization
-from semrl.update.passes import with_sampling_entropy
+from semrl.update.row_logprobs import with_sampling_entropy
 
 logger = logging.getLogger(__name__)
 
@@ -155,20 +156,12 @@ class Trainer:
         self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
         self.actor = Actor(
             cfg,
-            self.model,
-            self.ref_model,
-            self.reference_weights,
-            self.precision,
-            self.packing,
+            PolicyModels(self.model, self.ref_model, self.reference_weights, self.precision, self.packing),
+            LoadedLoss(loss_fn, prepare_fn, self.loss_config),
+            ActorState(optim, bonus, self.generator),
             self.processes,
-            optim,
-            bonus,
-            loss_fn,
-            prepare_fn,
-            self.loss_config,
-            self.generator,
-            reuse_first_forward,
-            self.faults,
+            reuse_first_forward=reuse_first_forward,
+            faults=self.faults,
         )
         self.resumed = ckpt is not None
         if ckpt is not None:
@@ -400,12 +393,11 @@ class Trainer:
     def learn(
         self, batch: RolloutBatch, scores: Scores
     ) -> tuple[torch.Tensor, dict[str, float], UpdateResult]:
-        """The update stage of one step: the no-gradient passes, the (N, T) advantages with their
-        metrics, and the PPO update from the current weights (the benchmarks time exactly this)."""
-        order = self.actor.first_order(batch)  # drawn first: the passes leave its first mini-batch
-        passes = self.actor.passes(batch, order)
+        """The update stage of one step: the (N, T) advantages with their metrics, and the actor's
+        update from the current weights, its no-gradient passes included (the benchmarks time
+        exactly this)."""
         advantages, advantage_metrics = self.advantages(batch, scores)
-        update = self.actor.update(batch, advantages, passes, order, self.run.step + 1)
+        update = self.actor.update(batch, advantages, self.run.step + 1)
         return advantages, advantage_metrics, update
 
     def advantages(self, batch: RolloutBatch, scores: Scores) -> tuple[torch.Tensor, dict[str, float]]:

@@ -56,7 +56,7 @@ from semrl.studies.explore import (
     per_token,
 )
 from semrl.studies.stats import median_interval, paired_t, sign_p_value
-from semrl.update.passes import with_sampling_entropy
+from semrl.update.row_logprobs import with_sampling_entropy
 
 RECORDS = "records.jsonl"
 CALLS = "calls.jsonl"  # one line per engine call: its problems, rollout seconds and engine cost

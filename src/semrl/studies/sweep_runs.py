@@ -163,7 +163,7 @@ def execute_run(run: SweepRun, base: Path | None, keep_checkpoints: bool) -> int
         code, interrupted = _call_letting_it_stop(train_command(run, base, state))
     if code == 0:
         if not keep_checkpoints:
-            from semrl.runtime.checkpoint import stage_reference_dirs
+            from semrl.runtime.run_state import stage_reference_dirs
 
             for path in [run.run_dir / "checkpoints", *stage_reference_dirs(run.run_dir)]:
                 shutil.rmtree(path, ignore_errors=True)

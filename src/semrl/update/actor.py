@@ -1,11 +1,12 @@
 """The update stage's owner (verl's actor): the trained model and its reference, their precision,
 packing and micro-batch plan, the policy loss and the optimizer.
 
-``Actor.passes`` runs the no-gradient forwards a step needs before its update (old-policy and
-reference log-probs, and the sampling entropies an engine without them left); ``Actor.update`` runs
-the PPO epochs over mini-batches and micro-batches and the optimizer steps. Each returns finished
-values; the only collectives are the ones written here (a micro-batch count every process agrees
-on, token and entropy sums over processes).
+The trainer calls it once per step: ``Actor.update(batch, advantages, step)`` draws epoch 0's row
+order, runs the no-gradient forwards the step needs (old-policy and reference log-probs, and the
+sampling entropies an engine without them left: ``PolicyPasses``), then the PPO epochs over
+mini-batches and micro-batches and the optimizer steps, and returns finished values
+(``UpdateResult``). The only collectives are the ones written here (a micro-batch count every
+process agrees on, token and entropy sums over processes).
 """
 
 from __future__ import annotations
@@ -28,11 +29,53 @@ from semrl.methods.policy_loss import LossFn, MiniBatchInputs, PolicyLossInputs,
 from semrl.methods.registry import MethodConfig
 from semrl.models.precision import Precision
 from semrl.rollout.batch import RolloutBatch
+from semrl.update.micro_batches import micro_batches, shuffled_rows
 from semrl.update.optim import Optimization
-from semrl.update.passes import batch_logprobs, micro_batches, rows_logprobs, shuffled_rows
+from semrl.update.row_logprobs import batch_logprobs, rows_logprobs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class PolicyModels:
+    """The models an update reads.
+
+    Attributes:
+        model: the trained model (a PreTrainedModel, wrapped by FSDP under ``trainer.fsdp``).
+        ref_model: the reference, or None when nothing reads it; under LoRA the trained model itself.
+        reference_weights: a context in which ``ref_model`` is the reference (under LoRA: the
+            adapters switched off); a no-op otherwise.
+        precision: the trained model's compute dtype and loss scaling.
+        packing: whether rows go through the model tree-packed (``semrl.update.packing``).
+    """
+
+    model: torch.nn.Module
+    ref_model: PreTrainedModel | None
+    reference_weights: Callable[[], AbstractContextManager[Any]]
+    precision: Precision
+    packing: bool
+
+
+@dataclass(frozen=True)
+class LoadedLoss:
+    """The policy loss as the registry loaded it: its loss function, its optional per-mini-batch
+    preparation (a token selection) and the config they read (``semrl.methods.policy_loss``)."""
+
+    loss_fn: LossFn
+    prepare_fn: PrepareFn | None
+    config: MethodConfig[Any]
+
+
+@dataclass(frozen=True)
+class ActorState:
+    """What the update changes and a checkpoint saves (``RunState`` holds the same objects, restored
+    in place): the optimizer with its schedule and loss scaler, the entropy bonus's coefficient, and
+    this process's random stream (row orders, Clip-Cov's random choice)."""
+
+    optim: Optimization
+    bonus: EntropyBonus
+    generator: torch.Generator
 
 
 @dataclass(frozen=True)
@@ -136,15 +179,10 @@ class Actor:
 
     Args:
         cfg: the run's config (the ``trainer``, ``rollout`` and ``algorithm`` sections are read).
-        model: the trained model; ``ref_model`` the reference (or None), made the reference by
-            ``reference_weights`` (under LoRA, the trained model with its adapters off).
-        precision: the compute dtype and loss scaling of the trained model.
-        packing: whether rows go through the model tree-packed (``semrl.update.packing``).
+        models: the trained model, the reference, their precision and packing.
+        loss: the policy loss's functions and the config they read.
+        state: the optimizer, the entropy bonus and the random stream the update advances.
         processes: the processes training together.
-        optim: the optimizer, its schedule and loss scaler (``RunState.optim``, restored in place).
-        bonus: the entropy bonus's coefficient (``RunState.entropy_bonus``).
-        loss_fn, prepare_fn, loss_config: the policy loss's functions and the config they read.
-        generator: this process's random stream (row orders, Clip-Cov's random choice).
         reuse_first_forward: the first mini-batch reuses the forward that gave its old log-probs
             (exact: it runs before any optimizer step); False runs a separate pass, for the tests and
             the benchmark that compare the two.
@@ -154,27 +192,24 @@ class Actor:
     def __init__(
         self,
         cfg: Config,
-        model: torch.nn.Module,
-        ref_model: PreTrainedModel | None,
-        reference_weights: Callable[[], AbstractContextManager[Any]],
-        precision: Precision,
-        packing: bool,
+        models: PolicyModels,
+        loss: LoadedLoss,
+        state: ActorState,
         processes: ProcessGroup,
-        optim: Optimization,
-        bonus: EntropyBonus,
-        loss_fn: LossFn,
-        prepare_fn: PrepareFn | None,
-        loss_config: MethodConfig[Any],
-        generator: torch.Generator,
+        *,
         reuse_first_forward: bool = True,
         faults: Faults = NO_FAULTS,
     ) -> None:
-        self.cfg, self.model, self.ref_model = cfg, model, ref_model
-        self.reference_weights, self.precision = reference_weights, precision
-        self.packing, self.processes = packing, processes
-        self.optim, self.bonus = optim, bonus
-        self.loss_fn, self.prepare_fn, self.loss_config = loss_fn, prepare_fn, loss_config
-        self.generator, self.reuse_first_forward, self.faults = generator, reuse_first_forward, faults
+        self.cfg, self.processes = cfg, processes
+        self.model, self.ref_model = models.model, models.ref_model
+        self.reference_weights, self.precision, self.packing = (
+            models.reference_weights,
+            models.precision,
+            models.packing,
+        )
+        self.loss_fn, self.prepare_fn, self.loss_config = loss.loss_fn, loss.prepare_fn, loss.config
+        self.optim, self.bonus, self.generator = state.optim, state.bonus, state.generator
+        self.reuse_first_forward, self.faults = reuse_first_forward, faults
         self.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
 
     def mini_batch_size(self, batch: RolloutBatch) -> int:
@@ -200,7 +235,15 @@ class Actor:
         """Row indices of each micro-batch of ``rows``."""
         return [rows[positions] for positions in self.micro_batch_plan(batch, rows)]
 
-    def first_order(self, batch: RolloutBatch) -> torch.Tensor:
+    def update(self, batch: RolloutBatch, advantages: torch.Tensor, step: int) -> UpdateResult:
+        """The update of rollout step ``step`` from the batch and its (N, T) advantages: epoch 0's row
+        order (drawn first: the passes leave its first mini-batch's old log-probs to that step's own
+        forward, docs/algorithms.md, "Old log-probs"), the no-gradient passes, then the PPO epochs."""
+        order = self._first_order(batch)
+        passes = self._passes(batch, order)
+        return self._epochs(batch, advantages, passes, order, step)
+
+    def _first_order(self, batch: RolloutBatch) -> torch.Tensor:
         """Epoch 0's row order, drawn before the passes, which leave its first mini-batch's old
         log-probs to the update."""
         return shuffled_rows(len(batch.generations), batch.group_size, self.packing, self.generator)
@@ -209,7 +252,7 @@ class Actor:
         """One epoch in one mini-batch: old log-probs equal the current ones (docs/algorithms.md)."""
         return self.cfg.trainer.ppo_epochs == 1 and self.mini_batch_size(batch) == len(batch.generations)
 
-    def passes(self, batch: RolloutBatch, first_order: torch.Tensor) -> PolicyPasses:
+    def _passes(self, batch: RolloutBatch, first_order: torch.Tensor) -> PolicyPasses:
         """The no-gradient forwards before the update: old-policy log-probs unless on-policy, the
         reference's when there is a reference, and rollout entropies when the batch lacks them and a
         token selection reads them before the update or an old-policy pass runs anyway
@@ -251,7 +294,7 @@ class Actor:
                 )[0]
         return PolicyPasses(old_logp, ref_logp, sampling_entropy, first_forward_rows)
 
-    def update(
+    def _epochs(
         self,
         batch: RolloutBatch,
         advantages: torch.Tensor,

@@ -186,7 +186,7 @@ class Generation:
         top_logprobs: (L, k) largest log-probs at each position, descending.
         top_ids: (L, k) their token ids.
         entropy: (L,) entropy of the full next-token distribution; None from an engine that does
-            not compute it (vllm): ``semrl.update.passes.with_sampling_entropy`` returns it with one.
+            not compute it (vllm): ``semrl.update.row_logprobs.with_sampling_entropy`` returns it with one.
         finished: ended with EOS.
         cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
     """
@@ -245,7 +245,7 @@ class Engine(Protocol):
             request at once.
         computes_entropy: whether ``Generation.entropy`` is filled at sampling time; when it is
             not, the trainer measures the sampling entropy with its own forward
-            (``semrl.update.passes.with_sampling_entropy``; a method's rollout through
+            (``semrl.update.row_logprobs.with_sampling_entropy``; a method's rollout through
             ``RolloutContext.sampling_entropy``).
         compute_dtype: the dtype sampling computes in (the training model may hold float32
             master weights).

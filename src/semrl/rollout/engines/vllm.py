@@ -16,7 +16,7 @@ What vLLM returns, and how it maps onto ``Generation``:
   (k+1)-th entry when it is outside the top k; that entry is dropped here, and ROSE's
   ``rose.entropy_with_sampled`` puts it back from ``logprobs`` as the ROSE code does).
 - ``entropy``: None. vLLM never returns the full-vocabulary entropy; the trainer measures it
-  (``semrl.update.passes.with_sampling_entropy``, the update's forwards).
+  (``semrl.update.row_logprobs.with_sampling_entropy``, the update's forwards).
 """
 
 from __future__ import annotations
