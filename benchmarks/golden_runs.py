@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # this checkout's code, also from a worktree
 
-from tests.conftest import (  # noqa: E402 (the repository root first)
+from tests.helpers import (  # noqa: E402 (the repository root first)
     DIGIT_SYSTEM_PROMPT,
-    _build_tiny_model,
-    _pretrain_digits,
+    build_tiny_model,
+    pretrain_digits,
     write_seven_task,
 )
 
@@ -224,12 +224,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         task = write_seven_task(root / "seven.jsonl")
-        tiny = _build_tiny_model(root / "tiny")
+        tiny = build_tiny_model(root / "tiny")
         models = {
-            "hd32": _pretrain_digits(_build_tiny_model(root / "tiny32", hidden_size=128), root / "digits32")
+            "hd32": pretrain_digits(build_tiny_model(root / "tiny32", hidden_size=128), root / "digits32")
         }
         if args.engine == "hf":
-            models = {"hd16": _pretrain_digits(tiny, root / "digits"), **models}
+            models = {"hd16": pretrain_digits(tiny, root / "digits"), **models}
         for model, model_dir in models.items():
             for name in args.runs:
                 print(f"{model}/{name}", flush=True)

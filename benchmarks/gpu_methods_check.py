@@ -8,7 +8,7 @@
 
 ``prepare`` writes the tests' tiny Llama (SmolLM2's tokenizer, 2 layers, random weights) after their
 digit warm-up (it answers any prompt with a uniformly random digit then EOS) and their task whose
-every answer is 7 (``tests/conftest.py``): a policy at reward ~0.1 that RL can improve in a few
+every answer is 7 (``tests/helpers.py``): a policy at reward ~0.1 that RL can improve in a few
 steps. ``run`` trains every method in the registry for ``--steps`` steps on it with the hf engine,
 the held-out evaluation (mean@8 on the same task) before and after, then the GPU paths the CPU
 tests reach only on the CPU: tree packing (FlexAttention on CUDA) for ROSE, TreePO and LATR, bf16
@@ -58,11 +58,11 @@ GPU_PATHS: list[tuple[str, str, list[str]]] = [
 
 def prepare(folder: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import _build_tiny_model, _pretrain_digits, write_seven_task
+    from helpers import build_tiny_model, pretrain_digits, write_seven_task
 
     folder.mkdir(parents=True, exist_ok=True)
-    tiny = _build_tiny_model(folder / "tiny-llama")
-    _pretrain_digits(tiny, folder / "tiny-digits")
+    tiny = build_tiny_model(folder / "tiny-llama")
+    pretrain_digits(tiny, folder / "tiny-digits")
     write_seven_task(folder / "seven.jsonl")
     print(f"prepared {folder}: tiny-digits/, seven.jsonl")
 

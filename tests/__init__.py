@@ -1,4 +1,4 @@
-"""semrl's tests. semrl is imported before conftest imports torch, so that OpenMP in this process and in
+"""semrl's tests. semrl is imported before conftest and helpers import torch, so that OpenMP in this process and in
 every process a test starts waits passively (semrl.core.threads): tests that run two processes on
 two cores would otherwise spin against each other."""
 

@@ -27,8 +27,7 @@ from semrl.runtime.checkpoint import (
     verify_checkpoint,
 )
 from semrl.runtime.trainer import Trainer
-
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 
 def _equal(a, b) -> bool:

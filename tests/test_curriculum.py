@@ -15,8 +15,7 @@ from semrl.reward import Judge, VerifierPool
 from semrl.rollout.engines import SamplingParams
 from semrl.rollout.engines.hf import HFEngine
 from semrl.runtime.trainer import Trainer
-
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 
 def _write(path, rows):

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from semrl.config.sections import ConfigError
 from semrl.runtime.checkpoint import load_trainer_state
 from semrl.runtime.trainer import Trainer
+from tests.helpers import write_seven_task
 
-from .conftest import write_seven_task
 from .test_training import _cfg, _metrics
 
 

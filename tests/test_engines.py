@@ -26,8 +26,7 @@ from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams,
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.update.forward import response_logprobs
 from semrl.update.row_logprobs import with_sampling_entropy
-
-from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
+from tests.helpers import DIGIT_SYSTEM_PROMPT, vllm_or_skip
 
 ENGINES = ["hf", "vllm"]
 MAX_MODEL_LEN = 512  # the session's vLLM engine; later ones of this shape fit in it
@@ -824,7 +823,8 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
     vllm_or_skip()
     import os
 
-    from .conftest import write_seven_task
+    from tests.helpers import write_seven_task
+
     from .test_distributed import _args, _final_weights, _metrics, _train
 
     task = write_seven_task(tmp_path / "seven.jsonl")

@@ -181,8 +181,7 @@ def test_the_bonus_raises_the_entropy_in_training(digit_model_dir, seven_task, t
     from semrl.config.load import load_config
     from semrl.runtime.trainer import Trainer
     from semrl.update.row_logprobs import batch_logprobs
-
-    from .conftest import DIGIT_SYSTEM_PROMPT
+    from tests.helpers import DIGIT_SYSTEM_PROMPT
 
     after = {}
     for coeff in (0.0, 1.0):

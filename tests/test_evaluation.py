@@ -174,8 +174,7 @@ def test_evaluation_judges_with_the_configured_correctness_function(digit_model_
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool, reward_functions
     from semrl.rollout.engines.hf import HFEngine
-
-    from .conftest import DIGIT_SYSTEM_PROMPT
+    from tests.helpers import DIGIT_SYSTEM_PROMPT
 
     judge = tmp_path / "judge.py"
     judge.write_text(
@@ -229,8 +228,7 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool, score_responses
     from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
-
-    from .conftest import DIGIT_SYSTEM_PROMPT, vllm_or_skip
+    from tests.helpers import DIGIT_SYSTEM_PROMPT, vllm_or_skip
 
     if kind == "vllm":
         vllm_or_skip()

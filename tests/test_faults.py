@@ -15,8 +15,8 @@ from semrl.cli import main
 from semrl.errors import TrainingError
 from semrl.runtime.checkpoint import list_checkpoints, load_trainer_state, verify_checkpoint
 from semrl.runtime.trainer import Trainer
+from tests.helpers import write_seven_task
 
-from .conftest import write_seven_task
 from .test_training import _cfg, _metrics
 
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from semrl.update.lm_head import chunked_logprobs
-
-from .conftest import dense_attention_mask
+from tests.helpers import dense_attention_mask
 
 
 def full_reference(

@@ -16,8 +16,8 @@ from semrl.models.lora import adapters_disabled, add_adapters, sampling_weights
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.runtime.trainer import Trainer
 from semrl.update.forward import response_logprobs
+from tests.helpers import write_seven_task
 
-from .conftest import write_seven_task
 from .test_training import _cfg, _metrics
 
 LORA = ["model.lora_r=16", "model.lora_alpha=32", "trainer.lr=3e-3", "algorithm.method=grpo"]

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 TOY_MODULE = textwrap.dedent(
     '''

@@ -8,8 +8,7 @@ import json
 
 from semrl.config.load import load_config
 from semrl.tracking import metric_names as names
-
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 
 def _run(model_dir, task, out, *extra) -> list[dict]:

@@ -10,8 +10,7 @@ from semrl.rollout.sequences import make_sequence_batch
 from semrl.rollout.tree import ChainTree
 from semrl.update.forward import response_logprobs
 from semrl.update.packing import pack_trees, packed_response_logprobs
-
-from .conftest import dense_attention_mask
+from tests.helpers import dense_attention_mask
 
 
 def _random_tree(gen: torch.Generator, g: int, vocab: int, max_len: int) -> tuple[list[list[int]], ChainTree]:

@@ -18,8 +18,7 @@ from safetensors.torch import load_file
 
 from semrl.runtime.checkpoint import list_checkpoints, verify_checkpoint
 from semrl.runtime.preemption import EXIT_PREEMPTED
-
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 
 def _args(model_dir, task, out):
@@ -56,7 +55,7 @@ def _train(*args, env=None):
 
 @pytest.fixture(scope="module")
 def uninterrupted(digit_model_dir, tmp_path_factory):
-    from .conftest import write_seven_task
+    from tests.helpers import write_seven_task
 
     root = tmp_path_factory.mktemp("preempt")
     task = write_seven_task(root / "seven.jsonl")

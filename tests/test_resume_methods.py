@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 from semrl.cli import main
 from semrl.config.load import load_config
 from semrl.runtime.trainer import Trainer
-
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 METHODS = {
     "dr_grpo": [],

