@@ -3,7 +3,10 @@ tests/helpers.py), the digit-trained tiny models, the seven task; and the xdist 
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +25,40 @@ SERIAL_GROUPS = {
 }
 
 
+# A test is end-to-end (marker e2e) when it asks, directly or through another fixture, for a model or
+# a pool of worker processes, or is marked e2e itself (a test that starts a process in its body);
+# every other test is a unit test (marker unit), and the guard below fails one that starts a process
+# or loads a pretrained model.
+E2E_FIXTURES = {"tiny_model_dir", "tiny32_model_dir", "digit_model_dir", "digit32_model_dir", "pool", "pools"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for group, files in SERIAL_GROUPS.items():
             if item.path.name in files:
                 item.add_marker(pytest.mark.xdist_group(group))
+        fixtures = set(getattr(item, "fixturenames", ()))
+        marked = item.get_closest_marker("e2e") or item.get_closest_marker("slow")
+        if not marked:
+            item.add_marker(pytest.mark.e2e if fixtures & E2E_FIXTURES else pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test that starts a process or loads a pretrained model fails, naming the fix."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(
+            f"unit test {request.node.nodeid} starts a process or loads a model: mark it "
+            "@pytest.mark.e2e (tests/conftest.py)"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    if "transformers" in sys.modules:  # loaded already: a test that reads pretrained weights
+        monkeypatch.setattr(sys.modules["transformers"].PreTrainedModel, "from_pretrained", refuse)
 
 
 @pytest.fixture(scope="session")

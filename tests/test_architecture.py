@@ -259,6 +259,7 @@ def test_stages_import_only_what_they_may():
     assert not {k: v for k, v in broken.items() if v}, broken
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_config_is_data_importing_no_method_and_no_torch():
     """``semrl.config.sections`` loads without the methods, the engines or torch: a config error, ``--help``
     and the config's own checks do not wait for them (docs/architecture.md)."""
@@ -303,6 +304,7 @@ def _cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
         (["train", "--config", "configs/demo.yaml", "trainer.mini_batch_size=7"], 2),  # across sections
     ],
 )
+@pytest.mark.e2e  # starts a process
 def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
     """``semrl --help`` and a config error in the trainer's sections answer before torch or a
     method loads (benchmarks/bench_startup.py times them)."""
@@ -325,6 +327,7 @@ def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
         (["train", "--num-processes", "2", "--config", "configs/demo.yaml", "rose.sd_top_k=0"], 2),
     ],
 )
+@pytest.mark.e2e  # starts a process
 def test_commands_that_read_methods_answer_without_loading_torch(argv, code):
     """The config reference, the methods table, a valid config check and an error in a method's
     section import the methods' option packages but never load torch, numpy or transformers: the

@@ -38,6 +38,7 @@ MISSING = [
 ]
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("argv, words", MISSING, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_missing_path_is_named_before_torch_loads(argv, words):
     """Exit 2 with the path named, from a fresh interpreter, with torch never imported and in under

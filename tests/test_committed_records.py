@@ -81,6 +81,7 @@ def test_every_committed_comparison_reads_the_same_from_the_compressed_records(s
         assert (tmp_path / name).read_bytes() == (study_dir / output / name).read_bytes(), name
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_checkout_is_light():
     """The tracked files stay under 40 MB, so that a clone is quick and a working tree fits the GPU
     machine's 64 MiB: run records are committed compressed, and the HTML pages `semrl compare`

@@ -294,6 +294,7 @@ def test_the_reference_gives_every_literal_key_its_allowed_values():
                 assert all(repr(c) in row for c in typing.get_args(literal[0])), row
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_closed_pipe_ends_the_output_quietly():
     """`semrl config | head -3` prints three lines and no BrokenPipeError traceback."""
     import subprocess

@@ -241,6 +241,7 @@ raise SystemExit(3)  # an exit without close(), as an error path takes
 """
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_process_that_exits_without_closing_destroys_its_process_group():
     """A gloo group alive when the interpreter finalises can abort the process in C++ ("terminate
     called without an active exception", seen once under load): ProcessGroup destroys it at exit."""

@@ -48,6 +48,7 @@ def _command_lines() -> list[tuple[Path, str]]:
     return found
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
@@ -371,6 +372,7 @@ def test_each_method_has_its_own_colour_in_every_docs_figure():
             assert (np.abs(pixels - colour).max(axis=-1) <= 2).sum() >= 200, (name, variant)
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_site_builds_from_the_docs_requirements_alone(tmp_path):
     """`pip install -r docs/requirements.txt && mkdocs serve` (the README): a fresh virtual environment
     with those requirements and nothing else (no semrl, no torch) builds the site strictly; the file
@@ -446,6 +448,7 @@ def test_the_gpu_is_described_one_way():
     and not os.environ.get("SEMRL_REQUIRE_BROWSER"),
     reason="Chromium is not installed (Debian: apt-get install chromium)",
 )
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("width", [1280, 390])
 def test_wide_tables_stay_inside_the_content_column(tmp_path, width):
     """On the pages with the widest tables, at a laptop's and a phone's width, every table scrolls or

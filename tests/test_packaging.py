@@ -16,9 +16,12 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run(
@@ -114,6 +117,7 @@ def _release_in_changelog() -> str:
     return found.group(1)
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_sdist_ships_what_builds_the_package_and_no_tests(tmp_path):
     """The sdist holds the licence, the package with its configs and data, and no tests (they read the
     clone's docs/ and results/, which it does not ship); a wheel builds from it, with the version the

@@ -56,6 +56,7 @@ def pool():
         yield p
 
 
+@pytest.mark.e2e  # starts a process
 def test_math_verify_equivalences(pool):
     verdicts = pool.verify_many(
         [
@@ -71,6 +72,7 @@ def test_math_verify_equivalences(pool):
     assert not any(v.timed_out for v in verdicts)
 
 
+@pytest.mark.e2e  # starts a process
 def test_known_hang_scores_zero_within_timeout(pool):
     start = time.monotonic()
     before = pool.num_timeouts
@@ -84,6 +86,7 @@ def test_known_hang_scores_zero_within_timeout(pool):
     assert pool.verify_many([("4", r"\frac{8}{2}")])[0].correct
 
 
+@pytest.mark.e2e  # starts a process
 def test_score_responses_counts_hang_and_goes_on(pool):
     texts = [rf"the result is \boxed{{{HANG}}}", r"\boxed{5}", "it is 5", "nothing"]
     results = score_responses(pool, texts, ["3", "5", "5", "5"], final_number_fallback=True)
@@ -103,6 +106,7 @@ def test_truncated_reward_override(pool):
     assert [r.reward for r in results] == [1.0, 0.0]
 
 
+@pytest.mark.e2e  # starts a process
 def test_hostile_strings_are_never_run(pool, tmp_path):
     marker = tmp_path / "pwned"
     hostile = [
@@ -130,6 +134,7 @@ def _hostile_corpus(marker: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.e2e  # starts a process
 def test_hostile_answer_corpus(tmp_path):
     """Every answer of tests/data/hostile_answers.jsonl goes through the whole reward path
     (extraction, fast path, math-verify worker) alone, so its own wall time is measured."""
@@ -171,6 +176,7 @@ def test_hostile_answer_corpus(tmp_path):
     assert not marker.exists(), "a hostile answer was executed"
 
 
+@pytest.mark.e2e  # starts a process
 def test_wait_ready_waits_for_the_replacements_of_timed_out_workers():
     with VerifierPool(num_workers=2, timeout_s=0.3, numeral_answers=False) as pool:  # HANG reaches a worker
         pool.wait_ready()
@@ -181,6 +187,7 @@ def test_wait_ready_waits_for_the_replacements_of_timed_out_workers():
         assert all(w.ready and w.proc.is_alive() for w in pool._workers)
 
 
+@pytest.mark.e2e  # starts a process
 def test_fresh_worker_imports_do_not_count_against_a_job():
     """A job's timeout starts when a worker is ready: right after a hang killed both workers, a
     quick job must not time out while their replacements are still importing math-verify."""
@@ -191,6 +198,7 @@ def test_fresh_worker_imports_do_not_count_against_a_job():
         assert pool.num_timeouts == 1
 
 
+@pytest.mark.e2e  # starts a process
 def test_reward_workers_start_without_torch():
     """A worker imports semrl.reward and math-verify only: torch (about 2.3 s of a 3 s start) stays
     out, so that the worker replacing a timed-out one is ready in under a second."""
@@ -205,6 +213,7 @@ def test_reward_workers_start_without_torch():
     assert out.strip() == "[]", out
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_timed_out_verdict_is_never_cached():
     """A time-out says nothing about the answer (a loaded machine, a slow worker): the same pair is
     sent to a worker again next time, and counted again, rather than answered from the cache."""

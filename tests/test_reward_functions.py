@@ -92,6 +92,7 @@ def _score(functions, weights, cases, pool):
     return functions.score(pool, prompts, completions, ids, columns, final_number_fallback=True)
 
 
+@pytest.mark.e2e  # starts a process
 def test_weighted_sum_of_module_file_and_builtin_functions(user_module):
     names = [
         "myrewards.scores:length_reward",
@@ -141,6 +142,7 @@ def test_builtin_checks():
     assert final_number([""], ["6/8"], ["3/4"]) == [1.0]
 
 
+@pytest.mark.e2e  # starts a process
 def test_verl_style_function_through_the_adapter(user_module):
     functions = reward_functions(["myrewards.scores:compute_score"])
     cases = _random_cases(20, 1)
@@ -150,6 +152,7 @@ def test_verl_style_function_through_the_adapter(user_module):
         assert result.reward == (2.0 if completion.strip().endswith(columns["answer"]) else -1.0)
 
 
+@pytest.mark.e2e  # starts a process
 def test_raising_and_hanging_functions_score_zero_and_are_counted(user_module, caplog):
     names = ["myrewards.scores:raises_on_q", "myrewards.scores:hangs_on_h"]
     functions = reward_functions(names)
@@ -294,6 +297,7 @@ def test_the_api_gives_a_config_object_left_auto_a_directory_of_its_own(
     assert not (tmp_path / "auto").exists()
 
 
+@pytest.mark.e2e  # starts a process
 def test_functions_with_one_name_from_two_files_get_distinct_metric_keys(user_module):
     other = user_module / "other"
     other.mkdir()
@@ -393,6 +397,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_worker_still_running_an_unguarded_script_is_told_to_add_a_guard(tmp_path, guarded):
     """A worker that has not started in time because it re-runs the script's slow top-level code

@@ -56,6 +56,7 @@ def test_the_corpus_covers_what_the_issue_names():
     assert len(restated) >= 60 and sum(r["without_rule"] for r in restated) >= 50  # hacks that paid before
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("numeral_answers, field", [(True, "credited"), (False, "without_rule")])
 def test_reward_hack_corpus_on_the_math_check(pools, numeral_answers, field):
     """Through the trainer's reward: ``reward_functions(["math"])`` in a pool with the rule on or off."""
@@ -176,6 +177,7 @@ def _other_form(gold: str) -> str:
     return "$" + gold.replace("\\frac", "\\dfrac").replace("+", " + ") + "$"
 
 
+@pytest.mark.e2e  # starts a process
 def test_benchmark_golds_keep_their_verdicts(pools):
     golds = [
         json.loads(line)["answer"]

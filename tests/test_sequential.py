@@ -364,6 +364,7 @@ def test_anytime_rules_are_judged_at_every_seed_with_bonferroni(tmp_path):
     assert all(look[1].outcome in ("undecided", "ruled out") for look in looks)
 
 
+@pytest.mark.e2e  # starts a process
 def test_study3s_committed_looks_are_what_its_run_records_give(tmp_path):
     """scripts/check_look.py rebuilds every logged look of Study 3 from the raw per-problem records
     without semrl's code; a logged figure off by 1e-4, or a nan, is caught."""
@@ -454,6 +455,7 @@ def test_study3s_write_up_tables_are_what_its_run_records_give():
     assert checked >= 14  # look 1's tables at least
 
 
+@pytest.mark.e2e  # starts a process
 def test_sign_test_rules_are_logged_and_rebuilt_from_the_raw_records_without_semrl(tmp_path):
     """Study 3's records judged with sign-test rules (two on pass@16 and one on ``collapsed``): the
     looks semrl compare logs are what scripts/check_look.py rebuilds on its own (the median of the

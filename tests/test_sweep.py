@@ -241,6 +241,7 @@ def test_ctrl_c_lets_the_run_stop_after_its_step_and_stops_the_sweep(digit_model
     assert recorded_time(first.run_dir)[1] == 1
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_recorded_code_is_the_code_that_runs_not_the_installed_one(tmp_path):
     """A study's frozen worktree runs with PYTHONPATH=src beside another installed semrl: its runs
     record the worktree's version and source, not the installed distribution's."""

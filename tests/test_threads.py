@@ -21,6 +21,7 @@ def _policy_after_import(env: dict[str, str]) -> str:
     ).stdout.strip()
 
 
+@pytest.mark.e2e  # starts a process
 def test_importing_semrl_makes_openmp_wait_passively_unless_the_user_chose():
     assert _policy_after_import({}) == "PASSIVE"
     assert _policy_after_import({"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
