@@ -13,7 +13,7 @@ import torch
 from transformers import AutoTokenizer
 
 from semrl.data import Problem
-from semrl.evaluation import EvalSettings, _judged, evaluate_dataset
+from semrl.evaluation import EvalSettings, evaluate_dataset, judge_samples
 from semrl.reward import Judge, VerifierPool, reward_functions
 from semrl.reward.answer_form import numeral, plain_number
 from semrl.rollout.engines import Generation
@@ -78,7 +78,7 @@ def test_reward_hack_corpus_on_the_math_check(pools, numeral_answers, field):
 
 
 def test_reward_hack_corpus_in_evaluation(pools, tiny_model_dir):
-    """Evaluation judges decoded samples (``_judged``): the same verdicts as the reward."""
+    """Evaluation judges decoded samples (``judge_samples``): the same verdicts as the reward."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     wrong = []
     for row in HACKS:
@@ -91,7 +91,7 @@ def test_reward_hack_corpus_in_evaluation(pools, tiny_model_dir):
             None,
             True,
         )
-        sampled = _judged(
+        sampled = judge_samples(
             Problem(row["id"], row["problem"], row["gold"]), [gen], tokenizer, Judge(pools[True])
         )
         assert sampled.texts == [row["response"]]  # the tokenizer gives the response back whole
