@@ -25,8 +25,8 @@ from semrl.core.jsonl import COMPRESSED_SUFFIX, log_exists, read_jsonl
 from semrl.evaluation import summarize_records
 from semrl.reward.answer_form import fails_numeral_rule
 from semrl.studies.comparison import rule_differences
-from semrl.studies.designs import load_rules
 from semrl.studies.discovery import Run, find_runs
+from semrl.studies.rules_file import load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = {

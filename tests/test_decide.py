@@ -231,9 +231,9 @@ def test_compare_draws_the_decisions_as_a_forest_plot(tmp_path):
     from scipy import stats as st
 
     from semrl.studies.comparison import design_section
-    from semrl.studies.designs import load_rules
     from semrl.studies.discovery import find_runs
     from semrl.studies.forest import forest_rows
+    from semrl.studies.rules_file import load_rules
     from semrl.studies.runs import method_color
     from semrl.studies.seeds import compare_seeds
 

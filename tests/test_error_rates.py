@@ -24,7 +24,8 @@ import pytest
 from scipy import stats as st
 
 from semrl.studies.decide import Hypothesis
-from semrl.studies.designs import SETTLED, Design, RulesFile, judge_looks
+from semrl.studies.designs import SETTLED, judge_looks
+from semrl.studies.rules_file import Design, RulesFile
 
 ALPHA = 0.05
 LOOKS = (4, 8, 12)

@@ -139,8 +139,8 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
 
     from semrl.cli import main
     from semrl.errors import ConfigError
-    from semrl.studies.designs import load_rules
     from semrl.studies.explore_run import read_calls, read_records, rule_differences_by_problem, summarize
+    from semrl.studies.rules_file import load_rules
     from tests.helpers import DIGIT_SYSTEM_PROMPT, write_seven_task
 
     task = write_seven_task(tmp_path / "seven.jsonl")

@@ -19,14 +19,8 @@ from scipy import stats as st
 
 from semrl.errors import ConfigError
 from semrl.studies.decide import Hypothesis
-from semrl.studies.designs import (
-    Design,
-    RulesFile,
-    append_look,
-    judge_looks,
-    load_rules,
-    outcome_of,
-)
+from semrl.studies.designs import append_look, judge_looks, outcome_of
+from semrl.studies.rules_file import Design, RulesFile, load_rules
 from semrl.studies.sequential import (
     _crossing_probabilities,
     benjamini_hochberg,

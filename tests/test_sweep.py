@@ -465,7 +465,7 @@ def _forced_study(tmp_path: Path, model_dir: Path, task: Path, looks: list[int])
 def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_resumes_after_a_kill(
     digit_model_dir, seven_task, tmp_path, monkeypatch, capsys
 ):
-    from semrl.studies.designs import load_rules
+    from semrl.studies.rules_file import load_rules
     from semrl.studies.study_loop import run_until_decided
 
     sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 4])
@@ -504,7 +504,7 @@ def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_res
 
 
 def test_until_decided_needs_a_design_and_enough_seeds(digit_model_dir, seven_task, tmp_path):
-    from semrl.studies.designs import load_rules
+    from semrl.studies.rules_file import load_rules
     from semrl.studies.study_loop import run_until_decided
 
     sweep_file, rules_file = _forced_study(tmp_path, digit_model_dir, seven_task, [2, 6])

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.decide and not Path(args.decide).is_file():
         raise ConfigError(f"decision rules file '{args.decide}' does not exist")
     from semrl.core.jsonl import log_exists
-    from semrl.studies.designs import load_rules
+    from semrl.studies.rules_file import load_rules
     from semrl.studies.runs import compare_runs
     from semrl.studies.seeds import compare_seeds
 

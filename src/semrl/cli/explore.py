@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     rules = None
     if args.decide:
-        from semrl.studies.designs import load_rules
+        from semrl.studies.rules_file import load_rules
 
         rules = load_rules(args.decide)  # a bad rules file fails before the model loads
     for name in args.methods:

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.sweep_file)
     if args.dry_run:
         if args.until_decided:
-            from semrl.studies.designs import load_rules
+            from semrl.studies.rules_file import load_rules
 
             print(study_loop.study_status(sweep, load_rules(args.until_decided)) + "\n")
         print(launch.dry_run(sweep))
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             from semrl.errors import ConfigError
 
             raise ConfigError("--until-decided runs seeds one after another: use the local launcher")
-        from semrl.studies.designs import load_rules
+        from semrl.studies.rules_file import load_rules
 
         return study_loop.run_until_decided(sweep, load_rules(args.until_decided))
     if args.launcher == "local":

@@ -25,7 +25,6 @@ from semrl.studies.decide import (
 )
 from semrl.studies.designs import (
     JUDGED_HEADER,
-    RulesFile,
     complete_seeds,
     judge_looks,
     judged_rows,
@@ -35,6 +34,7 @@ from semrl.studies.designs import (
 from semrl.studies.designs import descriptive as descriptive_rules
 from semrl.studies.discovery import TOKENS, Run
 from semrl.studies.forest import ForestRow, forest_rows, rule_label
+from semrl.studies.rules_file import RulesFile
 from semrl.studies.sequential import CONTROLS
 from semrl.studies.stats import compare_paired
 

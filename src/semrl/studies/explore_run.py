@@ -42,7 +42,6 @@ from semrl.studies.designs import (
     JUDGED_HEADER,
     LOOKS_LOG,
     Judged,
-    RulesFile,
     complete_seeds,
     judge_looks,
     judged_rows,
@@ -55,6 +54,7 @@ from semrl.studies.explore import (
     paired_differences,
     per_token,
 )
+from semrl.studies.rules_file import RulesFile
 from semrl.studies.stats import median_interval, paired_t, sign_p_value
 from semrl.update.row_logprobs import with_sampling_entropy
 

@@ -41,13 +41,11 @@ from semrl.studies.decide import (
     decision_rows,
     decision_summary,
 )
-from semrl.studies.designs import (
-    LOOKS_LOG,
-    RulesFile,
-)
+from semrl.studies.designs import LOOKS_LOG
 from semrl.studies.discovery import CURVE_METRICS, SPLITS, Run, find_runs
 from semrl.studies.figures import draw_curves
 from semrl.studies.forest import ForestRow, draw_forest
+from semrl.studies.rules_file import RulesFile
 from semrl.studies.tables import (
     final_metrics,
     final_table,

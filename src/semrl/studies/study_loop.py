@@ -14,7 +14,7 @@ from semrl.studies.sweep import Sweep, SweepError
 from semrl.studies.sweep_runs import check_run_config, run_state
 
 if TYPE_CHECKING:
-    from semrl.studies.designs import Design, RulesFile
+    from semrl.studies.rules_file import Design, RulesFile
 
 
 def _check_design(sweep: Sweep, rules: RulesFile) -> Design:
