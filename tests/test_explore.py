@@ -139,7 +139,8 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
 
     from semrl.cli import main
     from semrl.errors import ConfigError
-    from semrl.studies.explore_run import read_calls, read_records, rule_differences_by_problem, summarize
+    from semrl.studies.explore_run import read_calls, read_records
+    from semrl.studies.explore_summary import rule_differences_by_problem, summarize
     from semrl.studies.rules_file import load_rules
     from tests.helpers import DIGIT_SYSTEM_PROMPT, write_seven_task
 
@@ -315,7 +316,8 @@ def test_equal_time_prices_each_problem_at_its_share_of_its_calls_seconds(seed):
     independent sampling samples in the problem's share of its call's seconds (shared by sampled
     tokens), at independent sampling's pooled throughput; recomputed by hand on random records and
     calls, with a rollout whose equal time needs more samples than were drawn left out."""
-    from semrl.studies.explore_run import INDEPENDENT, Explored, equal_time_differences, summarize
+    from semrl.studies.explore_run import INDEPENDENT, Explored
+    from semrl.studies.explore_summary import equal_time_differences, summarize
 
     rng = np.random.default_rng(seed)
     problems = [f"q{i}" for i in range(6)]

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     from semrl.data import PromptFormat
     from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
     from semrl.rollout.engines import build_engine
-    from semrl.studies.explore_run import run_exploration, summary_table, write_summary
+    from semrl.studies.explore_run import run_exploration
+    from semrl.studies.explore_summary import summary_table, write_summary
 
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tokenizer, model = load_tokenizer(path), load_model(path)
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     summary = write_summary(out, records)
     print(summary_table(summary))
     if rules is not None:
-        from semrl.studies.explore_run import judge_exploration
+        from semrl.studies.explore_summary import judge_exploration
         from semrl.studies.tables import markdown_lines
 
         heading, rows, _ = judge_exploration(records, rules, out)
