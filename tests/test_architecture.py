@@ -517,3 +517,15 @@ def test_the_private_import_check_finds_one(tmp_path):
     assert _private_imports({"semrl.studies.designs": module}) == [
         "semrl.studies.designs imports semrl.studies.decide._hypothesis"
     ]
+
+
+def test_a_unit_test_cannot_start_a_process(request):
+    """tests/conftest.py marks this test unit (it asks for no model) and so refuses it a process."""
+    import multiprocessing
+    import subprocess
+
+    assert request.node.get_closest_marker("unit") is not None
+    with pytest.raises(AssertionError, match="mark it @pytest.mark.e2e"):
+        subprocess.run(["true"], check=False)
+    with pytest.raises(AssertionError, match="mark it @pytest.mark.e2e"):
+        multiprocessing.get_context("spawn").Process(target=print).start()
