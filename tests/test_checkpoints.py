@@ -192,7 +192,7 @@ def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_d
     import torch
 
     from semrl.core.safe_state import STATE_TENSORS, save_state
-    from semrl.rollout.engines.vllm import weights_view
+    from semrl.rollout.engines.vllm_start import weights_view
 
     ckpt = tmp_path / "step-000001"
     shutil.copytree(tiny_model_dir, ckpt)
@@ -209,7 +209,7 @@ def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_d
 def test_a_checkpoint_holds_only_weights_beside_its_config(three_steps, tmp_path):
     """Inference engines (vLLM, SGLang, ``vllm serve``) load every *.safetensors beside config.json:
     the optimizer state lives in trainer_state/, so the directory loads as it is."""
-    from semrl.rollout.engines.vllm import weights_view
+    from semrl.rollout.engines.vllm_start import weights_view
 
     ckpt = three_steps / "checkpoints" / "step-000003"
     assert sorted(p.name for p in ckpt.glob("*.safetensors")) == ["model.safetensors"]

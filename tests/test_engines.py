@@ -277,7 +277,7 @@ if sys.argv[2] == "accelerate":  # a default group that exists before vLLM, as a
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
 from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
-from semrl.rollout.engines.vllm import shutdown_engines
+from semrl.rollout.engines.vllm_start import shutdown_engines
 from semrl.models.loading import load_model, load_tokenizer
 tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])
 params, request = SamplingParams(max_new_tokens=4), [GenerationRequest([1, 2, 3])]
@@ -534,7 +534,7 @@ def test_vllm_settings_follow_the_batch_the_device_and_the_overrides(seed):
     batch is the caller's (one process's rollout) unless overridden; the step budget holds the whole
     batch's sequences up to 8192 tokens and at least one full sequence in whole blocks; sampling is bf16
     on a GPU, the model's dtype on CPU, unless set; sleep mode is on with a GPU unless set."""
-    from semrl.rollout.engines.vllm import VLLMSettings
+    from semrl.rollout.engines.vllm_start import VLLMSettings
 
     rng = torch.Generator().manual_seed(seed)
 

@@ -82,7 +82,7 @@ def prepare_run_dir(cfg: Config, resume: bool, processes: ProcessGroup) -> Path 
 def check_machine(cfg: Config) -> None:
     """Checks of the config that depend on the machine (whether it has CUDA), before models load."""
     if cfg.rollout.engine == "vllm":
-        from semrl.rollout.engines.vllm import check_vllm_machine
+        from semrl.rollout.engines.vllm_start import check_vllm_machine
 
         check_vllm_machine(cfg.rollout)
 

@@ -83,7 +83,8 @@ def build_engine(
 
         return HFEngine(model, eos, tokenizer.pad_token_id, batch_size, compute_dtype)
     if kind == "vllm":
-        from semrl.rollout.engines.vllm import VLLMEngine, VLLMSettings
+        from semrl.rollout.engines.vllm import VLLMEngine
+        from semrl.rollout.engines.vllm_start import VLLMSettings
 
         dtype = None if compute_dtype is None else str(compute_dtype).removeprefix("torch.")
         settings = VLLMSettings.from_options(
