@@ -29,34 +29,11 @@ PROMPTS, GROUP, NEW_TOKENS, LR = 8, 8, 64, 1e-5
 
 
 def _tiny_model(cache: Path) -> str:
-    """A random ~3M-parameter Llama with SmolLM2's tokenizer (as the test suite's)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    """A random ~3M-parameter Llama with SmolLM2's tokenizer: the test suite's (tests/helpers.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+    from tests.helpers import build_tiny_model
 
-    from semrl.models.loading import smollm2_gguf_path
-
-    target = cache / "tiny-llama"
-    if (target / "config.json").is_file():
-        return str(target)
-    gguf = smollm2_gguf_path()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(target)
-    tok.save_pretrained(target)
-    return str(target)
+    return str(build_tiny_model(cache / "tiny-llama"))
 
 
 def _model_path(name: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 import torch
 
 DIGIT_SYSTEM_PROMPT = "Answer with one digit."
@@ -92,6 +91,8 @@ def write_seven_task(path: Path) -> Path:
 def vllm_or_skip() -> None:
     """Skip a vLLM test where vLLM is not installed, unless SEMRL_REQUIRE_VLLM is set (CI)."""
     import importlib.util
+
+    import pytest  # here, so that benchmarks import these helpers without pytest
 
     if importlib.util.find_spec("vllm") is None:
         if os.environ.get("SEMRL_REQUIRE_VLLM"):
