@@ -26,9 +26,12 @@ land() {  # land DIR MESSAGE [compress]: copy DIR (no checkpoints) into the main
     local dir=$1 message=$2
     mkdir -p "$main/$dir"
     (cd "$dir" && tar --exclude=./checkpoints --exclude='./*.tmp' -cf - .) | (cd "$main/$dir" && tar -xf -)
-    # a finished training run's logs are committed compressed (docs/sweeps.md, "Committing a study");
-    # an exploration's stay plain until the study ends, since they grow
-    if [ "${3:-}" = compress ]; then find "$main/$dir" -name '*.jsonl' -exec gzip -9nf {} +; fi
+    # logs are committed compressed (docs/sweeps.md, "Committing a study"); deviation 2
+    # (docs/results.md): an exploration's too, each time it lands, from the plain copy the worktree
+    # keeps appending to (25085db left them plain, and the checkout's size test refused them);
+    # looks.jsonl stays plain, to be read
+    if [ "${3:-}" = compress ]; then find "$main/$dir" -name '*.jsonl' -exec gzip -9nf {} +
+    else find "$main/$dir" -name '*.jsonl' ! -name looks.jsonl -exec gzip -9nf {} +; fi
     for attempt in 1 2 3 4 5; do  # another commit in the main worktree may hold its index lock
         if (cd "$main" && git add -- "$dir" && { git diff --cached --quiet -- "$dir" ||
                 git commit -q -m "Study 4a: $message (code $code)" -- "$dir"; }); then
