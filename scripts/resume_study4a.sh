@@ -9,6 +9,7 @@
 # Log: WORKTREE.log beside the worktree.
 set -euo pipefail
 commit=3ec36c1  # Study 4a: its pre-registration (25085db) with deviation 1 (docs/results.md)
+driver=e444db9  # its script with deviation 2 (landing compressed), run in that worktree
 tree=${1:-../study4a}
 repo=$(git rev-parse --show-toplevel)
 if [ ! -d "$tree" ]; then
@@ -18,7 +19,7 @@ fi
 tree=$(cd "$tree" && pwd)
 [ "$(git -C "$tree" rev-parse HEAD)" = "$(git rev-parse "$commit^{commit}")" ] || {
   echo "$tree is not at $commit" >&2; exit 2; }
-if pgrep -f "scripts/study4a.sh" >/dev/null; then echo "Study 4a is already running" >&2; exit 2; fi
+if pgrep -f "study4a\.sh" >/dev/null; then echo "Study 4a is already running" >&2; exit 2; fi
 if [ -d "$repo/results/study4a" ]; then
   mkdir -p "$tree/results/study4a"
   for dir in "$repo"/results/study4a/*/; do
@@ -26,7 +27,15 @@ if [ -d "$repo/results/study4a" ]; then
     [ "$name" = train ] && continue  # trained again where its checkpoint is missing
     mkdir -p "$tree/results/study4a/$name"
     cp -rn "$dir". "$tree/results/study4a/$name/"  # never over what the worktree has
+    # explorations land compressed (deviation 2) and continue by appending to their plain logs
+    for log in "$tree/results/study4a/$name"/*.jsonl.gz; do
+      [ -e "$log" ] || continue
+      [ -e "${log%.gz}" ] || gunzip -k "$log"
+      rm -f "$log"
+    done
   done
 fi
-(cd "$tree" && PYTHON=${PYTHON:-python} nohup nice -n 19 bash scripts/study4a.sh >> "$tree.log" 2>&1 &)
+# the study's script as of deviation 2, beside the worktree: it runs there, on the worktree's code
+git show "$driver:scripts/study4a.sh" > "$tree.study4a.sh"
+(cd "$tree" && PYTHON=${PYTHON:-python} nohup nice -n 19 bash "$tree.study4a.sh" >> "$tree.log" 2>&1 &)
 echo "Study 4a continues in $tree; log: $tree.log"
