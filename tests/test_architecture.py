@@ -247,7 +247,17 @@ def test_stages_import_only_what_they_may():
     rules = [
         ("semrl.methods", ("semrl.update", "semrl.runtime")),
         ("semrl.rollout", ("semrl.update",)),
-        ("semrl.config.sections", ("semrl.methods",)),
+        *[
+            (f"semrl.config.{name}", ("semrl.methods",))
+            for name in (
+                "sections",
+                "input_sections",
+                "sampling_sections",
+                "learning_sections",
+                "checks",
+                "files",
+            )
+        ],
         ("semrl.reward", ("semrl.update", "semrl.runtime", "semrl.methods", "semrl.rollout")),
     ]
     broken = {
@@ -267,7 +277,7 @@ def test_the_config_is_data_importing_no_method_and_no_torch():
     import sys
 
     code = (
-        "import sys, semrl.config.sections\n"
+        "import sys, semrl.config.sections, semrl.config.checks, semrl.config.files\n"
         "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('semrl.methods', 'semrl.rollout.engines')))\n"
         "print(heavy)"
     )

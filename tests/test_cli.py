@@ -71,7 +71,7 @@ def test_a_mistyped_option_gets_the_option_it_meant(argv, meant, capsys):
 
 def test_packaged_configs_are_found_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
     """`--config demo` outside a clone: the wheel's semrl/configs/demo.yaml; a near miss is named."""
-    from semrl.config.sections import config_file, packaged_configs
+    from semrl.config.files import config_file, packaged_configs
 
     monkeypatch.chdir(tmp_path)
     names = packaged_configs()

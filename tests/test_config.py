@@ -5,8 +5,9 @@ import re
 import pytest
 
 from semrl.cli import main
+from semrl.config.files import parse_overrides
 from semrl.config.load import config_reference, load_config
-from semrl.config.sections import Config, ConfigError, parse_overrides
+from semrl.config.sections import Config, ConfigError
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -364,7 +365,7 @@ def test_an_option_that_cannot_act_on_policy_is_said_loudly(overrides, inert, ca
 def test_no_packaged_config_has_an_option_that_cannot_act(caplog):
     import logging
 
-    from semrl.config.sections import packaged_configs
+    from semrl.config.files import packaged_configs
 
     for name in packaged_configs():
         with caplog.at_level(logging.WARNING, logger="semrl"):

@@ -138,7 +138,7 @@ def test_every_command_shown_parses_and_its_files_load(page, command, monkeypatc
         raise AssertionError(f"{page.name}: '{command}' does not parse") from err
     config = getattr(args, "config", None) or getattr(args, "check", None)
     if config:
-        from semrl.config.sections import config_file
+        from semrl.config.files import config_file
 
         config_file(config)  # a file, or a packaged config's name
         load_config(config, getattr(args, "overrides", []))

@@ -1,12 +1,12 @@
 """Loading a run config: one YAML file plus dotted command-line overrides, checked before any
 model loads.
 
-``semrl.config.sections`` holds the sections as data and checks their own fields; this module adds what the
-methods know. The method named by ``algorithm.method`` (for LATR, the host it names) fills the
-algorithm keys left null with its defaults, every registered method's section is built from its
-option class, and the method's own checks run (``semrl.methods.registry.MethodSpec.check``).
-Unknown keys and wrong types fail with the name of the key and the closest valid one. A loaded
-config is final: frozen, defaults filled in.
+``semrl.config.sections`` holds the sections as data and ``semrl.config.checks`` checks them; this
+module adds what the methods know. The method named by ``algorithm.method`` (for LATR, the host it
+names) fills the algorithm keys left null with its defaults, every registered method's section is
+built from its option class, and the method's own checks run
+(``semrl.methods.registry.MethodSpec.check``). Unknown keys and wrong types fail with the name of
+the key and the closest valid one. A loaded config is final: frozen, defaults filled in.
 
 The trainer's sections are checked first, before the methods (and torch with them) are imported,
 so that most config errors answer at once (``benchmarks/bench_startup.py``).
@@ -19,18 +19,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from semrl.config.checks import build_config, check_trainer_sections
 from semrl.config.engine_checks import check_vllm_settings
+from semrl.config.files import config_file, read_values
 from semrl.config.options import section_options, section_reference
-from semrl.config.sections import (
-    AlgorithmConfig,
-    Config,
-    LoggingConfig,
-    build_config,
-    check_trainer_sections,
-    config_file,
-    core_sections,
-    read_values,
-)
+from semrl.config.sections import AlgorithmConfig, Config, LoggingConfig, core_sections
 from semrl.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from semrl.config.sections import Config, ConfigError, save_config
+from semrl.config.files import save_config
+from semrl.config.sections import Config, ConfigError
 from semrl.core.distributed import ProcessGroup, iter_full_parameters, shard_model
 from semrl.core.jsonl import log_exists, stored
 from semrl.data import DataError, Problem, PromptFormat

