@@ -8,7 +8,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,35 +185,13 @@ def test_a_pickle_in_a_checkpoint_never_runs(three_steps, tmp_path, capsys):
     assert not marker.exists()
 
 
-def test_vllm_gets_a_view_of_a_checkpoint_without_the_trainer_state(tiny_model_dir, tmp_path):
-    """vLLM loads every *.safetensors of a directory: the optimizer state of a checkpoint must not be
-    among them (it failed with "no module or parameter named 't0'")."""
-    import torch
-
-    from semrl.core.safe_state import STATE_TENSORS, save_state
-    from semrl.rollout.engines.vllm_start import weights_view
-
-    ckpt = tmp_path / "step-000001"
-    shutil.copytree(tiny_model_dir, ckpt)
-    save_state({"optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}}}, ckpt)
-    assert (ckpt / STATE_TENSORS).is_file()
-    view = Path(weights_view(ckpt))
-    assert view != ckpt
-    names = sorted(p.name for p in view.iterdir())
-    assert STATE_TENSORS not in names and "model.safetensors" in names and "config.json" in names
-    assert all((view / n).resolve() == (ckpt / n).resolve() for n in names)
-    assert weights_view(tiny_model_dir) == str(tiny_model_dir)  # a plain model directory is used as it is
-
-
 def test_a_checkpoint_holds_only_weights_beside_its_config(three_steps, tmp_path):
     """Inference engines (vLLM, SGLang, ``vllm serve``) load every *.safetensors beside config.json:
-    the optimizer state lives in trainer_state/, so the directory loads as it is."""
-    from semrl.rollout.engines.vllm_start import weights_view
-
+    the optimizer state lives in trainer_state/, so the directory loads as it is, and no engine
+    needs to know the checkpoint's other files."""
     ckpt = three_steps / "checkpoints" / "step-000003"
     assert sorted(p.name for p in ckpt.glob("*.safetensors")) == ["model.safetensors"]
     assert (ckpt / STATE_DIR / STATE_JSON).is_file() and (ckpt / STATE_DIR / STATE_TENSORS).is_file()
-    assert weights_view(ckpt) == str(ckpt)
     assert (
         not verify_checkpoint(ckpt)
         and "trainer_state/trainer_state.safetensors" in (ckpt / MANIFEST).read_text()

@@ -5,16 +5,12 @@ a later engine with lengths that fit reuses instead of paying vLLM's ~45 s start
 
 from __future__ import annotations
 
-import atexit
 import gc
 import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -232,28 +228,11 @@ def _fits(started: VLLMSettings, wanted: VLLMSettings) -> bool:
     )
 
 
-def weights_view(path: str | Path) -> str:
-    """A directory vLLM can load: ``path`` itself, or, for a training checkpoint, a directory of
-    links to its model files. vLLM loads every ``*.safetensors`` of a directory, and a checkpoint
-    also holds the optimizer state in ``trainer_state.safetensors`` ("no module or parameter
-    named 't0'")."""
-    from semrl.core.safe_state import STATE_TENSORS
-
-    source = Path(path)
-    if not (source / STATE_TENSORS).is_file():
-        return str(path)
-    view = Path(tempfile.mkdtemp(prefix="semrl-vllm-weights-"))
-    atexit.register(shutil.rmtree, view, True)
-    for item in source.iterdir():
-        if item.name != STATE_TENSORS and not item.name.startswith(".") and item.is_file():
-            (view / item.name).symlink_to(item.resolve())
-    return str(view)
-
-
 def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any:
     on_gpu = model.device.type == "cuda"
     kwargs: dict[str, Any] = {
-        "model": weights_view(str(model.name_or_path)),
+        # a training checkpoint loads as it is: its trainer state sits in a subfolder (docs/evaluation.md)
+        "model": str(model.name_or_path),
         "skip_tokenizer_init": True,  # requests are token ids; nothing is detokenized
         "dtype": settings.engine_dtype(model),
         "seed": settings.seed,
