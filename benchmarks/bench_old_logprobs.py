@@ -7,7 +7,7 @@ mini-batches of 32, micro-batches of 8; configs/study_arith.yaml's shape).
 One rollout batch is sampled once; then, alternated ``--repeats`` times from the same weights and
 optimizer state, the no-gradient passes + advantages + update run with ``Actor.reuse_first_forward``
 off (``separate``: every row in the old-policy pass) and on (``reused``). Both give bit-identical
-weights (tests/test_training.py); the table gives the median seconds and their ratio, and the
+weights (tests/runtime/test_training.py); the table gives the median seconds and their ratio, and the
 rollout's seconds once, for the whole step.
 """
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-# Each method's options for 2-token answers, as tests/test_training.py trains them.
+# Each method's options for 2-token answers, as tests/runtime/test_training.py trains them.
 METHOD_OPTIONS: dict[str, list[str]] = {
     "dapo": ["algorithm.clip_ratio_high=0.28", "reward.overlong_buffer_len=2"],
     "treepo": ["rollout.max_new_tokens=6", "treepo.segment_length=2", "treepo.weight=group_size"],

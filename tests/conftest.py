@@ -19,7 +19,7 @@ TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 # group run on one worker, one after another: vLLM starts once per process and keeps its engine for
 # the next test (semrl.rollout.engines.vllm), and building the wheel and the sdist share build/.
 SERIAL_GROUPS = {
-    "vllm": {"test_engines.py", "test_evaluation.py", "test_tree_driver.py", "test_layout_parts.py"},
+    "vllm": {"test_engines.py", "test_evaluation.py", "test_tree_driver.py"},
     "build": {"test_packaging.py"},
     "error_rates": {"test_error_rates.py"},  # one worker computes each design's levels once
 }
@@ -33,7 +33,7 @@ E2E_FIXTURES = {"tiny_model_dir", "tiny32_model_dir", "digit_model_dir", "digit3
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
+    for item in items:  # a test outside these files joins a group with its own xdist_group marker
         for group, files in SERIAL_GROUPS.items():
             if item.path.name in files:
                 item.add_marker(pytest.mark.xdist_group(group))

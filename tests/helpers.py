@@ -1,13 +1,19 @@
 """What tests share besides fixtures (those are in conftest.py): the tiny models' recipes, the
-seven task, the vLLM skip rule, the dense reference mask of tree attention. Import it as
+seven task, the tiny run's config, the vLLM skip rule, the dense reference mask of tree attention. Import it as
 ``from tests.helpers import ...``; benchmarks that build the same tiny models import it too."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from semrl.config.sections import Config
+    from semrl.rollout.tree import ChainTree
 
 DIGIT_SYSTEM_PROMPT = "Answer with one digit."
 
@@ -81,11 +87,43 @@ def pretrain_digits(src: Path, target: Path) -> Path:
 
 def write_seven_task(path: Path) -> Path:
     """A trivially learnable task: every answer is 7."""
-    import json
-
     rows = [{"id": f"s{i}", "problem": f"Pick a number ({i}).", "answer": "7"} for i in range(64)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+# The tiny run on the seven task (digit model): 8 responses to each of 4 prompts, 4 new tokens, one
+# verifier process, no evaluation, no progress bar. A test adds what it varies after these (a later
+# override of the same key wins).
+TINY_RUN = (
+    "data.eval=null",
+    f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+    "rollout.group_size=8",
+    "rollout.prompts_per_step=4",
+    "rollout.max_new_tokens=4",
+    "trainer.micro_batch_size=16",
+    "trainer.lr=2e-3",
+    "reward.num_workers=1",
+    "logging.progress=false",
+)
+
+
+def tiny_run_overrides(model_dir: Path, task: Path, out: Path, *extra: str) -> list[str]:
+    """The tiny run's ``section.key=value`` overrides for ``model_dir`` on ``task``, writing to
+    ``out``, with ``extra`` after them."""
+    return [f"model.name={model_dir}", f"data.train={task}", *TINY_RUN, f"logging.output_dir={out}", *extra]
+
+
+def tiny_run_config(model_dir: Path, task: Path, out: Path, *extra: str) -> Config:
+    """The tiny run's loaded config (``tiny_run_overrides``)."""
+    from semrl.config.load import load_config
+
+    return load_config(None, tiny_run_overrides(model_dir, task, out, *extra))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every line of a run's ``metrics.jsonl``."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def vllm_or_skip() -> None:
@@ -109,3 +147,27 @@ def dense_attention_mask(packed, dtype: torch.dtype) -> torch.Tensor:
         packed.input_ids.shape + packed.input_ids.shape[-1:], torch.finfo(dtype).min, dtype=dtype
     )
     return mask.masked_fill(packed.layout.dense_visible(), 0.0)[:, None]
+
+
+def random_chain_tree(
+    gen: torch.Generator, g: int, vocab: int, max_len: int
+) -> tuple[list[list[int]], ChainTree]:
+    """``g`` random responses of 1..``max_len`` tokens below ``vocab``, each a fresh chain (about 30%)
+    or a branch of an earlier one at a random point, and the ``ChainTree`` that packs them."""
+    from semrl.rollout.tree import ChainTree
+
+    responses: list[list[int]] = []
+    parents, positions = [], []
+    for c in range(g):
+        length = int(torch.randint(1, max_len + 1, (1,), generator=gen))
+        if c == 0 or torch.rand((), generator=gen) < 0.3:
+            parents.append(-1)
+            positions.append(-1 if c == 0 else 0)
+            responses.append(torch.randint(0, vocab, (length,), generator=gen).tolist())
+            continue
+        parent = int(torch.randint(0, c, (1,), generator=gen))
+        k = int(torch.randint(0, len(responses[parent]) + 1, (1,), generator=gen))
+        parents.append(parent)
+        positions.append(k)
+        responses.append(responses[parent][:k] + torch.randint(0, vocab, (length,), generator=gen).tolist())
+    return responses, ChainTree(tuple(parents), tuple(positions), tuple(len(r) for r in responses))

@@ -38,7 +38,7 @@ only whether any sample was correct, the noisiest of the estimator's forms.
 
 - ``t`` (default): the mean difference, by the t-interval. It assumes the per-seed differences are
   near normal; one seed far out (a run that stopped learning) pushed its error rate to 0.11-0.15 at
-  alpha 0.05 in simulation (tests/test_error_rates.py).
+  alpha 0.05 in simulation (tests/studies/test_error_rates.py).
 - ``sign``: the median difference, by the order-statistic interval dual to the exact sign test
   (``semrl.studies.stats.median_interval``). It assumes only independent seeds, and holds its
   rate for any shape of the differences; it needs 6 seeds to reach 0.05, and with normal

@@ -18,7 +18,7 @@ not a z: ``nominal_levels`` gives each look the two-sided level p_k at which the
 differences crosses first at look k with the z design's probability (calibrated by simulation; the
 z design's own levels, Jennison & Turnbull 2000 section 3.4, let 6% through at 3, 4 and 5 seeds), and
 the look's repeated confidence interval is mean +- t_{n_k - 1, 1 - p_k / 2} s / sqrt(n_k).
-tests/test_sequential.py checks the boundaries against published tables and the error rates by
+tests/studies/test_sequential.py checks the boundaries against published tables and the error rates by
 simulation.
 """
 
@@ -252,7 +252,7 @@ CORRECTIONS = {
 }
 # What each correction holds at alpha for its family (docs/evaluation.md, "Designs"). Over several
 # looks, BH at each look's nominal level lets the false discovery rate reach 0.0525 with 6 rules
-# under no effect (tests/test_error_rates.py); BH at the alpha each look spends holds it over the
+# under no effect (tests/studies/test_error_rates.py); BH at the alpha each look spends holds it over the
 # looks: the false share of all decisions is at most the sum of the looks' false shares.
 CONTROLS = {
     "holm": "family-wise error",

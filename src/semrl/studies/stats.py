@@ -6,7 +6,7 @@ below is computed from d_1..d_n alone (docs/evaluation.md, "Statistics").
 
 - ``paired_t``: the paired t-interval over the n per-seed differences: mean(d) +- t_{n-1} s / sqrt(n).
   Its coverage is exact when the per-seed differences are normal, whatever the number of problems
-  per seed; the simulations in tests/test_stats.py check it at 3, 5 and 10 seeds.
+  per seed; the simulations in tests/studies/test_stats.py check it at 3, 5 and 10 seeds.
 - ``win_tie_loss``: how many seeds agree in sign.
 - ``min_detectable_effect`` and ``seeds_needed``: the two-sided paired t-test's power from the
   noncentral t distribution, with the observed s.d. of the per-seed differences taken as the truth.

@@ -144,7 +144,7 @@ def samples_variance(metric: str, samples: Samples) -> float:
     over problems of ``pass_at_k_sampling_variance`` / P^2. Otherwise the stratified delete-one
     jackknife, sum over problems of (n - 1) / n x the squared spread of that problem's leave-one-out
     values (Efron & Stein 1981); for the count of distinct answers it overstates the variance (up to
-    about 2x in tests/test_variance.py)."""
+    about 2x in tests/studies/test_variance.py)."""
     p, n = samples.correct.shape
     if metric.startswith(("pass@", "mean@")):
         k = 1 if metric.startswith("mean@") else int(metric.split("@")[1])

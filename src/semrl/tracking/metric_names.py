@@ -1,6 +1,6 @@
 """The names of the logged metrics that reports and studies read (``semrl compare``, ``semrl report``,
 the end-of-run table, the study rules): one place, so that a renamed metric fails
-``tests/test_metric_names.py`` instead of silently emptying a report. The trainer writes them
+``tests/tracking/test_metric_names.py`` instead of silently emptying a report. The trainer writes them
 (``semrl.tracking.metrics``, the update, the methods' rollouts); the test checks a tiny run's log.
 """
 
