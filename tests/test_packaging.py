@@ -21,9 +21,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.e2e  # starts a process
-def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
-    dist = tmp_path / "dist"
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the sdist, the wheel built from it), built once as ``python -m build`` does
+    and as PyPI receives them: the wheel comes from the sdist, not from the checkout."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "-q", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (sdist,) = out.glob("semrl-*.tar.gz")
+    unpacked_root = tmp_path_factory.mktemp("sdist")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(unpacked_root, filter="data")
+    (unpacked,) = unpacked_root.iterdir()
     subprocess.run(
         [
             sys.executable,
@@ -34,14 +47,20 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
             "--no-build-isolation",
             "-q",
             "-w",
-            str(dist),
-            str(ROOT),
+            str(out),
+            str(unpacked),
         ],
         check=True,
         capture_output=True,
         text=True,
     )
-    (wheel,) = dist.glob("semrl-*.whl")
+    (wheel,) = out.glob("semrl-*.whl")
+    return sdist, wheel
+
+
+@pytest.mark.e2e  # starts a process
+def test_the_wheel_installs_into_a_fresh_environment_and_runs(built, tmp_path):
+    _, wheel = built
     names = zipfile.ZipFile(wheel).namelist()
     for packaged in (
         "semrl/studies/template.html",
@@ -118,44 +137,24 @@ def _release_in_changelog() -> str:
 
 
 @pytest.mark.e2e  # starts a process
-def test_the_sdist_ships_what_builds_the_package_and_no_tests(tmp_path):
+def test_the_sdist_ships_what_builds_the_package_and_no_tests(built):
     """The sdist holds the licence, the package with its configs and data, and no tests (they read the
     clone's docs/ and results/, which it does not ship); a wheel builds from it, with the version the
-    CHANGELOG releases and a long description whose links all work off the repository."""
+    CHANGELOG releases and a long description whose links all work off the repository; both pass
+    ``twine check --strict`` as PyPI would check them."""
     import semrl
 
-    out = tmp_path / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "-q", "--outdir", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    (sdist,) = out.glob("semrl-*.tar.gz")
+    sdist, wheel = built
     with tarfile.open(sdist) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
-        tar.extractall(tmp_path / "src", filter="data")
     assert "LICENSE" in names and "src/semrl/configs/demo.yaml" in names and "src/semrl/py.typed" in names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "results/", "docs/"))]
-    (unpacked,) = (tmp_path / "src").iterdir()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(unpacked),
-        ],
-        check=True,
+    twine = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)],
         capture_output=True,
         text=True,
     )
-    (wheel,) = out.glob("semrl-*.whl")
+    assert twine.returncode == 0, twine.stdout + twine.stderr
     metadata_name = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
     metadata = email.message_from_bytes(zipfile.ZipFile(wheel).read(metadata_name))
     assert metadata["Version"] == semrl.__version__ == _release_in_changelog()
