@@ -7,8 +7,9 @@ mini-batches of 32, micro-batches of 8; configs/study_arith.yaml's shape).
 One rollout batch is sampled once; then, alternated ``--repeats`` times from the same weights and
 optimizer state, the no-gradient passes + advantages + update run with ``Actor.reuse_first_forward``
 off (``separate``: every row in the old-policy pass) and on (``reused``). Both give bit-identical
-weights (tests/runtime/test_training.py); the table gives the median seconds and their ratio, and the
-rollout's seconds once, for the whole step.
+weights (tests/runtime/test_training.py); the table gives the median seconds and their ratio, the
+spread of the ratio over the alternated pairs (each repeat's separate over its reused, min-max), and
+the rollout's seconds once, for the whole step.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=["dr_grpo", "grpo"])
     args = parser.parse_args()
-    print("| method | rollout (s) | separate pass (s) | reused (s) | train side ratio | step ratio |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| method | rollout (s) | separate pass (s) | reused (s) | train side ratio | pairs' ratios | step ratio |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for method in args.methods:
         with tempfile.TemporaryDirectory() as out:
             cfg = load_config(
@@ -71,9 +74,10 @@ def main() -> None:
                     times[reuse].append(_train_side(trainer, collected, reuse))
             trainer.pool.close()
             sep, reu = statistics.median(times[False]), statistics.median(times[True])
+            pairs = [a / b for a, b in zip(times[False], times[True], strict=True)]
             print(
                 f"| {method} | {rollout:.1f} | {sep:.1f} | {reu:.1f} | {sep / reu:.2f}x | "
-                f"{(rollout + sep) / (rollout + reu):.2f}x |",
+                f"{min(pairs):.2f}-{max(pairs):.2f}x | {(rollout + sep) / (rollout + reu):.2f}x |",
                 flush=True,
             )
 
