@@ -1,6 +1,7 @@
 """What tests share besides fixtures (those are in conftest.py): the tiny models' recipes, the
-seven task, the tiny run's config, the vLLM skip rule, the dense reference mask of tree attention. Import it as
-``from tests.helpers import ...``; benchmarks that build the same tiny models import it too."""
+seven task, the tiny run's config, the vLLM skip rule, the dense reference mask of tree attention,
+random packed trees. Import it as ``from tests.helpers import ...``; benchmarks that build the same
+tiny models import it too."""
 
 from __future__ import annotations
 
