@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # this checkout's code, also from a worktree
 
 from tests.helpers import (  # noqa: E402 (the repository root first)
-    DIGIT_SYSTEM_PROMPT,
     build_tiny_model,
     pretrain_digits,
+    tiny_run_overrides,
     write_seven_task,
 )
 
@@ -138,27 +138,19 @@ def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") 
         extra.append(f"data.curriculum={curriculum}")
     cfg = load_config(
         None,
-        [
-            f"model.name={model_dir}",
-            f"data.train={task}",
+        tiny_run_overrides(
+            model_dir,
+            task,
+            out,
             f"data.eval={task}",
             "data.eval_size=4",
-            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
-            "rollout.group_size=8",
-            "rollout.prompts_per_step=4",
-            "rollout.max_new_tokens=4",
-            "trainer.micro_batch_size=16",
-            "trainer.lr=2e-3",
             "trainer.steps=2",
-            "reward.num_workers=1",
             "logging.eval_samples=2",
-            "logging.progress=false",
             "logging.report_to=[]",
-            f"logging.output_dir={out}",
             f"rollout.engine={engine}",
             *RUNS[name],
             *extra,
-        ],
+        ),
     )
     trainer = Trainer(cfg)
     try:

@@ -15,7 +15,7 @@ from semrl.cli import main
 from semrl.errors import TrainingError
 from semrl.runtime.checkpoint import list_checkpoints, load_trainer_state, verify_checkpoint
 from semrl.runtime.trainer import Trainer
-from tests.helpers import read_metrics, tiny_run_config, write_seven_task
+from tests.helpers import read_metrics, tiny_run_config, tiny_run_overrides, write_seven_task
 
 
 def _weights(ckpt):
@@ -75,23 +75,16 @@ def _train_cmd(model_dir, task, out, *extra):
         "-m",
         "semrl",
         "train",
-        f"model.name={model_dir}",
-        f"data.train={task}",
-        "data.eval=null",
-        "data.system_prompt=Answer with one digit.",
-        "rollout.group_size=8",
-        "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=4",
-        "trainer.micro_batch_size=16",
-        "trainer.lr=2e-3",
-        "reward.num_workers=1",
-        "trainer.steps=4",
-        "logging.save_every=1",
-        "logging.keep_last=2",
-        "logging.progress=false",
-        "logging.report_to=[]",
-        f"logging.output_dir={out}",
-        *extra,
+        *tiny_run_overrides(
+            model_dir,
+            task,
+            out,
+            "trainer.steps=4",
+            "logging.save_every=1",
+            "logging.keep_last=2",
+            "logging.report_to=[]",
+            *extra,
+        ),
     ]
 
 
