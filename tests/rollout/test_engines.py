@@ -823,15 +823,20 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
     vllm_or_skip()
     import os
 
-    from tests.helpers import read_metrics, write_seven_task
-    from tests.runtime.test_distributed import _args, _final_weights, _train
+    from tests.helpers import (
+        distributed_run_overrides,
+        final_weights,
+        read_metrics,
+        train_in_subprocess,
+        write_seven_task,
+    )
 
     task = write_seven_task(tmp_path / "seven.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = {"one": (1, []), "two": (2, []), "fsdp": (2, ["trainer.fsdp=true"])}
     for name, (processes, extra) in runs.items():
-        _train(
-            *_args(digit32_model_dir, task, tmp_path / name),
+        train_in_subprocess(
+            *distributed_run_overrides(digit32_model_dir, task, tmp_path / name),
             "rollout.engine=vllm",
             *extra,
             "--num-processes",
@@ -839,10 +844,10 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
             env=env,
         )
     one = read_metrics(tmp_path / "one")[1:]
-    w1 = _final_weights(tmp_path / "one")
+    w1 = final_weights(tmp_path / "one")
     for name in ("two", "fsdp"):
         assert [m["reward"] for m in one] == [m["reward"] for m in read_metrics(tmp_path / name)[1:]], name
-        w2 = _final_weights(tmp_path / name)
+        w2 = final_weights(tmp_path / name)
         assert w1.keys() == w2.keys()
         assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, name
 
@@ -906,7 +911,7 @@ def test_first_mini_batch_reuse_on_vllm_fills_entropies_bit_for_bit(
     """On vllm the rollout entropies come from the trainer's forward: the first mini-batch's from its
     own forward (the separate pass skips it), bit-identical to the run that computes them apart."""
     vllm_or_skip()
-    from tests.runtime.test_training import _train_counting_old_pass_rows
+    from tests.helpers import train_counting_old_pass_rows
 
     runs = {}
     for reuse in (False, True):
@@ -919,7 +924,7 @@ def test_first_mini_batch_reuse_on_vllm_fills_entropies_bit_for_bit(
             "trainer.mini_batch_size=16",
             "trainer.micro_batch_size=8",
         )
-        runs[reuse] = _train_counting_old_pass_rows(cfg, monkeypatch, reuse)
+        runs[reuse] = train_counting_old_pass_rows(cfg, monkeypatch, reuse)
     (m0, w0, rows0), (m1, w1, rows1) = runs[False], runs[True]
     assert m0 == m1 and all(m["entropy"] > 0 for m in m1)
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)

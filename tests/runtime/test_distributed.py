@@ -13,35 +13,14 @@ from safetensors.torch import load_file
 from semrl.config.sections import ConfigError
 from semrl.runtime.checkpoint import load_trainer_state
 from semrl.runtime.trainer import Trainer
-from tests.helpers import read_metrics, tiny_run_config, tiny_run_overrides, write_seven_task
-
-
-def _args(model_dir, task, out):
-    return tiny_run_overrides(
-        model_dir,
-        task,
-        out,
-        f"data.eval={task}",
-        "data.eval_size=5",
-        "logging.eval_samples=4",
-        "trainer.micro_batch_size=8",
-        "trainer.steps=3",
-        "rollout.seed_per_sequence=true",
-        "logging.report_to=[]",
-        "trainer.packing=none",  # padded: the reference
-    )
-
-
-def _train(*args, env=None):
-    run = subprocess.run(
-        [sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("run finished:") == 1 and "held-out (5 problems of " in run.stdout  # main only
-
-
-def _final_weights(run_dir, step=3):
-    return load_file(run_dir / "checkpoints" / f"step-{step:06d}" / "model.safetensors")
+from tests.helpers import (
+    distributed_run_overrides,
+    final_weights,
+    read_metrics,
+    tiny_run_config,
+    train_in_subprocess,
+    write_seven_task,
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +28,7 @@ def single_process_run(digit_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     task = write_seven_task(root / "seven.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    _train(*_args(digit_model_dir, task, root / "one"), env=env)
+    train_in_subprocess(*distributed_run_overrides(digit_model_dir, task, root / "one"), env=env)
     return task, root / "one", env
 
 
@@ -63,7 +42,7 @@ def _assert_same_training(digit_model_dir, one, other):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
     start = load_file(digit_model_dir / "model.safetensors")
-    w1, w2 = _final_weights(one), _final_weights(other)
+    w1, w2 = final_weights(one), final_weights(other)
     assert w1.keys() == w2.keys()
     assert max((w1[k] - start[k]).abs().max().item() for k in w1) > 1e-3  # training moved the weights
     assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)  # ... alike in both runs
@@ -74,7 +53,9 @@ def test_two_processes_train_like_one(digit_model_dir, single_process_run, tmp_p
     share of the loss with the global token count, and gradients are summed over gloo."""
     task, one, env = single_process_run
     two = tmp_path / "two"
-    _train("--num-processes", "2", *_args(digit_model_dir, task, two), env=env)
+    train_in_subprocess(
+        "--num-processes", "2", *distributed_run_overrides(digit_model_dir, task, two), env=env
+    )
     _assert_same_training(digit_model_dir, one, two)
 
     # the checkpoint holds one random state per process; resuming needs as many processes
@@ -94,21 +75,27 @@ def test_fsdp_trains_like_one_process_and_resumes_exactly(digit_model_dir, singl
     single-process weights; a run stopped after step 2 and resumed ends where an uninterrupted one does."""
     task, one, env = single_process_run
     fsdp, part = tmp_path / "fsdp", tmp_path / "part"
-    _train("--num-processes", "2", *_args(digit_model_dir, task, fsdp), "trainer.fsdp=true", env=env)
-    _assert_same_training(digit_model_dir, one, fsdp)
-
-    _train(
+    train_in_subprocess(
         "--num-processes",
         "2",
-        *_args(digit_model_dir, task, part),
+        *distributed_run_overrides(digit_model_dir, task, fsdp),
+        "trainer.fsdp=true",
+        env=env,
+    )
+    _assert_same_training(digit_model_dir, one, fsdp)
+
+    train_in_subprocess(
+        "--num-processes",
+        "2",
+        *distributed_run_overrides(digit_model_dir, task, part),
         "trainer.fsdp=true",
         "trainer.steps=2",
         env=env,
     )
-    _train(
+    train_in_subprocess(
         "--num-processes", "2", "--resume", str(part), "trainer.steps=3", "logging.progress=false", env=env
     )
-    w_full, w_resumed = _final_weights(fsdp), _final_weights(part)
+    w_full, w_resumed = final_weights(fsdp), final_weights(part)
     assert all(torch.equal(w_full[k], w_resumed[k]) for k in w_full)
 
 
@@ -117,10 +104,10 @@ def test_fsdp_with_tree_packing_trains_like_one_process(digit_model_dir, single_
     FSDP with trainer.packing=tree equals the single-process padded run."""
     task, one, env = single_process_run
     packed = tmp_path / "packed"
-    _train(
+    train_in_subprocess(
         "--num-processes",
         "2",
-        *_args(digit_model_dir, task, packed),
+        *distributed_run_overrides(digit_model_dir, task, packed),
         "trainer.fsdp=true",
         "trainer.packing=tree",
         env=env,
@@ -149,11 +136,11 @@ def test_fsdp_curriculum_stage_reference_matches_one_process(digit_model_dir, si
         "trainer.steps=4",
     ]
     one, fsdp = tmp_path / "one", tmp_path / "fsdp"
-    _train(*_args(digit_model_dir, task, one), *sent, env=env)
-    _train(
+    train_in_subprocess(*distributed_run_overrides(digit_model_dir, task, one), *sent, env=env)
+    train_in_subprocess(
         "--num-processes",
         "2",
-        *_args(digit_model_dir, task, fsdp),
+        *distributed_run_overrides(digit_model_dir, task, fsdp),
         *sent,
         "trainer.fsdp=true",
         "logging.save_every=1",
@@ -167,14 +154,14 @@ def test_fsdp_curriculum_stage_reference_matches_one_process(digit_model_dir, si
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     assert m2[-1]["kl"] > 0  # stage 2 reads its new reference
     for run_dir in (one, fsdp):
-        final = _final_weights(run_dir, step=4)
+        final = final_weights(run_dir, step=4)
         reference = load_file(
             run_dir / "curriculum" / "stage-1" / "checkpoints" / "step-000002" / "model.safetensors"
         )
-        stage_one = _final_weights(run_dir, step=2)
+        stage_one = final_weights(run_dir, step=2)
         assert all(torch.equal(reference[k], stage_one[k]) for k in reference)
         assert max((final[k] - stage_one[k]).abs().max().item() for k in final) > 1e-4
-    w1, w2 = _final_weights(one, step=4), _final_weights(fsdp, step=4)
+    w1, w2 = final_weights(one, step=4), final_weights(fsdp, step=4)
     # AdamW divides by sqrt(v): where a gradient is near 0, the reduction order of FSDP's
     # reduce-scatter moves an element by up to ~lr (2e-3); 1.3e-4 was measured on one 2-core CPU
     assert all(torch.allclose(w1[k], w2[k], atol=5e-4) for k in w1)
@@ -184,9 +171,9 @@ def test_fsdp_curriculum_stage_reference_matches_one_process(digit_model_dir, si
     part = tmp_path / "part"
     shutil.copytree(fsdp, part)
     shutil.rmtree(part / "checkpoints" / "step-000004")  # as if stopped after step 3, in stage 2
-    _train("--num-processes", "2", "--resume", str(part), "logging.progress=false", env=env)
+    train_in_subprocess("--num-processes", "2", "--resume", str(part), "logging.progress=false", env=env)
     assert [m["loss"] for m in read_metrics(part)[1:]] == pytest.approx([m["loss"] for m in m2], abs=1e-6)
-    w3 = _final_weights(part, step=4)
+    w3 = final_weights(part, step=4)
     assert all(torch.allclose(w2[k], w3[k], atol=1e-5) for k in w2)
 
 
@@ -289,7 +276,7 @@ def test_fsdp_mixed_precision_with_a_token_budget(digit_model_dir, single_proces
             "train",
             "--num-processes",
             "2",
-            *_args(digit_model_dir, task, out),
+            *distributed_run_overrides(digit_model_dir, task, out),
             "trainer.fsdp=true",
             "model.dtype=bfloat16",
             "trainer.micro_batch_tokens=60",
@@ -300,7 +287,7 @@ def test_fsdp_mixed_precision_with_a_token_budget(digit_model_dir, single_proces
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    weights, start = _final_weights(out), load_file(digit_model_dir / "model.safetensors")
+    weights, start = final_weights(out), load_file(digit_model_dir / "model.safetensors")
     assert all(w.dtype == torch.float32 for w in weights.values())
     assert max((weights[k] - start[k]).abs().max().item() for k in weights) > 1e-3
     assert all(torch.isfinite(torch.tensor(m["loss"])) for m in read_metrics(out)[1:])
@@ -365,8 +352,10 @@ def test_lora_on_two_processes_trains_like_one(digit_model_dir, single_process_r
     task, _, env = single_process_run
     lora = ["model.lora_r=8", "algorithm.kl_coef=0.01"]  # the KL's reference: the base, adapters off
     one, two = tmp_path / "one", tmp_path / "two"
-    _train(*_args(digit_model_dir, task, one), *lora, env=env)
-    _train("--num-processes", "2", *_args(digit_model_dir, task, two), *lora, env=env)
+    train_in_subprocess(*distributed_run_overrides(digit_model_dir, task, one), *lora, env=env)
+    train_in_subprocess(
+        "--num-processes", "2", *distributed_run_overrides(digit_model_dir, task, two), *lora, env=env
+    )
     m1, m2 = read_metrics(one)[1:], read_metrics(two)[1:]
     assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
     for a, b in zip(m1, m2, strict=True):

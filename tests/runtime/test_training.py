@@ -2,7 +2,6 @@
 
 import json
 import math
-import pathlib
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from semrl.cli import main
 from semrl.config.sections import ConfigError
 from semrl.methods.fr3e.method import state_sizes
 from semrl.runtime.trainer import Trainer
-from tests.helpers import DIGIT_SYSTEM_PROMPT, read_metrics, tiny_run_config
+from tests.helpers import DIGIT_SYSTEM_PROMPT, read_metrics, tiny_run_config, train_counting_old_pass_rows
 
 
 @pytest.mark.parametrize("method", ["dr_grpo", "grpo"])
@@ -520,33 +519,6 @@ def test_eval_and_curriculum_score_build_prompts_as_training_does(
     assert main([*args[:-1], str(tmp_path / "ev3"), "--prompt-template", "no field"]) == 2
 
 
-def _train_counting_old_pass_rows(cfg, monkeypatch, reuse: bool) -> tuple[list[dict], dict, int]:
-    """Train with or without reusing the first mini-batch's forward for its old log-probs; returns
-    (metrics without timings, final weights, rows that went through the no-gradient passes)."""
-    import semrl.update.actor as actor
-
-    rows = []
-    real = actor.batch_logprobs
-
-    def counting(model, batch, temperature, micro_batches, **kwargs):  # noqa: ANN001, ANN202
-        rows.append(sum(len(m) for m in micro_batches))
-        return real(model, batch, temperature, micro_batches, **kwargs)
-
-    monkeypatch.setattr(actor, "batch_logprobs", counting)
-    Trainer(cfg, reuse_first_forward=reuse).train()
-    out = cfg.logging.output_dir
-    metrics = [
-        {k: v for k, v in m.items() if not k.startswith("time/") and "time_frac" not in k}
-        for m in read_metrics(pathlib.Path(out))
-    ]
-    step = cfg.trainer.steps
-    return (
-        metrics,
-        load_file(pathlib.Path(out) / "checkpoints" / f"step-{step:06d}" / "model.safetensors"),
-        sum(rows),
-    )
-
-
 REUSE_CASES = {
     "dr_grpo": ["trainer.ppo_epochs=2", "trainer.mini_batch_size=16", "trainer.micro_batch_size=8"],
     "grpo": [
@@ -589,7 +561,7 @@ def test_first_mini_batch_reuses_its_forward_as_old_log_probs_bit_for_bit(
             "trainer.seed=1",
             *REUSE_CASES[method],
         )
-        runs[reuse] = _train_counting_old_pass_rows(cfg, monkeypatch, reuse)
+        runs[reuse] = train_counting_old_pass_rows(cfg, monkeypatch, reuse)
     (m0, w0, rows0), (m1, w1, rows1) = runs[False], runs[True]
     trained = next(m for m in m1 if m["step"] == 1)
     assert trained["actor/grad_norm"] > 0 and 0 < trained["accuracy"] < 1, (

@@ -30,6 +30,7 @@ from semrl.methods.registry import MethodConfig
 from semrl.models.precision import Precision
 from semrl.rollout.batch import RolloutBatch
 from semrl.update.micro_batches import micro_batches, shuffled_rows
+from semrl.update.old_logprobs import FirstForward, plan_old_logprobs
 from semrl.update.optim import Optimization
 from semrl.update.row_logprobs import batch_logprobs, rows_logprobs
 
@@ -89,10 +90,8 @@ class PolicyPasses:
         sampling_entropy: full-vocabulary entropies at the sampling weights, when the engine gave none
             (vllm) and the old-policy pass runs anyway or a token selection needs them before the
             update; otherwise the update's first forward measures them.
-        first_forward_rows: (N,) bool, the rows whose ``old_logp`` (and entropy) the update's first
-            forward gives: the first mini-batch's, which no optimizer step precedes, so that forward
-            runs at the sampling weights and its log-probs are the old ones (docs/algorithms.md,
-            "Old log-probs"). None: the pass covered every row.
+        first_forward_rows: (N,) bool, the rows whose old log-probs and sampling entropies the
+            update's first forward gives (``plan_old_logprobs``); None: none.
     """
 
     old_logp: torch.Tensor | None = None
@@ -118,60 +117,6 @@ class UpdateResult:
 
     metrics: dict[str, float]
     sampling_entropy: torch.Tensor | None = None
-
-
-class FirstForward:
-    """What the update's forwards give before any optimizer step, when they run at the sampling
-    weights: the old log-probs of the rows the old-policy pass left (the first mini-batch's), and
-    the sampling entropies an engine without them (vllm) left to the trainer. It keeps its own
-    copies, so the passes it starts from stay as they were returned.
-
-    Attributes:
-        rows: (N,) bool, the rows still to take; None: none.
-        old_logp: (N, T) old log-probs, the pass's and then the rows taken; None: on-policy.
-        entropy: (N, T) sampling entropies being filled, when the batch has none; else None.
-    """
-
-    def __init__(self, batch: RolloutBatch, passes: PolicyPasses) -> None:
-        """Rows the passes left; on-policy without entropies (vllm, one optimizer step) and no pass
-        that measured them, every row."""
-        rows, entropy = passes.first_forward_rows, None
-        if not batch.has_sampling_entropy:
-            mask = batch.sequences.response_mask
-            given = passes.sampling_entropy
-            entropy = torch.zeros(mask.shape) if given is None else given * mask
-            if rows is None and given is None:
-                rows = torch.ones(len(batch.generations), dtype=torch.bool)
-        self.rows = None if rows is None else rows.clone()
-        self.old_logp = None if passes.old_logp is None else passes.old_logp.clone()
-        self.entropy = entropy
-
-    def sampling_entropy(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N, T) sampling entropies as far as they are known: the engine's, or those the passes
-        and the forwards so far measured (complete wherever a token selection reads them before
-        the update, since the passes then measure every row)."""
-        return batch.sampling_entropy if self.entropy is None else self.entropy
-
-    def old_log_probs(
-        self, idx: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor | None
-    ) -> torch.Tensor:
-        """(n, r) old log-probs of rows ``idx`` whose forward gave ``logp`` (n, r) and ``entropy``.
-        Rows still to take get their own log-probs as the old ones (kept for later epochs) and their
-        entropies into ``self.entropy``; they are then taken. Without an old-policy pass (on-policy)
-        the old log-probs are ``logp`` itself."""
-        r, dev = logp.shape[1], logp.device
-        old = logp.detach() if self.old_logp is None else self.old_logp[idx, :r].to(dev)
-        here = torch.zeros(len(idx), dtype=torch.bool) if self.rows is None else self.rows[idx]
-        if self.rows is None or not here.any():
-            return old
-        mine = here.to(dev)
-        if self.old_logp is not None:
-            old = torch.where(mine[:, None], logp.detach(), old)
-            self.old_logp[idx[here], :r] = logp.detach()[mine].float().cpu()
-        if self.entropy is not None and entropy is not None:
-            self.entropy[idx[here], :r] = entropy.detach()[mine].float().cpu()
-        self.rows[idx[here]] = False
-        return old
 
 
 class Actor:
@@ -253,46 +198,43 @@ class Actor:
         return self.cfg.trainer.ppo_epochs == 1 and self.mini_batch_size(batch) == len(batch.generations)
 
     def _passes(self, batch: RolloutBatch, first_order: torch.Tensor) -> PolicyPasses:
-        """The no-gradient forwards before the update: old-policy log-probs unless on-policy, the
-        reference's when there is a reference, and rollout entropies when the batch lacks them and a
-        token selection reads them before the update or an old-policy pass runs anyway
-        (docs/engines.md). The old-policy pass leaves the first mini-batch's rows (of
-        ``first_order``) to that step's forward, unless their entropies are needed first."""
-        num_rows, on_policy = len(batch.generations), self.on_policy(batch)
-        before_update = self.prepare_fn is not None
-        fill = not batch.has_sampling_entropy and (not on_policy or before_update)
+        """The no-gradient forwards before the update: the old-policy pass as ``plan_old_logprobs``
+        plans it (old log-probs unless on-policy; rollout entropies when the batch lacks them and a
+        token selection reads them before the update or the pass runs anyway, docs/engines.md), and
+        the reference's log-probs when there is a reference."""
         first = first_order[: self.mini_batch_size(batch)] if self.reuse_first_forward else None
-        old_logp = sampling_entropy = first_forward_rows = ref_logp = None
-        every_row = torch.arange(num_rows)
+        plan = plan_old_logprobs(
+            len(batch.generations),
+            first,
+            on_policy=self.on_policy(batch),
+            has_sampling_entropy=batch.has_sampling_entropy,
+            entropy_before_update=self.prepare_fn is not None,
+        )
+        old_logp = sampling_entropy = ref_logp = None
         chunk = self.cfg.trainer.logits_chunk_size
-        if not on_policy or fill:
-            old_rows = every_row
-            if not on_policy and first is not None and not (fill and before_update):
-                skipped = torch.zeros(num_rows, dtype=torch.bool)
-                skipped[first] = True
-                old_rows, first_forward_rows = every_row[~skipped], skipped
+        if plan.pass_rows is not None:
             with self.precision.autocast(self.model):
                 logp, sampling_entropy = batch_logprobs(
                     self.model,
                     batch,
                     self.temperature,
-                    self._row_batches(batch, old_rows) if len(old_rows) else [],
+                    self._row_batches(batch, plan.pass_rows) if len(plan.pass_rows) else [],
                     packed=self.packing,
-                    with_entropy=fill,
+                    with_entropy=plan.pass_entropy,
                     chunk_size=chunk,
                 )
-            old_logp = None if on_policy else logp
+            old_logp = logp if plan.old_logp_from_pass else None
         if self.ref_model is not None:
             with self.reference_weights():
                 ref_logp = batch_logprobs(
                     self.ref_model,
                     batch,
                     self.temperature,
-                    self._row_batches(batch, every_row),
+                    self._row_batches(batch, torch.arange(len(batch.generations))),
                     packed=self.packing,
                     chunk_size=chunk,
                 )[0]
-        return PolicyPasses(old_logp, ref_logp, sampling_entropy, first_forward_rows)
+        return PolicyPasses(old_logp, ref_logp, sampling_entropy, plan.first_forward_rows)
 
     def _epochs(
         self,
@@ -307,7 +249,12 @@ class Actor:
         every mini-batch, losses use the global token and sequence counts, and gradients are summed
         before the optimizer step."""
         total, size = len(batch.generations), self.mini_batch_size(batch)
-        first = FirstForward(batch, passes)
+        first = FirstForward(
+            passes.first_forward_rows,
+            passes.old_logp,
+            passes.sampling_entropy,
+            None if batch.has_sampling_entropy else batch.sequences.response_mask,
+        )
         stats: dict[str, list[float]] = defaultdict(list)
         self.model.train()
         for epoch in range(self.cfg.trainer.ppo_epochs):
@@ -350,9 +297,8 @@ class Actor:
         selection: dict[str, torch.Tensor] = {}
         if self.prepare_fn is not None:
             mask = batch.sequences.response_mask[rows].float()
-            inputs = MiniBatchInputs(
-                batch.rollout_logprobs[rows], first.sampling_entropy(batch)[rows], advantages[rows], mask
-            )
+            entropy = batch.sampling_entropy if first.entropy is None else first.entropy
+            inputs = MiniBatchInputs(batch.rollout_logprobs[rows], entropy[rows], advantages[rows], mask)
             selection = self.prepare_fn(inputs, self.loss_config)
         return MiniBatch(rows, self.micro_batch_plan(batch, rows), selection, num_tokens)
 
