@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats as st
 
 from semrl.errors import ConfigError
 from semrl.studies.decide import Hypothesis, metric_label
+from semrl.studies.distributions import chi2_ppf
 from semrl.studies.rules_file import Design, RulesFile
 from semrl.studies.sequential import (
     MAX_SIGN_FLIP_SEEDS,
@@ -284,8 +284,8 @@ def seeds_range(j: Judged) -> str:
     bound = -j.rule.margin if j.rule.expect == "not_below" else 0.0
     distance = j.estimate - bound
     df = j.seeds - 1
-    low_sd = j.sd * math.sqrt(df / st.chi2.ppf(0.975, df))
-    high_sd = j.sd * math.sqrt(df / st.chi2.ppf(0.025, df))
+    low_sd = j.sd * math.sqrt(df / chi2_ppf(0.975, df))
+    high_sd = j.sd * math.sqrt(df / chi2_ppf(0.025, df))
     few, many = seeds_needed(distance, low_sd), seeds_needed(distance, high_sd)
     if few is None or many is None:
         return "more than 100,000"

@@ -32,7 +32,8 @@ from typing import cast
 
 import numpy as np
 from scipy import optimize
-from scipy import stats as st
+
+from semrl.studies.distributions import norm_cdf, norm_pdf, norm_ppf, norm_sf, t_ppf, t_sf
 
 BOUNDARIES = ("pocock", "obrien_fleming", "spending_obrien_fleming", "spending_pocock")
 GRID = 801  # points of the continuation region per look
@@ -50,17 +51,17 @@ def _crossing_probabilities(bounds: Sequence[float], info: Sequence[float]) -> l
         step = level - previous
         edge = c * math.sqrt(level)
         if grid is None:
-            out.append(float(2 * st.norm.sf(c)))
+            out.append(float(2 * norm_sf(c)))
             grid = np.linspace(-edge, edge, GRID)
-            density = st.norm.pdf(grid, scale=math.sqrt(level))
+            density = norm_pdf(grid, scale=math.sqrt(level))
         else:
             assert density is not None
             weights = _simpson(grid) * density
             sd = math.sqrt(step)
-            cross = st.norm.sf((edge - grid) / sd) + st.norm.cdf((-edge - grid) / sd)
+            cross = norm_sf((edge - grid) / sd) + norm_cdf((-edge - grid) / sd)
             out.append(float(weights @ cross))
             new_grid = np.linspace(-edge, edge, GRID)
-            kernel = st.norm.pdf((new_grid[:, None] - grid[None, :]) / sd) / sd
+            kernel = norm_pdf((new_grid[:, None] - grid[None, :]) / sd) / sd
             density, grid = kernel @ weights, new_grid
         previous = level
     return out
@@ -77,7 +78,7 @@ def _simpson(grid: np.ndarray) -> np.ndarray:
 def spent(kind: str, t: float, alpha: float) -> float:
     """Lan-DeMets cumulative two-sided alpha spent by information fraction t in (0, 1]."""
     if kind == "spending_obrien_fleming":
-        return float(2 - 2 * st.norm.cdf(st.norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+        return float(2 - 2 * norm_cdf(norm_ppf(1 - alpha / 2) / math.sqrt(t)))
     if kind == "spending_pocock":
         return float(alpha * math.log(1 + (math.e - 1) * t))
     raise ValueError(f"unknown spending function '{kind}'")
@@ -126,7 +127,7 @@ def z_nominal_levels(
     looks: Sequence[int], alpha: float = 0.05, kind: str = "spending_obrien_fleming"
 ) -> list[float]:
     """Each look's nominal two-sided level p_k = 2 (1 - Phi(c_k)) on the z scale (known variance)."""
-    return [float(2 * st.norm.sf(c)) for c in boundaries(looks, alpha, kind)]
+    return [float(2 * norm_sf(c)) for c in boundaries(looks, alpha, kind)]
 
 
 def spent_per_look(
@@ -164,7 +165,7 @@ def nominal_levels(
     for n, target in zip(looks, increments, strict=True):
         mean = sums[:, n - 1] / n
         sd = np.sqrt(np.maximum(squares[:, n - 1] - n * mean**2, 0.0) / (n - 1))
-        p = 2 * st.t.sf(np.abs(mean) / (sd / math.sqrt(n)), n - 1)
+        p = 2 * t_sf(np.abs(mean) / (sd / math.sqrt(n)), n - 1)
         candidates = np.sort(p[alive])
         m = int(round(target * CALIBRATION_DRAWS))
         level = (
@@ -184,7 +185,7 @@ def repeated_interval(differences: Sequence[float], level: float) -> tuple[float
     mean = float(d.mean())
     if d.size < 2:
         return mean, math.nan, math.nan
-    half = float(st.t.ppf(1 - level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    half = float(t_ppf(1 - level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
     return mean, mean - half, mean + half
 
 
@@ -197,7 +198,7 @@ def t_p_value(differences: Sequence[float]) -> float:
     sd = d.std(ddof=1)
     if sd == 0:
         return 0.0 if d.mean() != 0 else 1.0
-    return float(2 * st.t.sf(abs(d.mean()) / (sd / math.sqrt(d.size)), d.size - 1))
+    return float(2 * t_sf(abs(d.mean()) / (sd / math.sqrt(d.size)), d.size - 1))
 
 
 MAX_SIGN_FLIP_SEEDS = 12

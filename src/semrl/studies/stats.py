@@ -26,6 +26,8 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as st
 
+from semrl.studies.distributions import chi2_ppf, nct_cdf, nct_sf, t_ppf
+
 ALPHA = 0.05  # two-sided: 95% intervals
 POWER = 0.8
 MAX_SEEDS = 100_000  # seeds_needed answers None above this
@@ -86,7 +88,7 @@ def paired_t(
     mean = float(d.mean())
     if d.size < 2:
         return mean, math.nan, math.nan
-    half = float(st.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    half = float(t_ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
     return mean, mean - half, mean + half
 
 
@@ -104,13 +106,13 @@ def t_test_power(effect: float, sd: float, seeds: int, alpha: float = ALPHA) -> 
     if sd == 0:
         return 1.0 if effect != 0 else alpha
     df, shift = seeds - 1, abs(effect) * math.sqrt(seeds) / sd
-    return _rejection(float(st.t.ppf(1 - alpha / 2, df)), df, shift)
+    return _rejection(float(t_ppf(1 - alpha / 2, df)), df, shift)
 
 
 def _rejection(critical: float, df: int, shift: float) -> float:
     """P(|T| > critical) for T noncentral t (df, shift); scipy's far lower tail underflows to NaN."""
-    lower = float(st.nct.cdf(-critical, df, shift))
-    return float(st.nct.sf(critical, df, shift)) + (0.0 if math.isnan(lower) else lower)
+    lower = float(nct_cdf(-critical, df, shift))
+    return float(nct_sf(critical, df, shift)) + (0.0 if math.isnan(lower) else lower)
 
 
 def min_detectable_effect(sd: float, seeds: int, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -120,7 +122,7 @@ def min_detectable_effect(sd: float, seeds: int, alpha: float = ALPHA, power: fl
     if sd == 0:
         return 0.0
     df = seeds - 1
-    critical = float(st.t.ppf(1 - alpha / 2, df))
+    critical = float(t_ppf(1 - alpha / 2, df))
 
     def shortfall(shift: float) -> float:
         return _rejection(critical, df, shift) - power
@@ -163,8 +165,8 @@ def sd_interval(differences: Sequence[float], alpha: float = ALPHA) -> tuple[flo
     df = n - 1
     return (
         s,
-        s * math.sqrt(df / float(st.chi2.ppf(1 - alpha / 2, df))),
-        s * math.sqrt(df / float(st.chi2.ppf(alpha / 2, df))),
+        s * math.sqrt(df / float(chi2_ppf(1 - alpha / 2, df))),
+        s * math.sqrt(df / float(chi2_ppf(alpha / 2, df))),
     )
 
 

@@ -24,6 +24,8 @@ import numpy as np
 from scipy import optimize, special
 from scipy import stats as st
 
+from semrl.studies.distributions import chi2_ppf, t_ppf
+
 if TYPE_CHECKING:
     from semrl.studies.discovery import Run
 
@@ -220,7 +222,7 @@ def decompose(
     parts = [draw_variances(metric, a, b, reps, rng) for a, b in seeds]
     var_total = float(np.var(diffs, ddof=1))
     df = len(diffs) - 1
-    ci = (df * var_total / st.chi2.ppf(0.975, df), df * var_total / st.chi2.ppf(0.025, df))
+    ci = (df * var_total / chi2_ppf(0.975, df), df * var_total / chi2_ppf(0.025, df))
     var_draw = float(np.mean([d for d, _ in parts]))
     p, n = seeds[0][0].correct.shape
     return Decomposition(
@@ -239,7 +241,7 @@ def decompose(
 
 def half_width(var_seed: float, seeds: int) -> float:
     """The 95% t-interval half-width of the mean of ``seeds`` per-seed differences."""
-    return float(st.t.ppf(0.975, seeds - 1) * math.sqrt(var_seed / seeds))
+    return float(t_ppf(0.975, seeds - 1) * math.sqrt(var_seed / seeds))
 
 
 def var_per_seed(d: Decomposition, problems: int, samples: int, var_train: float | None = None) -> float:
