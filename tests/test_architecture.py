@@ -529,3 +529,25 @@ def test_a_unit_test_cannot_start_a_process(request):
         subprocess.run(["true"], check=False)
     with pytest.raises(AssertionError, match="mark it @pytest.mark.e2e"):
         multiprocessing.get_context("spawn").Process(target=print).start()
+
+
+def _empty_type_checking_blocks(modules: dict[str, Path]) -> list[str]:
+    """``if TYPE_CHECKING: pass``: the leftover of an import that moved."""
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.If)
+                and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING"
+                and all(isinstance(stmt, ast.Pass) for stmt in node.body)
+            ):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_no_empty_type_checking_block(tmp_path):
+    assert not _empty_type_checking_blocks(_modules())
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    pass\n")
+    assert _empty_type_checking_blocks({"m": module}) == ["m:3"]

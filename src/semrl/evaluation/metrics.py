@@ -4,12 +4,9 @@ lengths, distinct answers (docs/algorithms.md, "Evaluation metrics")."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    pass
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

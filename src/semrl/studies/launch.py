@@ -8,14 +8,11 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from semrl.studies.discovery import DONE_FILE
 from semrl.studies.sweep import Sweep, SweepError, SweepRun
 from semrl.studies.sweep_runs import check_run_config, execute_run, run_state, train_command
-
-if TYPE_CHECKING:
-    pass
 
 
 def _minutes(seconds: float) -> str:

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from semrl.config.load import load_config
 from semrl.core.atomic import write_text_atomic
@@ -20,9 +20,6 @@ from semrl.core.jsonl import log_exists
 from semrl.data.problem_sets import eval_problems_named
 from semrl.studies.discovery import DONE_FILE
 from semrl.studies.sweep import TIME_EVERY_S, TIME_FILE, Sweep, SweepError, SweepRun
-
-if TYPE_CHECKING:
-    pass
 
 
 def run_state(run: SweepRun) -> str:

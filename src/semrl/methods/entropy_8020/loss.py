@@ -4,17 +4,12 @@ highest-entropy tokens only (``semrl.methods.token_losses.high_entropy_mask``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from semrl.methods.entropy_8020 import Entropy8020Config
 from semrl.methods.policy_loss import MiniBatchInputs, PolicyLossInputs, ppo
 from semrl.methods.registry import MethodConfig
 from semrl.methods.token_losses import high_entropy_mask
-
-if TYPE_CHECKING:
-    pass
-from semrl.methods.entropy_8020 import Entropy8020Config
 
 
 def select_high_entropy(
