@@ -70,19 +70,18 @@ def test_one_seed_is_undecided_and_a_bad_expectation_is_refused():
 
 
 def _fewest_seeds_by_power(effect: float, sd: float) -> int | None:
-    """Counted up one seed at a time from scipy's noncentral t: the two-sided paired t-test at 5%
-    rejects with probability >= 0.8."""
+    """Read off scipy's noncentral t at every n from 2 to 199 at once: the fewest seeds at which the
+    two-sided paired t-test at 5% rejects with probability >= 0.8."""
     from scipy import stats as st
 
     if effect == 0:
         return None
-    for n in range(2, 200):
-        critical = st.t.ppf(0.975, n - 1)
-        shift = abs(effect) * math.sqrt(n) / sd
-        lower = st.nct.cdf(-critical, n - 1, shift)
-        if st.nct.sf(critical, n - 1, shift) + (0.0 if math.isnan(lower) else lower) >= 0.8:
-            return n
-    return None
+    n = np.arange(2, 200)
+    critical = st.t.ppf(0.975, n - 1)
+    shift = abs(effect) * np.sqrt(n) / sd
+    lower = np.nan_to_num(st.nct.cdf(-critical, n - 1, shift), nan=0.0)
+    reached = np.flatnonzero(st.nct.sf(critical, n - 1, shift) + lower >= 0.8)
+    return int(n[reached[0]]) if reached.size else None
 
 
 def test_an_undecided_rule_names_the_seeds_from_its_own_bound_and_which_way_they_would_decide():

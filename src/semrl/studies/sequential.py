@@ -204,6 +204,14 @@ def t_p_value(differences: Sequence[float]) -> float:
 MAX_SIGN_FLIP_SEEDS = 12
 
 
+@functools.lru_cache(maxsize=MAX_SIGN_FLIP_SEEDS)
+def _sign_patterns(n: int) -> np.ndarray:
+    """(2^n, n) every pattern of n signs, built once per n (read-only)."""
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+    signs.flags.writeable = False
+    return signs
+
+
 def sign_flip_p_value(differences: Sequence[float]) -> float:
     """Exact two-sided sign-flip (permutation) p-value of mean 0 over all 2^n sign patterns, for
     n <= 12: valid for any distribution symmetric about 0. Its smallest value is 2 / 2^n (0.0625
@@ -211,7 +219,7 @@ def sign_flip_p_value(differences: Sequence[float]) -> float:
     d = np.asarray(differences, dtype=float)
     if not 1 <= d.size <= MAX_SIGN_FLIP_SEEDS:
         raise ValueError(f"the exact sign-flip p-value takes 1 to {MAX_SIGN_FLIP_SEEDS} seeds, got {d.size}")
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
+    signs = _sign_patterns(d.size)
     observed = abs(d.sum())
     return float(np.mean(np.abs(signs @ d) >= observed - 1e-12 * max(1.0, observed)))
 

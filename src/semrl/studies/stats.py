@@ -284,8 +284,12 @@ def sign_seeds_needed(share: float, alpha: float = ALPHA, power: float = POWER) 
     with n; this is the first n that reaches it); None at share 1/2 or beyond 10,000 seeds."""
     if share == 0.5 or not 0 <= share <= 1:
         return None
-    reached = np.flatnonzero(_sign_power(share, np.arange(1, MAX_SIGN_SEEDS + 1), alpha) >= power)
-    return int(reached[0]) + 1 if reached.size else None
+    for low, high in ((1, 100), (101, 1_000), (1_001, MAX_SIGN_SEEDS)):  # most shares stop early
+        n = np.arange(low, high + 1)
+        reached = np.flatnonzero(_sign_power(share, n, alpha) >= power)
+        if reached.size:
+            return int(n[reached[0]])
+    return None
 
 
 def sign_seeds_to_settle(differences: Sequence[float] | np.ndarray, tie: float = 1e-12) -> int | None:
