@@ -76,14 +76,23 @@ def test_sigterm_stops_after_the_step_and_resume_is_exact(uninterrupted, digit_m
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _block_stop_signals() -> None:
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+def _as_a_terminal_starts_it(blocked: bool):  # noqa: ANN202
+    """The child's signal state before exec: Ctrl-C at its default, as a terminal's foreground job has
+    it (a test runner started in the background, ``cmd &`` in a script, ignores SIGINT, and an ignored
+    signal stays ignored across exec and in semrl: the caller's choice); ``blocked``: SIGINT and
+    SIGTERM blocked too, as a child of a process (or a test runner's worker) that blocked them."""
+
+    def setup() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    return setup
 
 
 def _ctrl_c(*args, at, blocked=False):
     """``semrl train`` in a session of its own, sent Ctrl-C (SIGINT to its process group) at ``at``;
-    ``blocked``: started with SIGINT and SIGTERM blocked, as a child of a process (or a test runner's
-    worker) that had blocked them inherits them."""
+    ``blocked``: started with SIGINT and SIGTERM blocked (``_as_a_terminal_starts_it``)."""
     return subprocess.run(
         [sys.executable, "-m", "semrl", "train", *args],
         capture_output=True,
@@ -91,7 +100,7 @@ def _ctrl_c(*args, at, blocked=False):
         env={**os.environ, "SEMRL_FAULT_CTRL_C": at},
         timeout=600,
         start_new_session=True,
-        preexec_fn=_block_stop_signals if blocked else None,
+        preexec_fn=_as_a_terminal_starts_it(blocked),
     )
 
 
