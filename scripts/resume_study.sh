@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Continue a sequential study on a new machine (docs/results.md, "Study 3: status"):
+# Start or continue a study's sweep on a frozen worktree (docs/results.md, "Study 3: status"):
 #   scripts/resume_study.sh COMMIT WORKTREE SWEEP_FILE RULES_FILE RESULTS_DIR
 # e.g. scripts/resume_study.sh eb1362e ../study3 configs/study3.yaml configs/study/study3_rules.yaml results/study3
+# RULES_FILE - runs the sweep whole, with no decisions (a pilot):
+#   scripts/resume_study.sh COMMIT ../pilot configs/study4b_pilot.yaml - results/study4b_pilot
 # Makes the frozen worktree of COMMIT if it is missing, copies into it the finished runs and the
 # looks log committed here (a look already taken must not be judged again), then starts, in the
 # background and under nice 19, `semrl sweep SWEEP_FILE --until-decided RULES_FILE` in the worktree
@@ -11,8 +13,13 @@ set -euo pipefail
 [ $# -eq 5 ] || { sed -n 2,9p "$0" >&2; exit 2; }
 commit=$1 tree=$2 sweep_file=$3 rules=$4 results=$5
 repo=$(git rev-parse --show-toplevel)
-[ -f "$rules" ] || { echo "no rules file $rules" >&2; exit 2; }
-rules=$(cd "$(dirname "$rules")" && pwd)/$(basename "$rules")
+if [ "$rules" = - ]; then
+  until_decided=()
+else
+  [ -f "$rules" ] || { echo "no rules file $rules" >&2; exit 2; }
+  rules=$(cd "$(dirname "$rules")" && pwd)/$(basename "$rules")
+  until_decided=(--until-decided "$rules")
+fi
 if [ ! -d "$tree" ]; then
   git worktree prune
   git worktree add -q "$tree" "$commit"
@@ -22,8 +29,8 @@ head=$(git -C "$tree" rev-parse HEAD)
 [ "$head" = "$(git rev-parse "$commit^{commit}")" ] || { echo "$tree is at $head, not $commit" >&2; exit 2; }
 [ -z "$(git -C "$tree" status --porcelain --untracked-files=no)" ] || {
   echo "$tree has changes to tracked files: a frozen worktree must not" >&2; exit 2; }
-if pgrep -f -- "--until-decided $rules" >/dev/null; then
-  echo "a sweep with $rules is already running" >&2; exit 2
+if pgrep -f -- "semrl sweep $sweep_file" >/dev/null; then
+  echo "a sweep of $sweep_file is already running" >&2; exit 2
 fi
 mkdir -p "$tree/$results"
 copied=0
@@ -41,7 +48,7 @@ done
 echo "finished runs copied into $tree/$results: $copied"
 python=${PYTHON:-python}
 (cd "$tree" && PYTHONPATH=src nohup nice -n 19 "$python" -m semrl sweep "$sweep_file" \
-   --until-decided "$rules" >> "$tree.sweep.log" 2>&1 &)
+   "${until_decided[@]}" >> "$tree.sweep.log" 2>&1 &)
 (cd "$repo" && nohup scripts/commit_finished_runs.sh "$tree/$results" "$results" 60 \
    >> "$tree.watcher.log" 2>&1 &)
 echo "sweep: $tree.sweep.log; commits: $tree.watcher.log"
