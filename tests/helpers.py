@@ -1,7 +1,9 @@
 """What tests share besides fixtures (those are in conftest.py): the tiny models' recipes, the
-seven task, the tiny run's config, the vLLM skip rule, the dense reference mask of tree attention,
-random packed trees. Import it as ``from tests.helpers import ...``; benchmarks that build the same
-tiny models import it too."""
+seven task, the tiny run's config (and the one several processes train alike), training in a
+subprocess or counting the old-policy pass's rows, the CLI in a fresh interpreter, the vLLM skip
+rule, the dense reference mask of tree attention, random packed trees. Import it as
+``from tests.helpers import ...`` (a test file's private names are its own: test_architecture
+checks); benchmarks that build the same tiny models import it too."""
 
 from __future__ import annotations
 
