@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from demo_setup import config_engine
 
 from semrl.config.load import load_config
 from semrl.data import PromptFormat, build_prompt_ids, make_arithmetic_problems
@@ -30,7 +31,7 @@ from semrl.methods.rose.branching import normalized_embeddings
 from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.reward import Judge, VerifierPool
-from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
+from semrl.rollout.engines import GenerationRequest, SamplingParams
 
 ENGINES = ("hf", "vllm")
 
@@ -180,13 +181,7 @@ def main() -> None:
     cfg = load_config(args.config)
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
-    r = cfg.rollout
-    engines = {
-        name: build_engine(
-            name, model, tok, 64, cfg.data.max_prompt_length + r.max_new_tokens, r.logprobs_top_k, 0, r
-        )
-        for name in ENGINES
-    }
+    engines = {name: config_engine(name, model, tok, cfg, batch_size=64) for name in ENGINES}
     problems = make_arithmetic_problems(64, cfg.data.arithmetic_levels, seed=7)
     prompts = [build_prompt_ids(tok, p.problem, cfg.data.system_prompt) for p in problems]
     for engine in engines.values():  # warm-up

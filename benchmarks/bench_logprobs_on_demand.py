@@ -20,13 +20,14 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from demo_setup import config_engine
 
 from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.methods.rose.branching import normalized_embeddings
 from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
-from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, build_engine
+from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams
 from semrl.rollout.engines.vllm import VLLMEngine
 
 
@@ -71,16 +72,7 @@ def main() -> None:
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
     r = cfg.rollout
-    new = build_engine(
-        "vllm",
-        model,
-        tok,
-        r.generation_batch_size,
-        cfg.data.max_prompt_length + r.max_new_tokens,
-        r.logprobs_top_k,
-        0,
-        r,
-    )
+    new = config_engine("vllm", model, tok, cfg)
     assert isinstance(new, VLLMEngine)
     old = DictLogprobsEngine(new)
     problems = make_arithmetic_problems(r.prompts_per_step, cfg.data.arithmetic_levels, seed=5)

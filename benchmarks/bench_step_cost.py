@@ -25,11 +25,12 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from demo_setup import config_engine
 
 from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
-from semrl.rollout.engines import GenerationRequest, build_engine, sampling_params
+from semrl.rollout.engines import GenerationRequest, sampling_params
 
 # (method, engine steps per rollout step, mean running batch) of the demo shape on vllm, measured on
 # 2026-11-27 (docs/benchmarks.md, "Tree rollouts side by side"); independent sampling first
@@ -57,17 +58,8 @@ def main() -> None:
     tok, model = load_tokenizer(path), load_model(path)
     problems = make_arithmetic_problems(max(args.batches), cfg.data.arithmetic_levels, seed=321)
     prompts = [build_prompt_ids(tok, p.problem, cfg.data.system_prompt) for p in problems]
-    engine = build_engine(
-        args.engine,
-        model,
-        tok,
-        cfg.rollout.generation_batch_size,
-        cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
-        cfg.rollout.logprobs_top_k,
-        vllm_options=cfg.rollout,
-    )
+    engine = config_engine(args.engine, model, tok, cfg, warm_up_prompt=prompts[0])
     params = sampling_params(cfg.rollout, top_logprobs=False)
-    engine.generate([GenerationRequest(prompts[0])], replace(params, max_new_tokens=4))  # warm-up
     calls: dict[int, list[tuple[float, int, float]]] = {b: [] for b in args.batches}
     for repeat in range(args.repeats):
         for b in args.batches:

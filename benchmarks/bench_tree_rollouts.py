@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import replace
 from functools import partial
 
 import torch
+from demo_setup import config_engine
 
 from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
@@ -32,7 +32,7 @@ from semrl.methods.catalog import get_method
 from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
-from semrl.rollout.engines import GenerationRequest, build_engine, sampling_params
+from semrl.rollout.engines import GenerationRequest, sampling_params
 from semrl.update.row_logprobs import with_sampling_entropy
 
 METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "rose"]
@@ -111,19 +111,7 @@ def main() -> None:
     prompts = [build_prompt_ids(tok, p.problem, cfg.data.system_prompt) for p in problems]
     rows = []
     for kind in args.engines:
-        engine = build_engine(
-            kind,
-            model,
-            tok,
-            cfg.rollout.generation_batch_size,
-            cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
-            cfg.rollout.logprobs_top_k,
-            vllm_options=cfg.rollout,
-        )
-        engine.generate(
-            [GenerationRequest(prompts[0])],
-            replace(sampling_params(cfg.rollout, top_logprobs=False), max_new_tokens=4),
-        )  # warm-up
+        engine = config_engine(kind, model, tok, cfg, warm_up_prompt=prompts[0])
         runs: dict[str, list] = {name: [] for name in methods}
         for seed in args.seeds:  # alternated: every method once per seed
             for name in methods:
