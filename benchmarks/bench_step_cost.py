@@ -10,10 +10,11 @@ each b, the batches alternated within each repeat (so a drift of the machine hit
 call: seconds, the engine's forward passes and their mean running batch (``EngineCost``). It fits
 seconds per step = a + c x running batch over every call (least squares). A second series prices a
 context token: b new prompts (never seen, so nothing is cached but the shared template) with one new
-token each, priced as p = (seconds - a x steps - c x running rows) / prefill tokens. It then prints, for the demo's tree
-rollouts (docs/benchmarks.md, "Tree rollouts side by side"), the wall-time ratio to independent
-sampling that their steps, running batch and prefill give at these prices: with the prefill (the
-model) and without it (the floor if nothing were recomputed). Prints Markdown tables.
+token each, priced as p = (seconds - a x steps - c x running rows) / prefill tokens. On vllm it then
+prints, for the demo's tree rollouts (docs/benchmarks.md, "Tree rollouts side by side"), the
+wall-time ratio to independent sampling that their steps, running batch and prefill give at these
+prices: with the prefill (the model) and without it (the floor if nothing were recomputed). Prints
+Markdown tables.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from semrl.data import build_prompt_ids, make_arithmetic_problems
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.rollout.engines import GenerationRequest, sampling_params
 
-# (method, engine steps per rollout step, mean running batch) of the demo shape on vllm, measured on
-# 2026-11-27 (docs/benchmarks.md, "Tree rollouts side by side"); independent sampling first
-# (method, engine steps per rollout step, mean running batch, prefill tokens per leaf, measured ratio)
+# (method, engine steps per rollout step, mean running batch, prefill tokens per leaf, wall-time ratio
+# to independent sampling) of the demo shape on vllm, measured on 2026-11-27 (docs/benchmarks.md,
+# "Tree rollouts side by side"); independent sampling first
 DEMO_TREES = [
     ("independent", 64, 57.0, 8.2, 1.00),
     ("treepo", 64, 40.5, 41.0, 1.02),
@@ -123,6 +124,8 @@ def main() -> None:
     def seconds(steps: float, batch: float, prefill_per_leaf: float) -> float:
         return steps * (a + c * batch) + price * prefill_per_leaf * LEAVES
 
+    if args.engine != "vllm":  # the demo's steps, batches and ratios below are vllm's
+        return
     base = seconds(*DEMO_TREES[0][1:4])
     print(
         "\n| demo rollout (vllm) | engine steps | mean running batch | prefill tokens / leaf "
