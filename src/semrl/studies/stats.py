@@ -106,13 +106,13 @@ def t_test_power(effect: float, sd: float, seeds: int, alpha: float = ALPHA) -> 
     if sd == 0:
         return 1.0 if effect != 0 else alpha
     df, shift = seeds - 1, abs(effect) * math.sqrt(seeds) / sd
-    return _rejection(float(t_ppf(1 - alpha / 2, df)), df, shift)
+    return _rejection(t_ppf(1 - alpha / 2, df), df, shift)
 
 
 def _rejection(critical: float, df: int, shift: float) -> float:
     """P(|T| > critical) for T noncentral t (df, shift); scipy's far lower tail underflows to NaN."""
-    lower = float(nct_cdf(-critical, df, shift))
-    return float(nct_sf(critical, df, shift)) + (0.0 if math.isnan(lower) else lower)
+    lower = nct_cdf(-critical, df, shift)
+    return nct_sf(critical, df, shift) + (0.0 if math.isnan(lower) else lower)
 
 
 def min_detectable_effect(sd: float, seeds: int, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -122,7 +122,7 @@ def min_detectable_effect(sd: float, seeds: int, alpha: float = ALPHA, power: fl
     if sd == 0:
         return 0.0
     df = seeds - 1
-    critical = float(t_ppf(1 - alpha / 2, df))
+    critical = t_ppf(1 - alpha / 2, df)
 
     def shortfall(shift: float) -> float:
         return _rejection(critical, df, shift) - power
@@ -165,8 +165,8 @@ def sd_interval(differences: Sequence[float], alpha: float = ALPHA) -> tuple[flo
     df = n - 1
     return (
         s,
-        s * math.sqrt(df / float(chi2_ppf(1 - alpha / 2, df))),
-        s * math.sqrt(df / float(chi2_ppf(alpha / 2, df))),
+        s * math.sqrt(df / chi2_ppf(1 - alpha / 2, df)),
+        s * math.sqrt(df / chi2_ppf(alpha / 2, df)),
     )
 
 
