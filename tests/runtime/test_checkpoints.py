@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from semrl.cli import main
 from semrl.core.safe_state import STATE_JSON, STATE_TENSORS, load_state, save_state
@@ -25,7 +24,7 @@ from semrl.runtime.checkpoint import (
     verify_checkpoint,
 )
 from semrl.runtime.trainer import Trainer
-from tests.helpers import tiny_run_config
+from tests.helpers import final_weights, tiny_run_config
 
 
 def _equal(a, b) -> bool:
@@ -83,10 +82,6 @@ def three_steps(digit_model_dir, seven_task, tmp_path):
     return full
 
 
-def _weights(run, step):
-    return load_file(run / "checkpoints" / f"step-{step:06d}" / "model.safetensors")
-
-
 def _damage(ckpt, how):
     model = ckpt / "model.safetensors"
     if how == "truncate":
@@ -119,7 +114,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(three_steps, tmp_path, how):
     }[how]
     assert "skipping checkpoint" in proc.stderr and "step-000003" in proc.stderr and reason in proc.stderr
     assert not verify_checkpoint(run / "checkpoints" / "step-000003")  # rewritten from step 2
-    a, b = _weights(three_steps, 3), _weights(run, 3)
+    a, b = final_weights(three_steps, 3), final_weights(run, 3)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

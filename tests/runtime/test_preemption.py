@@ -14,11 +14,10 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from semrl.runtime.checkpoint import list_checkpoints, verify_checkpoint
 from semrl.runtime.preemption import EXIT_PREEMPTED
-from tests.helpers import tiny_run_overrides
+from tests.helpers import final_weights, tiny_run_overrides
 
 
 def _args(model_dir, task, out):
@@ -57,10 +56,6 @@ def uninterrupted(digit_model_dir, tmp_path_factory):
     return task, out
 
 
-def _final(run):
-    return load_file(run / "checkpoints" / "step-000003" / "model.safetensors")
-
-
 @pytest.mark.parametrize("point", ["rollout", "update", "evaluate"])
 def test_sigterm_stops_after_the_step_and_resume_is_exact(uninterrupted, digit_model_dir, tmp_path, point):
     task, full = uninterrupted
@@ -72,7 +67,7 @@ def test_sigterm_stops_after_the_step_and_resume_is_exact(uninterrupted, digit_m
     assert not verify_checkpoint(run / "checkpoints" / "step-000002")
     proc = _train("--resume", str(run))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    a, b = _final(full), _final(run)
+    a, b = final_weights(full), final_weights(run)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -133,7 +128,7 @@ def test_ctrl_c_in_the_base_evaluation_keeps_it_and_resume_is_exact(uninterrupte
     # the base evaluation is not run twice: the log is the uninterrupted run's, less its timings
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3] and (run / "metrics.jsonl").read_text().startswith(base)
-    a, b = _final(full), _final(run)
+    a, b = final_weights(full), final_weights(run)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -166,7 +161,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(uninterrupted, digit_model_di
     assert not list((run / "checkpoints").glob(".tmp-*"))
     proc = _train("--resume", str(run))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    a, b = _final(full), _final(run)
+    a, b = final_weights(full), final_weights(run)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -191,5 +186,5 @@ def test_processes_agree_to_stop_when_one_is_signalled(uninterrupted, digit_mode
     assert [c.name for c in list_checkpoints(run)] == ["step-000002"]
     proc = _train("--num-processes", "2", "--resume", str(run), env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    a, b = _final(full), _final(run)
+    a, b = final_weights(full), final_weights(run)
     assert all(torch.equal(a[k], b[k]) for k in a)
