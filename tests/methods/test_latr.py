@@ -578,3 +578,146 @@ def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):
     ctx.engine.generate = counting
     out = load(method.rollout_fn)(ctx, prompts)
     assert out.metrics["latr/lookahead_steps"] >= 4 and len(calls) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The lookahead as streamed vLLM requests (latr.vllm_lookahead=stream)
+
+MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
+
+
+def _vllm_context(model_dir, overrides, prompt_seeds=None):
+    """A LATR rollout context on the vllm engine, whose model puts its mass on tokens 300-339: their
+    embeddings (tied to the head) share one direction, so each logit lifts them far above the rest
+    of the vocabulary, and differ by a random part, so that about a quarter of the positions pass
+    the permissive fork test below (vLLM ignores an untied head of a tied model: the embeddings it is)."""
+    from functools import partial
+
+    from semrl.config.load import load_config
+    from semrl.methods.catalog import get_method
+    from semrl.methods.interface import RolloutContext
+    from semrl.methods.registry import method_config
+    from semrl.models.loading import load_model, load_tokenizer
+    from semrl.rollout.engines import build_engine, sampling_params
+    from tests.helpers import vllm_or_skip
+
+    vllm_or_skip()
+    tok, model = load_tokenizer(str(model_dir)), load_model(str(model_dir))
+    rng = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        embeddings = model.get_input_embeddings().weight
+        direction = torch.randn(embeddings.shape[1], generator=rng)
+        embeddings[300:340] = 0.3 * direction + 0.1 * torch.randn(40, embeddings.shape[1], generator=rng)
+    engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20)
+    cfg = load_config(
+        None,
+        [
+            "algorithm.method=latr",
+            "rollout.max_new_tokens=12",
+            "rollout.group_size=6",
+            "latr.tau_abs=0.02",
+            "latr.tau_rel=0.95",
+            "latr.lookahead=[2,3]",
+            "latr.keep_math_symbols=false",
+            "latr.edit_distance_threshold=0.6",
+            *overrides,
+        ],
+    )
+    ctx = RolloutContext(
+        engine,
+        sampling_params(cfg.rollout, top_logprobs=False),
+        torch.Generator().manual_seed(0),
+        method_config(cfg, "latr"),
+        lambda *a: None,
+        decode=partial(tok.decode, skip_special_tokens=True),
+        prompt_seeds=prompt_seeds,
+    )
+    prompts = [tok(f"Question {i}: go on")["input_ids"] for i in range(3)]
+    return get_method("latr"), ctx, prompts
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(tiny32_model_dir, seed):
+    """Forks, prunes, suppressed forks, every row's tokens and log-probs equal those of one request per
+    row and token on the same engine; the streamed lookahead makes one request per row (the prompts'
+    main rows and the forks), where the reference makes one per row and token."""
+    from semrl.methods.latr.method import _forest_settings, _lookahead_by_requests
+    from semrl.methods.latr.stream import StreamedRows
+
+    _, ctx, prompts = _vllm_context(tiny32_model_dir, [])
+    rng = torch.Generator().manual_seed(seed)
+    prompts = [p + torch.randint(300, 340, (3,), generator=rng).tolist() for p in prompts]
+    engine = ctx.engine
+    engine.request_log = []
+    streamed = StreamedRows(ctx, prompts, _forest_settings(ctx.config.options, 6), 12, [1, 2, 3])
+    streamed.run()
+    looked = [r for r in engine.request_log if r.tag[0] == "look"]
+    engine.request_log = None
+    forest = streamed.forest
+    reference = LatrForest(len(prompts), forest.settings, forest.eos_ids, forest.decode)
+    before = engine.cost.requests
+    assert streamed.steps == _lookahead_by_requests(ctx, prompts, reference, 12)
+    by_requests = engine.cost.requests - before
+    assert (forest.forks, forest.pruned, forest.suppressed) == (
+        reference.forks,
+        reference.pruned,
+        reference.suppressed,
+    )
+    assert forest.forks >= 3 and forest.suppressed + forest.pruned >= 1  # the rules were exercised
+    for mine, theirs in zip(forest.trees, reference.trees, strict=True):
+        assert [(b.tokens, b.fork_position, b.birth, b.finished) for b in mine] == [
+            (b.tokens, b.fork_position, b.birth, b.finished) for b in theirs
+        ]
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+    assert len(looked) <= len(prompts) + forest.forks < by_requests
+    # a pruned row's request stops at its prune, every other at the phase's end: none samples more than
+    # a token or two past what the forest took from it
+    assert all(len(s.tops) <= len(s.branch.tokens) - s.start + 2 for s in streamed.streams)
+    # the kept rows and pads are finished from their lookahead; no row of the tree's budget or ended
+    rows = [(p, j, (tree + [tree[0]] * 6)[j]) for p, tree in enumerate(forest.trees) for j in range(6)]
+    assert sorted(streamed.outs) == [
+        (p, j) for p, j, row in rows if not row.finished and len(row.tokens) < 12
+    ]
+
+
+def test_latr_samples_on_vllm_do_not_depend_on_the_batch_limit(tiny32_model_dir):
+    """With the trainer's prompt seeds, a streamed LATR rollout gives the same rows at running batches
+    of 64 and 2, although its requests are served in another order."""
+    from tests.helpers import vllm_batch_limit
+
+    method, ctx, prompts = _vllm_context(tiny32_model_dir, ["latr.eta_values=[0.5]"], prompt_seeds=[5, 6, 7])
+    runs, orders = [], []
+    for limit in (64, 2):
+        ctx.engine.request_log = []
+        ctx.generator.manual_seed(0)
+        with vllm_batch_limit(ctx.engine, limit):
+            out = load(method.rollout_fn)(ctx, prompts)
+        runs.append([g.token_ids.tolist() for g in out.generations])
+        orders.append([str(r.tag) for r in ctx.engine.request_log])
+    ctx.engine.request_log = None
+    assert orders[0] != orders[1]
+    assert runs[0] == runs[1]
+    assert out.metrics["latr/forks"] >= 3
+
+
+@pytest.mark.parametrize("path", ["stream", "model"])
+@pytest.mark.parametrize(("eta", "width"), [("0.5", 3), ("0.0", 0)])
+def test_rollout_on_vllm(tiny32_model_dir, path, eta, width):
+    """Both lookahead paths on the vllm engine: k tree rows then n - k ordinary rows per prompt, a
+    branch repeats its parent up to its fork and differs at it, rows end with EOS or the budget."""
+    method, ctx, prompts = _vllm_context(
+        tiny32_model_dir, [f"latr.vllm_lookahead={path}", f"latr.eta_values=[{eta}]"]
+    )
+    out = load(method.rollout_fn)(ctx, prompts)
+    assert len(out.generations) == 18 and out.metrics["latr/width"] == width
+    assert (out.metrics["latr/forks"] >= 2) == (width > 0)
+    for p, group in enumerate(out.groups):
+        tree, gens = group.tree, out.generations[6 * p : 6 * p + 6]
+        for c in range(6):
+            tokens = gens[c].token_ids.tolist()
+            assert 1 <= len(tokens) <= 12 and (gens[c].finished or len(tokens) == 12)
+            parent, k = tree.parents[c], tree.branch_positions[c]
+            assert (parent == -1) == (c == 0 or c >= width)
+            if 0 <= parent < c < width and k < len(gens[parent].token_ids):
+                assert tokens[:k] == gens[parent].token_ids.tolist()[:k]

@@ -112,6 +112,81 @@ def test_greedy_continuation_from_a_prefix_equals_the_full_greedy_generation(set
             torch.testing.assert_close(c.logprobs, f.logprobs[k:], atol=2e-4, rtol=0)
 
 
+def test_streamed_requests_run_beside_the_others_and_stop_when_told(setup):
+    """``generate_streaming``: a greedy request's pieces, one token a step, join into the greedy
+    generation with its top-2; a request started from ``on_tokens`` joins the running batch; a stream
+    told to stop samples nothing more; ordinary requests go to ``on_done`` as before; and the cost
+    counts each request's context once."""
+    vllm_or_skip()
+    tok, model = setup
+    engine = _engine("vllm", model, tok)
+    engine.sync_weights()  # an empty prefix cache: every context is computed here
+    prompts = _prompts(tok, 3)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10, logprobs_top_k=2)
+    reference = engine.generate([GenerationRequest(p) for p in prompts], greedy)
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=8, logprobs_top_k=0)
+    pieces: dict[str, list[Generation]] = {"a": [], "b": [], "c": []}
+    done: dict[str, Generation] = {}
+    steps: list[int] = []
+
+    def on_tokens(new):
+        steps.append(engine.cost.engine_steps)
+        for tag, piece in new:
+            assert len(piece.token_ids) == 1  # one token per engine step
+            pieces[tag].append(piece)
+        started = [("c", GenerationRequest(prompts[2], stream=True))] if len(steps) == 2 else []
+        return started, ["b"] if sum(len(p.token_ids) for p in pieces["b"]) == 3 else []
+
+    engine.sync_weights()
+    before = engine.cost.snapshot()
+    engine.request_log = []
+    engine.generate_streaming(
+        [
+            ("a", GenerationRequest(prompts[0], stream=True)),
+            ("b", GenerationRequest(prompts[1], max_new_tokens=40, stream=True)),  # outlives the others
+            ("x", GenerationRequest(prompts[1], seed=3)),
+        ],
+        sampled,
+        greedy,
+        None,
+        lambda tag, _, generation: done.update({tag: generation}) or [],
+        on_tokens,
+    )
+    log, engine.request_log = {r.tag: r for r in engine.request_log}, None
+    spent = engine.cost.since(before)
+    assert not engine.llm.llm_engine.has_unfinished_requests()  # "b" left the engine, not only the loop
+    for tag, index in (("a", 0), ("c", 2)):
+        streamed = pieces[tag]
+        assert torch.equal(torch.cat([p.token_ids for p in streamed]), reference[index].token_ids)
+        torch.testing.assert_close(
+            torch.cat([p.top_logprobs for p in streamed]), reference[index].top_logprobs
+        )
+        assert (
+            all(not p.finished for p in streamed[:-1]) and streamed[-1].finished == reference[index].finished
+        )
+    assert sum(len(p.token_ids) for p in pieces["b"]) == 3 and log["b"].sampled_tokens == 3
+    assert torch.equal(torch.cat([p.token_ids for p in pieces["b"]]), reference[1].token_ids[:3])
+    assert list(done) == ["x"] and 1 <= len(done["x"].token_ids) <= 8
+    assert log["c"].submitted_step == steps[1] and log["c"].finished_step > steps[1]
+    assert spent.requests == 4
+    assert spent.sampled_tokens == sum(len(p.token_ids) for ps in pieces.values() for p in ps) + len(
+        done["x"].token_ids
+    )
+    # prompts 0 and 1 computed once each; "x" shares prompt 1's full blocks, "c" repeats prompt 2's
+    assert spent.prefill_tokens == sum(r.prefill_tokens for r in log.values())
+    assert log["a"].prefill_tokens == len(prompts[0])
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_streamed_request_outside_a_streaming_call_is_refused(setup, kind):
+    tok, model = setup
+    engine = _engine(kind, model, tok)
+    with pytest.raises(ValueError, match="GenerationRequest.stream.*generate_streaming"):
+        engine.generate(
+            [GenerationRequest(_prompts(tok, 1)[0], stream=True)], SamplingParams(max_new_tokens=2)
+        )
+
+
 @pytest.mark.parametrize("kind", ENGINES)
 def test_eos_and_truncation_flags(setup, kind):
     tok, model = setup

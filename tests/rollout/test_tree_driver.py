@@ -6,7 +6,6 @@ prompts, and the driver's trees equal to lockstep ones."""
 from __future__ import annotations
 
 import random
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ from semrl.rollout.engines import (
     prompt_generator,
 )
 from semrl.tracking.metrics import cost_metrics
-from tests.helpers import vllm_or_skip
+from tests.helpers import vllm_batch_limit, vllm_or_skip
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
 BLOCK = 32  # the vllm engine's default block size
@@ -51,20 +50,6 @@ def _engine(kind, model, tok):
 def _prompts(tok, n, words=12):
     # over one KV block, unequal lengths so that the aligned first segments differ
     return [tok(f"Case {i} of the driver: " + "go on " * (words + 3 * i))["input_ids"] for i in range(n)]
-
-
-@contextmanager
-def _batch_limit(engine, limit):
-    """The vllm engine's running batch capped at ``limit`` sequences (its scheduler's max_num_seqs)."""
-    from semrl.rollout.engines.vllm import _scheduler
-
-    scheduler = _scheduler(engine.llm.llm_engine)
-    before = scheduler.max_num_running_reqs, scheduler.max_num_active_reqs
-    scheduler.max_num_running_reqs = scheduler.max_num_active_reqs = limit
-    try:
-        yield
-    finally:
-        scheduler.max_num_running_reqs, scheduler.max_num_active_reqs = before
 
 
 def _leaf_tokens(out):
@@ -147,7 +132,7 @@ def test_cost_metrics_of_a_step():
 # The driver on vllm
 
 
-def test_tree_tokens_do_not_depend_on_the_batch_limit(setup):
+def test_tree_tokens_do_not_depend_on_thevllm_batch_limit(setup):
     """The same prompt seeds at running batches of 64 and 3 give the same trees, although the requests
     finish in another order."""
     vllm_or_skip()
@@ -159,7 +144,7 @@ def test_tree_tokens_do_not_depend_on_the_batch_limit(setup):
     runs, orders = [], []
     for limit in (64, 3):
         engine.request_log = []
-        with _batch_limit(engine, limit):
+        with vllm_batch_limit(engine, limit):
             runs.append(
                 segment_tree_rollout(
                     engine, prompts, params, settings, tok.decode, prompt_seeds=[7, 8, 9, 10]
@@ -184,7 +169,7 @@ def test_a_prompt_branches_while_another_prompts_first_segment_runs(setup):
     params = SamplingParams(temperature=1.0, max_new_tokens=12, logprobs_top_k=0)
     settings = SegmentTreeSettings(width=4, segment_length=4, max_depth=3, branch=2)
     engine.request_log = []
-    with _batch_limit(engine, 2):
+    with vllm_batch_limit(engine, 2):
         segment_tree_rollout(engine, prompts, params, settings, tok.decode, prompt_seeds=[1, 2, 3, 4])
     log, engine.request_log = engine.request_log, None
     first = {p: [r for r in log if r.tag[0] == p and r.context_tokens == len(prompts[p])] for p in range(4)}
@@ -339,7 +324,7 @@ def test_aligned_boundaries_leave_every_branch_context_at_one_past_a_block(seed)
 
 
 @pytest.mark.parametrize("method", ["fr3e", "rose"])
-def test_fr3e_and_rose_samples_do_not_depend_on_the_batch_limit(setup, method):
+def test_fr3e_and_rose_samples_do_not_depend_on_thevllm_batch_limit(setup, method):
     """FR3E's continuations and ROSE's branches join the running batch as their parents finish; with
     the trainer's prompt seeds their samples are the same at running batches of 64 and 1."""
     vllm_or_skip()
@@ -381,7 +366,7 @@ def test_fr3e_and_rose_samples_do_not_depend_on_the_batch_limit(setup, method):
             prompt_seeds=[21, 22, 23, 24],
         )
         engine.request_log = []
-        with _batch_limit(engine, limit):
+        with vllm_batch_limit(engine, limit):
             runs.append([g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations])
         orders.append([r.tag for r in engine.request_log])
     engine.request_log = None

@@ -5,15 +5,18 @@ samples. Advantages and loss are the host method's (``latr.host``: GRPO, Dr.GRPO
 
 One step:
 
-1. Lookahead phase (``tree.LatrForest``): one engine call per token for every active tree row,
-   asking for the two most likely tokens of the raw distribution (temperature 1, no top-p / top-k).
+1. Lookahead phase (``tree.LatrForest``): every active tree row takes one token per loop step and
+   reads the two most likely tokens of the raw distribution (temperature 1, no top-p / top-k): in
+   one batched KV cache on the model (``method.lookahead_phase``), or on vllm as streamed greedy
+   requests (``stream.StreamedRows``, ``latr.vllm_lookahead``).
    Each row takes the first (the main path is greedy, as the code's default ``sample_nk="none"``);
    the second opens a branch when ``p2 > tau_abs`` and ``p1 - p2 < tau_rel`` while the prompt has
    fewer than k rows. A branch whose last r tokens, for r in ``latr.lookahead``, stay within the
    pruning thresholds of its parent's is removed with its descendants. The phase ends when the trees
    are (nearly) full and past the last lookahead, or after ``latr.force_return_step`` tokens.
 2. Prompts with fewer than k rows are padded with copies of their main row; every unfinished row,
-   and n - k fresh ones, are sampled to the end with the rollout's sampler in one batched call.
+   and n - k fresh ones, are sampled to the end with the rollout's sampler (on vllm in the same
+   running batch as the lookahead).
 3. The rows' shared prefixes form the group's prefix tree, which tree packing computes once.
 
 Where semrl follows the paper and where the code: docs/methods/latr.md.
@@ -115,6 +118,15 @@ class LatrConfig:
         "End the lookahead phase after this many tokens at most (scripts: 512 of 1,024, 1,024 of "
         "8,192). 0: rollout.max_new_tokens.",
         valid=NON_NEGATIVE,
+    )
+
+    vllm_lookahead: Literal["stream", "model"] = option(
+        "stream",
+        "On the vllm engine, how the lookahead runs. 'stream': each row is a greedy vLLM request that "
+        "returns its top-2 after every engine step; a fork is a new request, a pruned row's request is "
+        "aborted, and the ordinary rows sample alongside (docs/methods/latr.md). 'model': the official "
+        "split, the lookahead on the training model through one batched KV cache, then one vLLM call "
+        "finishes every row. The hf engine always runs the lookahead on its model.",
     )
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from semrl.methods.interface import MethodRollout, RolloutContext
+from semrl.methods.latr.stream import StreamedRows, group_rows
 from semrl.methods.latr.tree import (
     Branch,
     ForestSettings,
@@ -177,16 +178,26 @@ def _group_tree(group: list[Branch | None], grown: int, lengths: list[int]) -> C
 
 def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
     """n rows per prompt, prompt-major: its k LATR rows (padded with copies of the main row), then
-    n - k ordinary samples."""
+    n - k ordinary samples. On the vllm engine the rows are streamed requests unless
+    ``latr.vllm_lookahead=model`` (``semrl.methods.latr.stream``)."""
     o: LatrConfig = ctx.config.options
     n, params = ctx.group_size, ctx.params
     width = latr_width(n, eta_at(ctx.step, o.eta_steps, o.eta_values))
-    forest, steps = lookahead_phase(ctx, prompt_ids, width) if width else (None, 0)
-    trees = forest.trees if forest is not None else [[] for _ in prompt_ids]
-    rows: list[list[Branch | None]] = [  # per prompt: tree rows, pads, then None = ordinary rows
-        [*tree, *([tree[0]] * (width - len(tree)) if tree else []), *[None] * (n - width)] for tree in trees
-    ]
-    outs = _finish_requests(ctx, prompt_ids, rows)
+    forest: LatrForest | None
+    if ctx.engine.name == "vllm" and o.vllm_lookahead == "stream":
+        limit = o.force_return_step or params.max_new_tokens
+        streamed = StreamedRows(
+            ctx, prompt_ids, _forest_settings(o, width), limit, ctx.seeds_of_prompts(len(prompt_ids))
+        )
+        streamed.run()
+        forest, steps, outs = (streamed.forest if width else None), streamed.steps, streamed.outs
+        trees = streamed.forest.trees if width else [[] for _ in prompt_ids]
+        rows = [group_rows(tree, width, n) for tree in trees]
+    else:
+        forest, steps = lookahead_phase(ctx, prompt_ids, width) if width else (None, 0)
+        trees = forest.trees if forest is not None else [[] for _ in prompt_ids]
+        rows = [group_rows(tree, width, n) for tree in trees]
+        outs = _finish_requests(ctx, prompt_ids, rows)
 
     def rest(key: tuple[int, int]) -> list[Generation]:  # a row's sampled continuation, if it had one
         return [outs[key]] if key in outs else []

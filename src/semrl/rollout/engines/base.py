@@ -174,6 +174,9 @@ class GenerationRequest:
     # Own random stream: the sample then does not depend on the other rows of its batch, the
     # generation batch size or the number of processes (rollout.seed_per_sequence).
     seed: int | None = None
+    # Hand every new token to the caller as it is sampled, with the stream's own sampler
+    # (``VLLMEngine.generate_streaming``; LATR's lookahead rows). Other calls refuse it.
+    stream: bool = False
 
 
 @dataclass
@@ -219,10 +222,16 @@ def join_generations(parts: list[Generation]) -> Generation:
     )
 
 
-def request_budget(request: GenerationRequest, params: SamplingParams) -> int:
-    """The request's token budget, after checking that it has a context and a budget >= 1."""
+def request_budget(request: GenerationRequest, params: SamplingParams, streaming: bool = False) -> int:
+    """The request's token budget, after checking that it has a context and a budget >= 1, and that it
+    asks for a stream only of a call that streams (``streaming``)."""
     if not request.prompt_ids and not request.prefix_ids:
         raise ValueError("a generation request has an empty prompt")
+    if request.stream and not streaming:
+        raise ValueError(
+            "a generation request asks to stream its tokens (GenerationRequest.stream) in a call that "
+            "does not stream; use VLLMEngine.generate_streaming"
+        )
     budget = request.max_new_tokens if request.max_new_tokens is not None else params.max_new_tokens
     if budget < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
@@ -232,6 +241,9 @@ def request_budget(request: GenerationRequest, params: SamplingParams) -> int:
 Tag = TypeVar("Tag")
 # (tag, request, its generation) -> the requests to start next, each with its tag
 OnDone = Callable[[Tag, GenerationRequest, Generation], list[tuple[Tag, GenerationRequest]]]
+# one engine step's new tokens of every streamed request, as (tag, piece) ->
+# (the requests to start next, each with its tag; the tags of streamed requests to stop now)
+OnTokens = Callable[[list[tuple[Tag, Generation]]], tuple[list[tuple[Tag, GenerationRequest]], list[Tag]]]
 
 
 class Engine(Protocol):

@@ -26,7 +26,8 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic
 
 import torch
 from transformers import PreTrainedModel
@@ -38,6 +39,7 @@ from semrl.rollout.engines.base import (
     Generation,
     GenerationRequest,
     OnDone,
+    OnTokens,
     RequestRecord,
     SamplingParams,
     Tag,
@@ -184,32 +186,81 @@ class VLLMEngine:
             raise EngineError(f"vLLM returned {len(done)} of {len(requests)} requests")
         return done
 
-    def _drive(
+    def generate_streaming(
+        self,
+        requests: list[tuple[Tag, GenerationRequest]],
+        params: SamplingParams,
+        stream_params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: OnDone[Tag],
+        on_tokens: OnTokens[Tag],
+    ) -> None:
+        """``generate_dynamic`` with streamed requests beside the others, in one running batch. A
+        request with ``stream=True`` samples with ``stream_params`` (temperature 0: greedily) and hands
+        its new tokens to ``on_tokens`` after every engine step, for all such requests at once, as
+        pieces (``Generation``; the last has ``finished`` set when it ended with EOS); it never goes to
+        ``on_done``. What ``on_tokens`` returns starts at once, and the streamed requests it names stop
+        (vLLM's ``abort_request``): LATR grows and prunes its rows this way (docs/methods/latr.md).
+        Tags must be hashable."""
+        self._drive(requests, params, generator, on_done, (stream_params, on_tokens))
+
+    # One loop, one screen: a request's admission, its cost and its end read in the order vLLM runs them.
+    def _drive(  # noqa: C901, PLR0915
         self,
         requests: list[tuple[Tag, GenerationRequest]],
         params: SamplingParams,
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
+        streaming: tuple[SamplingParams, OnTokens[Tag]] | None = None,
     ) -> None:
-        """The one loop under ``generate`` and ``generate_dynamic`` (the loop ``LLM.generate`` runs):
-        add requests, step the engine, hand each finished request to ``on_done`` and add what it
-        returns in the same iteration, so no request waits for another's round. Counts the cost: the
-        context tokens each request computed (``len(context) - num_cached_tokens``), the engine steps
-        and the sequences in each."""
+        """The one loop under ``generate``, ``generate_dynamic`` and ``generate_streaming`` (the loop
+        ``LLM.generate`` runs): add requests, step the engine, hand each finished request to
+        ``on_done`` and each streamed request's new tokens to ``on_tokens``, and add what they return
+        in the same iteration, so no request waits for another's round. Counts the cost: the context
+        tokens each request computed (``len(context) - num_cached_tokens``, when its first output
+        comes), the engine steps and the sequences in each."""
         if not requests:
             return
         self._check_awake()
         core = self.llm.llm_engine
         scheduler = _scheduler(core)
-        running: dict[str, tuple[Tag, GenerationRequest, int, int]] = {}
+        running: dict[str, _Running[Tag]] = {}
+        by_tag: dict[Tag, str] = {}  # streamed requests' ids, for stopping them
 
         def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
             for tag, request in pairs:
-                prompt, sampling = self._prepare(request, params, generator)
+                if request.stream and streaming is None:
+                    request_budget(request, params)  # raises: this call does not stream
+                sampling_params = streaming[0] if request.stream and streaming is not None else params
+                prompt, sampling = self._prepare(request, sampling_params, generator)
                 request_id = f"semrl-{next(_REQUEST_IDS)}"
                 core.add_request(request_id, prompt, sampling)
-                running[request_id] = (tag, request, len(prompt["prompt_token_ids"]), self.cost.engine_steps)
+                context = len(prompt["prompt_token_ids"])
+                running[request_id] = _Running(tag, request, context, self.cost.engine_steps, sampling_params)
+                if request.stream:
+                    by_tag[tag] = request_id
             self.cost.requests += len(pairs)
+
+        def settle(entry: _Running[Tag], out: Any, generation: Generation) -> None:
+            if entry.prefill is None:
+                entry.prefill = entry.context - (out.num_cached_tokens or 0)
+                self.cost.prefill_tokens += entry.prefill
+            entry.sampled += len(generation.token_ids)
+            if self.sampled_by_prompt is not None:
+                self.sampled_by_prompt[tuple(entry.request.prompt_ids)] += len(generation.token_ids)
+
+        def log(entry: _Running[Tag]) -> None:
+            if self.request_log is not None:
+                self.request_log.append(
+                    RequestRecord(
+                        entry.tag,
+                        entry.context,
+                        entry.prefill or 0,
+                        entry.sampled,
+                        entry.submitted,
+                        self.cost.engine_steps,
+                    )
+                )
 
         submit(requests)
         while running:
@@ -218,32 +269,37 @@ class VLLMEngine:
             self.cost.engine_steps += 1
             # the step ran the sequences still running after it and those it finished
             self.cost.running_rows += (len(scheduler.running) if scheduler is not None else 0) + len(finished)
-            for out in finished:
-                tag, request, context, submitted = running.pop(out.request_id)
-                prefill = context - (out.num_cached_tokens or 0)
-                self.cost.prefill_tokens += prefill
-                generation = self._to_generation(out.outputs[0], params.logprobs_top_k)
-                if self.sampled_by_prompt is not None:
-                    self.sampled_by_prompt[tuple(request.prompt_ids)] += len(generation.token_ids)
-                if self.request_log is not None:
-                    self.request_log.append(
-                        RequestRecord(
-                            tag,
-                            context,
-                            prefill,
-                            len(generation.token_ids),
-                            submitted,
-                            self.cost.engine_steps,
-                        )
-                    )
-                submit(on_done(tag, request, generation))
+            pieces: list[tuple[Tag, Generation]] = []
+            for out in outputs:
+                entry = running.get(out.request_id)
+                if entry is None:  # a stream stopped in this step's callback
+                    continue
+                generation = self._to_generation(out.outputs[0], entry.params.logprobs_top_k)
+                settle(entry, out, generation)
+                if out.finished:
+                    del running[out.request_id]
+                    log(entry)
+                if entry.request.stream:
+                    pieces.append((entry.tag, generation))
+                    if out.finished:
+                        del by_tag[entry.tag]
+                elif out.finished:
+                    submit(on_done(entry.tag, entry.request, generation))
+            if streaming is not None and pieces:
+                started, stopped = streaming[1](pieces)
+                if stopped:
+                    ids = [by_tag.pop(tag) for tag in stopped if tag in by_tag]
+                    core.abort_request(ids)
+                    for request_id in ids:
+                        log(running.pop(request_id))
+                submit(started)
 
     def _prepare(
         self, request: GenerationRequest, params: SamplingParams, generator: torch.Generator | None
     ) -> tuple[Any, Any]:
         """vLLM's token prompt and sampling parameters for one request."""
         vllm = self._vllm
-        budget = request_budget(request, params)
+        budget = request_budget(request, params, streaming=request.stream)
         context = request.prompt_ids + request.prefix_ids
         if len(context) + budget > self.settings.max_model_len:
             raise ValueError(
@@ -251,6 +307,7 @@ class VLLMEngine:
                 f"max_model_len {self.settings.max_model_len} (data.max_prompt_length + "
                 "rollout.max_new_tokens)"
             )
+        kinds = vllm.sampling_params.RequestOutputKind
         seed = request.seed
         if seed is None and generator is not None:
             seed = int(torch.randint(2**62, (1,), generator=generator))
@@ -266,9 +323,9 @@ class VLLMEngine:
             detokenize=False,
             # one flat list per request instead of a dict per token (read without a per-token loop)
             flat_logprobs=True,
-            # only the finished output (what LLM.generate asks for); the cumulative default would
-            # rebuild every running request's output at every engine step
-            output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
+            # only the finished output (what LLM.generate asks for), or a stream's new tokens; the
+            # cumulative default would rebuild every running request's output at every engine step
+            output_kind=kinds.DELTA if request.stream else kinds.FINAL_ONLY,
         )
         return vllm.TokensPrompt(prompt_token_ids=context), sampling
 
@@ -287,6 +344,7 @@ class VLLMEngine:
                 "vLLM's log-probs do not start with the sampled token; this vLLM version is not supported"
             )
         logprobs, top_lps, top_ids = values[:, 0].clone(), values[:, 1:].clone(), ids[:, 1:].clone()
+        # a stream's pieces: only the last has the finish reason
         finished = bool(n) and tokens[-1] in self.eos_token_ids and completion.finish_reason == "stop"
         return Generation(
             token_ids=torch.tensor(tokens, dtype=torch.long),
@@ -296,6 +354,20 @@ class VLLMEngine:
             entropy=None,
             finished=finished,
         )
+
+
+@dataclass
+class _Running(Generic[Tag]):
+    """A request in ``VLLMEngine._drive``: its tag, what it asked, its context length, the engine step
+    it entered at, its sampler, and what it cost so far."""
+
+    tag: Tag
+    request: GenerationRequest
+    context: int
+    submitted: int
+    params: SamplingParams
+    prefill: int | None = None  # known from its first output
+    sampled: int = 0
 
 
 def _scheduler(core: Any) -> Any:
