@@ -3,19 +3,21 @@ and ROSE on SmolLM2-135M, on the hf and vllm engines, the same prompts and seeds
 
     python benchmarks/bench_tree_rollouts.py [--engines hf vllm] [--seeds 0 1 2] [--config configs/demo.yaml]
 
-The methods alternate within each seed (independent, FR3E, TreePO, TreePO aligned, LATR, LATR on
-the model, ROSE, then the next seed), so a drift of the machine hits them alike. Per method and engine, over the seeds:
-rollout seconds per step and its ratio to independent sampling's (mean, and min-max of the per-seed
-ratios), tokens sampled per leaf, the sampled-token ratio, and the engine's cost (``EngineCost``):
-prefill tokens computed per leaf (what a branch recomputes), forward passes and the mean running
-batch. Each method runs with its registry rollout and its defaults, except the demo scalings of
-configs/treepo_demo.yaml (segments of rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the
-math scripts' thresholds, lookahead [n/16, n/10, n/6], the lookahead phase ended by token n/2,
-eta 1). ``treepo-aligned`` is TreePO with ``treepo.segment_alignment=block``: segments of one KV
-block (rollout.vllm_block_size, 32), the first shortened so that every branch recomputes one token.
-``latr`` runs its lookahead as streamed vLLM requests on vllm (``latr.vllm_lookahead=stream``, the
-default), ``latr-model`` on the training model before one vLLM call (the official split); on hf both
-run it on the model. Prints a Markdown table.
+The methods alternate within each seed (independent, FR3E, TreePO, TreePO aligned, LATR, LATR on the
+model, ROSE, then the next seed), so a drift of the machine hits them alike. Per method and engine,
+over the seeds: rollout seconds per step and its ratio to independent sampling's (mean, and min-max
+of the per-seed ratios), tokens sampled per leaf, the sampled-token ratio, and the engine's cost
+(``EngineCost``): prefill tokens computed per leaf (what a branch recomputes), forward passes and
+the mean running batch, and on vllm the share of engine steps after which a request still waited for
+a slot (the only steps whose order a priority could change; 0 on hf). Each method runs with its
+registry rollout and its defaults, except the demo scalings of configs/treepo_demo.yaml (segments of
+rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the math scripts' thresholds, lookahead
+[n/16, n/10, n/6], the lookahead phase ended by token n/2, eta 1). ``treepo-aligned`` is TreePO with
+``treepo.segment_alignment=block``: segments of one KV block (rollout.vllm_block_size, 32), the
+first shortened so that every branch recomputes one token. ``latr`` runs its lookahead as streamed
+vLLM requests on vllm (``latr.vllm_lookahead=stream``, the default), ``latr-model`` on the training
+model before one vLLM call (the official split); on hf both run it on the model. Prints a Markdown
+table.
 """
 
 from __future__ import annotations
@@ -40,11 +42,28 @@ from semrl.update.row_logprobs import with_sampling_entropy
 METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "latr-model", "rose"]
 
 
-def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN202
+def _count_waiting(engine) -> list[int]:  # noqa: ANN001
+    """On vllm: a counter of the engine steps after which a request still waited for a slot (what
+    priority scheduling could reorder), read from the scheduler's waiting queue."""
+    from semrl.rollout.engines.vllm import _scheduler
+
+    core = engine.llm.llm_engine
+    scheduler, step, waited = _scheduler(core), core.step, [0]
+
+    def counted_step():  # noqa: ANN202
+        outputs = step()
+        waited[0] += bool(len(scheduler.waiting))
+        return outputs
+
+    core.step = counted_step  # the instance's attribute: VLLMEngine._drive calls core.step()
+    return waited
+
+
+def _rollout(name, engine, cfg, prompts, model, tok, seed, waited):  # noqa: ANN001, ANN202
     """(seconds, sampled tokens, trained-response tokens, prefix tokens the responses continue, leaves,
-    the engine's cost)."""
+    the engine's cost, engine steps with a request waiting)."""
     generator = torch.Generator().manual_seed(seed)
-    before, cost = engine.generated_tokens, engine.cost.snapshot()
+    before, cost, waited_before = engine.generated_tokens, engine.cost.snapshot(), waited[0]
     t0 = time.perf_counter()
     if name == "independent":
         params = sampling_params(cfg.rollout, top_logprobs=False)
@@ -73,7 +92,16 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed):  # noqa: ANN001, ANN
         )
     seconds = time.perf_counter() - t0
     trained = sum(len(g.token_ids) for g in gens)
-    return seconds, engine.generated_tokens - before, trained, prefixes, len(gens), engine.cost.since(cost)
+    spent = engine.cost.since(cost)
+    return (
+        seconds,
+        engine.generated_tokens - before,
+        trained,
+        prefixes,
+        len(gens),
+        spent,
+        waited[0] - waited_before,
+    )
 
 
 def main() -> None:
@@ -116,10 +144,11 @@ def main() -> None:
     rows = []
     for kind in args.engines:
         engine = config_engine(kind, model, tok, cfg, warm_up_prompt=prompts[0])
+        waited = _count_waiting(engine) if kind == "vllm" else [0]
         runs: dict[str, list] = {name: [] for name in methods}
         for seed in args.seeds:  # alternated: every method once per seed
             for name in methods:
-                runs[name].append(_rollout(name, engine, configs[name], prompts, model, tok, seed))
+                runs[name].append(_rollout(name, engine, configs[name], prompts, model, tok, seed, waited))
                 seconds, sampled, *_ = runs[name][-1]
                 print(f"{kind} seed {seed} {name}: {seconds:.1f} s, {sampled} sampled tokens", flush=True)
         ref = runs["independent"]
@@ -134,7 +163,8 @@ def main() -> None:
                 f"| {statistics.mean(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
                 f"| {sum(r[1] for r in method_runs) / leaves:.1f} | {statistics.mean(token_ratios):.2f} "
                 f"| {sum(c.prefill_tokens for c in costs) / leaves:.1f} | {steps / len(costs):.0f} "
-                f"| {sum(c.running_rows for c in costs) / max(1, steps):.1f} |"
+                f"| {sum(c.running_rows for c in costs) / max(1, steps):.1f} "
+                f"| {100 * sum(r[6] for r in method_runs) / max(1, steps):.0f} |"
             )
     g, p, n = cfg.rollout.group_size, cfg.rollout.prompts_per_step, cfg.rollout.max_new_tokens
     print(
@@ -144,9 +174,10 @@ def main() -> None:
     )
     print(
         "| engine | method | rollout s / step | x independent (min-max) | sampled tokens / leaf "
-        "| sampled tokens x independent | prefill tokens / leaf | engine steps / step | mean running batch |"
+        "| sampled tokens x independent | prefill tokens / leaf | engine steps / step | mean running batch "
+        "| steps with a request waiting (%) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
