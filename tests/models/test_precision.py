@@ -18,7 +18,7 @@ from semrl.runtime.checkpoint import load_trainer_state
 from semrl.runtime.trainer import Trainer
 from semrl.update.forward import response_logprobs
 from semrl.update.micro_batches import micro_batches
-from tests.helpers import read_metrics, tiny_run_config
+from tests.helpers import final_weights, read_metrics, tiny_run_config
 
 
 def _one_update(model_dir, param_dtype: torch.dtype, precision: Precision) -> dict[str, torch.Tensor]:
@@ -68,8 +68,8 @@ def test_low_precision_run_keeps_fp32_weights_and_resumes_exactly(
     Trainer(tiny_run_config(digit_model_dir, seven_task, part, "trainer.steps=2", *args)).train()
     assert main(["train", "--resume", str(part), "trainer.steps=3", "logging.progress=false"]) == 0
 
-    a = load_file(full / "checkpoints" / "step-000003" / "model.safetensors")
-    b = load_file(part / "checkpoints" / "step-000003" / "model.safetensors")
+    a = final_weights(full, 3)
+    b = final_weights(part, 3)
     start = load_file(digit_model_dir / "model.safetensors")
     assert all(t.dtype == torch.float32 for t in a.values())  # the master weights, not a bf16 copy
     assert all(torch.equal(a[k], b[k]) for k in a)

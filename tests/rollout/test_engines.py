@@ -26,7 +26,7 @@ from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams,
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.update.forward import response_logprobs
 from semrl.update.row_logprobs import with_sampling_entropy
-from tests.helpers import DIGIT_SYSTEM_PROMPT, vllm_or_skip
+from tests.helpers import DIGIT_SYSTEM_PROMPT, final_weights, vllm_or_skip
 
 ENGINES = ["hf", "vllm"]
 MAX_MODEL_LEN = 512  # the session's vLLM engine; later ones of this shape fit in it
@@ -932,7 +932,6 @@ def test_resume_on_vllm_is_exact(digit32_model_dir, seven_task, tmp_path, method
     """The resumed engine starts from the checkpoint's weights and the restored generator gives the
     same request seeds, so the resumed run samples and trains exactly as the uninterrupted one."""
     vllm_or_skip()
-    from safetensors.torch import load_file
 
     from semrl.cli import main
     from semrl.runtime.trainer import Trainer
@@ -946,8 +945,8 @@ def test_resume_on_vllm_is_exact(digit32_model_dir, seven_task, tmp_path, method
         _train_cfg(digit32_model_dir, seven_task, part, "trainer.steps=2", f"algorithm.method={method}")
     ).train()
     assert main(["train", "--resume", str(part), "trainer.steps=4", "logging.progress=false"]) == 0
-    a = load_file(full / "checkpoints" / "step-000004" / "model.safetensors")
-    b = load_file(part / "checkpoints" / "step-000004" / "model.safetensors")
+    a = final_weights(full, 4)
+    b = final_weights(part, 4)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [m["reward"] for m in read_metrics(full)] == [m["reward"] for m in read_metrics(part)]
 

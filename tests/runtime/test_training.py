@@ -5,13 +5,18 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from semrl.cli import main
 from semrl.config.sections import ConfigError
 from semrl.methods.fr3e.method import state_sizes
 from semrl.runtime.trainer import Trainer
-from tests.helpers import DIGIT_SYSTEM_PROMPT, read_metrics, tiny_run_config, train_counting_old_pass_rows
+from tests.helpers import (
+    DIGIT_SYSTEM_PROMPT,
+    final_weights,
+    read_metrics,
+    tiny_run_config,
+    train_counting_old_pass_rows,
+)
 
 
 @pytest.mark.parametrize("method", ["dr_grpo", "grpo"])
@@ -77,8 +82,8 @@ def test_resume_is_exact(digit_model_dir, seven_task, tmp_path):
     Trainer(tiny_run_config(digit_model_dir, seven_task, part, "trainer.steps=2")).train()
     assert main(["train", "--resume", str(part), "trainer.steps=4", "logging.progress=false"]) == 0
 
-    a = load_file(full / "checkpoints" / "step-000004" / "model.safetensors")
-    b = load_file(part / "checkpoints" / "step-000004" / "model.safetensors")
+    a = final_weights(full, 4)
+    b = final_weights(part, 4)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [m["reward"] for m in read_metrics(full)] == [m["reward"] for m in read_metrics(part)]
