@@ -636,20 +636,26 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
     return get_method("latr"), ctx, prompts
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(tiny32_model_dir, seed):
+@pytest.mark.parametrize(
+    ("seed", "width", "temperature"), [(0, 6, "1.0"), (1, 6, "1.0"), (2, 6, "1.0"), (3, 3, "0.6")]
+)
+def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(
+    tiny32_model_dir, seed, width, temperature
+):
     """Forks, prunes, suppressed forks, every row's tokens and log-probs equal those of one request per
     row and token on the same engine; the streamed lookahead makes one request per row (the prompts'
-    main rows and the forks), where the reference makes one per row and token."""
+    main rows and the forks), where the reference makes one per row and token. At width 3 the
+    ordinary rows sample at temperature 0.6 in the same engine steps as the greedy rows, whose top-2
+    must still be the raw distribution's."""
     from semrl.methods.latr.method import _forest_settings, _lookahead_by_requests
     from semrl.methods.latr.stream import StreamedRows
 
-    _, ctx, prompts = _vllm_context(tiny32_model_dir, [])
+    _, ctx, prompts = _vllm_context(tiny32_model_dir, [f"rollout.temperature={temperature}"])
     rng = torch.Generator().manual_seed(seed)
     prompts = [p + torch.randint(300, 340, (3,), generator=rng).tolist() for p in prompts]
     engine = ctx.engine
     engine.request_log = []
-    streamed = StreamedRows(ctx, prompts, _forest_settings(ctx.config.options, 6), 12, [1, 2, 3])
+    streamed = StreamedRows(ctx, prompts, _forest_settings(ctx.config.options, width), 12, [1, 2, 3])
     streamed.run()
     looked = [r for r in engine.request_log if r.tag[0] == "look"]
     engine.request_log = None
@@ -675,10 +681,10 @@ def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(tin
     # a token or two past what the forest took from it
     assert all(len(s.tops) <= len(s.branch.tokens) - s.start + 2 for s in streamed.streams)
     # the kept rows and pads are finished from their lookahead; no row of the tree's budget or ended
-    rows = [(p, j, (tree + [tree[0]] * 6)[j]) for p, tree in enumerate(forest.trees) for j in range(6)]
-    assert sorted(streamed.outs) == [
-        (p, j) for p, j, row in rows if not row.finished and len(row.tokens) < 12
-    ]
+    rows = [(p, j, (tree + [tree[0]] * 6)[j]) for p, tree in enumerate(forest.trees) for j in range(width)]
+    kept = [(p, j) for p, j, row in rows if not row.finished and len(row.tokens) < 12]
+    ordinary = [(p, j) for p in range(len(prompts)) for j in range(width, 6)]
+    assert sorted(streamed.outs) == sorted(kept + ordinary)
 
 
 def test_latr_samples_on_vllm_do_not_depend_on_the_batch_limit(tiny32_model_dir):
