@@ -38,9 +38,13 @@ class DictLogprobsEngine(VLLMEngine):
         self.__dict__.update(engine.__dict__)
 
     def _prepare(
-        self, request: GenerationRequest, params: SamplingParams, generator: torch.Generator | None
+        self,
+        request: GenerationRequest,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        streaming: bool,
     ) -> Any:
-        prompt, sampling = super()._prepare(request, params, generator)
+        prompt, sampling = super()._prepare(request, params, generator, streaming)
         sampling.flat_logprobs = False
         return prompt, sampling
 

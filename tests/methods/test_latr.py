@@ -307,20 +307,16 @@ def test_pruning_removes_a_branch_with_its_descendants():
 # The rollout on the tiny model (hf engine), and the config
 
 
-def _context(tiny_model_dir, overrides, step=0):
+def _latr_context(engine, tok, overrides, step=0, prompt_seeds=None):
+    """(LATR's registry entry, a rollout context on ``engine``, 3 prompts): 12 new tokens, 6 rows."""
     from functools import partial
 
     from semrl.config.load import load_config
     from semrl.methods.catalog import get_method
     from semrl.methods.interface import RolloutContext
     from semrl.methods.registry import method_config
-    from semrl.models.loading import load_model, load_tokenizer
     from semrl.rollout.engines import sampling_params
-    from semrl.rollout.engines.hf import HFEngine
 
-    tok = load_tokenizer(str(tiny_model_dir))
-    model = load_model(str(tiny_model_dir))
-    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=64)
     cfg = load_config(
         None, ["algorithm.method=latr", "rollout.max_new_tokens=12", "rollout.group_size=6", *overrides]
     )
@@ -332,9 +328,20 @@ def _context(tiny_model_dir, overrides, step=0):
         lambda *a: None,
         decode=partial(tok.decode, skip_special_tokens=True),
         step=step,
+        prompt_seeds=prompt_seeds,
     )
     prompts = [tok(f"Question {i}: go on")["input_ids"] for i in range(3)]
     return get_method("latr"), ctx, prompts
+
+
+def _context(tiny_model_dir, overrides, step=0):
+    from semrl.models.loading import load_model, load_tokenizer
+    from semrl.rollout.engines.hf import HFEngine
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir))
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=64)
+    return _latr_context(engine, tok, overrides, step)
 
 
 @pytest.mark.parametrize(("eta", "width"), [("1.0", 6), ("0.5", 3), ("0.6", 4), ("0.0", 0)])
@@ -455,6 +462,24 @@ def _peaked_model(tiny_model_dir, context: bool):
     return model
 
 
+def _assert_same_decisions(forest, reference):
+    """Two lookahead forests took the same decisions: forks, prunes and suppressed forks, every row's
+    tokens, fork position, birth and end, and its log-probs to 1e-4; and the rules were exercised
+    (at least 3 forks, and a prune or a suppressed fork)."""
+    assert (forest.forks, forest.pruned, forest.suppressed) == (
+        reference.forks,
+        reference.pruned,
+        reference.suppressed,
+    )
+    assert forest.forks >= 3 and forest.suppressed + forest.pruned >= 1
+    for mine, theirs in zip(forest.trees, reference.trees, strict=True):
+        assert [(b.tokens, b.fork_position, b.birth, b.finished) for b in mine] == [
+            (b.tokens, b.fork_position, b.birth, b.finished) for b in theirs
+        ]
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("context", [False, True])
 @pytest.mark.parametrize("seed", range(3))
 def test_the_batched_lookahead_takes_the_decisions_of_one_request_per_token(tiny_model_dir, seed, context):
@@ -486,18 +511,7 @@ def test_the_batched_lookahead_takes_the_decisions_of_one_request_per_token(tiny
     reference = LatrForest(len(prompts), batched.settings, batched.eos_ids, batched.decode)
     reference_steps = _lookahead_by_requests(ctx, prompts, reference, 12)
     assert steps == reference_steps
-    assert (batched.forks, batched.pruned, batched.suppressed) == (
-        reference.forks,
-        reference.pruned,
-        reference.suppressed,
-    )
-    assert batched.forks >= 3 and batched.suppressed + batched.pruned >= 1  # the rules were exercised
-    for mine, theirs in zip(batched.trees, reference.trees, strict=True):
-        assert [(b.tokens, b.fork_position, b.birth, b.finished) for b in mine] == [
-            (b.tokens, b.fork_position, b.birth, b.finished) for b in theirs
-        ]
-        for a, b in zip(mine, theirs, strict=True):
-            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+    _assert_same_decisions(batched, reference)
 
 
 def test_the_fork_test_reads_the_raw_distribution_whatever_the_sampling_settings(tiny_model_dir):
@@ -591,14 +605,8 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
     embeddings (tied to the head) share one direction, so each logit lifts them far above the rest
     of the vocabulary, and differ by a random part, so that about a quarter of the positions pass
     the permissive fork test below (vLLM ignores an untied head of a tied model: the embeddings it is)."""
-    from functools import partial
-
-    from semrl.config.load import load_config
-    from semrl.methods.catalog import get_method
-    from semrl.methods.interface import RolloutContext
-    from semrl.methods.registry import method_config
     from semrl.models.loading import load_model, load_tokenizer
-    from semrl.rollout.engines import build_engine, sampling_params
+    from semrl.rollout.engines import build_engine
     from tests.helpers import vllm_or_skip
 
     vllm_or_skip()
@@ -609,31 +617,14 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
         direction = torch.randn(embeddings.shape[1], generator=rng)
         embeddings[300:340] = 0.3 * direction + 0.1 * torch.randn(40, embeddings.shape[1], generator=rng)
     engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20)
-    cfg = load_config(
-        None,
-        [
-            "algorithm.method=latr",
-            "rollout.max_new_tokens=12",
-            "rollout.group_size=6",
-            "latr.tau_abs=0.02",
-            "latr.tau_rel=0.95",
-            "latr.lookahead=[2,3]",
-            "latr.keep_math_symbols=false",
-            "latr.edit_distance_threshold=0.6",
-            *overrides,
-        ],
-    )
-    ctx = RolloutContext(
-        engine,
-        sampling_params(cfg.rollout, top_logprobs=False),
-        torch.Generator().manual_seed(0),
-        method_config(cfg, "latr"),
-        lambda *a: None,
-        decode=partial(tok.decode, skip_special_tokens=True),
-        prompt_seeds=prompt_seeds,
-    )
-    prompts = [tok(f"Question {i}: go on")["input_ids"] for i in range(3)]
-    return get_method("latr"), ctx, prompts
+    rules = [
+        "latr.tau_abs=0.02",
+        "latr.tau_rel=0.95",
+        "latr.lookahead=[2,3]",
+        "latr.keep_math_symbols=false",
+        "latr.edit_distance_threshold=0.6",
+    ]
+    return _latr_context(engine, tok, [*rules, *overrides], prompt_seeds=prompt_seeds)
 
 
 @pytest.mark.parametrize(
@@ -664,18 +655,7 @@ def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(
     before = engine.cost.requests
     assert streamed.steps == _lookahead_by_requests(ctx, prompts, reference, 12)
     by_requests = engine.cost.requests - before
-    assert (forest.forks, forest.pruned, forest.suppressed) == (
-        reference.forks,
-        reference.pruned,
-        reference.suppressed,
-    )
-    assert forest.forks >= 3 and forest.suppressed + forest.pruned >= 1  # the rules were exercised
-    for mine, theirs in zip(forest.trees, reference.trees, strict=True):
-        assert [(b.tokens, b.fork_position, b.birth, b.finished) for b in mine] == [
-            (b.tokens, b.fork_position, b.birth, b.finished) for b in theirs
-        ]
-        for a, b in zip(mine, theirs, strict=True):
-            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+    _assert_same_decisions(forest, reference)
     assert len(looked) <= len(prompts) + forest.forks < by_requests
     # a pruned row's request stops at its prune, every other at the phase's end: none samples more than
     # a token or two past what the forest took from it

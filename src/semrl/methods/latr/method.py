@@ -176,11 +176,6 @@ def _group_tree(group: list[Branch | None], grown: int, lengths: list[int]) -> C
     return ChainTree(tuple(parents), tuple(positions), tuple(lengths))
 
 
-def _trees(forest: LatrForest | None, num_prompts: int) -> list[list[Branch]]:
-    """Each prompt's tree rows; none when the step has no LATR rows (k = 0)."""
-    return forest.trees if forest is not None else [[] for _ in range(num_prompts)]
-
-
 def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
     """n rows per prompt, prompt-major: its k LATR rows (padded with copies of the main row), then
     n - k ordinary samples. On the vllm engine the rows are streamed requests unless
@@ -188,20 +183,18 @@ def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     o: LatrConfig = ctx.config.options
     n, params = ctx.group_size, ctx.params
     width = latr_width(n, eta_at(ctx.step, o.eta_steps, o.eta_values))
-    forest: LatrForest | None
-    if ctx.engine.name == "vllm" and o.vllm_lookahead == "stream":
+    streaming = ctx.engine.name == "vllm" and o.vllm_lookahead == "stream"
+    if streaming:
         limit = o.force_return_step or params.max_new_tokens
         seeds = ctx.seeds_of_prompts(len(prompt_ids))
         streamed = StreamedRows(ctx, prompt_ids, _forest_settings(o, width), limit, seeds)
         streamed.run()  # samples every row: the lookahead, its finishing and the ordinary rows
         forest, steps = (streamed.forest if width else None), streamed.steps
-        rows = [group_rows(tree, width, n) for tree in _trees(forest, len(prompt_ids))]
-        outs = streamed.outs
     else:
         forest, steps = lookahead_phase(ctx, prompt_ids, width) if width else (None, 0)
-        rows = [group_rows(tree, width, n) for tree in _trees(forest, len(prompt_ids))]
-        outs = _finish_requests(ctx, prompt_ids, rows)
-    trees = _trees(forest, len(prompt_ids))
+    trees = forest.trees if forest is not None else [[] for _ in prompt_ids]
+    rows = [group_rows(tree, width, n) for tree in trees]
+    outs = streamed.outs if streaming else _finish_requests(ctx, prompt_ids, rows)
 
     def rest(key: tuple[int, int]) -> list[Generation]:  # a row's sampled continuation, if it had one
         return [outs[key]] if key in outs else []

@@ -229,10 +229,8 @@ class VLLMEngine:
 
         def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
             for tag, request in pairs:
-                if request.stream and streaming is None:
-                    request_budget(request, params)  # raises: this call does not stream
                 sampling_params = streaming[0] if request.stream and streaming is not None else params
-                prompt, sampling = self._prepare(request, sampling_params, generator)
+                prompt, sampling = self._prepare(request, sampling_params, generator, streaming is not None)
                 request_id = f"semrl-{next(_REQUEST_IDS)}"
                 core.add_request(request_id, prompt, sampling)
                 context = len(prompt["prompt_token_ids"])
@@ -295,11 +293,15 @@ class VLLMEngine:
                 submit(started)
 
     def _prepare(
-        self, request: GenerationRequest, params: SamplingParams, generator: torch.Generator | None
+        self,
+        request: GenerationRequest,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        streaming: bool,
     ) -> tuple[Any, Any]:
-        """vLLM's token prompt and sampling parameters for one request."""
+        """vLLM's token prompt and sampling parameters for one request of a call that streams or not."""
         vllm = self._vllm
-        budget = request_budget(request, params, streaming=request.stream)
+        budget = request_budget(request, params, streaming)
         context = request.prompt_ids + request.prefix_ids
         if len(context) + budget > self.settings.max_model_len:
             raise ValueError(
