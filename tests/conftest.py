@@ -7,9 +7,12 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.helpers import build_tiny_model, pretrain_digits, write_seven_task
 
@@ -61,25 +64,38 @@ def _unit_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pyt
         monkeypatch.setattr(sys.modules["transformers"].PreTrainedModel, "from_pretrained", refuse)
 
 
+def _built_once(build: Callable[[Path], Path], target: Path) -> Path:
+    """``build(target)`` under a file lock: the first worker of the session builds, the others wait
+    and find it built (each recipe returns early when its target exists)."""
+    with FileLock(str(target) + ".lock"):
+        return build(target)
+
+
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ~3.2M-parameter Llama (hidden 64, 2 layers) using the SmolLM2 tokenizer."""
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A ~3.2M-parameter Llama (hidden 64, 2 layers) using the SmolLM2 tokenizer. Built once per test
+    session, in the directory that the xdist workers' temporary directories share, with its
+    derivatives below beside it."""
     cached = os.environ.get(TINY_DIR_ENV)
     if cached:
-        return build_tiny_model(Path(cached))
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+        return _built_once(build_tiny_model, Path(cached))
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent
+    return _built_once(build_tiny_model, shared / "models" / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
 def tiny32_model_dir(tiny_model_dir: Path) -> Path:
     """The tiny model's shape with hidden 128: head dim 32, the least vLLM's CPU attention takes."""
-    return build_tiny_model(tiny_model_dir.with_name("tiny-llama-hd32"), hidden_size=128)
+    return _built_once(
+        partial(build_tiny_model, hidden_size=128), tiny_model_dir.with_name("tiny-llama-hd32")
+    )
 
 
 @pytest.fixture(scope="session")
 def digit_model_dir(tiny_model_dir: Path) -> Path:
     """The tiny model after a short supervised warm-up to answer with a random digit."""
-    return pretrain_digits(tiny_model_dir, tiny_model_dir.with_name("tiny-digits"))
+    return _built_once(partial(pretrain_digits, tiny_model_dir), tiny_model_dir.with_name("tiny-digits"))
 
 
 @pytest.fixture
@@ -90,4 +106,6 @@ def seven_task(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def digit32_model_dir(tiny32_model_dir: Path) -> Path:
     """The head-dim-32 tiny model after the same digit warm-up (for both engines)."""
-    return pretrain_digits(tiny32_model_dir, tiny32_model_dir.with_name("tiny-digits-hd32"))
+    return _built_once(
+        partial(pretrain_digits, tiny32_model_dir), tiny32_model_dir.with_name("tiny-digits-hd32")
+    )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from semrl.config.sampling_sections import RolloutConfig
     from semrl.config.sections import Config
     from semrl.rollout.tree import ChainTree
 
@@ -110,6 +111,8 @@ TINY_RUN = (
     "trainer.lr=2e-3",
     "reward.num_workers=1",
     "logging.progress=false",
+    # a vLLM engine starts in seconds instead of 25-45 s; the compiled default has its own test
+    "rollout.vllm_enforce_eager=true",
 )
 
 
@@ -124,6 +127,14 @@ def tiny_run_config(model_dir: Path, task: Path, out: Path, *extra: str) -> Conf
     from semrl.config.load import load_config
 
     return load_config(None, tiny_run_overrides(model_dir, task, out, *extra))
+
+
+def eager_vllm() -> RolloutConfig:
+    """The default ``rollout`` section with ``vllm_enforce_eager`` on, as the tiny run has it: a
+    test's vLLM engine starts in seconds, and its engines and the tiny runs' share one per process."""
+    from semrl.config.load import load_config
+
+    return load_config(None, ["rollout.vllm_enforce_eager=true"]).rollout
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -228,12 +228,12 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.reward import VerifierPool, score_responses
     from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
-    from tests.helpers import DIGIT_SYSTEM_PROMPT, vllm_or_skip
+    from tests.helpers import DIGIT_SYSTEM_PROMPT, eager_vllm, vllm_or_skip
 
     if kind == "vllm":
         vllm_or_skip()
     tok, model = load_tokenizer(str(digit32_model_dir)), load_model(str(digit32_model_dir))
-    engine = build_engine(kind, model, tok, 8, 512, logprobs_top_k=20)
+    engine = build_engine(kind, model, tok, 8, 512, logprobs_top_k=20, vllm_options=eager_vllm())
     problems = [Problem(f"p{i}", f"Pick a number ({i}).", str(i % 10)) for i in range(12)]
     params = SamplingParams(temperature=2.0, top_p=1.0, max_new_tokens=40, logprobs_top_k=0)
     counts: list[tuple[int, int]] = []  # (samples finished, the engine's forward steps so far)

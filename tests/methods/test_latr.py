@@ -607,7 +607,7 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
     the permissive fork test below (vLLM ignores an untied head of a tied model: the embeddings it is)."""
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.rollout.engines import build_engine
-    from tests.helpers import vllm_or_skip
+    from tests.helpers import eager_vllm, vllm_or_skip
 
     vllm_or_skip()
     tok, model = load_tokenizer(str(model_dir)), load_model(str(model_dir))
@@ -616,7 +616,7 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
         embeddings = model.get_input_embeddings().weight
         direction = torch.randn(embeddings.shape[1], generator=rng)
         embeddings[300:340] = 0.3 * direction + 0.1 * torch.randn(40, embeddings.shape[1], generator=rng)
-    engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20)
+    engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=eager_vllm())
     rules = [
         "latr.tau_abs=0.02",
         "latr.tau_rel=0.95",

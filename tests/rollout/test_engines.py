@@ -26,7 +26,7 @@ from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams,
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.update.forward import response_logprobs
 from semrl.update.row_logprobs import with_sampling_entropy
-from tests.helpers import DIGIT_SYSTEM_PROMPT, final_weights, vllm_or_skip
+from tests.helpers import DIGIT_SYSTEM_PROMPT, eager_vllm, final_weights, vllm_or_skip
 
 ENGINES = ["hf", "vllm"]
 MAX_MODEL_LEN = 512  # the session's vLLM engine; later ones of this shape fit in it
@@ -42,7 +42,9 @@ def setup(digit32_model_dir):
 def _engine(kind, model, tok, batch_size=64):
     if kind == "vllm":
         vllm_or_skip()
-    return build_engine(kind, model, tok, batch_size, MAX_MODEL_LEN, logprobs_top_k=20)
+    return build_engine(
+        kind, model, tok, batch_size, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=eager_vllm()
+    )
 
 
 def _prompts(tok, n=6):
@@ -354,14 +356,16 @@ if sys.argv[2] == "accelerate":  # a default group that exists before vLLM, as a
 from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
 from semrl.rollout.engines.vllm_start import shutdown_engines
 from semrl.models.loading import load_model, load_tokenizer
+from semrl.config.load import load_config
 tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])
+eager = load_config(None, ["rollout.vllm_enforce_eager=true"]).rollout  # tests.helpers.eager_vllm
 params, request = SamplingParams(max_new_tokens=4), [GenerationRequest([1, 2, 3])]
-first = build_engine("vllm", model, tok, 4, 128)
+first = build_engine("vllm", model, tok, 4, 128, vllm_options=eager)
 first.generate(request, params, torch.Generator().manual_seed(0))
 def memory(worker):  # the engine's weights and KV cache, in vLLM's worker
     return [weakref.ref(worker.model_runner.model)] + [weakref.ref(t) for t in worker.model_runner.kv_caches]
 held = first.llm.collective_rpc(memory)[0]
-second = build_engine("vllm", model, tok, 8, 128)  # does not fit in the first: replaces it
+second = build_engine("vllm", model, tok, 8, 128, vllm_options=eager)  # does not fit in the first: replaces it
 gc.collect()
 print("FIRST_FREED", len(held) > 1 and all(ref() is None for ref in held))
 second.generate(request, params, torch.Generator().manual_seed(0))
@@ -624,6 +628,7 @@ def test_vllm_settings_follow_the_batch_the_device_and_the_overrides(seed):
         "rollout.vllm_dtype": draw(None, "float16"),
         "rollout.vllm_sleep": draw(None, False),
         "rollout.vllm_sleep_level": draw(1, 2),
+        "rollout.vllm_enforce_eager": draw(False, True),
     }
     rollout = load_config(None, [f"{k}={'null' if v is None else v}" for k, v in overrides.items()]).rollout
     batch, model_len = draw(1, 8, 64, 256), draw(40, 100, 512, 4000)
@@ -636,6 +641,7 @@ def test_vllm_settings_follow_the_batch_the_device_and_the_overrides(seed):
     assert settings.dtype == overrides["rollout.vllm_dtype"] or ("bfloat16" if on_gpu else "float32")
     sleeps = on_gpu if overrides["rollout.vllm_sleep"] is None else overrides["rollout.vllm_sleep"]
     assert settings.sleep_level == (overrides["rollout.vllm_sleep_level"] if sleeps else 0)
+    assert settings.enforce_eager is overrides["rollout.vllm_enforce_eager"]
 
 
 def test_vllm_refuses_a_head_dim_below_32_and_a_kv_cache_too_small(setup, tiny_model_dir):
@@ -665,7 +671,7 @@ def test_a_model_vllm_cannot_load_fails_with_the_setting_to_change(setup, tmp_pa
     other.name_or_path = str(broken)
     other.config.architectures = ["NoSuchModelForCausalLM"]  # another shape: no engine to reuse
     with pytest.raises(EngineError, match="vLLM could not start.*rollout.engine=hf"):
-        build_engine("vllm", other, tok, 8, 128)
+        build_engine("vllm", other, tok, 8, 128, vllm_options=eager_vllm())
 
 
 # -- the trainer, evaluation and curriculum scoring on vllm ------------------------------------------
@@ -748,6 +754,25 @@ def test_lora_on_vllm_samples_the_merged_weights(digit32_model_dir, seven_task, 
     for i, g in enumerate(gens):
         torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
     assert (logp - base_logp).abs().max() > 1e-2
+
+
+def test_the_compiled_engine_samples_what_the_eager_one_samples(setup):
+    """vLLM's default (torch.compile) and rollout.vllm_enforce_eager=true, which the other tests run
+    for its start-up: each engine runs as configured, and they sample the same tokens with log-probs
+    that differ in the last float digits only (docs/engines.md, Start-up)."""
+    vllm_or_skip()
+    tok, model = setup
+    requests = [GenerationRequest(p) for p in _prompts(tok, 12)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, logprobs_top_k=5)
+    outs = {}
+    for name, options in (("compiled", load_config(None, []).rollout), ("eager", eager_vllm())):
+        engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=options)
+        assert engine.llm.llm_engine.vllm_config.model_config.enforce_eager is (name == "eager")
+        outs[name] = engine.generate(requests, params, torch.Generator().manual_seed(3))
+    for compiled, eager in zip(outs["compiled"], outs["eager"], strict=True):
+        assert torch.equal(compiled.token_ids, eager.token_ids)
+        assert torch.allclose(compiled.logprobs, eager.logprobs, atol=1e-4, rtol=0)
+        assert torch.equal(compiled.top_ids, eager.top_ids)
 
 
 def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_task, tmp_path):
@@ -965,7 +990,9 @@ def test_a_streamed_weight_push_reaches_every_engine_weight(digit32_model_dir):
         with torch.no_grad():
             for p in trained.parameters():
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
-        engine = build_engine(kind, copy if kind == "hf" else trained, tok, 16, 256)
+        engine = build_engine(
+            kind, copy if kind == "hf" else trained, tok, 16, 256, vllm_options=eager_vllm()
+        )
         if kind == "vllm":  # the engine holds the weights it started from: make them stale first
             engine.sync_weights(iter(load_model(str(digit32_model_dir)).state_dict().items()))
         engine.sync_weights(iter_full_parameters(trained))

@@ -28,7 +28,7 @@ from semrl.rollout.engines import (
     prompt_generator,
 )
 from semrl.tracking.metrics import cost_metrics
-from tests.helpers import vllm_batch_limit, vllm_or_skip
+from tests.helpers import eager_vllm, vllm_batch_limit, vllm_or_skip
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
 BLOCK = 32  # the vllm engine's default block size
@@ -42,7 +42,7 @@ def setup(digit32_model_dir):
 def _engine(kind, model, tok):
     if kind == "vllm":
         vllm_or_skip()
-    engine = build_engine(kind, model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20)
+    engine = build_engine(kind, model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=eager_vllm())
     engine.sync_weights()  # an empty prefix cache: nothing from other tests serves these prompts
     return engine
 

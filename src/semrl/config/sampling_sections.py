@@ -89,6 +89,13 @@ class RolloutConfig:
         "vllm sleep mode: 1 keeps a copy of the weights in CPU memory, 2 discards them (the next weight "
         "push replaces every one anyway; vLLM keeps the buffers).",
     )
+    vllm_enforce_eager: bool = option(
+        False,
+        "vllm engine: run the model eagerly, without torch.compile or CUDA graphs (verl's and "
+        "OpenRLHF's enforce_eager). On a CPU the engine then starts in about 11 s instead of 25-150 s, and "
+        "may sample slower (1.30x at 32 prompts x 8 for SmolLM2); its log-probs differ from the "
+        "compiled engine's in the last float digits (docs/engines.md, Start-up).",
+    )
     vllm_max_num_seqs: int | None = option(
         None,
         "vllm engine: sequences in its running batch (null: one process's rollout, "

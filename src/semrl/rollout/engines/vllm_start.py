@@ -38,6 +38,7 @@ class VLLMSettings:
         max_num_batched_tokens: tokens per engine step (longer prefills are chunked).
         dtype: the engine's weights and compute; None: the model's dtype.
         sleep_level: vLLM sleep mode between rollouts (CUDA only): 0 off, 1 or 2 (vLLM's levels).
+        enforce_eager: the model runs eagerly (no torch.compile, no CUDA graphs).
     """
 
     max_model_len: int
@@ -50,6 +51,7 @@ class VLLMSettings:
     dtype: str | None = None
     max_num_batched_tokens: int | None = None
     sleep_level: int = 0
+    enforce_eager: bool = False
 
     @classmethod
     def from_options(
@@ -78,6 +80,7 @@ class VLLMSettings:
             dtype = options.vllm_dtype or ("bfloat16" if on_gpu else dtype)
             sleeps = options.vllm_sleep if options.vllm_sleep is not None else on_gpu
             extra["sleep_level"] = options.vllm_sleep_level if sleeps else 0
+            extra["enforce_eager"] = options.vllm_enforce_eager
         block = extra.get("block_size", cls.block_size)
         # vLLM allocates the KV cache in whole blocks, so the model length is rounded up to one.
         length = -(-max_model_len // block) * block
@@ -216,6 +219,7 @@ def _engine_key(model: PreTrainedModel, settings: VLLMSettings) -> tuple[Any, ..
         settings.gpu_memory_utilization,
         settings.seed,
         settings.sleep_level,
+        settings.enforce_eager,
     )
 
 
@@ -243,6 +247,7 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "logprobs_mode": "processed_logprobs",
         "max_logprobs": settings.max_logprobs,
+        "enforce_eager": settings.enforce_eager,
     }
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         # one engine per training process, as TRL's colocate mode: vLLM joins the existing process
