@@ -285,7 +285,13 @@ def shared_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         # down before the new one starts, so its memory is free
         for other in [k for k in _ENGINES if k == key or on_gpu]:
             _shutdown(_ENGINES.pop(other))
-        logger.info("starting vLLM on %s (once per process; about 45 s on a 2-core CPU)", model.name_or_path)
+        logger.info(
+            "starting vLLM on %s (once per process; %s)",
+            model.name_or_path,
+            "eager: about 11 s on a 2-core CPU"
+            if settings.enforce_eager
+            else "compiling: 25-150 s on a 2-core CPU, rollout.vllm_enforce_eager=true starts in about 11 s",
+        )
         # the first engine of the process tells whether the default group is someone else's
         foreign = (
             next(iter(_ENGINES.values())).foreign_process_group
