@@ -148,6 +148,8 @@ def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") 
             "logging.eval_samples=2",
             "logging.report_to=[]",
             f"rollout.engine={engine}",
+            # vLLM's default, compiled, which users run (the tests' tiny run sets it eager)
+            "rollout.vllm_enforce_eager=false",
             *RUNS[name],
             *extra,
         ),
