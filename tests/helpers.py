@@ -1,7 +1,7 @@
 """What tests share besides fixtures (those are in conftest.py): the tiny models' recipes, the
-seven task, the tiny run's config (and the one several processes train alike), training in a
-subprocess or counting the old-policy pass's rows, the CLI in a fresh interpreter, the vLLM skip
-rule, the dense reference mask of tree attention, random packed trees. Import it as
+seven task, the tiny run's config (and the one several processes train alike, and its eager vLLM
+section), training in a subprocess or counting the old-policy pass's rows, the CLI in a fresh
+interpreter, the vLLM skip rule, the dense reference mask of tree attention, random packed trees. Import it as
 ``from tests.helpers import ...`` (a test file's private names are its own: test_architecture
 checks); benchmarks that build the same tiny models import it too."""
 
@@ -111,7 +111,7 @@ TINY_RUN = (
     "trainer.lr=2e-3",
     "reward.num_workers=1",
     "logging.progress=false",
-    # a vLLM engine starts in seconds instead of 25-45 s; the compiled default has its own test
+    # a vLLM engine starts in about 11 s instead of 24-40 s; the compiled default has its own test
     "rollout.vllm_enforce_eager=true",
 )
 
