@@ -25,6 +25,14 @@ from semrl.methods.latr.tree import (
 from semrl.methods.registry import load
 
 EOS = 2
+# a fork test that about a quarter of the peaked models' positions pass, with short lookaheads
+PERMISSIVE_FORKS = (
+    "latr.tau_abs=0.02",
+    "latr.tau_rel=0.95",
+    "latr.lookahead=[2,3]",
+    "latr.keep_math_symbols=false",
+    "latr.edit_distance_threshold=0.6",
+)
 
 # ------------------------------------------------------------------------------------------------
 # References from the official code (model/metrics.py, model/sample_filter.py, model/generation.py)
@@ -492,11 +500,7 @@ def test_the_batched_lookahead_takes_the_decisions_of_one_request_per_token(tiny
     method, ctx, prompts = _context(
         tiny_model_dir,
         [
-            "latr.tau_abs=0.02",
-            "latr.tau_rel=0.95",
-            "latr.lookahead=[2,3]",
-            "latr.keep_math_symbols=false",
-            "latr.edit_distance_threshold=0.6",
+            *PERMISSIVE_FORKS,
             "rollout.max_new_tokens=12",
             "rollout.group_size=6",
         ],
@@ -523,15 +527,7 @@ def test_the_fork_test_reads_the_raw_distribution_whatever_the_sampling_settings
     from semrl.methods.latr.method import _lookahead_by_requests, lookahead_phase
     from semrl.methods.latr.tree import LatrForest
 
-    rules = [
-        "latr.tau_abs=0.02",
-        "latr.tau_rel=0.95",
-        "latr.lookahead=[2,3]",
-        "latr.keep_math_symbols=false",
-        "latr.edit_distance_threshold=0.6",
-        "rollout.max_new_tokens=12",
-        "rollout.group_size=6",
-    ]
+    rules = [*PERMISSIVE_FORKS, "rollout.max_new_tokens=12", "rollout.group_size=6"]
     model = _peaked_model(tiny_model_dir, context=False)
     rng = torch.Generator().manual_seed(0)
     extra = [torch.randint(300, 340, (3,), generator=rng).tolist() for _ in range(3)]
@@ -604,7 +600,7 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
     """A LATR rollout context on the vllm engine, whose model puts its mass on tokens 300-339: their
     embeddings (tied to the head) share one direction, so each logit lifts them far above the rest
     of the vocabulary, and differ by a random part, so that about a quarter of the positions pass
-    the permissive fork test below (vLLM ignores an untied head of a tied model: the embeddings it is)."""
+    the permissive fork test (PERMISSIVE_FORKS; vLLM ignores an untied head of a tied model: the embeddings it is)."""
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.rollout.engines import build_engine
     from tests.helpers import eager_vllm, vllm_or_skip
@@ -617,14 +613,7 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
         direction = torch.randn(embeddings.shape[1], generator=rng)
         embeddings[300:340] = 0.3 * direction + 0.1 * torch.randn(40, embeddings.shape[1], generator=rng)
     engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=eager_vllm())
-    rules = [
-        "latr.tau_abs=0.02",
-        "latr.tau_rel=0.95",
-        "latr.lookahead=[2,3]",
-        "latr.keep_math_symbols=false",
-        "latr.edit_distance_threshold=0.6",
-    ]
-    return _latr_context(engine, tok, [*rules, *overrides], prompt_seeds=prompt_seeds)
+    return _latr_context(engine, tok, [*PERMISSIVE_FORKS, *overrides], prompt_seeds=prompt_seeds)
 
 
 @pytest.mark.parametrize(
