@@ -600,7 +600,8 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
     """A LATR rollout context on the vllm engine, whose model puts its mass on tokens 300-339: their
     embeddings (tied to the head) share one direction, so each logit lifts them far above the rest
     of the vocabulary, and differ by a random part, so that about a quarter of the positions pass
-    the permissive fork test (PERMISSIVE_FORKS; vLLM ignores an untied head of a tied model: the embeddings it is)."""
+    the permissive fork test (PERMISSIVE_FORKS; vLLM ignores an untied head of a tied model: the
+    embeddings it is)."""
     from semrl.models.loading import load_model, load_tokenizer
     from semrl.rollout.engines import build_engine
     from tests.helpers import eager_vllm, vllm_or_skip
