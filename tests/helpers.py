@@ -188,14 +188,21 @@ def distributed_run_overrides(model_dir: Path, task: Path, out: Path) -> list[st
     )
 
 
-def train_in_subprocess(*args: str, env: dict[str, str] | None = None) -> None:
-    """``python -m semrl train *args``; it must succeed and only the main process report the end."""
+def train_in_subprocess(*args: str, env: dict[str, str] | None = None, launch: bool = False) -> None:
+    """``python -m semrl train *args``; it must succeed and only the main process report the end.
+    It runs as a fork of the test worker's preloaded server (``tests.forked``); ``launch=True``
+    starts a fresh interpreter instead, through ``accelerate launch`` for ``--num-processes``."""
     import subprocess
     import sys
 
-    run = subprocess.run(
-        [sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True
-    )
+    from tests.forked import run_semrl
+
+    if launch:
+        run = subprocess.run(
+            [sys.executable, "-m", "semrl", "train", *args], env=env, capture_output=True, text=True
+        )
+    else:
+        run = run_semrl("train", *args, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("run finished:") == 1 and "held-out (5 problems of " in run.stdout
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from semrl.runtime.checkpoint import (
     verify_checkpoint,
 )
 from semrl.runtime.trainer import Trainer
+from tests.forked import run_semrl
 from tests.helpers import final_weights, tiny_run_config
 
 
@@ -102,9 +101,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(three_steps, tmp_path, how):
     shutil.copytree(three_steps, run)
     _damage(run / "checkpoints" / "step-000003", how)
     assert verify_checkpoint(run / "checkpoints" / "step-000003")
-    proc = subprocess.run(
-        [sys.executable, "-m", "semrl", "train", "--resume", str(run)], capture_output=True, text=True
-    )
+    proc = run_semrl("train", "--resume", str(run))
     assert proc.returncode == 0, proc.stderr[-2000:]
     reason = {
         "truncate": "model.safetensors has",

@@ -53,8 +53,8 @@ def test_two_processes_train_like_one(digit_model_dir, single_process_run, tmp_p
     share of the loss with the global token count, and gradients are summed over gloo."""
     task, one, env = single_process_run
     two = tmp_path / "two"
-    train_in_subprocess(
-        "--num-processes", "2", *distributed_run_overrides(digit_model_dir, task, two), env=env
+    train_in_subprocess(  # the real `accelerate launch`; the other tests fork their ranks (tests.forked)
+        "--num-processes", "2", *distributed_run_overrides(digit_model_dir, task, two), env=env, launch=True
     )
     _assert_same_training(digit_model_dir, one, two)
 
@@ -268,25 +268,15 @@ def test_fsdp_mixed_precision_with_a_token_budget(digit_model_dir, single_proces
     checkpoint holds the fp32 master weights."""
     task, _, env = single_process_run
     out = tmp_path / "bf16"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "semrl",
-            "train",
-            "--num-processes",
-            "2",
-            *distributed_run_overrides(digit_model_dir, task, out),
-            "trainer.fsdp=true",
-            "model.dtype=bfloat16",
-            "trainer.micro_batch_tokens=60",
-        ],
+    train_in_subprocess(
+        "--num-processes",
+        "2",
+        *distributed_run_overrides(digit_model_dir, task, out),
+        "trainer.fsdp=true",
+        "model.dtype=bfloat16",
+        "trainer.micro_batch_tokens=60",
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
-    assert run.returncode == 0, run.stderr[-3000:]
     weights, start = final_weights(out), load_file(digit_model_dir / "model.safetensors")
     assert all(w.dtype == torch.float32 for w in weights.values())
     assert max((weights[k] - start[k]).abs().max().item() for k in weights) > 1e-3

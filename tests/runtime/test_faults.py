@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ from semrl.cli import main
 from semrl.errors import TrainingError
 from semrl.runtime.checkpoint import list_checkpoints, load_trainer_state, verify_checkpoint
 from semrl.runtime.trainer import Trainer
+from tests.forked import run_semrl
 from tests.helpers import read_metrics, tiny_run_config, tiny_run_overrides, write_seven_task
 
 
@@ -71,9 +70,6 @@ KILL_POINTS = ["rollout", "update", "checkpoint"]
 
 def _train_cmd(model_dir, task, out, *extra):
     return [
-        sys.executable,
-        "-m",
-        "semrl",
         "train",
         *tiny_run_overrides(
             model_dir,
@@ -111,7 +107,7 @@ def uninterrupted_run(digit_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     task = write_seven_task(root / "seven.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(_train_cmd(digit_model_dir, task, root / "full"), env=env, check=True, capture_output=True)
+    assert run_semrl(*_train_cmd(digit_model_dir, task, root / "full"), env=env).returncode == 0
     return task, root / "full", env
 
 
@@ -123,11 +119,8 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(
     SEMRL_FAULT_KILL) and resumed; the final weights equal an uninterrupted run's exactly."""
     seven_task, full, env = uninterrupted_run
     run = tmp_path / point
-    killed = subprocess.run(
-        _train_cmd(digit_model_dir, seven_task, run),
-        env={**env, "SEMRL_FAULT_KILL": f"{point}@3"},
-        capture_output=True,
-        text=True,
+    killed = run_semrl(
+        *_train_cmd(digit_model_dir, seven_task, run), env={**env, "SEMRL_FAULT_KILL": f"{point}@3"}
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     _assert_checkpoints_complete(run)
@@ -135,12 +128,7 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(
     partial = list((run / "checkpoints").glob(".tmp-*"))
     assert bool(partial) == (point == "checkpoint")  # the half-written one never got a final name
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "semrl", "train", "--resume", str(run), "logging.progress=false"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    resumed = run_semrl("train", "--resume", str(run), "logging.progress=false", env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not list((run / "checkpoints").glob(".tmp-*"))
     _assert_checkpoints_complete(run)

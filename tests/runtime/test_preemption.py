@@ -17,6 +17,7 @@ import torch
 
 from semrl.runtime.checkpoint import list_checkpoints, verify_checkpoint
 from semrl.runtime.preemption import EXIT_PREEMPTED
+from tests.forked import run_semrl
 from tests.helpers import final_weights, tiny_run_overrides
 
 
@@ -35,13 +36,8 @@ def _args(model_dir, task, out):
 
 
 def _train(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "semrl", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
+    """``python -m semrl train *args``, forked from the test worker's preloaded server (tests.forked)."""
+    return run_semrl("train", *args, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")

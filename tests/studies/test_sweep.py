@@ -22,6 +22,25 @@ from semrl.studies.sweep_runs import SegmentClock, recorded_time, run_state
 from tests.helpers import DIGIT_SYSTEM_PROMPT
 
 
+@pytest.fixture
+def forked_runs(monkeypatch):
+    """The sweep's runs start as forks of this worker's preloaded server (``tests.forked``), not as
+    fresh interpreters: the same ``semrl train`` command lines, environment and exit codes, without
+    about 9 s of imports each. The tests of the launch itself (the local sweep's resume, Ctrl-C,
+    submitit) keep the real one."""
+    import semrl.studies.sweep_runs as sweep_runs
+    from tests.forked import run_semrl
+
+    def call(command: list[str]) -> tuple[int, bool]:
+        assert command[:3] == [sys.executable, "-m", "semrl"], command
+        done = run_semrl(*command[3:])
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        return done.returncode, False
+
+    monkeypatch.setattr(sweep_runs, "_call_letting_it_stop", call)
+
+
 def _write(path: Path, body: dict) -> Path:
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     return path
@@ -285,7 +304,7 @@ def test_a_running_run_writes_its_time_as_it_goes(tmp_path):
     assert recorded_time(tmp_path / "new") == (0.0, 0)
 
 
-def test_base_evaluation_is_computed_once_per_seed(digit_model_dir, seven_task, tmp_path):
+def test_base_evaluation_is_computed_once_per_seed(digit_model_dir, seven_task, tmp_path, forked_runs):
     path = _tiny_sweep(
         tmp_path,
         digit_model_dir,
@@ -310,7 +329,7 @@ def test_base_evaluation_is_computed_once_per_seed(digit_model_dir, seven_task, 
     assert not (tmp_path / "out" / "g" / "seed-0" / "checkpoints").exists()  # keep_checkpoints: false
 
 
-def test_a_changed_sweep_refuses_to_mix_runs(digit_model_dir, seven_task, tmp_path):
+def test_a_changed_sweep_refuses_to_mix_runs(digit_model_dir, seven_task, tmp_path, forked_runs):
     path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0])
     assert run_local(load_sweep(path), print) == 0
     body = yaml.safe_load(path.read_text())
@@ -392,7 +411,9 @@ def test_a_sweep_file_given_to_train_names_semrl_sweep(tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not any(tmp_path.glob("runs"))
 
 
-def test_the_base_evaluation_can_be_left_out_or_cut_to_a_subset(digit_model_dir, seven_task, tmp_path):
+def test_the_base_evaluation_can_be_left_out_or_cut_to_a_subset(
+    digit_model_dir, seven_task, tmp_path, forked_runs
+):
     """logging.eval_base=false: no step-0 evaluation; logging.eval_base_problems=2: the base model on
     the first 2 held-out problems, the final evaluation on all 4, and compare's base row says so."""
     from semrl.studies.discovery import find_runs
@@ -463,7 +484,7 @@ def _forced_study(tmp_path: Path, model_dir: Path, task: Path, looks: list[int])
 
 
 def test_until_decided_stops_at_the_look_that_settles_every_primary_rule_and_resumes_after_a_kill(
-    digit_model_dir, seven_task, tmp_path, monkeypatch, capsys
+    digit_model_dir, seven_task, tmp_path, monkeypatch, capsys, forked_runs
 ):
     from semrl.studies.rules_file import load_rules
     from semrl.studies.study_loop import run_until_decided

@@ -1,0 +1,76 @@
+"""The preloaded server that the multi-process tests fork their ``semrl`` commands from
+(``tests.forked``) gives each rank what ``accelerate launch`` gives it, and ends like a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.forked import UNSET_BY_FORK, preloaded_server, rank_env, run_semrl
+
+_DUMP = """
+import json, os, sys
+before = json.loads(sys.argv[1])
+print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}), flush=True)
+"""
+
+
+@pytest.mark.e2e  # starts processes
+def test_each_forked_rank_gets_the_environment_accelerate_launch_gives_it(tmp_path):
+    script = tmp_path / "dump_env.py"
+    script.write_text(_DUMP)
+    port = "29611"
+    launch = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            port,
+            str(script),
+            json.dumps(dict(os.environ)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert launch.returncode == 0, launch.stderr[-2000:]
+    launched = [json.loads(line) for line in launch.stdout.splitlines() if line.startswith("{")]
+    assert len(launched) == 2
+    for real in launched:
+        rank = int(real["RANK"])
+        forked = rank_env(rank, 2, int(port))
+        for key in UNSET_BY_FORK:
+            real.pop(key, None)
+        # torchrun's agent holds the store there; the forked ranks have no agent, and rank 0 holds it
+        assert real.pop("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        assert forked.pop("TORCHELASTIC_USE_AGENT_STORE") == "False"
+        real.pop("OMP_NUM_THREADS", None)  # torchrun's, and the preloaded server's: 1
+        assert forked == real
+
+
+@pytest.mark.e2e  # starts processes
+def test_a_forked_command_ends_with_its_status_and_its_output(tmp_path):
+    bad = run_semrl("train", "trainer.stpes=3")
+    assert bad.returncode == 2 and "trainer.stpes" in bad.stderr and bad.stdout == ""
+    ok = run_semrl("config", "trainer")
+    assert ok.returncode == 0 and "micro_batch_size" in ok.stdout, ok.stderr
+    # torch reads OMP_NUM_THREADS at import: another value needs a server that imported with it
+    server = preloaded_server()
+    first = server.pid
+    assert run_semrl("config", "trainer").returncode == 0 and server.pid == first
+    assert run_semrl("config", "trainer", env={**os.environ, "OMP_NUM_THREADS": "2"}).returncode == 0
+    assert server.pid != first

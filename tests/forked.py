@@ -1,0 +1,369 @@
+"""``semrl`` commands run as forks of a process that has already imported the training stack.
+
+A fresh ``python -m semrl train`` spends about 9 s importing torch and transformers on this
+machine before it reads its config, and ``--num-processes 2`` adds accelerate's launcher (about
+3 s) in front of two such processes: most of a multi-process test's time. A *preloaded server*
+imports them once per test worker; each command is then ``os.fork()``-ed from it. Every command
+still runs in processes of its own (own pid, memory, gloo process group, signals, exit status),
+through ``semrl.cli.main`` as ``python -m semrl`` runs it.
+
+``--num-processes N`` starts N ranks with the environment ``accelerate launch`` gives its
+processes (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` ... and accelerate's
+``ACCELERATE_*``), in one process group, and ends as torchrun's agent does: when one rank fails,
+the others get SIGTERM, then SIGKILL after 30 s. ``tests/core/test_forked.py`` checks that
+environment against a real ``accelerate launch``; ``test_two_processes_train_like_one`` keeps the
+real launch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# What the preloaded server imports: everything `semrl train` imports before its first step.
+PRELOADED = ("semrl.cli", "semrl.cli.train", "semrl.runtime.trainer", "accelerate", "safetensors.torch")
+
+# Variables that torch, transformers and their kin read once, at import: a command must run with the
+# server's values, or it would not see its own.
+_READ_AT_IMPORT = (
+    "OMP_",
+    "MKL_",
+    "TORCH",
+    "PYTORCH_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "CUDA_",
+    "VLLM_",
+)
+
+
+def read_at_import(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that an import may read once (``_READ_AT_IMPORT``)."""
+    return {k: v for k, v in env.items() if k.startswith(_READ_AT_IMPORT)}
+
+
+# torchrun's and accelerate's variables for each rank, as `accelerate launch --multi_gpu
+# --num_processes N --mixed_precision no --dynamo_backend no` sets them (the rank's own go below).
+LAUNCH_ENV = {
+    "ACCELERATE_DYNAMO_BACKEND": "NO",
+    "ACCELERATE_DYNAMO_MODE": "default",
+    "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+    "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+    "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
+    "ACCELERATE_MIXED_PRECISION": "no",
+    "GROUP_RANK": "0",
+    "GROUP_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "ROLE_NAME": "default",
+    "TORCHELASTIC_MAX_RESTARTS": "0",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "TORCHELASTIC_RUN_ID": "none",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    # torchrun's agent holds the rendezvous store; here rank 0 does, as torch's env:// rendezvous
+    "TORCHELASTIC_USE_AGENT_STORE": "False",
+}
+# what a real launch may set and a fork does not: torchrun's per-rank error file (nothing here
+# reads it) and a terminal size (the launcher, started from pytest, adds COLUMNS and LINES)
+UNSET_BY_FORK = ("TORCHELASTIC_ERROR_FILE", "COLUMNS", "LINES")
+_GRACE_S = 30.0
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The launch variables of ``rank`` of ``world`` processes on one machine."""
+    return {
+        **LAUNCH_ENV,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "ROLE_WORLD_SIZE": str(world),
+        "MASTER_PORT": str(port),
+    }
+
+
+class PreloadedServer:
+    """The client side: one server process per test worker, started on first use."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._imported_with: dict[str, str] = {}
+        atexit.register(self.close)
+
+    def _server(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """The server whose imports saw ``env``'s import-time variables: started again when they
+        changed (vLLM's import sets PYTORCH_NVML_BASED_CUDA_CHECK in the test process, for one)."""
+        imported_with = read_at_import(env)
+        if self._proc is not None and (self._proc.poll() is not None or imported_with != self._imported_with):
+            self.close()
+        if self._proc is None:
+            root = Path(__file__).resolve().parents[1]
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.forked"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=root,
+                env={**env, "PYTHONPATH": os.pathsep.join([str(root), env.get("PYTHONPATH", "")])},
+                start_new_session=True,  # a command's Ctrl-C or SIGTERM to its group never reaches it
+            )
+            self._imported_with = imported_with
+        return self._proc
+
+    @property
+    def pid(self) -> int | None:
+        """The running server's process id (None before the first command)."""
+        return None if self._proc is None else self._proc.pid
+
+    def run(
+        self, args: list[str], env: dict[str, str] | None = None, timeout: float = 600.0
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -m semrl *args`` (``--num-processes N``: N ranks) with ``env`` (default: this
+        process's), in the current directory; what ``subprocess.run(..., capture_output=True,
+        text=True)`` would return. A run past ``timeout`` is killed and raises TimeoutExpired."""
+        env = dict(os.environ if env is None else env)
+        server = self._server(env)
+        assert server.stdin is not None and server.stdout is not None
+        with tempfile.TemporaryDirectory(prefix="semrl-forked-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {
+                "args": list(args),
+                "env": env,
+                "cwd": os.getcwd(),
+                "stdout": str(out),
+                "stderr": str(err),
+                "timeout": timeout,
+            }
+            server.stdin.write((json.dumps(request) + "\n").encode())
+            server.stdin.flush()
+            line = server.stdout.readline()
+            if not line:
+                raise RuntimeError(
+                    f"the preloaded server ended (exit {server.wait()}); its stderr is the test's"
+                )
+            reply = json.loads(line)
+            if "refused" in reply:
+                raise ValueError(reply["refused"])
+            stdout = out.read_text() if out.exists() else ""
+            stderr = err.read_text() if err.exists() else ""
+        command = [sys.executable, "-m", "semrl", *args]
+        if reply["timed_out"]:
+            raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(command, reply["returncode"], stdout, stderr)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._proc = None
+
+
+_SERVER = PreloadedServer()
+
+
+def preloaded_server() -> PreloadedServer:
+    """This test worker's server."""
+    return _SERVER
+
+
+def run_semrl(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600.0
+) -> subprocess.CompletedProcess[str]:
+    """``python -m semrl *args`` as a fork of this test worker's preloaded server (module docstring)."""
+    return _SERVER.run(list(args), env, timeout)
+
+
+# ---- the server side: runs in `python -m tests.forked`, never in the test process ----
+
+
+_STARTED_WITH = dict(os.environ)  # the server's environment before its imports
+
+
+def _refusal(env: dict[str, str]) -> str | None:
+    """Why a command with ``env`` cannot run as a fork of this server, or None."""
+    for key in sorted(set(env) | set(_STARTED_WITH)):
+        if key.startswith(_READ_AT_IMPORT) and env.get(key) != _STARTED_WITH.get(key):
+            return (
+                f"{key}={env.get(key)!r} differs from the preloaded server's {_STARTED_WITH.get(key)!r}, "
+                "and torch or transformers read it at import: the client starts a server for its environment"
+            )
+    return None
+
+
+def _set_by_imports() -> dict[str, str]:
+    """What the server's imports put into its environment (torch sets TORCHINDUCTOR_CACHE_DIR): a
+    fresh process's imports would put the same into its own."""
+    return {k: v for k, v in os.environ.items() if _STARTED_WITH.get(k) != v}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _rank_process(
+    args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int, group: int
+) -> None:
+    """In the forked child: become ``python -m semrl *args`` and exit with its status."""
+    import atexit as child_atexit
+    import random
+    import traceback
+
+    code: int = 1
+    try:
+        os.setpgid(0, group)
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+            signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        random.seed()  # a new process's generators are not the server's
+        import numpy
+
+        numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
+        # `python -m semrl`'s main module and argv: multiprocessing's spawn (the reward workers)
+        # reads the one, and nothing is imported from the server's own module
+        import importlib.util
+        import types
+
+        spec = importlib.util.find_spec("semrl.__main__")
+        assert spec is not None and spec.origin is not None
+        entry = types.ModuleType("__main__")
+        entry.__spec__, entry.__file__ = spec, spec.origin
+        sys.modules["__main__"] = entry
+        sys.argv = [spec.origin, *args]
+        from semrl.cli import main
+
+        result = main(args)
+        code = int(result or 0)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:  # sys.exit("message"), as Python ends it
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child_atexit._run_exitfuncs()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # end as Python does on an uncaught Ctrl-C
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            child_atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _launch(request: dict[str, Any]) -> dict[str, Any]:
+    """Fork the ranks of one command and wait for them as torchrun's agent does."""
+    args: list[str] = request["args"]
+    env: dict[str, str] = request["env"]
+    refusal = _refusal(env)
+    if refusal:
+        return {"refused": refusal}
+    world = 1
+    if "--num-processes" in args:
+        at = args.index("--num-processes")
+        world = int(args[at + 1])
+        args = args[:at] + args[at + 2 :]
+    port = _free_port()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    stdout, stderr = os.open(request["stdout"], flags, 0o644), os.open(request["stderr"], flags, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = {**env, **_set_by_imports()}
+    pids: list[int] = []
+    for rank in range(world):
+        rank_vars = rank_env(rank, world, port) if world > 1 else {}
+        pid = os.fork()
+        if pid == 0:
+            _rank_process(args, {**env, **rank_vars}, request["cwd"], stdout, stderr, pids[0] if pids else 0)
+        if not pids:
+            try:  # the group exists before the next rank joins it, whichever process runs first
+                os.setpgid(pid, pid)
+            except OSError:
+                pass
+        pids.append(pid)
+    os.close(stdout)
+    os.close(stderr)
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + float(request["timeout"])
+    stop_at: float | None = None
+    timed_out = False
+    while len(codes) < world:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            codes[pid] = os.waitstatus_to_exitcode(status)
+            if codes[pid] != 0 and stop_at is None:  # torchrun: one failed rank stops the others
+                stop_at = time.monotonic() + _GRACE_S
+                _signal_all(pids, codes, signal.SIGTERM)
+            continue
+        now = time.monotonic()
+        if now > deadline and not timed_out:
+            timed_out = True
+            _signal_all(pids, codes, signal.SIGKILL)
+        elif stop_at is not None and now > stop_at:
+            _signal_all(pids, codes, signal.SIGKILL)
+        time.sleep(0.02)
+    if world == 1:
+        returncode = codes[pids[0]]
+    else:  # accelerate's launcher exits 1 when a rank failed
+        returncode = 0 if all(code == 0 for code in codes.values()) else 1
+    return {"returncode": returncode, "timed_out": timed_out}
+
+
+def _signal_all(pids: list[int], done: dict[int, int], number: int) -> None:
+    for pid in pids:
+        if pid not in done:
+            try:
+                os.kill(pid, number)
+            except ProcessLookupError:
+                pass
+
+
+def serve() -> None:
+    """Import PRELOADED, then run one request (a JSON line on stdin) at a time, replying on stdout."""
+    import importlib
+    import threading
+
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what an import prints goes to stderr, never into a reply
+    for name in PRELOADED:
+        importlib.import_module(name)
+    # a fork copies only the calling thread: a thread started by an import would be lost in the
+    # children while holding whatever lock it held
+    assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
+    for line in sys.stdin:
+        reply = _launch(json.loads(line))
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    serve()
