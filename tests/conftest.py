@@ -40,6 +40,7 @@ SERIAL_GROUPS = {
 E2E_FIXTURES = {"tiny_model_dir", "tiny32_model_dir", "digit_model_dir", "digit32_model_dir", "pool", "pools"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads xdist_group into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:  # a test outside these files joins a group with its own xdist_group marker
         for group, files in SERIAL_GROUPS.items():
@@ -77,24 +78,29 @@ def _built_once(build: Callable[[Path], Path], target: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """A ~3.2M-parameter Llama (hidden 64, 2 layers) using the SmolLM2 tokenizer. Built once per test
-    session, in the directory that the xdist workers' temporary directories share, with its
-    derivatives below beside it."""
+def models_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """Where the tiny models are built, once per test session: the directory that the xdist workers'
+    temporary directories share (or the one SEMRL_TINY_MODEL's path names)."""
     cached = os.environ.get(TINY_DIR_ENV)
     if cached:
-        return _built_once(build_tiny_model, Path(cached))
+        return Path(cached).parent
     base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent
-    return _built_once(build_tiny_model, shared / "models" / "tiny-llama")
+    return (base if worker_id == "master" else base.parent) / "models"
 
 
 @pytest.fixture(scope="session")
-def tiny32_model_dir(tiny_model_dir: Path) -> Path:
-    """The tiny model's shape with hidden 128: head dim 32, the least vLLM's CPU attention takes."""
-    return _built_once(
-        partial(build_tiny_model, hidden_size=128), tiny_model_dir.with_name("tiny-llama-hd32")
-    )
+def tiny_model_dir(models_dir: Path) -> Path:
+    """A ~3.2M-parameter Llama (hidden 64, 2 layers) using the SmolLM2 tokenizer, with its
+    derivatives below beside it."""
+    cached = os.environ.get(TINY_DIR_ENV)
+    return _built_once(build_tiny_model, Path(cached) if cached else models_dir / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny32_model_dir(models_dir: Path) -> Path:
+    """The tiny model's shape with hidden 128: head dim 32, the least vLLM's CPU attention takes.
+    It needs no other model, so one worker builds it while the other builds the hidden-64 one."""
+    return _built_once(partial(build_tiny_model, hidden_size=128), models_dir / "tiny-llama-hd32")
 
 
 @pytest.fixture(scope="session")

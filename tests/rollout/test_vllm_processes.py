@@ -1,0 +1,102 @@
+"""vLLM engines in processes of their own: 2 ranks that each colocate an engine, and an engine
+replaced inside one process. These tests start their own processes, so they stay out of the vllm
+group (tests/conftest.py): they need no engine of the worker's and run beside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import vllm_or_skip
+
+_REPLACE_ENGINE_SCRIPT = """
+import gc, os, socket, sys, weakref
+import torch, torch.distributed as dist
+if sys.argv[2] == "accelerate":  # a default group that exists before vLLM, as accelerate's does
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
+from semrl.rollout.engines.vllm_start import shutdown_engines
+from semrl.models.loading import load_model, load_tokenizer
+from semrl.config.load import load_config
+tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])
+eager = load_config(None, ["rollout.vllm_enforce_eager=true"]).rollout  # tests.helpers.eager_vllm
+params, request = SamplingParams(max_new_tokens=4), [GenerationRequest([1, 2, 3])]
+first = build_engine("vllm", model, tok, 4, 128, vllm_options=eager)
+first.generate(request, params, torch.Generator().manual_seed(0))
+def memory(worker):  # the engine's weights and KV cache, in vLLM's worker
+    return [weakref.ref(worker.model_runner.model)] + [weakref.ref(t) for t in worker.model_runner.kv_caches]
+held = first.llm.collective_rpc(memory)[0]
+second = build_engine("vllm", model, tok, 8, 128, vllm_options=eager)  # does not fit in the first: replaces it
+gc.collect()
+print("FIRST_FREED", len(held) > 1 and all(ref() is None for ref in held))
+second.generate(request, params, torch.Generator().manual_seed(0))
+del second
+shutdown_engines()
+print("GROUP_KEPT", dist.is_initialized())
+if dist.is_initialized():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("COLLECTIVE", t.item())
+"""
+
+
+@pytest.mark.parametrize("group", ["accelerate", "vllm"])
+def test_a_replaced_engine_is_shut_down_and_an_outside_process_group_survives(digit32_model_dir, group):
+    """A vLLM engine replaced by a larger one is shut down: its weights and KV cache are freed even
+    while the replaced engine object is still referenced (it would keep its memory); shutting engines down keeps
+    a default process group that existed before them (accelerate's) usable, and removes vLLM's own."""
+    vllm_or_skip()
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _REPLACE_ENGINE_SCRIPT, str(digit32_model_dir), group],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "FIRST_FREED True" in run.stdout, run.stdout[-1000:]
+    if group == "accelerate":
+        assert "GROUP_KEPT True" in run.stdout and "COLLECTIVE 1.0" in run.stdout, run.stdout[-1000:]
+    else:
+        assert "GROUP_KEPT False" in run.stdout, run.stdout[-1000:]
+
+
+def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_model_dir, tmp_path):
+    """Each of 2 gloo processes colocates its own vLLM engine (external launcher); with per-sequence
+    seeds the 2-process run samples what the 1-process run samples and ends with its weights, with
+    data parallelism and with FSDP (the engine then takes gathered full tensors; no second copy)."""
+    vllm_or_skip()
+    import os
+
+    from tests.helpers import (
+        distributed_run_overrides,
+        final_weights,
+        read_metrics,
+        train_in_subprocess,
+        write_seven_task,
+    )
+
+    task = write_seven_task(tmp_path / "seven.jsonl")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = {"one": (1, []), "two": (2, []), "fsdp": (2, ["trainer.fsdp=true"])}
+    for name, (processes, extra) in runs.items():
+        train_in_subprocess(
+            *distributed_run_overrides(digit32_model_dir, task, tmp_path / name),
+            "rollout.engine=vllm",
+            *extra,
+            "--num-processes",
+            str(processes),
+            env=env,
+        )
+    one = read_metrics(tmp_path / "one")[1:]
+    w1 = final_weights(tmp_path / "one")
+    for name in ("two", "fsdp"):
+        assert [m["reward"] for m in one] == [m["reward"] for m in read_metrics(tmp_path / name)[1:]], name
+        w2 = final_weights(tmp_path / name)
+        assert w1.keys() == w2.keys()
+        assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, name
