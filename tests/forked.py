@@ -12,7 +12,8 @@ processes (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` 
 ``ACCELERATE_*``), in one process group, and ends as torchrun's agent does: when one rank fails,
 the others get SIGTERM, then SIGKILL after 30 s. ``tests/core/test_forked.py`` checks that
 environment against a real ``accelerate launch``; ``test_two_processes_train_like_one`` keeps the
-real launch.
+real launch. A command whose import-time variables (``OMP_NUM_THREADS``, ``HF_*`` ...) differ from
+those the server imported with runs in a server started again with them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Any
 # What the preloaded server imports: everything `semrl train` imports before its first step.
 PRELOADED = ("semrl.cli", "semrl.cli.train", "semrl.runtime.trainer", "accelerate", "safetensors.torch")
 
-# Variables that torch, transformers and their kin read once, at import: a command must run with the
-# server's values, or it would not see its own.
+# Variables that torch, transformers and their kin read once, at import: a command whose values differ
+# from the running server's gets a server started with them (PreloadedServer._server).
 _READ_AT_IMPORT = (
     "OMP_",
     "MKL_",
