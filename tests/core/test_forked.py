@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -23,7 +24,9 @@ print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}), f
 def test_each_forked_rank_gets_the_environment_accelerate_launch_gives_it(tmp_path):
     script = tmp_path / "dump_env.py"
     script.write_text(_DUMP)
-    port = "29611"
+    with socket.socket() as probe:  # a free port, as `semrl train --num-processes` takes one
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
     launch = subprocess.run(
         [
             sys.executable,
