@@ -52,8 +52,8 @@ def read_at_import(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_READ_AT_IMPORT)}
 
 
-# torchrun's and accelerate's variables for each rank, as `accelerate launch --multi_gpu
-# --num_processes N --mixed_precision no --dynamo_backend no` sets them (the rank's own go below).
+# torchrun's and accelerate's variables for each rank, as the launch of `semrl train --num-processes
+# N` (semrl.cli.train.accelerate_launch) sets them; the rank's own go below.
 LAUNCH_ENV = {
     "ACCELERATE_DYNAMO_BACKEND": "NO",
     "ACCELERATE_DYNAMO_MODE": "default",
@@ -194,28 +194,21 @@ _STARTED_WITH = dict(os.environ)  # the server's environment before its imports
 
 
 def _refusal(env: dict[str, str]) -> str | None:
-    """Why a command with ``env`` cannot run as a fork of this server, or None."""
-    for key in sorted(set(env) | set(_STARTED_WITH)):
-        if key.startswith(_READ_AT_IMPORT) and env.get(key) != _STARTED_WITH.get(key):
-            return (
-                f"{key}={env.get(key)!r} differs from the preloaded server's {_STARTED_WITH.get(key)!r}, "
-                "and torch or transformers read it at import: the client starts a server for its environment"
-            )
-    return None
+    """Why a command with ``env`` cannot run as a fork of this server, or None (the client starts a
+    server for each set of import-time variables, so this only guards that promise)."""
+    asked, imported = read_at_import(env), read_at_import(_STARTED_WITH)
+    if asked == imported:
+        return None
+    return (
+        f"import-time variables {sorted(set(asked.items()) ^ set(imported.items()))} differ from the "
+        "preloaded server's, and torch or transformers read them at import"
+    )
 
 
 def _set_by_imports() -> dict[str, str]:
     """What the server's imports put into its environment (torch sets TORCHINDUCTOR_CACHE_DIR): a
     fresh process's imports would put the same into its own."""
     return {k: v for k, v in os.environ.items() if _STARTED_WITH.get(k) != v}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _rank_process(
@@ -293,7 +286,9 @@ def _launch(request: dict[str, Any]) -> dict[str, Any]:
         at = args.index("--num-processes")
         world = int(args[at + 1])
         args = args[:at] + args[at + 2 :]
-    port = _free_port()
+    from semrl.cli.train import free_port
+
+    port = free_port()
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     stdout, stderr = os.open(request["stdout"], flags, 0o644), os.open(request["stderr"], flags, 0o644)
     sys.stdout.flush()

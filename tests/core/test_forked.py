@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 
 import pytest
 
+from semrl.cli.train import accelerate_launch, free_port
 from tests.forked import UNSET_BY_FORK, preloaded_server, rank_env, run_semrl
 
 _DUMP = """
@@ -24,28 +23,9 @@ print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}), f
 def test_each_forked_rank_gets_the_environment_accelerate_launch_gives_it(tmp_path):
     script = tmp_path / "dump_env.py"
     script.write_text(_DUMP)
-    with socket.socket() as probe:  # a free port, as `semrl train --num-processes` takes one
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    launch = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            port,
-            str(script),
-            json.dumps(dict(os.environ)),
-        ],
+    port = free_port()
+    launch = subprocess.run(  # the command `semrl train --num-processes 2` runs, with a script
+        [*accelerate_launch(2, str(port)), str(script), json.dumps(dict(os.environ))],
         capture_output=True,
         text=True,
         timeout=300,
@@ -55,7 +35,7 @@ def test_each_forked_rank_gets_the_environment_accelerate_launch_gives_it(tmp_pa
     assert len(launched) == 2
     for real in launched:
         rank = int(real["RANK"])
-        forked = rank_env(rank, 2, int(port))
+        forked = rank_env(rank, 2, port)
         for key in UNSET_BY_FORK:
             real.pop(key, None)
         # torchrun's agent holds the store there; the forked ranks have no agent, and rank 0 holds it

@@ -92,13 +92,34 @@ def _check_run_dir(run_dir: Path) -> None:
         )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A TCP port that no process listens on now (the kernel's pick)."""
     import socket
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def accelerate_launch(num_processes: int, port: str) -> list[str]:
+    """``accelerate launch`` for ``num_processes`` processes on this machine, rendezvous on
+    ``port``; the script or ``-m module`` and its arguments go after it."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        port,
+    ]
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -117,26 +138,9 @@ def _launch(args: argparse.Namespace) -> int:
     cfg = load_config(config_file, args.overrides)
     # every process writes to the one run directory chosen here, also where it is chosen by the clock
     overrides = [*args.overrides, *([] if args.resume else [f"logging.output_dir={cfg.logging.output_dir}"])]
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        str(args.num_processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        # a free port rather than torch's fixed 29500: two runs on one machine do not collide
-        "--main_process_port",
-        os.environ.get("MASTER_PORT") or str(_free_port()),
-        "-m",
-        "semrl",
-        "train",
-    ]
+    # a free port rather than torch's fixed 29500: two runs on one machine do not collide
+    port = os.environ.get("MASTER_PORT") or str(free_port())
+    command = [*accelerate_launch(args.num_processes, port), "-m", "semrl", "train"]
     command += ["--config", args.config] if args.config else []
     command += ["--resume", args.resume] if args.resume else []
     command += [flag for plugin in args.plugin for flag in ("--plugin", plugin)]
