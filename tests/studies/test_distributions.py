@@ -30,6 +30,13 @@ def test_each_function_equals_scipy_stats_bit_for_bit():
         assert _same(dist.norm_pdf(xs), st.norm.pdf(xs))
         assert _same(dist.norm_cdf(xs), st.norm.cdf(xs)) and _same(dist.norm_sf(xs), st.norm.sf(xs))
         assert _same(dist.norm_sf(x), st.norm.sf(x)) and _same(dist.norm_ppf(q), st.norm.ppf(q))
+        n, a, b = (
+            int(rng.integers(1, 65)),
+            float(np.exp(rng.uniform(-8, 8))),
+            float(np.exp(rng.uniform(-8, 8))),
+        )
+        ks = rng.integers(0, n + 1, int(rng.integers(1, 70)))
+        assert _same(dist.betabinom_logpmf(ks, n, a, b), st.betabinom.logpmf(ks, n, a, b)), (n, a, b)
 
 
 def test_the_noncentral_tails_are_the_tails_and_not_each_other():

@@ -77,16 +77,24 @@ def test_at_cost_interpolates_between_whole_sample_counts_and_a_randomised_sampl
     whole, fraction = math.floor(k_star), k_star - math.floor(k_star)
     draws = 40_000
     ks = whole + (rng.random(draws) < fraction)
-    spent, found = np.zeros(draws), {m: np.zeros(draws) for m in EQUAL_COST_METRICS}
-    lengths = np.array(samples.lengths)
-    for i, k in enumerate(ks):
-        chosen = rng.permutation(samples.n)[:k]
-        spent[i] = lengths[chosen].sum()
-        leaves = Leaves(
-            "p", 0, tuple(samples.correct[j] for j in chosen), tuple(samples.clusters[j] for j in chosen)
+    # each draw takes the k samples of lowest rank in a uniform random order: (draws, n) chosen masks
+    ranks = rng.random((draws, samples.n)).argsort(axis=1).argsort(axis=1)
+    chosen = ranks < ks[:, None]
+    spent = chosen @ np.array(samples.lengths, dtype=float)
+    # what each subset finds, from Leaves itself, looked up by the subset's bits
+    subset = chosen @ (1 << np.arange(samples.n))
+    members = [[j for j in range(samples.n) if bits >> j & 1] for bits in range(1 << samples.n)]
+    found = {}
+    for m in EQUAL_COST_METRICS:
+        table = np.array(
+            [
+                Leaves(
+                    "p", 0, tuple(samples.correct[j] for j in js), tuple(samples.clusters[j] for j in js)
+                ).value(m)
+                for js in members
+            ]
         )
-        for m in EQUAL_COST_METRICS:
-            found[m][i] = leaves.value(m)
+        found[m] = table[subset]
     assert abs(spent.mean() - tokens) < 4 * spent.std() / math.sqrt(draws) + 1e-9
     for m in EQUAL_COST_METRICS:
         hand = (1 - fraction) * _brute_force(samples, m, whole) + (

@@ -15,6 +15,7 @@ compute that reaches a target half-width.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,9 +23,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from scipy import optimize, special
-from scipy import stats as st
 
-from semrl.studies.distributions import chi2_ppf, t_ppf
+from semrl.studies.distributions import betabinom_logpmf, chi2_ppf, t_ppf
 
 if TYPE_CHECKING:
     from semrl.studies.discovery import Run
@@ -58,6 +58,22 @@ class Samples:
         return Samples(*out)
 
 
+@functools.lru_cache(maxsize=64)
+def _pass_at_k_table(n: int, k: int) -> np.ndarray:
+    """(n + 1,): the unbiased pass@k of a problem with j of n samples correct, for j = 0..n."""
+    table = np.array([1.0 - math.comb(n - j, k) / math.comb(n, k) for j in range(n + 1)])
+    table.flags.writeable = False
+    return table
+
+
+def _distinct_counts(clusters: np.ndarray) -> np.ndarray:
+    """(P,): the number of distinct answer classes (>= 0) in each row of ``clusters`` (P, n)."""
+    ordered = np.sort(clusters, axis=1)
+    first_of_class = np.ones_like(ordered, dtype=bool)
+    first_of_class[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    return cast("np.ndarray", (first_of_class & (ordered >= 0)).sum(axis=1))
+
+
 def metric_value(metric: str, samples: Samples) -> float:
     """``metric`` over the problems as ``semrl.evaluation.summarize_records`` computes it."""
     correct = samples.correct
@@ -66,14 +82,11 @@ def metric_value(metric: str, samples: Samples) -> float:
         k = int(metric.split("@")[1])
         if not 1 <= k <= n:
             raise ValueError(f"{metric} needs 1 <= k <= {n} samples per problem")
-        c = correct.sum(axis=1)
-        table = np.array([1.0 - math.comb(n - j, k) / math.comb(n, k) for j in range(n + 1)])
-        return float(table[c].mean())
+        return float(_pass_at_k_table(n, k)[correct.sum(axis=1)].mean())
     if metric.startswith("mean@"):
         return float(correct.mean())
     if metric == "distinct_answers":
-        clusters = samples.clusters
-        return float(np.mean([len(set(row[row >= 0].tolist())) for row in clusters]))
+        return float(np.mean(_distinct_counts(samples.clusters)))
     if metric == "response_length/correct":
         return float(samples.lengths[correct].mean()) if correct.any() else 0.0
     raise ValueError(f"no variance decomposition for metric '{metric}'; use {METRIC_HELP}")
@@ -85,7 +98,7 @@ def _leave_one_out(metric: str, samples: Samples) -> np.ndarray:
     correct, lengths, clusters = samples.correct, samples.lengths, samples.clusters
     p, n = correct.shape
     if metric == "distinct_answers":
-        counts = np.array([len(set(row[row >= 0].tolist())) for row in clusters])
+        counts = _distinct_counts(clusters)
         alone = np.zeros((p, n))
         for i, row in enumerate(clusters):
             for j, c in enumerate(row):
@@ -105,7 +118,7 @@ def fit_beta_binomial(counts: np.ndarray, n: int) -> tuple[float, float]:
 
     def loss(log_ab: np.ndarray) -> float:
         a, b = np.exp(log_ab)
-        return -float(st.betabinom.logpmf(counts, n, a, b).sum())
+        return -float(betabinom_logpmf(counts, n, a, b).sum())
 
     fit = optimize.minimize(loss, np.zeros(2), method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-6})
     a, b = np.exp(np.clip(fit.x, -8.0, 8.0))
@@ -132,7 +145,7 @@ def pass_at_k_sampling_variance(counts: np.ndarray, n: int, k: int) -> np.ndarra
     table = np.empty(n + 1)
     for j in range(n + 1):  # in closed form under the posterior Beta(a + j, b + n - j)
         pa, pb = a + j, b + n - j
-        second = float(st.betabinom.pmf(np.arange(n + 1), n, pa, pb) @ est**2)  # E[est^2]
+        second = float(np.exp(betabinom_logpmf(np.arange(n + 1), n, pa, pb)) @ est**2)  # E[est^2]
 
         def moment(m: int, pa: float = pa, pb: float = pb) -> float:  # E[(1 - p)^m]
             return math.exp(special.betaln(pa, pb + m) - special.betaln(pa, pb))
