@@ -1,6 +1,7 @@
 """Data loading, bad rows, the arithmetic task, prompts and the sampler."""
 
 import json
+import random
 
 import pytest
 
@@ -86,6 +87,49 @@ def test_arithmetic_is_seeded_levelled_and_correct():
         20, [1], seed=4, exclude={p.problem for p in make_arithmetic_problems(60, [1], 3)}
     )
     assert len(held) <= 40  # only 100 distinct 1-digit sums exist
+
+
+def _drawn_until_the_cap(n: int, levels: list[int], seed: int, exclude: set[str]) -> list[str]:
+    """The generator's loop without its shortcut: it draws until n problems or 100 n + 1000 draws."""
+    from semrl.data.arithmetic import _make
+
+    rng, texts, attempts = random.Random(seed), [], 0
+    while len(texts) < n and attempts < 100 * n + 1000:
+        attempts += 1
+        text, _ = _make(rng.choice(levels), rng)
+        if text not in texts and text not in exclude:
+            texts.append(text)
+    return texts
+
+
+def test_arithmetic_stops_once_its_levels_are_drawn_out_with_the_problems_of_a_draw_to_the_cap():
+    """Asked for more problems than the levels hold (the demo's 2000 of 100 1-digit sums), the
+    generator stops once it has every one, with the problems the loop to its cap of draws gives;
+    ``_texts`` holds every text ``_make`` draws, as many as the hand count."""
+    from semrl.data.arithmetic import _make, _texts
+
+    rng = random.Random(0)
+    for level, count in {1: 100, 2: 90 * 90, 3: 2 * 90 * 90, 4: 8 * 29, 5: 2 * 19 * 19 * 8}.items():
+        assert len(_texts(level)) == count
+        assert {_make(level, rng)[0] for _ in range(20_000)} <= _texts(level)
+    for seed in range(12):
+        levels = rng.sample([1, 4, 1, 4, 2], rng.randint(1, 3))
+        space = sorted(set().union(*(_texts(level) for level in levels)))
+        exclude = set(rng.sample(space, rng.randint(0, len(space) // 2))) if len(space) < 1000 else set()
+        n = rng.choice([5, 50, 120, 400])
+        got = [p.problem for p in make_arithmetic_problems(n, levels, seed, exclude)]
+        assert got == _drawn_until_the_cap(n, levels, seed, exclude), (n, levels, seed)
+
+
+def test_arithmetic_draws_out_the_demos_level_in_a_few_thousand_draws(monkeypatch):
+    """The demo asks 2000 of the 100 1-digit sums: about 2 n draws, not the cap of 100 n + 1000."""
+    import semrl.data.arithmetic as arithmetic
+
+    draws = []
+    make = arithmetic._make
+    monkeypatch.setattr(arithmetic, "_make", lambda level, rng: draws.append(level) or make(level, rng))
+    assert len(make_arithmetic_problems(2000, [1], seed=0)) == 100
+    assert len(draws) <= 2 * 2000 + 100
 
 
 def _calc(expr: str) -> int:
