@@ -13,7 +13,8 @@ processes (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` 
 the others get SIGTERM, then SIGKILL after 30 s. ``tests/core/test_forked.py`` checks that
 environment against a real ``accelerate launch``; ``test_two_processes_train_like_one`` keeps the
 real launch. A command whose import-time variables (``OMP_NUM_THREADS``, ``HF_*`` ...) differ from
-those the server imported with runs in a server started again with them.
+those the server imported with runs in a server started again with them. A command with
+``rollout.engine=vllm`` forks from a second server that has imported vLLM as well.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import Any
 
 # What the preloaded server imports: everything `semrl train` imports before its first step.
 PRELOADED = ("semrl.cli", "semrl.cli.train", "semrl.runtime.trainer", "accelerate", "safetensors.torch")
+# A command with rollout.engine=vllm goes to a server that has also imported vLLM as semrl's engine
+# does (about 7 s a rank here); the others to one that has not, since a fresh hf run never imports it.
+VLLM_ARG = "rollout.engine=vllm"
 
 # Variables that torch, transformers and their kin read once, at import: a command whose values differ
 # from the running server's gets a server started with them (PreloadedServer._server).
@@ -94,9 +98,11 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 class PreloadedServer:
-    """The client side: one server process per test worker, started on first use."""
+    """The client side: one server process per test worker and flavour ("hf", or "vllm": vLLM
+    imported too), started on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, flavour: str = "hf") -> None:
+        self.flavour = flavour
         self._proc: subprocess.Popen[bytes] | None = None
         self._imported_with: dict[str, str] = {}
         atexit.register(self.close)
@@ -110,7 +116,7 @@ class PreloadedServer:
         if self._proc is None:
             root = Path(__file__).resolve().parents[1]
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.forked"],
+                [sys.executable, "-m", "tests.forked", self.flavour],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 cwd=root,
@@ -172,19 +178,20 @@ class PreloadedServer:
         self._proc = None
 
 
-_SERVER = PreloadedServer()
+_SERVERS = {flavour: PreloadedServer(flavour) for flavour in ("hf", "vllm")}
 
 
-def preloaded_server() -> PreloadedServer:
-    """This test worker's server."""
-    return _SERVER
+def preloaded_server(flavour: str = "hf") -> PreloadedServer:
+    """This test worker's server of ``flavour``."""
+    return _SERVERS[flavour]
 
 
 def run_semrl(
     *args: str, env: dict[str, str] | None = None, timeout: float = 600.0
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m semrl *args`` as a fork of this test worker's preloaded server (module docstring)."""
-    return _SERVER.run(list(args), env, timeout)
+    """``python -m semrl *args`` as a fork of this test worker's preloaded server (module docstring):
+    the vLLM one for a command with ``rollout.engine=vllm``."""
+    return _SERVERS["vllm" if VLLM_ARG in args else "hf"].run(list(args), env, timeout)
 
 
 # ---- the server side: runs in `python -m tests.forked`, never in the test process ----
@@ -343,8 +350,9 @@ def _signal_all(pids: list[int], done: dict[int, int], number: int) -> None:
                 pass
 
 
-def serve() -> None:
-    """Import PRELOADED, then run one request (a JSON line on stdin) at a time, replying on stdout."""
+def serve(flavour: str) -> None:
+    """Import PRELOADED (and vLLM for the "vllm" flavour), then run one request (a JSON line on
+    stdin) at a time, replying on stdout."""
     import importlib
     import threading
 
@@ -352,6 +360,11 @@ def serve() -> None:
     os.dup2(2, 1)  # what an import prints goes to stderr, never into a reply
     for name in PRELOADED:
         importlib.import_module(name)
+    if flavour == "vllm":
+        from semrl.rollout.engines.vllm_start import import_vllm
+
+        vllm = import_vllm()  # as the engine imports it, with the variables it sets first
+        vllm.LLM, vllm.SamplingParams, vllm.TokensPrompt  # noqa: B018  (lazy: each imports its modules)
     # a fork copies only the calling thread: a thread started by an import would be lost in the
     # children while holding whatever lock it held
     assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
@@ -362,4 +375,4 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1])

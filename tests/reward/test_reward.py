@@ -86,6 +86,26 @@ def test_known_hang_scores_zero_within_timeout(pool):
     assert pool.verify_many([("4", r"\frac{8}{2}")])[0].correct
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.e2e  # starts a process
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads parents from /proc")
+def test_workers_and_their_replacements_fork_from_one_server_not_from_the_trainer():
+    """Reward workers come from multiprocessing's fork server (it imported math-verify once), not from
+    this process, and so does the worker that replaces one killed at its time-out."""
+    import os
+
+    with VerifierPool(num_workers=2, timeout_s=1.0, numeral_answers=False) as pool:
+        pool.wait_ready()
+        parents = {_parent(w.proc.pid) for w in pool._workers}
+        assert len(parents) == 1 and os.getpid() not in parents
+        assert pool.verify_many([("3", HANG)])[0].timed_out
+        pool.wait_ready()
+        assert {_parent(w.proc.pid) for w in pool._workers} == parents
+
+
 @pytest.mark.e2e  # starts a process
 def test_score_responses_counts_hang_and_goes_on(pool):
     texts = [rf"the result is \boxed{{{HANG}}}", r"\boxed{5}", "it is 5", "nothing"]

@@ -73,6 +73,7 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
     vllm_or_skip()
     import os
 
+    from tests.forked import preloaded_server
     from tests.helpers import (
         distributed_run_overrides,
         final_weights,
@@ -93,6 +94,7 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
             str(processes),
             env=env,
         )
+    assert preloaded_server("vllm").pid is not None  # their ranks forked from the server with vLLM imported
     one = read_metrics(tmp_path / "one")[1:]
     w1 = final_weights(tmp_path / "one")
     for name in ("two", "fsdp"):
