@@ -132,17 +132,23 @@ class PreloadedServer:
         return None if self._proc is None else self._proc.pid
 
     def run(
-        self, args: list[str], env: dict[str, str] | None = None, timeout: float = 600.0
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 600.0,
+        code: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """``python -m semrl *args`` (``--num-processes N``: N ranks) with ``env`` (default: this
         process's), in the current directory; what ``subprocess.run(..., capture_output=True,
-        text=True)`` would return. A run past ``timeout`` is killed and raises TimeoutExpired."""
+        text=True)`` would return. A run past ``timeout`` is killed and raises TimeoutExpired. With
+        ``code``: ``python -c code *args`` instead, in one process."""
         env = dict(os.environ if env is None else env)
         server = self._server(env)
         assert server.stdin is not None and server.stdout is not None
         with tempfile.TemporaryDirectory(prefix="semrl-forked-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {
+                "code": code,
                 "args": list(args),
                 "env": env,
                 "cwd": os.getcwd(),
@@ -162,7 +168,7 @@ class PreloadedServer:
                 raise ValueError(reply["refused"])
             stdout = out.read_text() if out.exists() else ""
             stderr = err.read_text() if err.exists() else ""
-        command = [sys.executable, "-m", "semrl", *args]
+        command = [sys.executable, *(["-c", code] if code is not None else ["-m", "semrl"]), *args]
         if reply["timed_out"]:
             raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
         return subprocess.CompletedProcess(command, reply["returncode"], stdout, stderr)
@@ -194,6 +200,14 @@ def run_semrl(
     return _SERVERS["vllm" if VLLM_ARG in args else "hf"].run(list(args), env, timeout)
 
 
+def run_python(
+    code: str, *args: str, flavour: str = "hf", env: dict[str, str] | None = None, timeout: float = 600.0
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code *args`` as a fork of this test worker's ``flavour`` server: a script that
+    drives semrl's parts itself (an engine, a process group) in a process of its own."""
+    return _SERVERS[flavour].run(list(args), env, timeout, code=code)
+
+
 # ---- the server side: runs in `python -m tests.forked`, never in the test process ----
 
 
@@ -219,14 +233,15 @@ def _set_by_imports() -> dict[str, str]:
 
 
 def _rank_process(
-    args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int, group: int
+    args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int, group: int, code: str | None
 ) -> None:
-    """In the forked child: become ``python -m semrl *args`` and exit with its status."""
+    """In the forked child: become ``python -m semrl *args`` (or ``python -c code *args``) and exit
+    with its status."""
     import atexit as child_atexit
     import random
     import traceback
 
-    code: int = 1
+    status: int = 1
     try:
         os.setpgid(0, group)
         os.dup2(stdout, 1)
@@ -241,27 +256,33 @@ def _rank_process(
         import numpy
 
         numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
-        # `python -m semrl`'s main module and argv: multiprocessing's spawn (the reward workers)
-        # reads the one, and nothing is imported from the server's own module
+        # `python -m semrl`'s (or `python -c`'s) main module and argv: multiprocessing's fork server
+        # and spawn (the reward workers) read the one, and nothing is imported from the server's own module
         import importlib.util
         import types
 
-        spec = importlib.util.find_spec("semrl.__main__")
-        assert spec is not None and spec.origin is not None
-        entry = types.ModuleType("__main__")
-        entry.__spec__, entry.__file__ = spec, spec.origin
-        sys.modules["__main__"] = entry
-        sys.argv = [spec.origin, *args]
-        from semrl.cli import main
+        if code is not None:  # `python -c`: a __main__ without a file, argv[0] "-c"
+            script = types.ModuleType("__main__")
+            sys.modules["__main__"] = script
+            sys.argv = ["-c", *args]
+            exec(compile(code, "<string>", "exec"), script.__dict__)
+            status = 0
+        else:
+            spec = importlib.util.find_spec("semrl.__main__")
+            assert spec is not None and spec.origin is not None
+            entry = types.ModuleType("__main__")
+            entry.__spec__, entry.__file__ = spec, spec.origin
+            sys.modules["__main__"] = entry
+            sys.argv = [spec.origin, *args]
+            from semrl.cli import main
 
-        result = main(args)
-        code = int(result or 0)
+            status = int(main(args) or 0)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
-            code = stop.code or 0
+            status = stop.code or 0
         else:  # sys.exit("message"), as Python ends it
             print(stop.code, file=sys.stderr)
-            code = 1
+            status = 1
     except KeyboardInterrupt:
         traceback.print_exc()
         sys.stdout.flush()
@@ -271,14 +292,14 @@ def _rank_process(
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
-        code = 1
+        status = 1
     finally:
         try:
             child_atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(code)
+            os._exit(status)
 
 
 def _launch(request: dict[str, Any]) -> dict[str, Any]:
@@ -306,7 +327,15 @@ def _launch(request: dict[str, Any]) -> dict[str, Any]:
         rank_vars = rank_env(rank, world, port) if world > 1 else {}
         pid = os.fork()
         if pid == 0:
-            _rank_process(args, {**env, **rank_vars}, request["cwd"], stdout, stderr, pids[0] if pids else 0)
+            _rank_process(
+                args,
+                {**env, **rank_vars},
+                request["cwd"],
+                stdout,
+                stderr,
+                pids[0] if pids else 0,
+                request.get("code"),
+            )
         if not pids:
             try:  # the group exists before the next rank joins it, whichever process runs first
                 os.setpgid(pid, pid)

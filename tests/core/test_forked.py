@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from semrl.cli.train import accelerate_launch, free_port
-from tests.forked import UNSET_BY_FORK, preloaded_server, rank_env, run_semrl
+from tests.forked import UNSET_BY_FORK, preloaded_server, rank_env, run_python, run_semrl
 
 _DUMP = """
 import json, os, sys
@@ -51,6 +51,10 @@ def test_a_forked_command_ends_with_its_status_and_its_output(tmp_path):
     assert bad.returncode == 2 and "trainer.stpes" in bad.stderr and bad.stdout == ""
     ok = run_semrl("config", "trainer")
     assert ok.returncode == 0 and "micro_batch_size" in ok.stdout, ok.stderr
+    script = run_python("import sys; print(sys.argv, __name__); sys.exit(int(sys.argv[1]))", "3")
+    assert script.returncode == 3 and script.stdout == "['-c', '3'] __main__\n"
+    raised = run_python("raise ValueError('boom')")
+    assert raised.returncode == 1 and "ValueError: boom" in raised.stderr
     # torch reads OMP_NUM_THREADS at import: another value needs a server that imported with it
     server = preloaded_server()
     first = server.pid

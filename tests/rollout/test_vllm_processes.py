@@ -1,6 +1,7 @@
 """vLLM engines in processes of their own: 2 ranks that each colocate an engine, and an engine
-replaced inside one process. These tests start their own processes, so they stay out of the vllm
-group (tests/conftest.py): they need no engine of the worker's and run beside it."""
+replaced inside one process. These tests start their own processes (forked from the test worker's
+preloaded server that has imported vLLM, tests/forked.py), so they stay out of the vllm group
+(tests/conftest.py): they need no engine of the worker's and run beside it."""
 
 from __future__ import annotations
 
@@ -49,15 +50,9 @@ def test_a_replaced_engine_is_shut_down_and_an_outside_process_group_survives(di
     while the replaced engine object is still referenced (it would keep its memory); shutting engines down keeps
     a default process group that existed before them (accelerate's) usable, and removes vLLM's own."""
     vllm_or_skip()
-    import subprocess
-    import sys
+    from tests.forked import run_python
 
-    run = subprocess.run(
-        [sys.executable, "-c", _REPLACE_ENGINE_SCRIPT, str(digit32_model_dir), group],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = run_python(_REPLACE_ENGINE_SCRIPT, str(digit32_model_dir), group, flavour="vllm")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "FIRST_FREED True" in run.stdout, run.stdout[-1000:]
     if group == "accelerate":
