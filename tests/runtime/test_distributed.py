@@ -248,16 +248,13 @@ def test_a_process_that_exits_without_closing_destroys_its_process_group():
 def test_fsdp_shards_the_model_before_it_reaches_the_device(digit_model_dir):
     """Under FSDP the trained model is sharded from its CPU copy (``fully_shard`` moves one layer at a
     time): it is never moved to the device whole, as it is without FSDP; the reference is sharded too."""
+    from tests.forked import run_python
+
     for fsdp, expected in (
         ("true", "SHARDED True REF True MOVES []"),
         ("false", "SHARDED False REF False MOVES [False]"),
     ):
-        run = subprocess.run(
-            [sys.executable, "-c", _SHARD_ORDER_SCRIPT, str(digit_model_dir), fsdp],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        run = run_python(_SHARD_ORDER_SCRIPT, str(digit_model_dir), fsdp, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         assert expected in run.stdout, (fsdp, run.stdout[-500:])
 

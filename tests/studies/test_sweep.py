@@ -26,8 +26,8 @@ from tests.helpers import DIGIT_SYSTEM_PROMPT
 def forked_runs(monkeypatch):
     """The sweep's runs start as forks of this worker's preloaded server (``tests.forked``), not as
     fresh interpreters: the same ``semrl train`` command lines, environment and exit codes, without
-    about 9 s of imports each. The tests of the launch itself (the local sweep's resume, Ctrl-C,
-    submitit) keep the real one."""
+    about 9 s of imports each. The tests of the launch itself (Ctrl-C reaching the run and the
+    sweep, submitit) keep the real one."""
     import semrl.studies.sweep_runs as sweep_runs
     from tests.forked import run_semrl
 
@@ -177,7 +177,7 @@ def _steps(run_dir: Path) -> list[dict]:
 
 
 def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(
-    digit_model_dir, seven_task, tmp_path, monkeypatch
+    digit_model_dir, seven_task, tmp_path, monkeypatch, forked_runs
 ):
     path = _tiny_sweep(tmp_path, digit_model_dir, seven_task, {"dr": {"algorithm.method": "dr_grpo"}}, [0, 1])
     sweep = load_sweep(path)
