@@ -28,6 +28,8 @@ TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 # the next test (semrl.rollout.engines.vllm), and building the wheel and the sdist share build/.
 SERIAL_GROUPS = {
     "vllm": {"test_engines.py", "test_evaluation.py", "test_tree_driver.py"},
+    # processes forked from one preloaded server that has imported vLLM (tests/forked.py), started once
+    "vllm_processes": {"test_vllm_processes.py"},
     "build": {"test_packaging.py"},
     "error_rates": {"test_error_rates.py"},  # one worker computes each design's levels once
 }

@@ -1,7 +1,8 @@
 """vLLM engines in processes of their own: 2 ranks that each colocate an engine, and an engine
 replaced inside one process. These tests start their own processes (forked from the test worker's
 preloaded server that has imported vLLM, tests/forked.py), so they stay out of the vllm group
-(tests/conftest.py): they need no engine of the worker's and run beside it."""
+(tests/conftest.py): they need no engine of the worker's and run beside it, in a group of their own
+that starts that server once."""
 
 from __future__ import annotations
 
