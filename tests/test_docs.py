@@ -48,22 +48,31 @@ def _command_lines() -> list[tuple[Path, str]]:
     return found
 
 
-@pytest.mark.e2e  # starts a process
-def test_the_site_builds_strictly(tmp_path):
+@pytest.fixture(scope="module")
+def strict_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built once with ``mkdocs build --strict`` for the tests that read it (their xdist
+    group keeps them on one worker)."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
+    site = tmp_path_factory.mktemp("strict") / "site"
     mkdocs = shutil.which("mkdocs") or f"{sys.executable} -m mkdocs"
     out = subprocess.run(
-        [*shlex.split(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [*shlex.split(mkdocs), "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(sys.executable).parent)},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    return site
+
+
+@pytest.mark.e2e  # starts a process
+@pytest.mark.xdist_group("site")
+def test_the_site_builds_strictly(strict_site):
+    api = (strict_site / "api" / "index.html").read_text()
     assert "compare_seeds" in api and "pass_at_k" in api  # the API reference came from the docstrings
-    pages = {p: p.read_text(encoding="utf-8") for p in (tmp_path / "site").rglob("index.html")}
+    pages = {p: p.read_text(encoding="utf-8") for p in strict_site.rglob("index.html")}
     assert len(pages) > 15
     for page, text in pages.items():
         # Sphinx roles that the reference would print as they are
@@ -80,7 +89,7 @@ def test_the_site_builds_strictly(tmp_path):
         )
         for formula in re.findall(r"<math\b.*?</math>", text, flags=re.S):
             assert "\\" not in formula and "merror" not in formula, f"{page}: TeX MathML could not read"
-    algorithms = (tmp_path / "site" / "algorithms" / "index.html").read_text()
+    algorithms = (strict_site / "algorithms" / "index.html").read_text()
     assert "<title>Algorithms and formulas" in algorithms  # the page title is the navigation title
     # the formulas are rendered math: the ROSE calibration (paper eq. 8) and the GRPO advantage
     assert len(re.findall(r"<math\b", algorithms)) > 40
@@ -385,10 +394,13 @@ def test_the_site_builds_from_the_docs_requirements_alone(tmp_path):
     assert listed == extra
     assert "pip install -r docs/requirements.txt && mkdocs serve" in (ROOT / "README.md").read_text()
     env_dir = tmp_path / "docs-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
+    # a venv without its own pip (ensurepip: seconds), filled by this environment's pip
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
     installed = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], capture_output=True, text=True
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "-r", str(requirements)],
+        capture_output=True,
+        text=True,
     )
     assert installed.returncode == 0, installed.stderr[-2000:]
     assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
@@ -449,24 +461,17 @@ def test_the_gpu_is_described_one_way():
     reason="Chromium is not installed (Debian: apt-get install chromium)",
 )
 @pytest.mark.e2e  # starts a process
+@pytest.mark.xdist_group("site")
 @pytest.mark.parametrize("width", [1280, 390])
-def test_wide_tables_stay_inside_the_content_column(tmp_path, width):
+def test_wide_tables_stay_inside_the_content_column(strict_site, width):
     """On the pages with the widest tables, at a laptop's and a phone's width, every table scrolls or
     wraps inside the content column: the page itself never scrolls sideways (headless Chromium)."""
-    pytest.importorskip("mkdocs")
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])"
     )
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "SEMRL_REQUIRE_BROWSER is set but no chromium is on PATH"
-    site = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--site-dir", str(site)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )
+    site = strict_site
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"]

@@ -74,9 +74,13 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(built, tmp_path):
         assert packaged in names, packaged
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     env_dir = tmp_path / "fresh"
-    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
+    # a venv without its own pip (ensurepip: seconds), filled by this environment's pip
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+    )
     # the dependencies (torch, transformers, ...) from this environment's site-packages, read as a
     # plain path: its .pth files, among them this checkout's editable install, are not run
     site = Path(
