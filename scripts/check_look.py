@@ -18,6 +18,7 @@ docs/results.md's look tables against ``rebuild``).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import itertools
 import json
@@ -40,9 +41,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def read_lines(path: Path) -> list[dict]:
     """The JSON lines of a record file, plain or gzip-compressed (``FILE.jsonl.gz``, how a finished
-    study's records are committed)."""
+    study's records are committed); each file is parsed once while it is unchanged (every rule of
+    every look reads the same records)."""
     if not path.exists() and path.with_name(path.name + ".gz").exists():
         path = path.with_name(path.name + ".gz")
+    stat = path.stat()
+    return _parsed(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(path: Path, mtime_ns: int, size: int) -> list[dict]:
     data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
 
