@@ -13,8 +13,8 @@ processes (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` 
 the others get SIGTERM, then SIGKILL after 30 s. ``tests/core/test_forked.py`` checks that
 environment against a real ``accelerate launch``; ``test_two_processes_train_like_one`` keeps the
 real launch. A command whose import-time variables (``OMP_NUM_THREADS``, ``HF_*`` ...) differ from
-those the server imported with runs in a server started again with them. A command with
-``rollout.engine=vllm`` forks from a second server that has imported vLLM as well.
+those the server imported with runs in a server of its own, started with them. A command with
+``rollout.engine=vllm`` forks from a server that has imported vLLM as well.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ class PreloadedServer:
         atexit.register(self.close)
 
     def _server(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """The server whose imports saw ``env``'s import-time variables: started again when they
-        changed (vLLM's import sets PYTORCH_NVML_BASED_CUDA_CHECK in the test process, for one)."""
+        """The server whose imports saw ``env``'s import-time variables (``preloaded_server`` keeps
+        one per set): started again when it ended or when they differ."""
         imported_with = read_at_import(env)
         if self._proc is not None and (self._proc.poll() is not None or imported_with != self._imported_with):
             self.close()
@@ -184,12 +184,18 @@ class PreloadedServer:
         self._proc = None
 
 
-_SERVERS = {flavour: PreloadedServer(flavour) for flavour in ("hf", "vllm")}
+_SERVERS: dict[tuple[str, tuple[tuple[str, str], ...]], PreloadedServer] = {}
 
 
-def preloaded_server(flavour: str = "hf") -> PreloadedServer:
-    """This test worker's server of ``flavour``."""
-    return _SERVERS[flavour]
+def preloaded_server(flavour: str = "hf", env: dict[str, str] | None = None) -> PreloadedServer:
+    """This test worker's server of ``flavour`` for the import-time variables of ``env`` (default:
+    this process's): one per set, so that a command with other values (OMP_NUM_THREADS=2, say) does
+    not make the next command's server start again."""
+    variables = read_at_import(dict(os.environ if env is None else env))
+    key = (flavour, tuple(sorted(variables.items())))
+    if key not in _SERVERS:
+        _SERVERS[key] = PreloadedServer(flavour)
+    return _SERVERS[key]
 
 
 def run_semrl(
@@ -197,7 +203,7 @@ def run_semrl(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m semrl *args`` as a fork of this test worker's preloaded server (module docstring):
     the vLLM one for a command with ``rollout.engine=vllm``."""
-    return _SERVERS["vllm" if VLLM_ARG in args else "hf"].run(list(args), env, timeout)
+    return preloaded_server("vllm" if VLLM_ARG in args else "hf", env).run(list(args), env, timeout)
 
 
 def run_python(
@@ -205,7 +211,7 @@ def run_python(
 ) -> subprocess.CompletedProcess[str]:
     """``python -c code *args`` as a fork of this test worker's ``flavour`` server: a script that
     drives semrl's parts itself (an engine, a process group) in a process of its own."""
-    return _SERVERS[flavour].run(list(args), env, timeout, code=code)
+    return preloaded_server(flavour, env).run(list(args), env, timeout, code=code)
 
 
 # ---- the server side: runs in `python -m tests.forked`, never in the test process ----

@@ -55,9 +55,13 @@ def test_a_forked_command_ends_with_its_status_and_its_output(tmp_path):
     assert script.returncode == 3 and script.stdout == "['-c', '3'] __main__\n"
     raised = run_python("raise ValueError('boom')")
     assert raised.returncode == 1 and "ValueError: boom" in raised.stderr
-    # torch reads OMP_NUM_THREADS at import: another value needs a server that imported with it
+    # torch reads OMP_NUM_THREADS at import: another value needs a server that imported with it,
+    # and the first one stays for the commands after it
     server = preloaded_server()
     first = server.pid
     assert run_semrl("config", "trainer").returncode == 0 and server.pid == first
-    assert run_semrl("config", "trainer", env={**os.environ, "OMP_NUM_THREADS": "2"}).returncode == 0
-    assert server.pid != first
+    two_threads = {**os.environ, "OMP_NUM_THREADS": "2"}
+    assert run_semrl("config", "trainer", env=two_threads).returncode == 0
+    other = preloaded_server(env=two_threads)
+    assert other is not server and other.pid not in (None, first)
+    assert run_semrl("config", "trainer").returncode == 0 and server.pid == first
