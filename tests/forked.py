@@ -37,7 +37,7 @@ PRELOADED = ("semrl.cli", "semrl.cli.train", "semrl.runtime.trainer", "accelerat
 VLLM_ARG = "rollout.engine=vllm"
 
 # Variables that torch, transformers and their kin read once, at import: a command whose values differ
-# from the running server's gets a server started with them (PreloadedServer._server).
+# from a running server's gets a server started with them (preloaded_server).
 _READ_AT_IMPORT = (
     "OMP_",
     "MKL_",
@@ -104,14 +104,12 @@ class PreloadedServer:
     def __init__(self, flavour: str = "hf") -> None:
         self.flavour = flavour
         self._proc: subprocess.Popen[bytes] | None = None
-        self._imported_with: dict[str, str] = {}
         atexit.register(self.close)
 
     def _server(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """The server whose imports saw ``env``'s import-time variables (``preloaded_server`` keeps
-        one per set): started again when it ended or when they differ."""
-        imported_with = read_at_import(env)
-        if self._proc is not None and (self._proc.poll() is not None or imported_with != self._imported_with):
+        """The server, started with ``env`` (``preloaded_server`` keeps one per set of import-time
+        variables, and the server refuses a command with others), or again if it ended."""
+        if self._proc is not None and self._proc.poll() is not None:
             self.close()
         if self._proc is None:
             root = Path(__file__).resolve().parents[1]
@@ -123,7 +121,6 @@ class PreloadedServer:
                 env={**env, "PYTHONPATH": os.pathsep.join([str(root), env.get("PYTHONPATH", "")])},
                 start_new_session=True,  # a command's Ctrl-C or SIGTERM to its group never reaches it
             )
-            self._imported_with = imported_with
         return self._proc
 
     @property

@@ -11,13 +11,11 @@ import pytest
 from tests.helpers import vllm_or_skip
 
 _REPLACE_ENGINE_SCRIPT = """
-import gc, os, socket, sys, weakref
+import gc, os, sys, weakref
 import torch, torch.distributed as dist
+from semrl.cli.train import free_port
 if sys.argv[2] == "accelerate":  # a default group that exists before vLLM, as accelerate's does
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
 from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
 from semrl.rollout.engines.vllm_start import shutdown_engines

@@ -178,13 +178,11 @@ def test_fsdp_curriculum_stage_reference_matches_one_process(digit_model_dir, si
 
 
 _SHARD_ORDER_SCRIPT = """
-import os, socket, sys
+import os, sys
 import torch, torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+from semrl.cli.train import free_port
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
 dist.init_process_group("gloo")
 from semrl.config.load import load_config
 from semrl.core.distributed import ProcessGroup
@@ -225,11 +223,9 @@ raise SystemExit(3)  # an exit without close(), as an error path takes
 def test_a_process_that_exits_without_closing_destroys_its_process_group():
     """A gloo group alive when the interpreter finalises can abort the process in C++ ("terminate
     called without an active exception", seen once under load): ProcessGroup destroys it at exit."""
-    import socket
+    from semrl.cli.train import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _EXIT_SCRIPT, str(rank), port],

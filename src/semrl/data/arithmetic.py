@@ -36,13 +36,13 @@ def _make(level: int, rng: random.Random) -> tuple[str, int]:
 
 def _texts(level: int) -> set[str]:
     """Every problem text ``_make(level, ...)`` can return."""
-    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    two_digits = range(10, 100)
     if level == 1:
         return {f"What is {a} + {b}?" for a in range(10) for b in range(10)}
     if level == 2:
-        return {f"What is {a} + {b}?" for a, b in pairs}
+        return {f"What is {a} + {b}?" for a in two_digits for b in two_digits}
     if level == 3:
-        return {f"What is {a} {op} {b}?" for a, b in pairs for op in "+-"}
+        return {f"What is {a} {op} {b}?" for a in two_digits for b in two_digits for op in "+-"}
     if level == 4:
         return {f"What is {a} * {b}?" for a in range(2, 10) for b in range(2, 31)}
     if level == 5:
