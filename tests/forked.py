@@ -382,6 +382,25 @@ def _signal_all(pids: list[int], done: dict[int, int], number: int) -> None:
                 pass
 
 
+def _compile_vllm_sampler(vocab_size: int = 49152) -> None:
+    """Compile vLLM's one torch.compile'd sampler function (the rank of each sampled token's
+    log-prob; compiled even under enforce_eager) for the tiny models' vocabulary, as every rank's
+    first sampling step does: about 1.6 s a rank here, which each fork then finds compiled. A
+    vocabulary of another size compiles again in the fork, as it would anyway."""
+    import torch
+    from tqdm import tqdm
+    from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+
+    logprobs = torch.randn(3, vocab_size)
+    sampled = logprobs[:, :1].clone()
+    for tensor in (logprobs, sampled):  # as vLLM's Sampler.gather_logprobs marks them
+        torch._dynamo.decorators.mark_unbacked(tensor, 0)
+    batched_count_greater_than(logprobs, sampled)
+    if tqdm.monitor is not None:  # the compile's progress bar started tqdm's monitor thread
+        tqdm.monitor.exit()
+        tqdm.monitor = None
+
+
 def serve(flavour: str) -> None:
     """Import PRELOADED (and vLLM for the "vllm" flavour), then run one request (a JSON line on
     stdin) at a time, replying on stdout."""
@@ -397,6 +416,7 @@ def serve(flavour: str) -> None:
 
         vllm = import_vllm()  # as the engine imports it, with the variables it sets first
         vllm.LLM, vllm.SamplingParams, vllm.TokensPrompt  # noqa: B018  (lazy: each imports its modules)
+        _compile_vllm_sampler()
     # a fork copies only the calling thread: a thread started by an import would be lost in the
     # children while holding whatever lock it held
     assert threading.active_count() == 1, [t.name for t in threading.enumerate()]

@@ -96,3 +96,25 @@ def test_two_processes_each_run_a_vllm_engine_and_match_one_process(digit32_mode
         w2 = final_weights(tmp_path / name)
         assert w1.keys() == w2.keys()
         assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, name
+
+
+_SAMPLER_CACHE_SCRIPT = """
+import threading
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+print("COMPILED", len(_debug_get_cache_entry_list(batched_count_greater_than._torchdynamo_orig_callable.__code__)))
+print("THREADS", threading.active_count())
+"""
+
+
+@pytest.mark.e2e  # starts a process
+def test_forked_vllm_ranks_find_the_sampler_compiled_and_no_thread_lost():
+    """The vLLM-flavoured preloaded server (tests/forked.py) compiles vLLM's sampler function once, so
+    each forked rank skips that compile (about 1.6 s a rank), and the compile leaves the server with
+    only its main thread (a fork copies only that one)."""
+    vllm_or_skip()
+    from tests.forked import run_python
+
+    run = run_python(_SAMPLER_CACHE_SCRIPT, flavour="vllm")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "COMPILED 1" in run.stdout and "THREADS 1" in run.stdout, run.stdout[-1000:]
