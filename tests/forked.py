@@ -385,8 +385,9 @@ def _signal_all(pids: list[int], done: dict[int, int], number: int) -> None:
 def _compile_vllm_sampler(vocab_size: int = 49152) -> None:
     """Compile vLLM's one torch.compile'd sampler function (the rank of each sampled token's
     log-prob; compiled even under enforce_eager) for the tiny models' vocabulary, as every rank's
-    first sampling step does: about 1.6 s a rank here, which each fork then finds compiled. A
-    vocabulary of another size compiles again in the fork, as it would anyway."""
+    first sampling step does: about 1.6 s a rank here (8 s with inductor's disk cache cold), which
+    each fork then finds compiled. A vocabulary of another size compiles again in the fork, as it
+    would anyway."""
     import torch
     from tqdm import tqdm
     from vllm.v1.sample.ops.logprobs import batched_count_greater_than
@@ -395,7 +396,9 @@ def _compile_vllm_sampler(vocab_size: int = 49152) -> None:
     sampled = logprobs[:, :1].clone()
     for tensor in (logprobs, sampled):  # as vLLM's Sampler.gather_logprobs marks them
         torch._dynamo.decorators.mark_unbacked(tensor, 0)
-    batched_count_greater_than(logprobs, sampled)
+    # in this thread: with a cold disk cache inductor compiles C++ in a thread pool that would stay
+    with torch._inductor.config.patch(compile_threads=1):
+        batched_count_greater_than(logprobs, sampled)
     if tqdm.monitor is not None:  # the compile's progress bar started tqdm's monitor thread
         tqdm.monitor.exit()
         tqdm.monitor = None

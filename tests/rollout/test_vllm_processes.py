@@ -111,7 +111,8 @@ print("THREADS", threading.active_count())
 def test_forked_vllm_ranks_find_the_sampler_compiled_and_no_thread_lost():
     """The vLLM-flavoured preloaded server (tests/forked.py) compiles vLLM's sampler function once, so
     each forked rank skips that compile (about 1.6 s a rank), and the compile leaves the server with
-    only its main thread (a fork copies only that one)."""
+    only its main thread (a fork copies only that one). A cold inductor disk cache, as on a fresh
+    machine, compiles in a thread pool: run with a fresh TORCHINDUCTOR_CACHE_DIR to check that path."""
     vllm_or_skip()
     from tests.forked import run_python
 
