@@ -14,7 +14,8 @@ the others get SIGTERM, then SIGKILL after 30 s. ``tests/core/test_forked.py`` c
 environment against a real ``accelerate launch``; ``test_two_processes_train_like_one`` keeps the
 real launch. A command whose import-time variables (``OMP_NUM_THREADS``, ``HF_*`` ...) differ from
 those the server imported with runs in a server of its own, started with them. A command with
-``rollout.engine=vllm`` forks from a server that has imported vLLM as well.
+``rollout.engine=vllm`` forks from a server that has imported vLLM as well, and compiled the one
+function vLLM's sampler compiles even when eager, which each rank would otherwise compile again.
 """
 
 from __future__ import annotations
