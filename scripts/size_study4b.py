@@ -5,9 +5,10 @@
 For each rule of the pilot's rules file (ROSE - Dr.GRPO over the learning curve), the per-seed
 differences' s.d. with its 95% interval, and the seeds a fixed-design study needs for power 0.8 at
 the planned effect (two-sided paired t-test at 0.05) if sigma is that s.d. or either end of its
-interval; then the hours those seeds take at the pilot's mean hours per run. Study 4b can decide
-when every rule needs at most --max-seeds seeds at the pilot's s.d. and those seeds fit in
---budget-hours. The pilot's means are printed as they are and read as nothing: the pilot is never
+interval; then the hours those seeds take at the pilot's mean hours per run (sweep_done.json), or
+at --hours-per-seed where the pilot's wall times are not timings (runs cut, shared or paused). Study
+4b can decide when every rule needs at most --max-seeds seeds at the pilot's s.d. and those seeds
+fit in --budget-hours. The pilot's means are printed as they are and read as nothing: the pilot is never
 evidence for Study 4b.
 """
 
@@ -39,18 +40,27 @@ def run_hours(pilot: Path) -> dict[str, float]:
     return {variant: sum(h) / len(h) for variant, h in hours.items()}
 
 
-def size(pilot: Path, rules_path: Path, max_seeds: int, budget_hours: float) -> tuple[str, bool]:
-    """(the Markdown report, whether Study 4b can decide)."""
+def size(
+    pilot: Path, rules_path: Path, max_seeds: int, budget_hours: float, hours_per_seed: float | None = None
+) -> tuple[str, bool]:
+    """(the Markdown report, whether Study 4b can decide); ``hours_per_seed`` (one run of every
+    variant) replaces the pilot's mean wall times."""
     rules = load_hypotheses(rules_path)
     groups = find_runs([pilot])
     diffs = rule_differences(groups, rules)
     hours = run_hours(pilot)
     variants = {r.variant for r in rules} | {r.baseline for r in rules}
-    per_seed = sum(hours.get(v, float("nan")) for v in variants)
+    measured = sum(hours.get(v, float("nan")) for v in variants)
+    per_seed = measured if hours_per_seed is None else hours_per_seed
+    source = (
+        "the pilot's mean wall time per run"
+        if hours_per_seed is None
+        else f"as given (the pilot's mean wall times: {measured:.2f})"
+    )
     lines = [
         f"Pilot {pilot}: {', '.join(f'{v} {len(runs)} runs' for v, runs in groups.items())}; "
-        f"{per_seed:.2f} hours per seed of every variant. Fixed design, two-sided paired t-test at 0.05, "
-        "power 0.8.\n",
+        f"{per_seed:.2f} hours per seed of every variant, {source}. Fixed design, two-sided paired "
+        "t-test at 0.05, power 0.8.\n",
         "| rule | metric | seeds | pilot mean (descriptive) | s.d. [95%] | planned effect | seeds needed "
         "[at the s.d.'s interval] | hours |",
         "|---|---|---|---|---|---|---|---|",
@@ -84,8 +94,15 @@ def main() -> int:
     parser.add_argument("--rules", type=Path, default=REPO / "configs/study/study4b_pilot_rules.yaml")
     parser.add_argument("--max-seeds", type=int, default=16)
     parser.add_argument("--budget-hours", type=float, default=24.0)
+    parser.add_argument(
+        "--hours-per-seed",
+        type=float,
+        help="hours of one run of every variant, measured alone, in place of the pilot's wall times",
+    )
     args = parser.parse_args()
-    report, _ = size(args.pilot, args.rules, args.max_seeds, args.budget_hours)
+    if args.hours_per_seed is not None and not args.hours_per_seed > 0:
+        parser.error(f"--hours-per-seed must be above 0, got {args.hours_per_seed}")
+    report, _ = size(args.pilot, args.rules, args.max_seeds, args.budget_hours, args.hours_per_seed)
     print(report)
     return 0
 

@@ -75,3 +75,33 @@ def test_the_pilot_sizes_study_4b_from_its_curve_differences(tmp_path, seed):
         assert decided is can, report
         verdicts.append(decided)
     assert verdicts[0]  # a pilot with almost no spread: a small study decides
+
+
+@pytest.mark.parametrize("hours_per_seed", [0.5, 1.0, 2.0])
+def test_hours_given_in_place_of_the_pilots_wall_times_decide_the_budget(tmp_path, hours_per_seed):
+    """With --hours-per-seed the hours column and the budget read the given hours, not the pilot's
+    wall times (0.75 per seed here); the seeds needed do not change."""
+    script = _script()
+    evals = _pilot(tmp_path, np.random.default_rng(7), 0.004)
+    report, decided = script.size(
+        tmp_path, REPO / "configs/study/study4b_pilot_rules.yaml", 16, 24.0, hours_per_seed
+    )
+    assert f"{hours_per_seed:.2f} hours per seed" in report and "wall times: 0.75" in report
+    can = True
+    for column, (rule, effect) in enumerate(script.PLANNED.items()):
+        d = [
+            evals[("rose", s)][:, column].mean() - evals[("dr_grpo", s)][:, column].mean()
+            for s in range(300, 304)
+        ]
+        need = seeds_needed(effect, float(np.std(d, ddof=1)))
+        cells = [
+            c.strip()
+            for c in next(x for x in report.splitlines() if x.startswith(f"| {rule} ")).split("|")[1:-1]
+        ]
+        assert cells[7] == f"{need * hours_per_seed:.1f}"
+        can = can and need <= 16 and need * hours_per_seed <= 24
+    assert decided is can
+    report_tight, decided_tight = script.size(
+        tmp_path, REPO / "configs/study/study4b_pilot_rules.yaml", 16, 0.01, hours_per_seed
+    )
+    assert not decided_tight  # no study fits in 0.01 hours
