@@ -9,7 +9,7 @@
 # Log: WORKTREE.log beside the worktree.
 set -euo pipefail
 commit=3ec36c1  # Study 4a: its pre-registration (25085db) with deviation 1 (docs/results.md)
-driver=e444db9  # its script with deviation 2 (landing compressed), run in that worktree
+driver=9583fb5  # its script with deviations 2 (landing compressed) and 3 (no retraining of a settled policy)
 tree=${1:-../study4a}
 repo=$(git rev-parse --show-toplevel)
 if [ ! -d "$tree" ]; then
@@ -19,7 +19,8 @@ fi
 tree=$(cd "$tree" && pwd)
 [ "$(git -C "$tree" rev-parse HEAD)" = "$(git rev-parse "$commit^{commit}")" ] || {
   echo "$tree is not at $commit" >&2; exit 2; }
-if pgrep -f "study4a\.sh" >/dev/null; then echo "Study 4a is already running" >&2; exit 2; fi
+# the driver beside the worktree (WORKTREE.study4a.sh); "study4a\.sh" would match this script too
+if pgrep -f "[.]study4a[.]sh" >/dev/null; then echo "Study 4a is already running" >&2; exit 2; fi
 if [ -d "$repo/results/study4a" ]; then
   mkdir -p "$tree/results/study4a"
   for dir in "$repo"/results/study4a/*/; do
