@@ -60,18 +60,25 @@ def test_a_plain_log_wins_over_a_compressed_one_and_none_reads_empty(tmp_path):
     assert read_jsonl(tmp_path / "none.jsonl") == [] and not log_exists(tmp_path / "none.jsonl")
 
 
-def _compares() -> dict[str, tuple[list[str], str]]:
+def _make_figures():  # noqa: ANN202
     spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.COMPARES
+    return module
+
+
+def _compares() -> dict[str, tuple[list[str], str]]:
+    return _make_figures().COMPARES
 
 
 @pytest.mark.parametrize("study", sorted(_compares()))
 def test_every_committed_comparison_reads_the_same_from_the_compressed_records(study, tmp_path, monkeypatch):
     """`semrl compare` over the compressed records writes, byte for byte, the results.md and
-    aggregate.json committed beside them, which were written from the plain records."""
-    options, output = _compares()[study]
+    aggregate.json committed beside them, which were written from the plain records, and the figures
+    docs/figures shows from this comparison (scripts/make_figures.py copies them there; the
+    comparison's figures/ is not committed)."""
+    make_figures = _make_figures()
+    options, output = make_figures.COMPARES[study]
     monkeypatch.chdir(ROOT)
     study_dir = ROOT / "results" / study
     runs = [run for group in find_runs([study_dir]).values() for run in group]
@@ -79,13 +86,18 @@ def test_every_committed_comparison_reads_the_same_from_the_compressed_records(s
     assert main(["compare", str(study_dir.relative_to(ROOT)), *options, "--output", str(tmp_path)]) == 0
     for name in ("results.md", "aggregate.json"):
         assert (tmp_path / name).read_bytes() == (study_dir / output / name).read_bytes(), name
+    shown = {n: s for n, s in make_figures.SHOWN.items() if s.startswith(f"{study}/{output}/figures/")}
+    assert shown or study not in {s.split("/")[0] for s in make_figures.SHOWN.values()}
+    for name, source in shown.items():
+        drawn = tmp_path / "figures" / source.rsplit("/", 1)[1]
+        assert drawn.read_bytes() == (ROOT / "docs" / "figures" / name).read_bytes(), name
 
 
 @pytest.mark.e2e  # starts a process
 def test_the_checkout_is_light():
     """The tracked files stay under 40 MB, so that a clone is quick and a working tree fits the GPU
-    machine's 64 MiB: run records are committed compressed, and the HTML pages `semrl compare`
-    regenerates are not committed."""
+    machine's 64 MiB: run records are committed compressed, and the HTML pages and figures `semrl
+    compare` regenerates are not committed."""
     try:
         tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
@@ -98,6 +110,7 @@ def test_the_checkout_is_light():
         "compress: gzip -9n FILE"
     )
     assert not [f for f in records if f.suffix == ".html"]
+    assert not [f for f in records if f.suffix == ".png"], "figures: python scripts/make_figures.py"
 
 
 def test_a_committed_run_is_not_continued_over_its_compressed_logs(tmp_path, capsys):
