@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tables import print_median_ratio_table
 
 METHODS = ("spawn", "forkserver")
 # math-verify evaluates this for far longer than any time-out (tests/reward/test_reward.py)
@@ -79,12 +80,7 @@ def main() -> None:
             )
             readings[method].append(json.loads(run.stdout.strip().splitlines()[-1]))
     print(f"{args.workers} workers, {args.repeats} fresh processes per method, medians\n")
-    print("| measure | spawn | forkserver | forkserver / spawn |")
-    print("|---|---|---|---|")
-    for measure in readings["spawn"][0]:
-        spawn = statistics.median(r[measure] for r in readings["spawn"])
-        fork = statistics.median(r[measure] for r in readings["forkserver"])
-        print(f"| {measure} | {spawn:.3f} | {fork:.3f} | {fork / spawn:.2f} |")
+    print_median_ratio_table(readings, "spawn", "forkserver")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tables import print_median_ratio_table
 
 MODES = ("compiled", "eager")
 SHAPES = {"8 prompts x 8": 8, "32 prompts x 8": 32}
@@ -74,12 +75,8 @@ def main() -> None:
                 sys.exit(f"the {mode} engine failed:\n{run.stderr[-3000:]}")
             results[mode].append(json.loads(lines[-1].removeprefix("RESULT ")))
             print(f"repeat {repeat}, {mode}: {results[mode][-1]}", flush=True)
-    print("\n| measure | compiled (median) | eager (median) | eager / compiled |")
-    print("|---|---|---|---|")
-    for key in results["compiled"][0]:
-        compiled = statistics.median(r[key] for r in results["compiled"])
-        eager = statistics.median(r[key] for r in results["eager"])
-        print(f"| {key} | {compiled:.1f} | {eager:.1f} | {eager / compiled:.2f} |")
+    print()
+    print_median_ratio_table(results, "compiled", "eager", digits=1)
 
 
 if __name__ == "__main__":
