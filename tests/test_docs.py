@@ -182,25 +182,28 @@ def _shown(prefix: str) -> list[str]:
     return found
 
 
+# what the pages' commands get added in the tests: a tiny budget (after the model's path)
+PAGES_TINY_BUDGET = (
+    "rollout.group_size=2",
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=4",
+    "trainer.steps=1",
+    "trainer.micro_batch_size=4",
+    "data.eval_size=2",
+    "logging.eval_samples=2",
+    "reward.num_workers=1",
+    "logging.progress=false",
+    "logging.report_to=[]",
+)
+
+
 def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monkeypatch, capsys):
     """The getting-started path as the pages show it (train, resume, eval, report, export, compare,
     ROSE, a reward function of one's own), each command with a tiny model and a tiny budget added."""
     for name in ("configs", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
-    tiny = [
-        f"model.name={tiny_model_dir}",
-        "rollout.group_size=2",
-        "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=4",
-        "trainer.steps=1",
-        "trainer.micro_batch_size=4",
-        "data.eval_size=2",
-        "logging.eval_samples=2",
-        "reward.num_workers=1",
-        "logging.progress=false",
-        "logging.report_to=[]",
-    ]
+    tiny = [f"model.name={tiny_model_dir}", *PAGES_TINY_BUDGET]
 
     made, printed = {}, {}  # the run directories made by name; the pages' examples -> those
 
@@ -267,19 +270,7 @@ def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(
         ),
         tmp_path / "my_train.parquet",
     )
-    tiny = [
-        f"model.name={tiny_model_dir}",
-        "rollout.group_size=2",
-        "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=4",
-        "trainer.steps=1",
-        "trainer.micro_batch_size=4",
-        "data.eval_size=2",
-        "logging.eval_samples=2",
-        "reward.num_workers=1",
-        "logging.progress=false",
-        "logging.report_to=[]",
-    ]
+    tiny = [f"model.name={tiny_model_dir}", *PAGES_TINY_BUDGET]
     for command in (demo, own):
         assert main([*shlex.split(command)[1:], *tiny]) == 0, command
     out = capsys.readouterr().out
