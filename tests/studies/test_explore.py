@@ -286,7 +286,10 @@ def test_semrl_explore_counts_what_a_hand_recount_of_its_leaves_gives(digit_mode
     )
     (look,) = [json.loads(line) for line in (out / "looks.jsonl").read_text().splitlines()]
     assert look["seeds"] == list(range(5)) and [r["id"] for r in look["rules"]] == ["E1", "E2"]
-    assert "Exploration rules, look 1 of 1 at 5 problems" in (out / "decisions.md").read_text()
+    decisions = (out / "decisions.md").read_text()
+    assert "Exploration rules, look 1 of 1 at 5 problems" in decisions
+    header = next(line for line in decisions.splitlines() if line.startswith("| rule |"))
+    assert "| problems |" in header and "(problems) |" in header and "seeds" not in header  # the unit
     # two problems per engine call: every seeded method's records are the same, each problem's cost
     # counted under its prompt; LATR's lookahead rows are counted per prompt too (explore_batch
     # checks that the per-prompt counts add up to the engine's)

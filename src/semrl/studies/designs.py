@@ -292,20 +292,26 @@ def seeds_range(j: Judged) -> str:
     return f"{few}-{many}"
 
 
-JUDGED_HEADER = [
-    "rule",
-    "family",
-    "pair",
-    "metric",
-    "expect (δ)",
-    "difference",
-    "interval",
-    "level",
-    "seeds",
-    "p (t / sign-flip)",
-    "outcome",
-    "a new study would need (seeds)",
-]
+def judged_header(unit: str = "seeds") -> list[str]:
+    """The decision table's header; ``unit`` names what a rule's n counts (seeds for training
+    studies, problems for an exploration judged with problems as the unit)."""
+    return [
+        "rule",
+        "family",
+        "pair",
+        "metric",
+        "expect (δ)",
+        "difference",
+        "interval",
+        "level",
+        unit,
+        "p (t / sign-flip)",
+        "outcome",
+        f"a new study would need ({unit})",
+    ]
+
+
+JUDGED_HEADER = judged_header()
 
 
 def judged_rows(judged: Sequence[Judged]) -> list[list[str]]:

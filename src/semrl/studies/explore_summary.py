@@ -15,11 +15,11 @@ import numpy as np
 
 from semrl.errors import ConfigError
 from semrl.studies.designs import (
-    JUDGED_HEADER,
     LOOKS_LOG,
     Judged,
     complete_seeds,
     judge_looks,
+    judged_header,
     judged_rows,
     log_looks,
 )
@@ -264,4 +264,4 @@ def judge_exploration(
         f"(problems as the unit; {design.type} design, alpha {design.alpha:g} two-sided per family, "
         f"{families})"
     )
-    return heading, [JUDGED_HEADER, *judged_rows(looks[-1])], looks[-1]
+    return heading, [judged_header("problems"), *judged_rows(looks[-1])], looks[-1]
