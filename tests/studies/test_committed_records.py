@@ -96,8 +96,9 @@ def test_every_committed_comparison_reads_the_same_from_the_compressed_records(s
 @pytest.mark.e2e  # starts a process
 def test_the_checkout_is_light():
     """The tracked files stay under 40 MB, so that a clone is quick and a working tree fits the GPU
-    machine's 64 MiB: run records are committed compressed, and the HTML pages and figures `semrl
-    compare` regenerates are not committed."""
+    machine's 64 MiB: run records are committed compressed; the HTML pages and figures `semrl
+    compare` regenerates, and a sweep's evaluation cache (the runs' step-0 records again), are not
+    committed."""
     try:
         tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
@@ -111,6 +112,7 @@ def test_the_checkout_is_light():
     )
     assert not [f for f in records if f.suffix == ".html"]
     assert not [f for f in records if f.suffix == ".png"], "figures: python scripts/make_figures.py"
+    assert not [f for f in records if ".eval-cache" in f.parts], "the runs' step-0 evaluations hold these"
 
 
 def test_a_committed_run_is_not_continued_over_its_compressed_logs(tmp_path, capsys):
