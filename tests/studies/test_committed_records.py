@@ -127,3 +127,23 @@ def test_a_committed_run_is_not_continued_over_its_compressed_logs(tmp_path, cap
     assert (
         "logs are compressed (metrics.jsonl.gz, samples.jsonl.gz" in err and f"gunzip {run}/*.jsonl.gz" in err
     )
+
+
+@pytest.mark.parametrize("policy", ["dr_grpo-seed-200", "base", "dr_grpo-seed-201"])
+def test_study4a_judges_the_same_from_its_committed_records(policy, tmp_path):
+    """Study 4a (docs/results.md) judged again from its committed, compressed exploration records
+    with the pre-registered rules gives every look of its looks.jsonl to the last digit: each
+    difference, interval, level, p-value and outcome (the times left out)."""
+    from semrl.studies.explore_run import read_records
+    from semrl.studies.explore_summary import judge_exploration
+    from semrl.studies.rules_file import load_rules
+
+    landed = ROOT / "results" / "study4a" / policy
+    judge_exploration(
+        read_records(landed), load_rules(ROOT / "configs" / "study" / "study4a_rules.yaml"), tmp_path
+    )
+
+    def looks(path: Path) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "time"} for row in read_jsonl(path)]
+
+    assert looks(tmp_path / "looks.jsonl") == looks(landed / "looks.jsonl") != []
