@@ -1,17 +1,20 @@
 """What tests share besides fixtures (those are in conftest.py): the tiny models' recipes, the
 seven task, the tiny run's config (and the one several processes train alike, and its eager vLLM
 section), training in a subprocess or counting the old-policy pass's rows, the CLI in a fresh
-interpreter, the vLLM skip rule, the dense reference mask of tree attention, random packed trees. Import it as
+interpreter, the vLLM skip rule, the dense reference mask of tree attention, random packed trees,
+`scripts/make_figures.py` as a module. Import it as
 ``from tests.helpers import ...`` (a test file's private names are its own: test_architecture
 checks); benchmarks that build the same tiny models import it too."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -293,3 +296,14 @@ def random_chain_tree(
         positions.append(k)
         responses.append(responses[parent][:k] + torch.randint(0, vocab, (length,), generator=gen).tolist())
     return responses, ChainTree(tuple(parents), tuple(positions), tuple(len(r) for r in responses))
+
+
+def make_figures_script() -> ModuleType:
+    """``scripts/make_figures.py`` loaded as a module: its ``COMPARES`` (the committed comparisons it
+    regenerates) and ``SHOWN`` (docs/figures/NAME: the comparison figure it is)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_figures.py"
+    spec = importlib.util.spec_from_file_location("make_figures", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

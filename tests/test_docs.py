@@ -18,6 +18,7 @@ from semrl.cli import build_parser, main
 from semrl.config.load import config_reference, load_config
 from semrl.config.load import method_sections as _method_sections
 from semrl.config.options import section_reference
+from tests.helpers import make_figures_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -322,20 +323,11 @@ def test_the_docs_extra_installs_what_the_site_build_imports():
                 assert top.lower() in listed, f"{hook.name} imports {top}, missing from the docs extra"
 
 
-def _make_figures():  # noqa: ANN202
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_figure_in_the_docs_is_drawn_by_the_figures_command():
     """docs/figures holds what `python scripts/make_figures.py` writes, and every page's figure is one
     of them (that each study figure is what `semrl compare` draws from the committed records:
     tests/studies/test_committed_records.py)."""
-    make_figures = _make_figures()
+    make_figures = make_figures_script()
     drawn = {*make_figures.SHOWN, "rose_demo_tree_viewer.png"}
     assert {p.name for p in (ROOT / "docs" / "figures").glob("*.png")} == drawn
     shown = {
@@ -355,7 +347,7 @@ def test_each_method_has_its_own_colour_in_every_docs_figure():
 
     from semrl.studies.runs import method_color
 
-    make_figures = _make_figures()
+    make_figures = make_figures_script()
     for name, source in make_figures.SHOWN.items():
         study = source.split("/")[0]
         variants = list(yaml.safe_load((ROOT / "configs" / f"{study}.yaml").read_text())["variants"])

@@ -5,7 +5,6 @@ the compressed records as it did from the plain ones it was written from."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import random
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 from semrl.cli import main
 from semrl.core.jsonl import log_exists, read_jsonl, stored
 from semrl.studies.discovery import find_runs
+from tests.helpers import make_figures_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,24 +60,13 @@ def test_a_plain_log_wins_over_a_compressed_one_and_none_reads_empty(tmp_path):
     assert read_jsonl(tmp_path / "none.jsonl") == [] and not log_exists(tmp_path / "none.jsonl")
 
 
-def _make_figures():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _compares() -> dict[str, tuple[list[str], str]]:
-    return _make_figures().COMPARES
-
-
-@pytest.mark.parametrize("study", sorted(_compares()))
+@pytest.mark.parametrize("study", sorted(make_figures_script().COMPARES))
 def test_every_committed_comparison_reads_the_same_from_the_compressed_records(study, tmp_path, monkeypatch):
     """`semrl compare` over the compressed records writes, byte for byte, the results.md and
     aggregate.json committed beside them, which were written from the plain records, and the figures
     docs/figures shows from this comparison (scripts/make_figures.py copies them there; the
     comparison's figures/ is not committed)."""
-    make_figures = _make_figures()
+    make_figures = make_figures_script()
     options, output = make_figures.COMPARES[study]
     monkeypatch.chdir(ROOT)
     study_dir = ROOT / "results" / study
@@ -86,11 +75,11 @@ def test_every_committed_comparison_reads_the_same_from_the_compressed_records(s
     assert main(["compare", str(study_dir.relative_to(ROOT)), *options, "--output", str(tmp_path)]) == 0
     for name in ("results.md", "aggregate.json"):
         assert (tmp_path / name).read_bytes() == (study_dir / output / name).read_bytes(), name
-    shown = {n: s for n, s in make_figures.SHOWN.items() if s.startswith(f"{study}/{output}/figures/")}
-    assert shown or study not in {s.split("/")[0] for s in make_figures.SHOWN.values()}
-    for name, source in shown.items():
-        drawn = tmp_path / "figures" / source.rsplit("/", 1)[1]
-        assert drawn.read_bytes() == (ROOT / "docs" / "figures" / name).read_bytes(), name
+    for name, source in make_figures.SHOWN.items():
+        if source.split("/")[0] == study:
+            figure = source.removeprefix(f"{study}/{output}/")
+            assert figure != source, f"{name} is copied from another comparison than {output}"
+            assert (tmp_path / figure).read_bytes() == (ROOT / "docs" / "figures" / name).read_bytes(), name
 
 
 @pytest.mark.e2e  # starts a process
