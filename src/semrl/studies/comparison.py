@@ -24,9 +24,9 @@ from semrl.studies.decide import (
     decide,
 )
 from semrl.studies.designs import (
-    JUDGED_HEADER,
     complete_seeds,
     judge_looks,
+    judged_header,
     judged_rows,
     log_looks,
     primary_done,
@@ -219,7 +219,7 @@ def design_section(
             f"Decision rules: descriptive only, {len(complete)} seeds ({design.type} design, looks at "
             f"{planned} seeds)"
         )
-        return (heading, JUDGED_HEADER, judged_rows(judged)), forest_rows(judged, at_seeds)
+        return (heading, judged_header(), judged_rows(judged)), forest_rows(judged, at_seeds)
     k, n = len(looks), design.looks[len(looks) - 1]
     at_look = {rule_id: [by_seed[s] for s in sorted(complete)[:n]] for rule_id, by_seed in diffs.items()}
     if log is not None:
@@ -232,7 +232,7 @@ def design_section(
         f"alpha {design.alpha:g} two-sided per "
         f"family, {', '.join(f'{f}: {c} ({CONTROLS[c]})' for f, c in design.families.items())}; {stop}{nxt})"
     )
-    return (heading, JUDGED_HEADER, judged_rows(looks[-1])), forest_rows(looks[-1], at_look)
+    return (heading, judged_header(), judged_rows(looks[-1])), forest_rows(looks[-1], at_look)
 
 
 def decide_all(groups: dict[str, list[Run]], rules: Sequence[Hypothesis]) -> list[Decision]:

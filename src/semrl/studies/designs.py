@@ -311,9 +311,6 @@ def judged_header(unit: str = "seeds") -> list[str]:
     ]
 
 
-JUDGED_HEADER = judged_header()
-
-
 def judged_rows(judged: Sequence[Judged]) -> list[list[str]]:
     rows = []
     for j in judged:
