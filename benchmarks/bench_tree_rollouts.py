@@ -150,7 +150,7 @@ def main() -> None:
             for name in methods:
                 runs[name].append(_rollout(name, engine, configs[name], prompts, model, tok, seed, waited))
                 seconds, sampled, *_ = runs[name][-1]
-                print(f"{kind} seed {seed} {name}: {seconds:.1f} s, {sampled} sampled tokens", flush=True)
+                print(f"{kind} seed {seed} {name}: {seconds:.3f} s, {sampled} sampled tokens", flush=True)
         ref = runs["independent"]
         for name, method_runs in runs.items():
             ratios = [r[0] / i[0] for r, i in zip(method_runs, ref, strict=True)]

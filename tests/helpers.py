@@ -2,7 +2,8 @@
 seven task, the tiny run's config (and the one several processes train alike, and its eager vLLM
 section), training in a subprocess or counting the old-policy pass's rows, the CLI in a fresh
 interpreter, the vLLM skip rule, the dense reference mask of tree attention, random packed trees,
-`scripts/make_figures.py` as a module. Import it as
+`scripts/make_figures.py` as a module, and the catalog's methods with each list's tiny-run options
+(``every_method``). Import it as
 ``from tests.helpers import ...`` (a test file's private names are its own: test_architecture
 checks); benchmarks that build the same tiny models import it too."""
 
@@ -307,3 +308,26 @@ def make_figures_script() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def method_of(overrides: list[str]) -> str:
+    """The method a run's overrides select (``algorithm.method``; the config's default otherwise)."""
+    from semrl.config.load import load_config
+
+    named = [o.split("=", 1)[1] for o in overrides if o.startswith("algorithm.method=")]
+    return named[-1] if named else load_config(None).algorithm.method
+
+
+def every_method(runs: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``runs`` (name -> a tiny run's overrides) with a run for every registered method it lacks
+    (``algorithm.method=<name>``, the method's defaults), so that a method registered in the catalog
+    is trained, resumed and golden-run without editing a list. A run that selects no registered
+    method (a misspelt one) is an error."""
+    from semrl.methods.catalog import METHODS
+
+    selected = {name: method_of(overrides) for name, overrides in runs.items()}
+    unknown = {name: m for name, m in selected.items() if m not in METHODS}
+    if unknown:
+        raise ValueError(f"runs select methods that are not registered: {unknown}")
+    missing = [m for m in METHODS if m not in selected.values()]
+    return {**runs, **{m: [f"algorithm.method={m}"] for m in missing}}

@@ -375,6 +375,49 @@ def test_methods_reach_no_training_forward_and_the_engine_exposes_no_model():
     assert "model" not in Engine.__annotations__
 
 
+# The engine seam (docs/engines.md): what a method may import from the engines. An engine's own modules
+# (hf, vllm, their start-up, KV caches, the row loop) stay behind it; a power is asked for through
+# ``Engine.powers``, never by importing the engine that has it.
+ENGINE_SEAM = ("semrl.rollout.engines", "semrl.rollout.engines.base")
+
+
+def _engine_imports(modules: dict[str, Path]) -> dict[str, list[str]]:
+    """Every method module's imports of an engine's own module (past the seam)."""
+    found: dict[str, list[str]] = {}
+    for name, path in modules.items():
+        if name.startswith("semrl.methods"):
+            inside = sorted(
+                dep
+                for dep in _imports(name, path, modules)
+                if dep.startswith("semrl.rollout.engines.") and dep not in ENGINE_SEAM
+            )
+            if inside:
+                found[name] = inside
+    return found
+
+
+def test_no_method_imports_an_engines_module():
+    assert not _engine_imports(_modules())
+
+
+def test_the_engine_seam_check_finds_an_engine_import(tmp_path):
+    modules = _modules()
+    method = tmp_path / "method.py"
+    method.write_text("def f():\n    from semrl.rollout.engines.hf import RowLoop\n")
+    assert _engine_imports({**modules, "semrl.methods.latr.method": method}) == {
+        "semrl.methods.latr.method": ["semrl.rollout.engines.hf"]
+    }
+
+
+def test_no_module_is_over_500_lines():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := path.read_text(encoding="utf-8").count("\n")) > 500
+    }
+    assert not long, f"split these modules: {long}"
+
+
 def _actor_calls(source: str) -> list[str]:
     """The methods of ``self.actor`` that ``source`` calls."""
     return [

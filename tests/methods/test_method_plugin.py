@@ -3,9 +3,12 @@ rollout, loaded as a plugin, configured, listed and trained (README, "Adding a m
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +159,74 @@ def test_a_seam_function_with_the_wrong_signature_fails_when_loaded():
     assert load(lambda *args: 0, ("ctx", "prompt_ids"))
     rose = load("semrl.methods.rose.method:rose_rollout", ("ctx", "prompt_ids"), "method rose's rollout_fn")
     assert rose.__name__ == "rose_rollout"
+
+
+def _adding_page_files() -> dict[str, str]:
+    """The files of docs/methods/adding.md's tree method, by the path each block's first line names."""
+    page = (Path(__file__).parents[2] / "docs" / "methods" / "adding.md").read_text()
+    blocks = re.findall(r"```python\n# (my_tree/[\w.]+?):[^\n]*\n(.*?)```", page, re.S)
+    return dict(blocks)
+
+
+@pytest.fixture
+def tree_plugin(tmp_path, monkeypatch):
+    from semrl.methods.catalog import METHODS, load_plugins
+
+    files = _adding_page_files()
+    assert sorted(files) == ["my_tree/__init__.py", "my_tree/rollout.py"]
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    load_plugins(["my_tree"])
+    yield
+    METHODS.pop("my_tree", None)
+    for module in ("my_tree", "my_tree.rollout"):
+        sys.modules.pop(module, None)
+
+
+def test_the_tree_method_of_the_adding_page_trains(tree_plugin, digit_model_dir, seven_task, tmp_path):
+    """The page's tree method on the kit: its options import no torch, and it trains; each group is
+    a chain and children that share its first tokens."""
+    from semrl.config.load import load_config
+    from semrl.methods.catalog import tree_methods
+    from semrl.runtime.trainer import Trainer
+
+    # its options import only torch-free modules (tests/test_architecture.py checks these two)
+    options = ast.parse(_adding_page_files()["my_tree/__init__.py"])
+    imported = {n.module for n in ast.walk(options) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"dataclasses", "semrl.config.options", "semrl.methods.registry"}
+    assert "my_tree" in tree_methods()
+    out = tmp_path / "run"
+    cfg = load_config(
+        None,
+        [
+            f"model.name={digit_model_dir}",
+            f"data.train={seven_task}",
+            "data.eval=null",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=6",
+            "trainer.steps=2",
+            "reward.num_workers=1",
+            "logging.progress=false",
+            f"logging.output_dir={out}",
+            "algorithm.method=my_tree",
+            "my_tree.fraction=0.5",
+        ],
+    )
+    Trainer(cfg).train()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    trees = [json.loads(line) for line in (out / "trees.jsonl").read_text().splitlines()]
+    assert trees
+    for tree in trees:  # chain 0, then children that continue it from where they branch
+        chains = tree["chains"]
+        assert chains[0]["parent"] == -1 and len(chains) == 4
+        for child in chains[1:]:
+            assert child["parent"] in (-1, 0)
+            assert child["parent"] == 0 or child["branch_position"] == 0
+            assert child["branch_position"] == min(chains[0]["length"] // 2, chains[0]["length"] - 1) or (
+                child["parent"] == -1
+            )

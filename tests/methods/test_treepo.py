@@ -17,10 +17,10 @@ from semrl.methods.treepo.rollout import (
     SegmentTreeSettings,
     TreePath,
     fallback_paths,
-    leaf_tree,
     stop_reason,
 )
 from semrl.rollout.engines import Generation
+from semrl.rollout.tree_kit import Node, PromptNodes, chain_tree
 
 # ------------------------------------------------------------------------------------------------
 # References written from the official code's logic (core_algos.py, torch_functional.py, the rollout)
@@ -375,24 +375,40 @@ def test_every_prompt_ends_with_width_leaves_under_random_stops(seed):
             assert len(set(ids)) == w
 
 
-def test_leaf_tree_shares_exactly_the_common_segments():
+def test_the_kits_leaf_tree_shares_exactly_the_common_segments():
+    """TreePO's leaves as kit nodes (a segment continues its path's last one): the kit's tree of the
+    leaves shares exactly the tokens of their common segments, and each leaf's parent is the earliest
+    leaf sharing the most."""
     rng = random.Random(0)
     for _ in range(300):
         paths, groups, _ = _random_batch(rng)
-        paths = [path for path, g in zip(paths, groups, strict=True) if g == 0]
-        segments: dict[tuple[int, ...], Generation] = {}
+        paths = [path for path, g in zip(paths, groups, strict=True) if g == 0][:8]
+        nodes = PromptNodes(0, [1], None)
+        made: dict[tuple[int, ...], Node] = {}
         leaves = []
-        for path in paths[:8]:
-            segs = [segments.setdefault(path[: j + 1], _gen(rng.randint(1, 3))) for j in range(len(path))]
-            leaves.append(TreePath(0, segs, list(path)))
-        tree = leaf_tree(leaves)
+        for path in paths:
+            parent = None
+            for j in range(len(path)):
+                if path[: j + 1] not in made:
+                    made[path[: j + 1]] = nodes.add(len(nodes.nodes), parent, out=_gen(rng.randint(1, 3)))
+                parent = made[path[: j + 1]]
+            assert parent is not None
+            leaves.append(parent)
+        tree = chain_tree(leaves)
+
+        def shared(a: int, c: int, paths=paths, made=made, leaves=leaves) -> int:  # noqa: ANN001
+            n = 0
+            while n < min(len(paths[a]), len(paths[c])) and paths[a][n] == paths[c][n]:
+                n += 1
+            own = made[paths[a][:n]].response() if n else None
+            return len(leaves[a].response().token_ids) if a == c else (len(own.token_ids) if own else 0)
+
         for a in range(len(leaves)):
             for c in range(len(leaves)):
-                n = 0
-                while n < min(len(paths[a]), len(paths[c])) and paths[a][n] == paths[c][n]:
-                    n += 1
-                shared = sum(len(s.token_ids) for s in leaves[a].segments[:n]) if a != c else leaves[a].length
-                assert tree.shared_prefix(a, c) == shared
+                assert tree.shared_prefix(a, c) == shared(a, c)
+            best = max(range(a), key=lambda e: (shared(a, e), -e), default=-1)
+            expected = best if best >= 0 and shared(a, best) > 0 else -1
+            assert tree.parents[a] == expected
 
 
 # ------------------------------------------------------------------------------------------------
@@ -440,8 +456,9 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     assert [len(leaves) for leaves in out.leaves] == [6, 6, 6]
     assert all(r.max_new_tokens <= 3 and len(r.prefix_ids) % 3 == 0 for r in requests)
     total = 0
-    for leaves in out.leaves:
-        tokens = [join_generations(leaf.segments).token_ids.tolist() for leaf in leaves]
+    for leaves, responses, tree in zip(out.leaves, out.responses, out.trees, strict=True):
+        tokens = [r.token_ids.tolist() for r in responses]
+        assert tokens == [join_generations(leaf.segments).token_ids.tolist() for leaf in leaves]
         total += sum(len(t) for t in tokens)
         for a in range(6):
             for c in range(6):
@@ -453,7 +470,7 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
                     n += 1
                 assert tokens[a][: 3 * n] == tokens[c][: 3 * n]
             assert len(tokens[a]) <= 12 and all(s.cache is None for s in leaves[a].segments)
-        assert leaf_tree(leaves).lengths == tuple(len(t) for t in tokens)
+        assert tree.lengths == tuple(len(t) for t in tokens)
     assert engine.generated_tokens - before < total  # the shared segments were sampled once
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from semrl.methods.catalog import tree_methods
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.rollout.tree import ChainTree
 from semrl.update.forward import response_logprobs
@@ -103,7 +104,11 @@ EXTRA = {
 }
 
 
-@pytest.mark.parametrize("method", ["rose", "grpo", "dr_grpo", "treepo", "latr"])
+# the baselines, and every registered method that samples its own groups (the catalog's tree methods)
+PACKED_METHODS = ["grpo", "dr_grpo", *tree_methods()]
+
+
+@pytest.mark.parametrize("method", PACKED_METHODS)
 def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, method):
     """The packed loss and gradient (each shared prefix once) equal the padded ones (every chain
     carries its own copy of the prefix), on the trees each method's rollout makes."""

@@ -9,8 +9,6 @@ from pathlib import Path
 from semrl.cli.common import SubParsers, add_plugin_arg, load_plugins_of
 from semrl.errors import ConfigError
 
-TREE_METHODS = ["rose", "treepo", "fr3e", "latr"]
-
 
 def add_parser(sub: SubParsers) -> None:
     ex = sub.add_parser(
@@ -25,7 +23,11 @@ def add_parser(sub: SubParsers) -> None:
     )
     ex.add_argument("--config", help="a config file or packaged name (demo, rose_paper, ...)")
     ex.add_argument(
-        "--methods", nargs="+", default=TREE_METHODS, help="rollout methods (default: %(default)s)"
+        "--methods",
+        nargs="+",
+        default=None,
+        help="rollout methods (default: every registered method with its own rollout: fr3e latr rose "
+        "treepo, and a plug-in's)",
     )
     ex.add_argument("--seeds", type=int, nargs="+", default=[0], help="rollout seeds per method (default 0)")
     ex.add_argument(
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     load_plugins_of(args)
     from semrl.config.load import fresh_run_dir, load_config
     from semrl.data import load_dataset
-    from semrl.methods.catalog import get_method
+    from semrl.methods.catalog import get_method, tree_methods
 
     cfg = load_config(args.config, args.overrides)
     rules = None
@@ -74,11 +76,12 @@ def run(args: argparse.Namespace) -> int:
         from semrl.studies.rules_file import load_rules
 
         rules = load_rules(args.decide)  # a bad rules file fails before the model loads
+    args.methods = args.methods or tree_methods()
     for name in args.methods:
         if get_method(name).rollout_fn is None:
             raise ConfigError(
                 f"--methods: {name} samples its groups independently; independent sampling is the reference "
-                f"every method is compared with. Name tree methods ({', '.join(TREE_METHODS)})"
+                f"every method is compared with. Name tree methods ({', '.join(tree_methods())})"
             )
     leaves = cfg.rollout.group_size
     independent = args.independent_samples or 2 * leaves

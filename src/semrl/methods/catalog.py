@@ -28,12 +28,18 @@ from semrl.methods.registry import (
     register_policy_loss,
 )
 
-__all__ = ["METHODS", "POLICY_LOSSES", "get_method", "get_policy_loss", "load_plugins"]
+__all__ = ["METHODS", "POLICY_LOSSES", "get_method", "get_policy_loss", "load_plugins", "tree_methods"]
 
 register_policy_loss(PolicyLoss("ppo", "semrl.methods.policy_loss:ppo"))
 for _module in pkgutil.iter_modules(semrl.methods.__path__):
     if _module.ispkg:  # a method's folder; the plain modules are shared tensor code
         importlib.import_module(f"semrl.methods.{_module.name}")
+
+
+def tree_methods() -> list[str]:
+    """The registered methods that sample their own groups (a ``rollout_fn``: ROSE's, TreePO's, FR3E's
+    and LATR's trees, and any plug-in's), in registration order."""
+    return [name for name, spec in METHODS.items() if spec.rollout_fn is not None]
 
 
 def load_plugins(plugins: list[str]) -> None:

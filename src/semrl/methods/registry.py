@@ -161,6 +161,9 @@ class MethodSpec:
             for the sampled token's log-prob only.
         host: for a method that trains with another's advantages and loss (LATR): (its raw config
             section) -> the registered method whose defaults fill the ``algorithm`` keys left null.
+        engine_powers: (options) -> the engine powers its rollout cannot run without under these
+            options (fields of ``semrl.rollout.engines.EnginePowers``), each with the setting that
+            asks for it; an engine that lacks one is refused when training starts, naming both.
     """
 
     name: str
@@ -178,6 +181,7 @@ class MethodSpec:
     needs_entropy: Callable[[Any], str | None] | None = None
     reads_top_logprobs: bool = False
     host: Callable[[Any], str] | None = None
+    engine_powers: Callable[[Any], dict[str, str]] | None = None
 
     @property
     def section(self) -> str | None:

@@ -21,10 +21,11 @@ from semrl.config.sections import Config, ConfigError
 from semrl.core.distributed import ProcessGroup, iter_full_parameters, shard_model
 from semrl.core.jsonl import log_exists, stored
 from semrl.data import DataError, Problem, PromptFormat
+from semrl.methods.catalog import get_method
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.models.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
 from semrl.models.precision import Precision
-from semrl.rollout.engines import Engine, build_engine
+from semrl.rollout.engines import Engine, build_engine, require_power
 from semrl.runtime.checkpoint import cleanup_partial, list_checkpoints, resumable_checkpoint
 from semrl.tracking.run_log import LOG_FILES
 from semrl.tracking.trackers import Tracker, open_trackers
@@ -179,6 +180,7 @@ def load_models(cfg: Config, model_path: str, processes: ProcessGroup, needs_ref
         # vllm under FSDP: the sharded model's weights reach the engine only gathered
         initial_weights=iter_full_parameters(model) if cfg.trainer.fsdp and rollout_model is model else None,
     )
+    check_engine_powers(engine, cfg)
     if engine.compute_dtype != precision.compute and cfg.algorithm.rollout_is == "none":
         logger.warning(
             "the %s engine samples in %s and the trainer computes in %s: their log-probs differ; "
@@ -199,6 +201,18 @@ def load_models(cfg: Config, model_path: str, processes: ProcessGroup, needs_ref
         else:
             ref_model.to(processes.device)
     return Models(tokenizer, model, rollout_model, ref_model, engine, precision, reference_weights)
+
+
+def check_engine_powers(engine: Engine, cfg: Config) -> None:
+    """Refuse, before the first step, a method whose options need an engine power this engine lacks
+    (``MethodSpec.engine_powers``), naming the engine and the setting to change."""
+    method = get_method(cfg.algorithm.method)
+    if method.engine_powers is None:
+        return
+    for power, setting in method.engine_powers(
+        cfg.section(method.section) if method.section else None
+    ).items():
+        require_power(engine, power, f"algorithm.method={method.name}", setting)
 
 
 @contextmanager

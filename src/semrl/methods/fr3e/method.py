@@ -11,7 +11,8 @@ from semrl.methods.fr3e import FR3EConfig
 from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
 from semrl.methods.registry import MethodConfig
 from semrl.rollout.batch import GroupInfo
-from semrl.rollout.engines import Generation, GenerationRequest, node_seed
+from semrl.rollout.engines import Generation
+from semrl.rollout.tree_kit import Node, TreeSampler
 
 
 def select_anchors(scores: torch.Tensor, num_anchors: int) -> list[int]:
@@ -78,66 +79,38 @@ def anchor_scores(chain: Generation, metric: str) -> torch.Tensor:
 def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
     """A first-return chain per prompt, then G continuations spread over its anchor states.
 
-    One ``generate_dynamic`` call: a prompt's continuations are submitted the moment its chain is back
-    (on vllm they join the running batch while other chains still run; on hf they form the second
-    round). Request j of prompt p (0: its chain, 1..G: its continuations) draws from
-    ``node_seed(prompt seed, j)``, so the samples do not depend on scheduling.
+    One engine call through the tree-rollout kit (``semrl.rollout.tree_kit``): a prompt's continuations
+    are submitted the moment its chain is back (on vllm they join the running batch while other chains
+    still run; on hf they form the second round). Node j of prompt p (0: its chain, 1..G: its
+    continuations) draws from ``node_seed(prompt seed, j)``, so the samples do not depend on
+    scheduling. A continuation from anchor k > 0 continues the chain at k (its KV on hf); one from the
+    prompt (state 0) is a fresh sample.
     """
     opts: FR3EConfig = ctx.config.options
-    params, group = ctx.params, ctx.group_size
+    group = ctx.group_size
     seeds = ctx.seeds_of_prompts(len(prompt_ids))
-    chains: list[Generation | None] = [None] * len(prompt_ids)
-    states_per_group: list[list[int]] = [[] for _ in prompt_ids]
-    sequence_prompts: list[list[list[int]]] = [[] for _ in prompt_ids]
-    continuations: list[list[Generation | None]] = [[None] * group for _ in prompt_ids]
+    kit = TreeSampler(ctx.engine, prompt_ids, ctx.params, ctx.generator, seeds, True, ctx.sampling_entropy)
 
-    def continuation_requests(p: int, chain: Generation) -> list[tuple[tuple[int, int], GenerationRequest]]:
-        ids = prompt_ids[p]
-        if opts.anchor_metric == "entropy":  # the vllm engine returns no entropy: one forward pass adds it
-            chain = ctx.sampling_entropy([ids], [chain])[0]
+    def on_node(node: Node) -> list[Node]:
+        if node.index:  # a continuation: a leaf
+            return []
+        chain = kit.with_entropy(node) if opts.anchor_metric == "entropy" else node.out
+        assert chain is not None
         anchors = [0, *select_anchors(anchor_scores(chain, opts.anchor_metric), opts.num_anchors)]
-        out: list[tuple[tuple[int, int], GenerationRequest]] = []
+        tree, out = kit.trees[node.prompt], list[Node]()
         for j, (anchor, size) in enumerate(zip(anchors, state_sizes(group, len(anchors)), strict=True)):
-            prefix = chain.token_ids[:anchor].tolist()
-            for _ in range(size):
-                c = len(out)
-                out.append(
-                    (
-                        (p, c),
-                        GenerationRequest(
-                            ids,
-                            prefix,
-                            params.max_new_tokens - anchor,
-                            cache=chain.cache if anchor else None,
-                            seed=node_seed(seeds[p], 1 + c),
-                        ),
-                    )
-                )
-                sequence_prompts[p].append(ids + prefix)
-                states_per_group[p].append(j)
+            for _ in range(size):  # continuation c is node 1 + c
+                out.append(tree.add(1 + len(out), node if anchor else None, anchor, data=j))
+        kit.close(node.prompt)  # the chain has all its children
         return out
 
-    def on_done(
-        tag: tuple[int, int], _: GenerationRequest, out: Generation
-    ) -> list[tuple[tuple[int, int], GenerationRequest]]:
-        p, c = tag
-        if c < 0:  # the first-return chain
-            chains[p] = out
-            return continuation_requests(p, out)
-        continuations[p][c] = out
-        return []
-
-    first = [
-        ((p, -1), GenerationRequest(ids, seed=node_seed(seeds[p], 0))) for p, ids in enumerate(prompt_ids)
-    ]
-    ctx.engine.generate_dynamic(first, params, ctx.generator, on_done, return_cache=True)
-    gens = [g for row in continuations for g in row if g is not None]
+    kit.run([tree.add(0) for tree in kit.trees], on_node)
+    leaves = [[tree.nodes[1 + c] for c in range(group) if 1 + c in tree.nodes] for tree in kit.trees]
+    gens = [leaf.out for row in leaves for leaf in row if leaf.out is not None]
     if len(gens) != len(prompt_ids) * group:
         raise RuntimeError(f"FR3E got {len(gens)} of {len(prompt_ids) * group} continuations back")
-    for chain in chains:
-        if chain is not None:
-            chain.cache = None
-    first_tokens = sum(len(c.token_ids) for c in chains if c is not None)
+    states_per_group = [[leaf.data for leaf in row] for row in leaves]
+    first_tokens = sum(len(t.nodes[0].out.token_ids) for t in kit.trees if t.nodes[0].out is not None)
     metrics = {
         "fr3e/anchors_per_prompt": sum(max(s) for s in states_per_group) / len(states_per_group),
         "fr3e/first_return_tokens": float(first_tokens),
@@ -145,7 +118,7 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     return MethodRollout(
         gens,
         groups=[GroupInfo(method_data=tuple(states)) for states in states_per_group],
-        sequence_prompt_ids=[ids for rows in sequence_prompts for ids in rows],
+        sequence_prompt_ids=[kit.context(leaf) for row in leaves for leaf in row],
         metrics=metrics,
     )
 

@@ -178,6 +178,11 @@ def check_latr(cfg: Config) -> None:
         )
 
 
+def latr_engine_powers(options: LatrConfig) -> dict[str, str]:
+    """The official split runs the lookahead on the model beside the engine: the engine's row loop."""
+    return {"row_loop": "latr.vllm_lookahead=model"} if options.vllm_lookahead == "model" else {}
+
+
 register_method(
     MethodSpec(
         name="latr",
@@ -190,5 +195,9 @@ register_method(
         options=LatrConfig,
         check=check_latr,
         host=latr_host,
+        # the official split runs the lookahead on the model beside the engine (its row loop)
+        engine_powers=lambda o: (
+            {"row_loop": "latr.vllm_lookahead=model"} if o.vllm_lookahead == "model" else {}
+        ),
     )
 )

@@ -12,22 +12,24 @@ start, and every kept row is finished in the same running batch as soon as the p
 loop, no request per token and no barrier but the phase's end.
 
 Every sampled row draws from its own seed, ``node_seed(prompt seed, row index)``, so its tokens do
-not depend on scheduling.
+not depend on scheduling. The sampled rows are nodes of the tree-rollout kit (``semrl.rollout.tree_kit``):
+a kept row's lookahead tokens are a given node, and its finishing request a child of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from semrl.errors import EngineError
 from semrl.methods.latr.tree import Branch, ForestSettings, LatrForest
-from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, node_seed
+from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams
+from semrl.rollout.tree_kit import Node, TreeSampler, given
 
 if TYPE_CHECKING:
     from semrl.methods.interface import RolloutContext
 
-# ("look", stream, 0) for a lookahead row's request, ("row", prompt, row) for a sampled row
+# ("look", stream, 0) for a lookahead row's request (a sampled row's is its node's (prompt, row))
 Tag = tuple[str, int, int]
 
 
@@ -36,6 +38,57 @@ def group_rows(tree: list[Branch], width: int, group_size: int) -> list[Branch |
     its lookahead), then ``None`` for each ordinary row."""
     pads = [tree[0]] * (width - len(tree)) if tree else []
     return [*tree, *pads, *[None] * (group_size - width)]
+
+
+def row_nodes(
+    kit: TreeSampler, trees: list[list[Branch]], width: int, group_size: int, top_k: int
+) -> list[list[Node | None]]:
+    """Per prompt and row, the node of lookahead tokens its finishing request continues (a tree row's
+    own; a pad's: the main row's), or None for an ordinary row. Each tree row becomes a given node
+    (index ``group_size + b``, never sampled), a child of its parent's at its fork position, holding
+    its KV when the lookahead handed one (``Branch.cache``, then cleared: the kit lets go of it)."""
+    out = []
+    for p, tree in enumerate(trees):
+        nodes, of = kit.trees[p], dict[int, Node]()
+        for b, branch in enumerate(tree):
+            parent = of[id(branch.parent)] if branch.parent is not None else None
+            start = branch.fork_position if parent is not None else 0
+            tokens = given(branch.tokens[start:], branch.logprobs[start:], branch.finished, top_k)
+            node = of[id(branch)] = nodes.add(group_size + b, parent, start, out=tokens)
+            node.kv, branch.cache = branch.cache, None
+        out.append(
+            [None if branch is None else of[id(branch)] for branch in group_rows(tree, width, group_size)]
+        )
+    return out
+
+
+def row_parents(rows: list[Node | None], grown: int, group_size: int) -> list[int]:
+    """A prompt's rows' parents in its prefix tree: a tree row's is the row it forked from (even at
+    position 0, where they share no token), a pad's the main row, an ordinary row has none."""
+    out = []
+    for j, base in enumerate(rows):
+        if base is None or (j < grown and base.parent is None):
+            out.append(-1)
+        else:
+            out.append(base.parent.index - group_size if j < grown and base.parent is not None else 0)
+    return out
+
+
+def finishing_nodes(
+    kit: TreeSampler, bases: list[list[Node | None]], budget: int, ordinary: bool
+) -> list[Node]:
+    """The requests that sample every row on (node j for row j): a kept row that has not ended nor
+    reached ``budget`` continues its lookahead; with ``ordinary``, an ordinary row samples from its
+    prompt."""
+    out = []
+    for p, rows in enumerate(bases):
+        for j, base in enumerate(rows):
+            if base is None:
+                if ordinary:
+                    out.append(kit.trees[p].add(j))
+            elif not base.response().finished and len(base.response().token_ids) < budget:
+                out.append(kit.trees[p].add(j, base))
+    return out
 
 
 @dataclass
@@ -54,7 +107,9 @@ class StreamedRows:
     Attributes:
         forest: the lookahead's trees, as ``lookahead_phase`` leaves them.
         steps: loop steps the lookahead ran.
-        outs: (prompt, row) -> the sampled continuation of every row that had one.
+        kit: the rows' nodes: node j of prompt p is row j's sampled continuation, if it had one.
+        bases: per prompt and row, the node of lookahead tokens it continues (``row_nodes``), once the
+            lookahead has ended.
         streams: the lookahead rows' requests, each with the top-2 it returned, in order of creation.
     """
 
@@ -71,7 +126,9 @@ class StreamedRows:
         eos = frozenset(int(t) for t in ctx.engine.eos_token_ids)
         self.forest = LatrForest(len(prompt_ids), settings, eos, ctx.decode)
         self.steps = 0
-        self.outs: dict[tuple[int, int], Generation] = {}
+        self.kit = TreeSampler(ctx.engine, prompt_ids, ctx.params, ctx.generator, seeds)
+        n = ctx.group_size
+        self.bases: list[list[Node | None]] = [[None] * n for _ in prompt_ids]
         self.streams: list[_Stream] = []
         self._stream_of: dict[int, int] = {}  # id(branch) -> its stream
         self._done = settings.width == 0
@@ -80,24 +137,29 @@ class StreamedRows:
         """Sample every row: the lookahead streams and ordinary rows first, the kept rows when the
         lookahead ends."""
         width, n = self.forest.settings.width, self.ctx.group_size
-        requests: list[tuple[Tag, GenerationRequest]] = []
+        streamed: list[tuple[Tag, GenerationRequest]] = []
         if width:
             for tree in self.forest.trees:
-                requests += self._stream(tree[0])
-        for p, prompt in enumerate(self.prompt_ids):
-            for j in range(width, n):
-                requests.append((("row", p, j), GenerationRequest(prompt, seed=node_seed(self.seeds[p], j))))
+                streamed += self._stream(tree[0])
+        ordinary = [tree.add(j) for tree in self.kit.trees for j in range(width, n)]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=self.limit, logprobs_top_k=2)
-        engine = self.ctx.engine
-        stream = getattr(engine, "generate_streaming", None)
-        if stream is None:
-            raise EngineError(f"latr.vllm_lookahead=stream needs the vllm engine, not {engine.name}")
-        stream(requests, self.ctx.params, greedy, self.ctx.generator, self._on_done, self._on_tokens)
+        self.kit.run(ordinary, lambda node: [], (self._on_tokens, greedy, streamed))
         if not self._done:
             raise EngineError(
                 f"LATR's streamed lookahead stopped at loop step {self.steps}: the engine ended a row's "
                 "request before the forest had its tokens; report this with the vLLM version"
             )
+
+    @property
+    def outs(self) -> dict[tuple[int, int], Generation]:
+        """(prompt, row) -> the sampled continuation of every row that had one."""
+        n = self.ctx.group_size
+        return {
+            (tree.prompt, j): node.out
+            for tree in self.kit.trees
+            for j, node in tree.nodes.items()
+            if j < n and node.out is not None
+        }
 
     def _stream(self, branch: Branch) -> list[tuple[Tag, GenerationRequest]]:
         """The request that grows ``branch`` greedily from its tokens; none for a row that has ended or
@@ -111,15 +173,7 @@ class StreamedRows:
         prompt = self.prompt_ids[branch.root]
         return [(("look", key, 0), GenerationRequest(prompt, list(branch.tokens), budget, stream=True))]
 
-    def _on_done(
-        self, tag: Tag, request: GenerationRequest, generation: Generation
-    ) -> list[tuple[Tag, GenerationRequest]]:
-        self.outs[tag[1:]] = generation
-        return []
-
-    def _on_tokens(
-        self, pieces: list[tuple[Tag, Generation]]
-    ) -> tuple[list[tuple[Tag, GenerationRequest]], list[Tag]]:
+    def _on_tokens(self, pieces: list[tuple[Tag, Generation]]) -> tuple[list[Any], list[Tag]]:
         for tag, piece in pieces:
             stream = self.streams[tag[1]]
             ids, logprobs = piece.token_ids.tolist(), piece.logprobs.tolist()
@@ -132,11 +186,11 @@ class StreamedRows:
                 stream.tops.append(((token, ranked[other]), (logprob, ranked_logprobs[other])))
         return self._advance()
 
-    def _advance(self) -> tuple[list[tuple[Tag, GenerationRequest]], list[Tag]]:
+    def _advance(self) -> tuple[list[Any], list[Tag]]:
         """Run every loop step whose tokens have all come; returns the forks' requests and the
-        pruned rows' (at the phase's end: the kept rows' finishing requests, and every stream)."""
+        pruned rows' (at the phase's end: the kept rows' finishing nodes, and every stream)."""
         forest = self.forest
-        started: list[tuple[Tag, GenerationRequest]] = []
+        started: list[Any] = []
         stopped: list[Tag] = []
         while not self._done:
             step, rows = self.steps, forest.active()
@@ -163,19 +217,8 @@ class StreamedRows:
                 started = self._finishing()
         return started, stopped
 
-    def _finishing(self) -> list[tuple[Tag, GenerationRequest]]:
+    def _finishing(self) -> list[Node]:
         """Every tree row and pad that has not ended, sampled on from its lookahead tokens."""
-        width, n, budget = self.forest.settings.width, self.ctx.group_size, self.ctx.params.max_new_tokens
-        requests: list[tuple[Tag, GenerationRequest]] = []
-        for p, tree in enumerate(self.forest.trees):
-            for j, branch in enumerate(group_rows(tree, width, n)[:width]):
-                if branch is None or branch.finished or len(branch.tokens) >= budget:
-                    continue
-                request = GenerationRequest(
-                    self.prompt_ids[p],
-                    list(branch.tokens),
-                    budget - len(branch.tokens),
-                    seed=node_seed(self.seeds[p], j),
-                )
-                requests.append((("row", p, j), request))
-        return requests
+        width, n, params = self.forest.settings.width, self.ctx.group_size, self.ctx.params
+        self.bases = row_nodes(self.kit, self.forest.trees, width, n, params.logprobs_top_k)
+        return finishing_nodes(self.kit, self.bases, params.max_new_tokens, ordinary=False)

@@ -11,28 +11,24 @@ chain of its prompt with a smaller index is done, and chooses among exactly thos
 sequential algorithm would. On the hf engine this runs in rounds (one batched call each; a
 continuation reuses its parent chain's KV cache, ``rose.reuse_kv_cache``); on vllm a prompt's next
 branch joins the running batch the moment its prompt is ready, without waiting for the slowest
-prompt (``Engine.generate_dynamic``), and prefix caching does the KV reuse.
+prompt (``Engine.generate_dynamic``), and prefix caching does the KV reuse. The plumbing (requests,
+seeds, KV, leaves, the tree) is the tree-rollout kit's (``semrl.rollout.tree_kit``); this module is
+ROSE's policy: the coins, the scores and the next branch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from semrl.methods.interface import SamplingEntropyFn
 from semrl.methods.rose import RoseConfig
 from semrl.methods.rose.branching import branch_scores
-from semrl.rollout.engines import (
-    Engine,
-    Generation,
-    GenerationRequest,
-    SamplingParams,
-    node_seed,
-    prompt_generator,
-)
+from semrl.rollout.engines import Engine, Generation, SamplingParams, prompt_generator
 from semrl.rollout.tree import ChainTree
+from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
 
 
 @dataclass
@@ -59,25 +55,13 @@ class TreeRollout:
 
 
 @dataclass
-class _Job:
-    prompt: int
-    index: int  # iteration = chain index within the prompt's group
-    parent: int  # -1 for the root and fresh chains
-    position: int  # branch position k in the parent; -1 root, 0 fresh
+class _Chain:
+    """ROSE's record of a chain (a node's ``data``): the scores of every position of its response,
+    and where it branched from: (H, SD) at the chosen position and the position's score."""
 
-
-def _concat(prefix: Generation, k: int, cont: Generation) -> Generation:
-    return Generation(
-        token_ids=torch.cat([prefix.token_ids[:k], cont.token_ids]),
-        logprobs=torch.cat([prefix.logprobs[:k], cont.logprobs]),
-        top_logprobs=torch.cat([prefix.top_logprobs[:k], cont.top_logprobs]),
-        top_ids=torch.cat([prefix.top_ids[:k], cont.top_ids]),
-        entropy=None
-        if prefix.entropy is None or cont.entropy is None
-        else torch.cat([prefix.entropy[:k], cont.entropy]),
-        finished=cont.finished,
-        cache=cont.cache,  # covers prompt + prefix + continuation: the whole new chain
-    )
+    scores: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    stats: tuple[float, float] | None = None
+    chosen_score: float = 0.0
 
 
 def _argmax_position(chain_scores: list[torch.Tensor]) -> tuple[int, int] | None:
@@ -93,9 +77,7 @@ def _argmax_position(chain_scores: list[torch.Tensor]) -> tuple[int, int] | None
     return chain, best
 
 
-# One of the two functions allowed past ruff's size limits (pyproject.toml): ROSE's tree rollout
-# with its per-prompt state and the callback that schedules each prompt's next branch, read as one.
-def tree_rollout(  # noqa: PLR0915
+def tree_rollout(
     engine: Engine,
     prompts: list[list[int]],
     group_size: int,
@@ -103,7 +85,7 @@ def tree_rollout(  # noqa: PLR0915
     unit_embeddings: torch.Tensor,
     options: RoseConfig,
     generator: torch.Generator | None = None,
-    sampling_entropy: Callable[[list[list[int]], list[Generation]], list[Generation]] | None = None,
+    sampling_entropy: SamplingEntropyFn | None = None,
     prompt_seeds: list[int] | None = None,
 ) -> TreeRollout:
     """G leaves per prompt from ROSE's iterative tree rollout.
@@ -136,39 +118,27 @@ def tree_rollout(  # noqa: PLR0915
     )
     is_fresh = coins < options.epsilon
     is_fresh[:, 0] = True
-    chains: list[list[Generation | None]] = [[None] * g for _ in range(n)]
-    scores: list[list[torch.Tensor]] = [[torch.empty(0)] * g for _ in range(n)]
-    parents = [[-1] * g for _ in range(n)]
-    positions = [[-1] + [0] * (g - 1) for _ in range(n)]
-    stats: list[list[tuple[float, float] | None]] = [[None] * g for _ in range(n)]
-    chosen_scores: list[list[float]] = [[0.0] * g for _ in range(n)]
-    generated = [0] * n
+    kit = TreeSampler(
+        engine, prompts, params, generator, prompt_seeds, options.reuse_kv_cache, sampling_entropy
+    )
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
     timing = {"score": 0.0}
 
-    def request_for(job: _Job) -> GenerationRequest:
-        seed = None if prompt_seeds is None else node_seed(prompt_seeds[job.prompt], job.index)
-        if job.parent < 0:
-            return GenerationRequest(prompts[job.prompt], seed=seed)
-        parent = chains[job.prompt][job.parent]
-        assert parent is not None
-        return GenerationRequest(
-            prompts[job.prompt],
-            prefix_ids=parent.token_ids[: job.position].tolist(),
-            max_new_tokens=params.max_new_tokens - job.position,
-            cache=parent.cache if options.reuse_kv_cache else None,
-            seed=seed,
-        )
+    def branch(p: int, it: int) -> Node:
+        """Chain ``it`` of prompt p: from the best position over the chains before it."""
+        nodes = kit.trees[p].nodes
+        choice = _argmax_position([nodes[c].data.scores for c in range(it)])
+        if choice is None:
+            return kit.trees[p].add(it, data=_Chain())
+        chain, k = choice
+        return kit.trees[p].add(it, nodes[chain], k, data=_Chain())
 
-    def finish(
-        job: _Job, request: GenerationRequest, out: Generation
-    ) -> list[tuple[_Job, GenerationRequest]]:
-        """Store a finished chain; start the prompt's next branch once every chain before it is done."""
+    def finish(node: Node) -> list[Node]:
+        """Score a finished chain; start the prompt's next branch once every chain before it is done."""
         t0 = time.perf_counter()
-        p, k = job.prompt, job.position
-        if options.entropy_mode == "full_vocab" and out.entropy is None:  # vllm: one forward pass
-            assert sampling_entropy is not None
-            out = sampling_entropy([request.prompt_ids + request.prefix_ids], [out])[0]
+        p, k, tree = node.prompt, node.position, kit.trees[node.prompt]
+        out = kit.with_entropy(node) if options.entropy_mode == "full_vocab" else node.out
+        assert out is not None
         score, entropy, divergence = branch_scores(
             out.top_logprobs,
             out.top_ids,
@@ -181,56 +151,46 @@ def tree_rollout(  # noqa: PLR0915
             generator=streams[p],
             sampled=(out.token_ids, out.logprobs) if options.entropy_with_sampled else None,
         )
-        generated[p] += len(out.token_ids)
-        parents[p][job.index], positions[p][job.index] = job.parent, k
-        if job.parent < 0:
-            chains[p][job.index], scores[p][job.index] = out, score
+        chain: _Chain = node.data
+        if node.parent is None:
+            chain.scores = score
         else:
-            parent = chains[p][job.parent]
-            assert parent is not None
-            chains[p][job.index] = _concat(parent, k, out)
-            chosen_scores[p][job.index] = scores[p][job.parent][k].item()
-            scores[p][job.index] = torch.cat([scores[p][job.parent][:k], score])
-            stats[p][job.index] = (entropy[0].item(), divergence[0].item())
-        following: list[tuple[_Job, GenerationRequest]] = []
-        if pending[p] and all(c is not None for c in chains[p][: pending[p][0]]):
-            it = pending[p].pop(0)
-            choice = _argmax_position(scores[p][:it])
-            branch = _Job(p, it, -1, 0) if choice is None else _Job(p, it, *choice)
-            following.append((branch, request_for(branch)))
+            parent: _Chain = node.parent.data
+            chain.chosen_score = parent.scores[k].item()
+            chain.scores = torch.cat([parent.scores[:k], score])
+            chain.stats = (entropy[0].item(), divergence[0].item())
+        following: list[Node] = []
+        if pending[p] and all(c in tree.nodes and tree.nodes[c].done for c in range(pending[p][0])):
+            following.append(branch(p, pending[p].pop(0)))
+        if len(tree.nodes) == g and all(c.done for c in tree.nodes.values()):
+            kit.close(p)  # every chain is back: no branch can come
         timing["score"] += time.perf_counter() - t0
         return following
 
-    first = [_Job(p, it, -1, -1 if it == 0 else 0) for p in range(n) for it in range(g) if is_fresh[p, it]]
+    first = [kit.trees[p].add(it, data=_Chain()) for p in range(n) for it in range(g) if is_fresh[p, it]]
     t_start = time.perf_counter()
-    rounds = engine.generate_dynamic(
-        [(job, request_for(job)) for job in first],
-        params,
-        generator,
-        finish,
-        return_cache=options.reuse_kv_cache,
-    )
+    rounds = kit.run(first, finish)
     total_seconds = time.perf_counter() - t_start
     timing["generate"] = total_seconds - timing["score"]
 
     groups = []
-    for p in range(n):
-        leaves = [c for c in chains[p] if c is not None]
-        for leaf in leaves:
-            leaf.cache = None  # the trees are complete: free the KV memory
-        tree = ChainTree(tuple(parents[p]), tuple(positions[p]), tuple(len(c.token_ids) for c in leaves))
-        chosen = [(c, st) for c, st in enumerate(stats[p]) if st is not None]
+    for tree in kit.trees:
+        chains = [tree.nodes[c] for c in range(g)]
+        parents = [-1 if c.parent is None else c.parent.index for c in chains]
+        stats = [c.data.stats for c in chains]
+        chosen = [st for st in stats if st is not None]
         groups.append(
             TreeGroup(
-                generations=leaves,
-                tree=tree,
-                branched=[q >= 0 for q in parents[p]],
-                chosen_entropy=[h for _, (h, _) in chosen],
-                chosen_divergence=[d for _, (_, d) in chosen],
+                generations=[c.response() for c in chains],
+                tree=chain_tree(chains, parents),
+                branched=[q >= 0 for q in parents],
+                chosen_entropy=[h for h, _ in chosen],
+                chosen_divergence=[d for _, d in chosen],
                 branch_points=[
-                    None if st is None else (*st, chosen_scores[p][c]) for c, st in enumerate(stats[p])
+                    None if st is None else (*st, c.data.chosen_score)
+                    for c, st in zip(chains, stats, strict=True)
                 ],
-                generated_tokens=generated[p],
+                generated_tokens=sum(len(c.out.token_ids) for c in chains if c.out is not None),
             )
         )
     return TreeRollout(groups, rounds, timing["generate"], timing["score"])

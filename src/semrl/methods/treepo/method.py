@@ -10,14 +10,8 @@ from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutConte
 from semrl.methods.registry import MethodConfig
 from semrl.methods.treepo import TreePOConfig, treepo_depth
 from semrl.methods.treepo.advantages import tree_outcome_advantages, whiten
-from semrl.methods.treepo.rollout import (
-    STOP_REASONS,
-    SegmentTreeSettings,
-    leaf_tree,
-    segment_tree_rollout,
-)
+from semrl.methods.treepo.rollout import STOP_REASONS, SegmentTreeSettings, segment_tree_rollout
 from semrl.rollout.batch import GroupInfo
-from semrl.rollout.engines import join_generations
 
 
 def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
@@ -49,10 +43,10 @@ def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRo
     gens, groups = [], []
     reasons: dict[str, int] = dict.fromkeys(STOP_REASONS, 0)
     sampled = 0
-    for leaves in result.leaves:
-        gens += [join_generations(leaf.segments) for leaf in leaves]
+    for leaves, responses, tree in zip(result.leaves, result.responses, result.trees, strict=True):
+        gens += responses
         paths = tuple(tuple(leaf.nodes) for leaf in leaves)
-        groups.append(GroupInfo(tree=leaf_tree(leaves), method_data=paths))
+        groups.append(GroupInfo(tree=tree, method_data=paths))
         for leaf in leaves:
             reasons[leaf.reason or ""] += 1
         # every sampled segment lies on some leaf: count each node once

@@ -25,7 +25,9 @@ a boxed answer and EOS in the segment (``finished``; with ``stop_on_boxed`` a bo
 EOS (``eos``), the response budget (``max_length``), the depth limit (``max_depth``), a repeating
 segment (``repetition``). Every leaf is trained on, whatever its reason.
 
-Continuations reuse the parent's KV cache on the hf engine; vllm's prefix cache does it there.
+Continuations reuse the parent's KV cache on the hf engine; vllm's prefix cache does it there. The
+plumbing (requests, seeds, KV, leaves, the tree of the leaves) is the tree-rollout kit's
+(``semrl.rollout.tree_kit``): a segment is a kit node continuing its path's last segment.
 """
 
 from __future__ import annotations
@@ -37,15 +39,9 @@ import torch
 
 from semrl.methods.treepo.advantages import branch_budget, has_repetition
 from semrl.reward.extract import extract_boxed
-from semrl.rollout.engines import (
-    Engine,
-    Generation,
-    GenerationRequest,
-    SamplingParams,
-    node_seed,
-    prompt_generator,
-)
+from semrl.rollout.engines import Engine, Generation, SamplingParams, prompt_generator
 from semrl.rollout.tree import ChainTree
+from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
 
 STOP_REASONS = ("finished", "eos", "max_length", "max_depth", "repetition")
 FALLBACK_REASONS = ("finished", "eos")  # the code's soft_boxed_and_eos: leaves a fallback regrows from
@@ -103,11 +99,13 @@ class TreePath:
 
 @dataclass
 class SegmentTreeRollout:
-    """Per prompt, its ``width`` leaves in the order they stopped."""
+    """Per prompt, its ``width`` leaves in the order they stopped, their responses and their tree."""
 
     leaves: list[list[TreePath]]
     steps: int  # depth rounds of the deepest tree (the batched engine calls of a barrier per depth)
     fallbacks: int  # regrown copies over all prompts
+    responses: list[list[Generation]] = field(default_factory=list)  # each leaf's whole response
+    trees: list[ChainTree] = field(default_factory=list)  # each prompt's prefix tree of its leaves
 
 
 def stop_reason(
@@ -286,48 +284,39 @@ def segment_tree_rollout(
         )
         for p in range(len(prompts))
     ]
+    kit = TreeSampler(engine, prompts, params, generator, prompt_seeds, settings.reuse_kv_cache)
     back: list[list[Generation | None]] = [[] for _ in prompts]  # the segments of a prompt's depth
 
-    def depth_requests(tree: PromptTree) -> list[tuple[tuple[int, int], GenerationRequest]]:
-        p = tree.prompt
-        back[p] = [None] * len(tree.active)
-        out = []
+    def depth_nodes(tree: PromptTree) -> list[Node]:
+        """A node per active path (its node id its seed's key), continuing the path's last segment."""
+        nodes = kit.trees[tree.prompt]
+        back[tree.prompt] = [None] * len(tree.active)
         paths = zip(tree.active, tree.budgets(), tree.node_ids(), strict=True)
-        for i, (path, budget, node) in enumerate(paths):
-            last = path.segments[-1] if path.segments else None
-            out.append(
-                (
-                    (p, i),
-                    GenerationRequest(
-                        prompts[p],
-                        path.token_ids(),
-                        max_new_tokens=budget,
-                        cache=last.cache if last is not None and settings.reuse_kv_cache else None,
-                        seed=node_seed(prompt_seeds[p], node),
-                    ),
-                )
-            )
-        return out
+        return [
+            nodes.add(node, nodes.nodes[path.nodes[-1]] if path.nodes else None, budget=budget, data=i)
+            for i, (path, budget, node) in enumerate(paths)
+        ]
 
-    def on_done(
-        tag: tuple[int, int], _: GenerationRequest, segment: Generation
-    ) -> list[tuple[tuple[int, int], GenerationRequest]]:
-        p, i = tag
-        back[p][i] = segment
+    def on_node(node: Node) -> list[Node]:
+        p = node.prompt
+        back[p][node.data] = node.out
         if any(g is None for g in back[p]):
             return []
         segments = [g for g in back[p] if g is not None]
         trees[p].advance(segments, [decode(g.token_ids.tolist()) for g in segments])
-        return [] if trees[p].done else depth_requests(trees[p])
+        if trees[p].done:
+            kit.close(p)
+            return []
+        return depth_nodes(trees[p])
 
-    first = [pair for tree in trees for pair in depth_requests(tree)]
-    engine.generate_dynamic(first, params, generator, on_done, return_cache=settings.reuse_kv_cache)
-    for tree in trees:
-        for leaf in tree.leaves:
-            for segment in leaf.segments:
-                segment.cache = None  # the trees are complete: free the KV memory
+    kit.run([node for tree in trees for node in depth_nodes(tree)], on_node)
+    leaves = [[kit.trees[t.prompt].nodes[leaf.nodes[-1]] for leaf in t.leaves] for t in trees]
     return SegmentTreeRollout(
-        [tree.leaves for tree in trees], max(tree.steps for tree in trees), sum(t.fallbacks for t in trees)
+        [tree.leaves for tree in trees],
+        max(tree.steps for tree in trees),
+        sum(t.fallbacks for t in trees),
+        [[leaf.response() for leaf in group] for group in leaves],
+        [chain_tree(group) for group in leaves],
     )
 
 
@@ -353,23 +342,3 @@ def fallback_paths(
         out += [TreePath(prompt, list(start.segments), list(start.nodes)) for _ in range(copies)]
         remaining -= copies
     return out
-
-
-def leaf_tree(leaves: list[TreePath]) -> ChainTree:
-    """The prefix tree of a prompt's leaves for tree packing and the tree log: each leaf's parent is
-    the earlier leaf it shares the most segments with, its branch position their shared tokens."""
-    parents, positions = [], []
-    for c, leaf in enumerate(leaves):
-        best, shared = -1, 0
-        for e in range(c):
-            n = 0
-            while n < min(len(leaf.nodes), len(leaves[e].nodes)) and leaf.nodes[n] == leaves[e].nodes[n]:
-                n += 1
-            if n > shared:
-                best, shared = e, n
-        parents.append(best)
-        if best >= 0:
-            positions.append(sum(len(s.token_ids) for s in leaf.segments[:shared]))
-        else:
-            positions.append(-1 if c == 0 else 0)  # the first leaf, or a leaf sharing no segment
-    return ChainTree(tuple(parents), tuple(positions), tuple(leaf.length for leaf in leaves))

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 from semrl.rollout.engines.base import (
     Engine,
     EngineCost,
+    EnginePowers,
     Generation,
     GenerationRequest,
+    LookaheadRows,
     OnDone,
     OnTokens,
     PrefixCache,
@@ -24,6 +26,7 @@ from semrl.rollout.engines.base import (
     prompt_generator,
     prompt_seed,
     request_budget,
+    require_power,
     sampling_params,
     sequence_seed,
 )
@@ -37,8 +40,10 @@ if TYPE_CHECKING:
 __all__ = [
     "Engine",
     "EngineCost",
+    "EnginePowers",
     "Generation",
     "GenerationRequest",
+    "LookaheadRows",
     "OnDone",
     "OnTokens",
     "PrefixCache",
@@ -51,6 +56,7 @@ __all__ = [
     "prompt_generator",
     "prompt_seed",
     "request_budget",
+    "require_power",
     "sampling_params",
     "sequence_seed",
 ]

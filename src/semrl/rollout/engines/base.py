@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 import torch
 
+from semrl.errors import EngineError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -230,12 +232,72 @@ def request_budget(request: GenerationRequest, params: SamplingParams, streaming
     if request.stream and not streaming:
         raise ValueError(
             "a generation request asks to stream its tokens (GenerationRequest.stream) in a call that "
-            "does not stream; use VLLMEngine.generate_streaming"
+            "does not stream; use Engine.generate_streaming"
         )
     budget = request.max_new_tokens if request.max_new_tokens is not None else params.max_new_tokens
     if budget < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
     return budget
+
+
+@dataclass(frozen=True)
+class EnginePowers:
+    """What an engine can do beyond ``generate`` and ``generate_dynamic`` (docs/engines.md, "What
+    each engine can do"). A method asks for a power through these, never by the engine's name; an
+    engine that lacks one raises ``EngineError`` naming it (``require_power``).
+
+    Attributes:
+        fork: a request may continue the KV of the request it branches from
+            (``GenerationRequest.cache``, handed back with ``return_cache``), so that only the context's
+            uncached tail is computed. hf: the parent's KV rows duplicated. vllm: not yet; its prefix
+            cache serves whole blocks.
+        streaming: ``generate_streaming``: greedy requests that hand over their tokens after every
+            engine step, beside sampled ones (LATR's lookahead as requests).
+        row_loop: ``row_loop()``: rows that take one token per forward of one batched KV cache on the
+            sampling model (LATR's lookahead on the model); not on a sharded model.
+    """
+
+    fork: bool = False
+    streaming: bool = False
+    row_loop: bool = False
+
+
+POWERS = {
+    "fork": "continue a request from its parent's KV",
+    "streaming": "stream greedy requests' tokens (generate_streaming)",
+    "row_loop": "run lookahead rows on its model (row_loop)",
+}
+
+
+def require_power(engine: Any, power: str, user: str, setting: str | None = None) -> None:
+    """Refuse, naming the engine and what to change, when ``engine`` lacks ``power`` (a field of
+    ``EnginePowers``) that ``user`` (a method, a call) needs; ``setting``: the option that asks for it."""
+    if getattr(engine.powers, power):
+        return
+    fix = f"change {setting}, or " if setting else ""
+    raise EngineError(
+        f"{user} needs an engine that can {POWERS[power]}, which the {engine.name} engine here cannot "
+        f"(EnginePowers.{power}); {fix}choose another rollout.engine "
+        '(docs/engines.md, "What each engine can do")'
+    )
+
+
+class LookaheadRows(Protocol):
+    """Rows that take one token per forward through one batched KV cache, where a row can be copied (a
+    fork shares its parent's KV) or dropped between forwards (``Engine.row_loop``; LATR's lookahead).
+
+    ``start`` -> (``top2`` -> ``select`` -> ``feed``)*; ``row_cache`` hands a row's KV to a request.
+    """
+
+    def start(self, contexts: list[list[int]]) -> None: ...
+
+    def top2(self) -> tuple[list[tuple[int, int]], list[tuple[float, float]]]: ...
+
+    def select(self, rows: list[int]) -> None: ...
+
+    def feed(self, tokens: list[int]) -> None: ...
+
+    def row_cache(self, row: int) -> PrefixCache: ...
 
 
 Tag = TypeVar("Tag")
@@ -273,6 +335,7 @@ class Engine(Protocol):
         sampled_by_prompt: None, or a ``Counter`` to which every sampled token is added under its
             request's prompt (``tuple(prompt_ids)``), LATR's lookahead rows included: what each
             prompt of a batched call cost (``semrl explore`` rolls out many problems per call).
+        powers: what it can do beyond ``generate`` and ``generate_dynamic`` (``EnginePowers``).
     """
 
     name: str
@@ -284,6 +347,7 @@ class Engine(Protocol):
     cost: EngineCost
     request_log: list[RequestRecord] | None
     sampled_by_prompt: Counter[tuple[int, ...]] | None
+    powers: EnginePowers
 
     @property
     def generated_tokens(self) -> int: ...
@@ -311,6 +375,27 @@ class Engine(Protocol):
         """Sample tagged requests; each finished one goes to ``on_done(tag, request, generation)``,
         which returns requests to start next (tree rollouts: a prompt's next branch). Returns the
         number of batched generation calls (1 for an engine that adds requests to its running batch)."""
+        ...
+
+    def generate_streaming(
+        self,
+        requests: list[tuple[Tag, GenerationRequest]],
+        params: SamplingParams,
+        stream_params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: OnDone[Tag],
+        on_tokens: OnTokens[Tag],
+    ) -> None:
+        """``generate_dynamic`` with streamed requests (``GenerationRequest.stream``) beside the others,
+        in one running batch (``EnginePowers.streaming``). A streamed request samples with
+        ``stream_params`` and hands its new tokens to ``on_tokens`` after every engine step, for all such
+        requests at once; what ``on_tokens`` returns starts at once, and the streamed requests it names
+        stop. An engine without the power raises ``EngineError``."""
+        ...
+
+    def row_loop(self) -> LookaheadRows:
+        """Lookahead rows on the sampling model (``EnginePowers.row_loop``), counted in ``cost``; an
+        engine without the power raises ``EngineError``."""
         ...
 
     def input_embeddings(self) -> torch.Tensor:

@@ -16,27 +16,31 @@ distribution the trainer's forward pass computes with the same temperature.
 
 from __future__ import annotations
 
-import inspect
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, cast
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from semrl.models.precision import autocast_to
 from semrl.rollout.engines.base import (
     EngineCost,
+    EnginePowers,
     Generation,
     GenerationRequest,
     OnDone,
+    OnTokens,
     PrefixCache,
     RequestRecord,
     SamplingParams,
     Tag,
     request_budget,
+    require_power,
 )
+from semrl.rollout.engines.kv_cache import batched_cache, row_cache, with_cache
+from semrl.rollout.engines.row_loop import RowLoop
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -52,51 +56,6 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         remove = torch.zeros_like(remove_sorted).scatter(-1, sorted_idx, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits
-
-
-def with_cache(model: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
-    """The forward keyword that hands ``model`` its KV cache: ``cache`` from transformers 5.2x on,
-    where ``past_key_values`` warns (a FutureWarning on every call) and goes in 5.40; before,
-    ``past_key_values``."""
-    model_class = type(model)
-    if model_class not in _CACHE_KEYWORD:
-        parameters = inspect.signature(model_class.forward).parameters
-        _CACHE_KEYWORD[model_class] = "cache" if "cache" in parameters else "past_key_values"
-    return {_CACHE_KEYWORD[model_class]: cache}
-
-
-_CACHE_KEYWORD: dict[type[torch.nn.Module], str] = {}
-
-
-def _batched_cache(
-    caches: list[PrefixCache | None], lengths: list[int], device: torch.device
-) -> DynamicCache:
-    """Left-pad the first ``lengths[i]`` cached tokens of each row into one (B, H, W, D) cache per layer."""
-    width = max(lengths)
-    template = next((c for c in caches if c is not None and c.length), None)
-    if width == 0 or template is None:
-        return DynamicCache()
-    layers = []
-    for layer in range(len(template.keys)):
-        heads, _, dim = template.keys[layer].shape
-        dtype = template.keys[layer].dtype
-        keys = torch.zeros((len(caches), heads, width, dim), dtype=dtype, device=device)
-        values = torch.zeros_like(keys)
-        for i, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
-            if n and cache is not None:  # a row with cached tokens has a cache
-                keys[i, :, width - n :] = cache.keys[layer][:, :n]
-                values[i, :, width - n :] = cache.values[layer][:, :n]
-        layers.append((keys, values))
-    return DynamicCache(ddp_cache_data=layers)
-
-
-def _row_cache(cache: DynamicCache, row: int, row_attention: torch.Tensor) -> PrefixCache:
-    """The unpadded cache of one batch row, as contiguous copies (the padding columns dropped)."""
-    valid = row_attention.bool()
-    layers: list[Any] = list(cache.layers)  # attention layers, each with keys and values
-    keys = [layer.keys[row][:, valid].clone() for layer in layers]
-    values = [layer.values[row][:, valid].clone() for layer in layers]
-    return PrefixCache(keys, values)
 
 
 class HFEngine:
@@ -123,10 +82,29 @@ class HFEngine:
         self.request_log: list[RequestRecord] | None = None
         self.sampled_by_prompt: Counter[tuple[int, ...]] | None = None
         self._prefills: list[int] = []  # context tokens each row of the last batch computed
+        # a fork (a child continues its parent's PrefixCache) and the row loop on its model; no streaming
+        self.powers = EnginePowers(fork=True, streaming=False, row_loop=True)
 
     @property
     def generated_tokens(self) -> int:
         return self.cost.sampled_tokens
+
+    def row_loop(self) -> RowLoop:
+        """LATR's lookahead rows on the sampling model, padded with the tokenizer's pad token."""
+        pad = self.pad_token_id if self.pad_token_id is not None else int(self.eos_token_ids.min())
+        return RowLoop(self.model, self.compute_dtype, pad, self.cost, self.sampled_by_prompt)
+
+    def generate_streaming(
+        self,
+        requests: list[tuple[Tag, GenerationRequest]],
+        params: SamplingParams,
+        stream_params: SamplingParams,
+        generator: torch.Generator | None,
+        on_done: OnDone[Tag],
+        on_tokens: OnTokens[Tag],
+    ) -> None:
+        """Not a power of this engine (``EnginePowers.streaming``): it samples in rounds."""
+        require_power(self, "streaming", "streamed requests")
 
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the sampling model."""
@@ -240,7 +218,7 @@ class HFEngine:
             positions[i, suffix_width - len(suffix) :] = torch.arange(n, n + len(suffix))
             attention[i, past_width - n : past_width] = 1
             attention[i, past_width + suffix_width - len(suffix) :] = 1
-        cache = _batched_cache([r.cache for r in requests], cached, device)
+        cache = batched_cache([r.cache for r in requests], cached, device)
         attention = attention.to(device)
         self._prefills = [len(s) for s in suffixes]
         self.cost.prefill_tokens += sum(self._prefills)
@@ -313,7 +291,7 @@ class HFEngine:
             if bool(done.any()):
                 if return_cache:
                     for row in done.nonzero().flatten().tolist():
-                        caches[int(active[row])] = _row_cache(cache, row, attention[row])
+                        caches[int(active[row])] = row_cache(cache, row, attention[row])
                 keep = (~done).nonzero().flatten()
                 if keep.numel() == 0:
                     break
@@ -359,101 +337,3 @@ class HFEngine:
                 )
             )
         return results
-
-
-class RowLoop:
-    """Rows that take one token per forward through one batched KV cache, where a row can be copied (a
-    fork shares its parent's KV) or dropped between forwards: LATR's lookahead, as its official code
-    duplicates KV rows (docs/methods/latr.md, "On the engines"). Every forward is counted in ``cost``.
-
-    ``start`` -> (``top2`` -> ``select`` -> ``feed``)*; ``row_cache`` hands a row's KV to the engine.
-    """
-
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        compute_dtype: torch.dtype,
-        pad_token_id: int,
-        cost: EngineCost,
-        sampled_by_prompt: Counter[tuple[int, ...]] | None = None,
-    ) -> None:
-        self.model, self.compute_dtype, self.pad_token_id = model, compute_dtype, pad_token_id
-        self.cost, self.sampled_by_prompt = cost, sampled_by_prompt
-        self.row_prompts: list[tuple[int, ...]] = []  # each row's prompt, for ``sampled_by_prompt``
-        self.device = next(model.parameters()).device
-        self.cache = DynamicCache()
-        self.attention = torch.zeros((0, 0), dtype=torch.long)
-        self.next_pos = torch.zeros(0, dtype=torch.long)
-        self.logits = torch.zeros(0, 0)
-
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
-        was_training = self.model.training
-        self.model.eval()
-        with torch.inference_mode(), autocast_to(self.compute_dtype, self.model):
-            self.logits = (
-                self.model(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=self.attention.to(self.device),
-                    position_ids=positions.to(self.device),
-                    **with_cache(self.model, self.cache),
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                .logits[:, -1, :]
-                .float()
-                .cpu()
-            )
-        if was_training:
-            self.model.train()
-        self.cost.engine_steps += 1
-        self.cost.running_rows += len(input_ids)
-
-    def start(self, contexts: list[list[int]]) -> None:
-        """Encode every row's context, its prompt (left-padded), ready for its first token."""
-        self.row_prompts = [tuple(c) for c in contexts]
-        width = max(len(c) for c in contexts)
-        input_ids = torch.full((len(contexts), width), self.pad_token_id, dtype=torch.long)
-        positions = torch.zeros((len(contexts), width), dtype=torch.long)
-        self.attention = torch.zeros((len(contexts), width), dtype=torch.long)
-        for i, context in enumerate(contexts):
-            input_ids[i, width - len(context) :] = torch.tensor(context)
-            positions[i, width - len(context) :] = torch.arange(len(context))
-            self.attention[i, width - len(context) :] = 1
-        self.cache = DynamicCache()
-        self._forward(input_ids, positions)
-        self.next_pos = torch.tensor([len(c) for c in contexts])
-        self.cost.prefill_tokens += sum(len(c) for c in contexts)
-        self.cost.requests += len(contexts)
-
-    def top2(self) -> tuple[list[tuple[int, int]], list[tuple[float, float]]]:
-        """Per row, the two most likely next tokens of the raw distribution (temperature 1, no
-        filtering) and their log-probs; each row's next token is one of them (a sampled token)."""
-        values, ids = torch.topk(torch.log_softmax(self.logits, dim=-1), 2, dim=-1)
-        self.cost.sampled_tokens += len(ids)
-        if self.sampled_by_prompt is not None:
-            self.sampled_by_prompt.update(self.row_prompts)
-        return [(a, b) for a, b in ids.tolist()], [(a, b) for a, b in values.tolist()]
-
-    def select(self, rows: list[int]) -> None:
-        """Keep ``rows`` (indices of the current rows, repeats allowed: a copy) in this order."""
-        index = torch.tensor(rows, dtype=torch.long)
-        self.row_prompts = [self.row_prompts[i] for i in rows]
-        self.attention, self.next_pos = self.attention[index], self.next_pos[index]
-        self.logits = self.logits[index]
-        # the leading columns that only dropped rows used
-        first = int(self.attention.argmax(-1).min().item()) if len(rows) else 0
-        self.attention = self.attention[:, first:]
-        layers: list[Any] = list(self.cache.layers)
-        for layer in layers:
-            layer.keys = layer.keys[index.to(self.device), :, first:]
-            layer.values = layer.values[index.to(self.device), :, first:]
-
-    def feed(self, tokens: list[int]) -> None:
-        """Feed each row its next token."""
-        self.attention = torch.cat([self.attention, self.attention.new_ones((len(tokens), 1))], -1)
-        self._forward(torch.tensor(tokens)[:, None], self.next_pos[:, None])
-        self.next_pos = self.next_pos + 1
-
-    def row_cache(self, row: int) -> PrefixCache:
-        """Row ``row``'s KV of every token fed so far, unpadded."""
-        return _row_cache(self.cache, row, self.attention[row])

@@ -36,6 +36,7 @@ from semrl.errors import EngineError, TrainingError
 from semrl.models.lora import sampling_weights
 from semrl.rollout.engines.base import (
     EngineCost,
+    EnginePowers,
     Generation,
     GenerationRequest,
     OnDone,
@@ -44,7 +45,9 @@ from semrl.rollout.engines.base import (
     SamplingParams,
     Tag,
     request_budget,
+    require_power,
 )
+from semrl.rollout.engines.row_loop import RowLoop, is_sharded
 from semrl.rollout.engines.vllm_start import VLLMSettings, check_model_for_vllm, import_vllm, shared_llm
 
 _REQUEST_IDS = itertools.count()  # request ids of generate_dynamic, unique in the process
@@ -80,6 +83,9 @@ class VLLMEngine:
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         self.asleep = False
+        # streaming, and the row loop on the trained model unless it is sharded; no fork yet (the prefix
+        # cache serves whole blocks)
+        self.powers = EnginePowers(fork=False, streaming=True, row_loop=not is_sharded(model))
         embeddings: Any = model.get_input_embeddings()
         embedding: torch.Tensor = embeddings.weight
         self._embedding_key = next(name for name, param in model.named_parameters() if param is embedding)
@@ -146,6 +152,14 @@ class VLLMEngine:
     def generated_tokens(self) -> int:
         return self.cost.sampled_tokens
 
+    def row_loop(self) -> RowLoop:
+        """LATR's lookahead rows on the trained model (the official split: the lookahead on the
+        transformers side, then vLLM finishes the rows), padded with the smallest EOS id."""
+        require_power(self, "row_loop", "lookahead rows on the model")
+        return RowLoop(
+            self.model, self.compute_dtype, min(self.eos_token_ids), self.cost, self.sampled_by_prompt
+        )
+
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the weights the engine samples from."""
         return self._embeddings.detach()
@@ -205,7 +219,7 @@ class VLLMEngine:
         self._drive(requests, params, generator, on_done, (stream_params, on_tokens))
 
     # One loop, one screen: a request's admission, its cost and its end read in the order vLLM runs them.
-    def _drive(  # noqa: C901, PLR0915
+    def _drive(  # noqa: C901, PLR0912, PLR0915
         self,
         requests: list[tuple[Tag, GenerationRequest]],
         params: SamplingParams,
@@ -260,37 +274,46 @@ class VLLMEngine:
                     )
                 )
 
-        submit(requests)
-        while running:
-            outputs = core.step()
-            finished = [out for out in outputs if out.finished]
-            self.cost.engine_steps += 1
-            # the step ran the sequences still running after it and those it finished
-            self.cost.running_rows += (len(scheduler.running) if scheduler is not None else 0) + len(finished)
-            pieces: list[tuple[Tag, Generation]] = []
-            for out in outputs:
-                entry = running.get(out.request_id)
-                if entry is None:  # a stream stopped in this step's callback
-                    continue
-                generation = self._to_generation(out.outputs[0], entry.params.logprobs_top_k)
-                settle(entry, out, generation)
-                if out.finished:
-                    del running[out.request_id]
-                    log(entry)
-                if entry.request.stream:
-                    pieces.append((entry.tag, generation))
+        try:
+            submit(requests)
+            while running:
+                outputs = core.step()
+                finished = [out for out in outputs if out.finished]
+                self.cost.engine_steps += 1
+                # the step ran the sequences still running after it and those it finished
+                self.cost.running_rows += (len(scheduler.running) if scheduler is not None else 0) + len(
+                    finished
+                )
+                pieces: list[tuple[Tag, Generation]] = []
+                for out in outputs:
+                    entry = running.get(out.request_id)
+                    if entry is None:  # a stream stopped in this step's callback
+                        continue
+                    generation = self._to_generation(out.outputs[0], entry.params.logprobs_top_k)
+                    settle(entry, out, generation)
                     if out.finished:
-                        del by_tag[entry.tag]
-                elif out.finished:
-                    submit(on_done(entry.tag, entry.request, generation))
-            if streaming is not None and pieces:
-                started, stopped = streaming[1](pieces)
-                if stopped:
-                    ids = [by_tag.pop(tag) for tag in stopped if tag in by_tag]
-                    core.abort_request(ids)
-                    for request_id in ids:
-                        log(running.pop(request_id))
-                submit(started)
+                        del running[out.request_id]
+                        log(entry)
+                    if entry.request.stream:
+                        pieces.append((entry.tag, generation))
+                        if out.finished:
+                            del by_tag[entry.tag]
+                    elif out.finished:
+                        submit(on_done(entry.tag, entry.request, generation))
+                if streaming is not None and pieces:
+                    started, stopped = streaming[1](pieces)
+                    if stopped:
+                        ids = [by_tag.pop(tag) for tag in stopped if tag in by_tag]
+                        core.abort_request(ids)
+                        for request_id in ids:
+                            log(running.pop(request_id))
+                    submit(started)
+        except BaseException:
+            # a callback (or the engine) raised: the requests still running must not hold blocks and
+            # slots into the next call, whose steps would drop their outputs
+            if running:
+                core.abort_request(list(running))
+            raise
 
     def _prepare(
         self,
