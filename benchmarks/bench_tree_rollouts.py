@@ -16,8 +16,11 @@ rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the math scripts' thresh
 ``treepo.segment_alignment=block``: segments of one KV block (rollout.vllm_block_size, 32), the
 first shortened so that every branch recomputes one token. ``latr`` runs its lookahead as streamed
 vLLM requests on vllm (``latr.vllm_lookahead=stream``, the default), ``latr-model`` on the training
-model before one vLLM call (the official split); on hf both run it on the model. Prints a Markdown
-table.
+model before one vLLM call (the official split); on hf both run it on the model. On vllm each tree
+method also runs as ``<method>-plain`` with ``rollout.vllm_fork=false`` (vLLM's prefix cache alone,
+docs/engines.md "Forks on vllm"), alternated with the forked one, and ``independent-forked`` samples
+the same G leaves per prompt as children forked from one computation of the prompt (a one-token
+request; its token is counted). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.rollout.engines import GenerationRequest, sampling_params
+from semrl.rollout.tree_kit import TreeSampler
 from semrl.update.row_logprobs import with_sampling_entropy
 
 METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "latr-model", "rose"]
+PLAIN = "-plain"  # the same method on the vllm engine without the fork
 
 
 def _count_waiting(engine) -> list[int]:  # noqa: ANN001
@@ -69,6 +74,8 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed, waited):  # noqa: ANN
         params = sampling_params(cfg.rollout, top_logprobs=False)
         requests = [GenerationRequest(p) for p in prompts for _ in range(cfg.rollout.group_size)]
         gens, prefixes = engine.generate(requests, params, generator), 0
+    elif name == "independent-forked":
+        gens, prefixes = _forked_independent(engine, cfg, prompts, generator), 0
     else:
         method = get_method(name.split("-")[0])
         params = sampling_params(cfg.rollout, top_logprobs=method.reads_top_logprobs)
@@ -104,6 +111,20 @@ def _rollout(name, engine, cfg, prompts, model, tok, seed, waited):  # noqa: ANN
     )
 
 
+def _forked_independent(engine, cfg, prompts, generator):  # noqa: ANN001, ANN202
+    """G leaves per prompt, each a child at position 0 of a one-token request of the prompt: with the
+    fork, the prompt is computed once and every leaf computes one context token."""
+    params = sampling_params(cfg.rollout, top_logprobs=False)
+    g = cfg.rollout.group_size
+    kit = TreeSampler(engine, prompts, params, generator, None, keep_kv=True)
+
+    def on_node(node):  # noqa: ANN001, ANN202
+        return [] if node.index else [kit.trees[node.prompt].add(1 + i, node, 0) for i in range(g)]
+
+    kit.run([tree.add(0, budget=1) for tree in kit.trees], on_node)
+    return [tree.nodes[1 + i].out for tree in kit.trees for i in range(g)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/demo.yaml")
@@ -113,6 +134,7 @@ def main() -> None:
     parser.add_argument(
         "--methods", nargs="+", default=METHODS, choices=METHODS, help="independent always runs"
     )
+    parser.add_argument("--no-plain", action="store_true", help="on vllm, skip the runs without the fork")
     args = parser.parse_args()
     methods = ["independent", *[m for m in args.methods if m != "independent"]]
     n = load_config(args.config).rollout.max_new_tokens
@@ -137,6 +159,7 @@ def main() -> None:
     on_model = load_config(args.config, [*overrides, "latr.vllm_lookahead=model"])
     variants = {"treepo-aligned": aligned, "latr-model": on_model}
     configs = {name: variants.get(name, cfg) for name in methods}
+    configs["independent-forked"] = cfg
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
     tok, model = load_tokenizer(path), load_model(path)
     problems = make_arithmetic_problems(cfg.rollout.prompts_per_step, cfg.data.arithmetic_levels, seed=123)
@@ -145,10 +168,24 @@ def main() -> None:
     for kind in args.engines:
         engine = config_engine(kind, model, tok, cfg, warm_up_prompt=prompts[0])
         waited = _count_waiting(engine) if kind == "vllm" else [0]
-        runs: dict[str, list] = {name: [] for name in methods}
+        names = list(methods)
+        engines = dict.fromkeys(names, engine)
+        if kind == "vllm" and not args.no_plain:  # the same vLLM, its children without the fork
+            plain = config_engine(
+                kind, model, tok, load_config(args.config, [*overrides, "rollout.vllm_fork=false"])
+            )
+            names = ["independent", "independent-forked"]
+            for name in methods[1:]:
+                names += [name, name + PLAIN]
+                engines[name + PLAIN], configs[name + PLAIN] = plain, configs[name]
+            engines["independent-forked"] = engine
+        runs: dict[str, list] = {name: [] for name in names}
         for seed in args.seeds:  # alternated: every method once per seed
-            for name in methods:
-                runs[name].append(_rollout(name, engine, configs[name], prompts, model, tok, seed, waited))
+            for name in names:
+                method = name.removesuffix(PLAIN)
+                runs[name].append(
+                    _rollout(method, engines[name], configs[name], prompts, model, tok, seed, waited)
+                )
                 seconds, sampled, *_ = runs[name][-1]
                 print(f"{kind} seed {seed} {name}: {seconds:.3f} s, {sampled} sampled tokens", flush=True)
         ref = runs["independent"]

@@ -27,7 +27,13 @@ TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 # group run on one worker, one after another: vLLM starts once per process and keeps its engine for
 # the next test (semrl.rollout.engines.vllm), and building the wheel and the sdist share build/.
 SERIAL_GROUPS = {
-    "vllm": {"test_engines.py", "test_evaluation.py", "test_tree_driver.py", "test_tree_kit.py"},
+    "vllm": {
+        "test_engines.py",
+        "test_evaluation.py",
+        "test_tree_driver.py",
+        "test_tree_kit.py",
+        "test_vllm_fork.py",
+    },
     # processes forked from one preloaded server that has imported vLLM (tests/forked.py), started once
     "vllm_processes": {"test_vllm_processes.py"},
     "build": {"test_packaging.py"},

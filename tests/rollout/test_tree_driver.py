@@ -6,6 +6,7 @@ prompts, and the driver's trees equal to lockstep ones."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -39,10 +40,11 @@ def setup(digit32_model_dir):
     return load_tokenizer(str(digit32_model_dir)), load_model(str(digit32_model_dir))
 
 
-def _engine(kind, model, tok):
+def _engine(kind, model, tok, fork=True):
     if kind == "vllm":
         vllm_or_skip()
-    engine = build_engine(kind, model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=eager_vllm())
+    options = replace(eager_vllm(), vllm_fork=fork)
+    engine = build_engine(kind, model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=options)
     engine.sync_weights()  # an empty prefix cache: nothing from other tests serves these prompts
     return engine
 
@@ -178,13 +180,14 @@ def test_a_prompt_branches_while_another_prompts_first_segment_runs(setup):
     assert min(r.submitted_step for r in children) < max(r.finished_step for r in first[3])
 
 
-@pytest.mark.parametrize("aligned", [True, False])
-def test_aligned_treepo_branches_recompute_one_context_token(setup, aligned):
+@pytest.mark.parametrize(("aligned", "fork"), [(True, False), (False, False), (False, True)])
+def test_aligned_treepo_branches_recompute_one_context_token(setup, aligned, fork):
     """With block-aligned segments every branch (a request with a prefix) computes exactly one context
-    token, read from vLLM's num_cached_tokens; the paper's layout recomputes more."""
+    token, read from vLLM's num_cached_tokens; the paper's layout recomputes more with vLLM's prefix
+    cache alone, and one token with the fork (docs/engines.md, "Forks on vllm")."""
     vllm_or_skip()
     tok, model = setup
-    engine = _engine("vllm", model, tok)
+    engine = _engine("vllm", model, tok, fork=fork)
     prompts = _prompts(tok, 4)
     assert len({len(p) % BLOCK for p in prompts}) > 1
     params = SamplingParams(temperature=1.0, max_new_tokens=96, logprobs_top_k=0)
@@ -205,6 +208,8 @@ def test_aligned_treepo_branches_recompute_one_context_token(setup, aligned):
         for p, leaves in enumerate(out.leaves):  # d segments still cover the response budget
             first = first_segment_length(settings, len(prompts[p]))
             assert all(len(leaf.segments[0].token_ids) <= first for leaf in leaves)
+    elif fork:
+        assert all(r.prefill_tokens == 1 for r in branches), [r.prefill_tokens for r in branches]
     else:
         assert max(r.prefill_tokens for r in branches) > 1
 

@@ -73,6 +73,12 @@ class RolloutConfig:
         "multiple of 32).",
         valid=AT_LEAST_1,
     )
+    vllm_fork: bool = option(
+        True,
+        "vllm engine: a tree method's child continues its parent's KV inside vLLM, partial block included "
+        "(vLLM 0.32's copy-on-write path), computing one context token instead of up to a block; the same "
+        "tokens. false: vLLM's prefix cache alone, for comparison (docs/engines.md, Forks on vllm).",
+    )
     vllm_dtype: Literal["float32", "bfloat16", "float16"] | None = option(
         None,
         "vllm engine: dtype of its weights and compute (null: bfloat16 on CUDA, as verl and TRL sample; "

@@ -32,6 +32,7 @@ from semrl.rollout.engines.base import (
     Engine,
     Generation,
     GenerationRequest,
+    HeldKV,
     PrefixCache,
     SamplingParams,
     join_generations,
@@ -58,7 +59,7 @@ class Node:
         data: the method's own record of it.
         out: its own tokens once sampled (or given): (L,) tensors, see ``Generation``.
         kv: KV of its context and its tokens, while it can still have children (engines with the fork
-            power); None once let go.
+            power: hf's copy, or vllm's held blocks); None once let go.
     """
 
     prompt: int
@@ -68,7 +69,7 @@ class Node:
     budget: int | None = None
     data: Any = None
     out: Generation | None = None
-    kv: PrefixCache | None = None
+    kv: PrefixCache | HeldKV | None = None
     _response: Generation | None = field(default=None, repr=False)
 
     @property
@@ -194,10 +195,13 @@ class PromptNodes:
         self.nodes[index] = node
         return node
 
-    def release(self) -> None:
-        """Let go of every node's KV: no node of this prompt can have children any more."""
+    def release(self, engine: Engine) -> None:
+        """Let go of every node's KV (``Engine.release_kv``): no node of this prompt can have children
+        any more."""
         for node in self.nodes.values():
-            node.kv = None
+            if node.kv is not None:
+                kv, node.kv = node.kv, None
+                engine.release_kv(kv)
 
 
 # the method's callback: a finished node -> the nodes to sample next
@@ -314,13 +318,13 @@ class TreeSampler:
 
             require_power(self.engine, "streaming", "a streamed tree rollout")
             self.engine.generate_streaming(
-                [*streamed, *pairs], self.params, stream_params, self.generator, done, tokens
+                [*streamed, *pairs], self.params, stream_params, self.generator, done, tokens, keep
             )
             return 1
         finally:
             self._closing.clear()
             for tree in self.trees:
-                tree.release()
+                tree.release(self.engine)
 
     def pair(self, node: Node) -> tuple[tuple[int, int], GenerationRequest]:
         """``node``'s request with its tag, (prompt, index)."""
@@ -333,7 +337,7 @@ class TreeSampler:
 
     def _release_closed(self) -> None:
         for prompt in self._closing:
-            self.trees[prompt].release()
+            self.trees[prompt].release(self.engine)
         self._closing.clear()
 
     def held(self) -> int:

@@ -28,6 +28,9 @@ RUNNING_BATCH = "rollout/running_batch"
 TOKENS_PER_S = "time/rollout_tokens_per_s"
 TRAJECTORIES_PER_S = "time/rollout_trajectories_per_s"
 COST = (SAMPLED_TOKENS, PREFILL_TOKENS, ENGINE_STEPS, RUNNING_BATCH, TOKENS_PER_S, TRAJECTORIES_PER_S)
+# on a step whose children forked their parents' KV inside vLLM, or asked to and could not
+FORKED_REQUESTS = "rollout/forked_requests"
+FORK_FALLBACKS = "rollout/fork_fallbacks"
 
 # only where the run has them
 KL = "kl"  # a KL term (algorithm.kl_coef > 0, SENT)

@@ -30,7 +30,7 @@ def cost_metrics(
     sampled and responses finished per second of rollout.
     """
     sampled, trajectories_all = total(cost.sampled_tokens), total(trajectories)
-    return {
+    metrics = {
         names.SAMPLED_TOKENS: sampled,
         names.PREFILL_TOKENS: total(cost.prefill_tokens),
         names.ENGINE_STEPS: float(cost.engine_steps),
@@ -38,6 +38,12 @@ def cost_metrics(
         names.TOKENS_PER_S: sampled / seconds if seconds > 0 else 0.0,
         names.TRAJECTORIES_PER_S: trajectories_all / seconds if seconds > 0 else 0.0,
     }
+    # vllm's fork (docs/engines.md, "Forks on vllm"), logged where some process had one; every process
+    # sums (a collective under several processes)
+    forked, fallbacks = total(cost.forked_requests), total(cost.fork_fallbacks)
+    if forked or fallbacks:
+        metrics[names.FORKED_REQUESTS], metrics[names.FORK_FALLBACKS] = forked, fallbacks
+    return metrics
 
 
 def reward_metrics(rounds: list[tuple[RolloutBatch, Scores]]) -> dict[str, float]:

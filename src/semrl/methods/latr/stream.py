@@ -99,6 +99,7 @@ class _Stream:
     branch: Branch
     start: int
     tops: list[tuple[tuple[int, int], tuple[float, float]]] = field(default_factory=list)
+    kv: Any = None  # its KV handle (an engine that forks): forks and finishing rows continue it
 
 
 class StreamedRows:
@@ -126,7 +127,8 @@ class StreamedRows:
         eos = frozenset(int(t) for t in ctx.engine.eos_token_ids)
         self.forest = LatrForest(len(prompt_ids), settings, eos, ctx.decode)
         self.steps = 0
-        self.kit = TreeSampler(ctx.engine, prompt_ids, ctx.params, ctx.generator, seeds)
+        # an engine that forks holds each stream's KV: forks and finishing rows continue it
+        self.kit = TreeSampler(ctx.engine, prompt_ids, ctx.params, ctx.generator, seeds, keep_kv=True)
         n = ctx.group_size
         self.bases: list[list[Node | None]] = [[None] * n for _ in prompt_ids]
         self.streams: list[_Stream] = []
@@ -171,11 +173,14 @@ class StreamedRows:
         if branch.finished or budget < 1:
             return []
         prompt = self.prompt_ids[branch.root]
-        return [(("look", key, 0), GenerationRequest(prompt, list(branch.tokens), budget, stream=True))]
+        parent = self.streams[self._stream_of[id(branch.parent)]].kv if branch.parent is not None else None
+        request = GenerationRequest(prompt, list(branch.tokens), budget, cache=parent, stream=True)
+        return [(("look", key, 0), request)]
 
     def _on_tokens(self, pieces: list[tuple[Tag, Generation]]) -> tuple[list[Any], list[Tag]]:
         for tag, piece in pieces:
             stream = self.streams[tag[1]]
+            stream.kv = piece.cache if piece.cache is not None else stream.kv
             ids, logprobs = piece.token_ids.tolist(), piece.logprobs.tolist()
             top_ids, top_logprobs = piece.top_ids.tolist(), piece.top_logprobs.tolist()
             for token, logprob, ranked, ranked_logprobs in zip(
@@ -205,7 +210,10 @@ class StreamedRows:
             after = {id(b) for tree in forest.trees for b in tree}
             for branch in (b for tree in forest.trees for b in tree if id(b) not in before):
                 started += self._stream(branch)
-            stopped += [("look", self._stream_of[i], 0) for i in before - after]
+            for pruned in before - after:  # its KV serves no row any more
+                stopped.append(("look", self._stream_of[pruned], 0))
+                if (kv := self.streams[self._stream_of[pruned]].kv) is not None:
+                    self.ctx.engine.release_kv(kv)
             self.steps = step + 1
             if (
                 not forest.active()
@@ -220,5 +228,7 @@ class StreamedRows:
     def _finishing(self) -> list[Node]:
         """Every tree row and pad that has not ended, sampled on from its lookahead tokens."""
         width, n, params = self.forest.settings.width, self.ctx.group_size, self.ctx.params
+        for branch in (b for tree in self.forest.trees for b in tree):  # its stream's KV (forks)
+            branch.cache = self.streams[self._stream_of[id(branch)]].kv
         self.bases = row_nodes(self.kit, self.forest.trees, width, n, params.logprobs_top_k)
         return finishing_nodes(self.kit, self.bases, params.max_new_tokens, ordinary=False)

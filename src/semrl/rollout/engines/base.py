@@ -75,6 +75,9 @@ class EngineCost:
         running_rows: sequences in each forward, summed over forwards (over ``engine_steps``: the mean
             running batch).
         requests: sequences requested.
+        forked_requests: children that continued their parent's KV inside the engine (vllm's fork).
+        fork_fallbacks: children that asked to and took the plain prefix-cache path (parent gone,
+            context differing, or a vLLM the fork was not written for).
     """
 
     sampled_tokens: int = 0
@@ -82,6 +85,8 @@ class EngineCost:
     engine_steps: int = 0
     running_rows: int = 0
     requests: int = 0
+    forked_requests: int = 0
+    fork_fallbacks: int = 0
 
     def snapshot(self) -> EngineCost:
         return EngineCost(**vars(self))
@@ -114,6 +119,16 @@ class RequestRecord:
     sampled_tokens: int
     submitted_step: int
     finished_step: int
+
+
+@dataclass(frozen=True)
+class HeldKV:
+    """A finished request's KV held inside an engine for its children (the vllm engine's fork):
+    ``request_id`` names it to the engine, ``tokens`` is how many context and response tokens it
+    covers. Let go with ``Engine.release_kv``."""
+
+    request_id: str
+    tokens: int
 
 
 @dataclass
@@ -172,7 +187,8 @@ class GenerationRequest:
     prompt_ids: list[int]
     prefix_ids: list[int] = field(default_factory=list)
     max_new_tokens: int | None = None  # overrides SamplingParams.max_new_tokens (branch budgets)
-    cache: PrefixCache | None = None  # KV of a leading part of prompt_ids + prefix_ids
+    # KV of a leading part of prompt_ids + prefix_ids: hf's own copy, or a request's KV the engine holds
+    cache: PrefixCache | HeldKV | None = None
     # Own random stream: the sample then does not depend on the other rows of its batch, the
     # generation batch size or the number of processes (rollout.seed_per_sequence).
     seed: int | None = None
@@ -193,7 +209,8 @@ class Generation:
         entropy: (L,) entropy of the full next-token distribution; None from an engine that does
             not compute it (vllm): ``semrl.update.row_logprobs.with_sampling_entropy`` returns it with one.
         finished: ended with EOS.
-        cache: with ``return_cache``: KV of context + token_ids[:-1] (every token fed to the model).
+        cache: with ``return_cache``, on an engine that forks: KV of context + token_ids[:-1] (every
+            token fed to the model), a copy (hf) or held in the engine (vllm).
     """
 
     token_ids: torch.Tensor
@@ -202,7 +219,7 @@ class Generation:
     top_ids: torch.Tensor
     entropy: torch.Tensor | None
     finished: bool
-    cache: PrefixCache | None = None
+    cache: PrefixCache | HeldKV | None = None
 
     @property
     def truncated(self) -> bool:
@@ -249,8 +266,8 @@ class EnginePowers:
     Attributes:
         fork: a request may continue the KV of the request it branches from
             (``GenerationRequest.cache``, handed back with ``return_cache``), so that only the context's
-            uncached tail is computed. hf: the parent's KV rows duplicated. vllm: not yet; its prefix
-            cache serves whole blocks.
+            uncached tail is computed. hf: the parent's KV rows duplicated. vllm: the parent's blocks
+            held in vLLM, the partial one copied (``rollout.vllm_fork``, vLLM 0.32).
         streaming: ``generate_streaming``: greedy requests that hand over their tokens after every
             engine step, beside sampled ones (LATR's lookahead as requests).
         row_loop: ``row_loop()``: rows that take one token per forward of one batched KV cache on the
@@ -385,17 +402,23 @@ class Engine(Protocol):
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
         on_tokens: OnTokens[Tag],
+        hold: bool = False,
     ) -> None:
         """``generate_dynamic`` with streamed requests (``GenerationRequest.stream``) beside the others,
         in one running batch (``EnginePowers.streaming``). A streamed request samples with
         ``stream_params`` and hands its new tokens to ``on_tokens`` after every engine step, for all such
         requests at once; what ``on_tokens`` returns starts at once, and the streamed requests it names
-        stop. An engine without the power raises ``EngineError``."""
+        stop. ``hold``: as ``generate_dynamic``'s ``return_cache``; a stream's pieces carry its KV
+        handle too. An engine without the power raises ``EngineError``."""
         ...
 
     def row_loop(self) -> LookaheadRows:
         """Lookahead rows on the sampling model (``EnginePowers.row_loop``), counted in ``cost``; an
         engine without the power raises ``EngineError``."""
+        ...
+
+    def release_kv(self, kv: PrefixCache | HeldKV) -> None:
+        """Let go of a KV handed back with ``return_cache`` (a held one's blocks return to the engine)."""
         ...
 
     def input_embeddings(self) -> torch.Tensor:

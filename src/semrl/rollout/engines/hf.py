@@ -30,6 +30,7 @@ from semrl.rollout.engines.base import (
     EnginePowers,
     Generation,
     GenerationRequest,
+    HeldKV,
     OnDone,
     OnTokens,
     PrefixCache,
@@ -94,6 +95,9 @@ class HFEngine:
         pad = self.pad_token_id if self.pad_token_id is not None else int(self.eos_token_ids.min())
         return RowLoop(self.model, self.compute_dtype, pad, self.cost, self.sampled_by_prompt)
 
+    def release_kv(self, kv: PrefixCache | HeldKV) -> None:
+        """Nothing to do: a ``PrefixCache`` is freed with the last reference to it."""
+
     def generate_streaming(
         self,
         requests: list[tuple[Tag, GenerationRequest]],
@@ -102,6 +106,7 @@ class HFEngine:
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
         on_tokens: OnTokens[Tag],
+        hold: bool = False,
     ) -> None:
         """Not a power of this engine (``EnginePowers.streaming``): it samples in rounds."""
         require_power(self, "streaming", "streamed requests")
@@ -204,10 +209,8 @@ class HFEngine:
 
         # Row i = [left padding | cached[i] tokens from its PrefixCache | padding | uncached suffix].
         # The last context token is always fed, so that its logits give the first new token.
-        cached = [
-            min(r.cache.length, len(ctx) - 1) if r.cache else 0
-            for r, ctx in zip(requests, contexts, strict=True)
-        ]
+        own = [r.cache if isinstance(r.cache, PrefixCache) else None for r in requests]  # hf's copies only
+        cached = [min(c.length, len(ctx) - 1) if c else 0 for c, ctx in zip(own, contexts, strict=True)]
         suffixes = [ctx[n:] for ctx, n in zip(contexts, cached, strict=True)]
         past_width, suffix_width = max(cached), max(len(s) for s in suffixes)
         input_ids = torch.full((batch, suffix_width), self.pad_token_id, dtype=torch.long)
@@ -218,7 +221,7 @@ class HFEngine:
             positions[i, suffix_width - len(suffix) :] = torch.arange(n, n + len(suffix))
             attention[i, past_width - n : past_width] = 1
             attention[i, past_width + suffix_width - len(suffix) :] = 1
-        cache = batched_cache([r.cache for r in requests], cached, device)
+        cache = batched_cache(own, cached, device)
         attention = attention.to(device)
         self._prefills = [len(s) for s in suffixes]
         self.cost.prefill_tokens += sum(self._prefills)

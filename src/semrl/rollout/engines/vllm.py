@@ -24,6 +24,7 @@ What vLLM returns, and how it maps onto ``Generation``:
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -39,8 +40,10 @@ from semrl.rollout.engines.base import (
     EnginePowers,
     Generation,
     GenerationRequest,
+    HeldKV,
     OnDone,
     OnTokens,
+    PrefixCache,
     RequestRecord,
     SamplingParams,
     Tag,
@@ -48,9 +51,12 @@ from semrl.rollout.engines.base import (
     require_power,
 )
 from semrl.rollout.engines.row_loop import RowLoop, is_sharded
+from semrl.rollout.engines.vllm_fork import ForkHooks, install_fork_hooks
 from semrl.rollout.engines.vllm_start import VLLMSettings, check_model_for_vllm, import_vllm, shared_llm
 
 _REQUEST_IDS = itertools.count()  # request ids of generate_dynamic, unique in the process
+_SAID: set[str] = set()  # why the fork is off, said once per process
+logger = logging.getLogger(__name__)
 
 
 class VLLMEngine:
@@ -83,9 +89,6 @@ class VLLMEngine:
         self.compute_dtype: torch.dtype = getattr(torch, settings.engine_dtype(model))
         self.batch_size = settings.max_num_seqs
         self.asleep = False
-        # streaming, and the row loop on the trained model unless it is sharded; no fork yet (the prefix
-        # cache serves whole blocks)
-        self.powers = EnginePowers(fork=False, streaming=True, row_loop=not is_sharded(model))
         embeddings: Any = model.get_input_embeddings()
         embedding: torch.Tensor = embeddings.weight
         self._embedding_key = next(name for name, param in model.named_parameters() if param is embedding)
@@ -94,6 +97,23 @@ class VLLMEngine:
         check_model_for_vllm(model, settings, on_gpu=on_gpu)
         self._vllm = import_vllm()
         self.llm = shared_llm(self._vllm, model, settings)
+        self._forks: ForkHooks | None = None
+        if settings.fork:
+            self._forks, reason = install_fork_hooks(
+                self.llm, self._vllm.__version__, _scheduler(self.llm.llm_engine)
+            )
+            if reason is not None and reason not in _SAID:
+                _SAID.add(reason)
+                logger.warning(
+                    "rollout.vllm_fork: %s; tree children take vLLM's prefix cache instead (the same "
+                    "tokens, more recomputed context; rollout/fork_fallbacks counts them)",
+                    reason,
+                )
+        # a fork (vLLM 0.32's copy-on-write path), streaming, and the row loop on the trained model
+        # unless it is sharded
+        self.powers = EnginePowers(
+            fork=self._forks is not None, streaming=True, row_loop=not is_sharded(model)
+        )
         self.sync_weights(initial_weights)  # a reused engine may hold another model's weights
 
     def release_memory(self) -> None:
@@ -136,6 +156,8 @@ class VLLMEngine:
         False (with only a warning) while a request still holds blocks: then the finished requests
         are let go by stepping the idle engine and the reset is tried once more; a second refusal
         stops the run rather than sample from KV computed with the old weights."""
+        if self._forks is not None:
+            self._forks.release_all()
         if self.llm.reset_prefix_cache():
             return
         core = self.llm.llm_engine
@@ -160,6 +182,11 @@ class VLLMEngine:
             self.model, self.compute_dtype, min(self.eos_token_ids), self.cost, self.sampled_by_prompt
         )
 
+    def release_kv(self, kv: PrefixCache | HeldKV) -> None:
+        """Let go of a finished request's held blocks (its children have their requests)."""
+        if isinstance(kv, HeldKV) and self._forks is not None:
+            self._forks.release(kv.request_id)
+
     def input_embeddings(self) -> torch.Tensor:
         """(V, D) input embeddings of the weights the engine samples from."""
         return self._embeddings.detach()
@@ -174,8 +201,11 @@ class VLLMEngine:
     ) -> int:
         """Sample tagged requests; what ``on_done(tag, request, generation)`` returns for a finished
         one joins the running batch at once (vLLM's ``LLMEngine.add_request`` / ``step``); one call.
-        ``return_cache`` is ignored: vLLM's prefix cache keeps the KV of shared prefixes."""
-        self._drive(requests, params, generator, on_done)
+        ``return_cache`` (with the fork power): each finished request's blocks are held for its
+        children (``Generation.cache``, a ``HeldKV``) until ``release_kv`` or the call's end; a request
+        whose ``cache`` names one continues it. Without the power vLLM's prefix cache keeps the KV of
+        shared prefixes in whole blocks."""
+        self._drive(requests, params, generator, on_done, hold=return_cache)
         return 1
 
     def generate(
@@ -208,6 +238,7 @@ class VLLMEngine:
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
         on_tokens: OnTokens[Tag],
+        hold: bool = False,
     ) -> None:
         """``generate_dynamic`` with streamed requests beside the others, in one running batch. A
         request with ``stream=True`` samples with ``stream_params`` (temperature 0: greedily) and hands
@@ -215,8 +246,10 @@ class VLLMEngine:
         pieces (``Generation``; the last has ``finished`` set when it ended with EOS); it never goes to
         ``on_done``. What ``on_tokens`` returns starts at once, and the streamed requests it names stop
         (vLLM's ``abort_request``): LATR grows and prunes its rows this way (docs/methods/latr.md).
-        Tags must be hashable."""
-        self._drive(requests, params, generator, on_done, (stream_params, on_tokens))
+        Tags must be hashable. ``hold`` (with the fork power): as ``generate_dynamic``'s
+        ``return_cache``, and a stream's pieces carry its ``HeldKV`` too, which a request may continue
+        while the stream still runs or after it stopped."""
+        self._drive(requests, params, generator, on_done, (stream_params, on_tokens), hold)
 
     # One loop, one screen: a request's admission, its cost and its end read in the order vLLM runs them.
     def _drive(  # noqa: C901, PLR0912, PLR0915
@@ -226,6 +259,7 @@ class VLLMEngine:
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
         streaming: tuple[SamplingParams, OnTokens[Tag]] | None = None,
+        hold: bool = False,
     ) -> None:
         """The one loop under ``generate``, ``generate_dynamic`` and ``generate_streaming`` (the loop
         ``LLM.generate`` runs): add requests, step the engine, hand each finished request to
@@ -240,12 +274,19 @@ class VLLMEngine:
         scheduler = _scheduler(core)
         running: dict[str, _Running[Tag]] = {}
         by_tag: dict[Tag, str] = {}  # streamed requests' ids, for stopping them
+        forks = self._forks
+        counted = (forks.forked, forks.fallbacks) if forks is not None else (0, 0)
 
         def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
             for tag, request in pairs:
                 sampling_params = streaming[0] if request.stream and streaming is not None else params
                 prompt, sampling = self._prepare(request, sampling_params, generator, streaming is not None)
                 request_id = f"semrl-{next(_REQUEST_IDS)}"
+                if forks is not None:
+                    if hold:
+                        forks.parents.add(request_id)
+                    if isinstance(request.cache, HeldKV):
+                        forks.forks[request_id] = request.cache.request_id
                 core.add_request(request_id, prompt, sampling)
                 context = len(prompt["prompt_token_ids"])
                 running[request_id] = _Running(tag, request, context, self.cost.engine_steps, sampling_params)
@@ -278,6 +319,8 @@ class VLLMEngine:
             submit(requests)
             while running:
                 outputs = core.step()
+                if forks is not None and forks.deferred:  # the children they waited for are in
+                    forks.settle()
                 finished = [out for out in outputs if out.finished]
                 self.cost.engine_steps += 1
                 # the step ran the sequences still running after it and those it finished
@@ -290,6 +333,10 @@ class VLLMEngine:
                     if entry is None:  # a stream stopped in this step's callback
                         continue
                     generation = self._to_generation(out.outputs[0], entry.params.logprobs_top_k)
+                    if forks is not None and out.finished and out.request_id in forks.held:
+                        generation.cache = HeldKV(out.request_id, len(forks.held[out.request_id].tokens))
+                    elif forks is not None and hold and entry.request.stream:  # still running
+                        generation.cache = HeldKV(out.request_id, entry.context + entry.sampled)
                     settle(entry, out, generation)
                     if out.finished:
                         del running[out.request_id]
@@ -314,6 +361,11 @@ class VLLMEngine:
             if running:
                 core.abort_request(list(running))
             raise
+        finally:
+            if forks is not None:  # no hold outlives its call
+                forks.release_all()
+                self.cost.forked_requests += forks.forked - counted[0]
+                self.cost.fork_fallbacks += forks.fallbacks - counted[1]
 
     def _prepare(
         self,

@@ -39,6 +39,9 @@ class VLLMSettings:
         dtype: the engine's weights and compute; None: the model's dtype.
         sleep_level: vLLM sleep mode between rollouts (CUDA only): 0 off, 1 or 2 (vLLM's levels).
         enforce_eager: the model runs eagerly (no torch.compile, no CUDA graphs).
+        fork: a child request may continue its parent's KV, partial block included
+            (``semrl.rollout.engines.vllm_fork``); not part of an engine's identity (the hooks are
+            inert for requests that name no parent).
     """
 
     max_model_len: int
@@ -52,6 +55,7 @@ class VLLMSettings:
     max_num_batched_tokens: int | None = None
     sleep_level: int = 0
     enforce_eager: bool = False
+    fork: bool = True
 
     @classmethod
     def from_options(
@@ -81,6 +85,7 @@ class VLLMSettings:
             sleeps = options.vllm_sleep if options.vllm_sleep is not None else on_gpu
             extra["sleep_level"] = options.vllm_sleep_level if sleeps else 0
             extra["enforce_eager"] = options.vllm_enforce_eager
+            extra["fork"] = options.vllm_fork
         block = extra.get("block_size", cls.block_size)
         # vLLM allocates the KV cache in whole blocks, so the model length is rounded up to one.
         length = -(-max_model_len // block) * block

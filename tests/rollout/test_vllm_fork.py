@@ -1,0 +1,214 @@
+"""The vllm engine's fork (``semrl.rollout.engines.vllm_fork``; docs/engines.md, "Forks on vllm"): a
+child continues its finished parent's KV inside vLLM, partial block included, computing one context
+token, with the tokens and log-probs of a plain child; every hold is let go; a child whose context
+is not its parent's takes the plain path; on a vLLM the hooks were not written for nothing forks."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from functools import partial
+
+import pytest
+import torch
+
+from semrl.config.load import load_config
+from semrl.methods.catalog import get_method, tree_methods
+from semrl.methods.interface import RolloutContext
+from semrl.methods.registry import load, method_config
+from semrl.models.loading import load_model, load_tokenizer
+from semrl.rollout.engines import Generation, GenerationRequest, HeldKV, SamplingParams, build_engine
+from semrl.rollout.tree_kit import Node, TreeSampler
+from semrl.update.row_logprobs import with_sampling_entropy
+from tests.helpers import eager_vllm, vllm_or_skip
+
+MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def setup(tiny32_model_dir):
+    vllm_or_skip()
+    return load_tokenizer(str(tiny32_model_dir)), load_model(str(tiny32_model_dir))
+
+
+def _engine(model, tok, fork=True):
+    options = replace(eager_vllm(), vllm_fork=fork)
+    engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=options)
+    engine.sync_weights()  # an empty prefix cache
+    return engine
+
+
+def _prompt(tok, length):
+    ids = tok("Fork case: " + "and so on " * 40)["input_ids"]
+    return ids[:length]
+
+
+def _children(engine, prompt, positions, params, keep_kv, seeds=(3, 4, 5)):
+    """A parent of 60 tokens, then one child per (position, seed) that continues it at that position;
+    returns the children and the engine's request log."""
+    kit = TreeSampler(engine, [prompt], params, None, [7], keep_kv=keep_kv)
+    children: list[Node] = []
+
+    def on_node(node: Node) -> list[Node]:
+        if node.index:
+            return []
+        children.extend(
+            kit.trees[0].add(1 + i * len(seeds) + s, node, k, budget=6)
+            for i, k in enumerate(positions)
+            for s in range(len(seeds))
+        )
+        return list(children)
+
+    engine.request_log = []
+    try:
+        kit.run([kit.trees[0].add(0, budget=60)], on_node)
+    finally:
+        log, engine.request_log = engine.request_log, None
+    assert kit.held() == 0
+    return children, {record.tag: record for record in log}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_forks_compute_one_context_token_and_equal_a_plain_child(setup, temperature):
+    tok, model = setup
+    params = SamplingParams(temperature=temperature, max_new_tokens=80, logprobs_top_k=2)
+    prompt = _prompt(tok, 21)
+    # contexts of L tokens with L mod 32 in 0, 1, 3, 26, 31 (the parent's response is 60 tokens)
+    positions = [
+        (target - len(prompt)) % BLOCK + (BLOCK if target < len(prompt) else 0)
+        for target in (0, 1, 3, 26, 31)
+    ]
+    positions = [k if k <= 60 else k - BLOCK for k in positions]
+    assert sorted((len(prompt) + k) % BLOCK for k in positions) == [0, 1, 3, 26, 31]
+    forking = _engine(model, tok)
+    assert forking.powers.fork
+    before = forking.cost.snapshot()
+    forked, forked_log = _children(forking, prompt, positions, params, keep_kv=True)
+    spent = forking.cost.since(before)
+    plain_engine = _engine(model, tok, fork=False)
+    assert not plain_engine.powers.fork
+    plain, plain_log = _children(plain_engine, prompt, positions, params, keep_kv=True)
+    # a context of L = 1 (mod 32) tokens is served whole by the prefix cache: nothing to fork
+    partial_hits = [c for c in forked if (len(prompt) + c.position - 1) % BLOCK]
+    assert spent.forked_requests == len(partial_hits) > 0 and spent.fork_fallbacks == 0
+    for a, b in zip(forked, plain, strict=True):
+        assert a.out is not None and b.out is not None
+        assert a.out.token_ids.tolist() == b.out.token_ids.tolist()
+        assert torch.equal(a.out.logprobs, b.out.logprobs)  # the same to the last digit
+        length = len(prompt) + a.position
+        assert forked_log[(0, a.index)].prefill_tokens == 1
+        assert plain_log[(0, b.index)].prefill_tokens == (length - 1) % BLOCK + 1
+    if temperature > 0:  # seeded siblings continue one context and differ from each other
+        by_position: dict[int, list[list[int]]] = {}
+        for child in forked:
+            assert child.out is not None
+            by_position.setdefault(child.position, []).append(child.out.token_ids.tolist())
+        assert all(len({tuple(t) for t in siblings}) > 1 for siblings in by_position.values())
+
+
+def test_a_child_that_does_not_continue_its_parent_takes_the_plain_path(setup):
+    """Before forking, the child's context is checked against the parent's computed tokens: a child
+    naming a parent it does not continue computes its context, samples what a plain request samples,
+    and is counted as a fallback."""
+    tok, model = setup
+    engine = _engine(model, tok)
+    prompt = _prompt(tok, 40)
+    params = SamplingParams(temperature=1.0, max_new_tokens=40, logprobs_top_k=2)
+    held: list[HeldKV] = []
+    outs: dict[str, Generation] = {}
+
+    def on_done(tag, request, out):  # noqa: ANN001, ANN202
+        outs[tag] = out
+        if tag != "parent":
+            return []
+        assert isinstance(out.cache, HeldKV)
+        held.append(out.cache)
+        wrong = [*prompt[:-1], prompt[-1] + 1, *out.token_ids[:5].tolist()]  # one token differs
+        return [
+            ("wrong", GenerationRequest(wrong, max_new_tokens=6, cache=out.cache, seed=9)),
+            ("plain", GenerationRequest(wrong, max_new_tokens=6, seed=9)),
+        ]
+
+    before = engine.cost.snapshot()
+    engine.generate_dynamic(
+        [("parent", GenerationRequest(prompt, max_new_tokens=20, seed=1))], params, None, on_done, True
+    )
+    spent = engine.cost.since(before)
+    assert held and spent.fork_fallbacks == 1 and spent.forked_requests == 0
+    assert outs["wrong"].token_ids.tolist() == outs["plain"].token_ids.tolist()
+    assert engine.llm.reset_prefix_cache()
+
+
+def _method_context(engine, tok, model, name, extra):
+    cfg = load_config(
+        None, [f"algorithm.method={name}", "rollout.max_new_tokens=24", "rollout.group_size=4", *extra]
+    )
+    spec = get_method(name)
+    params = SamplingParams(
+        temperature=1.0, max_new_tokens=24, logprobs_top_k=20 if spec.reads_top_logprobs else 0
+    )
+    entropy = partial(with_sampling_entropy, model, temperature=1.0, compute_dtype=engine.compute_dtype)
+    ctx = RolloutContext(
+        engine,
+        params,
+        torch.Generator().manual_seed(0),
+        method_config(cfg, spec.section),
+        entropy,
+        decode=partial(tok.decode, skip_special_tokens=True),
+        prompt_seeds=[5, 6, 7],
+    )
+    return spec, ctx
+
+
+EXTRA = {
+    "treepo": ["treepo.segment_length=6"],
+    "latr": ["latr.lookahead=[2]", "latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.eta_values=[0.5]"],
+    "fr3e": ["fr3e.num_anchors=2"],
+}
+
+
+@pytest.mark.parametrize("method", tree_methods())
+def test_every_tree_method_forks_the_same_tokens_and_holds_nothing_after(setup, method):
+    """Each tree method on vllm with the fork gives the tokens it gives without it; afterwards no
+    block is held, and the weight push's prefix-cache reset succeeds."""
+    tok, model = setup
+    prompts = [_prompt(tok, n) for n in (17, 30, 45)]
+    runs = []
+    for fork in (True, False):
+        engine = _engine(model, tok, fork=fork)
+        spec, ctx = _method_context(engine, tok, model, method, EXTRA.get(method, []))
+        before = engine.cost.snapshot()
+        out = load(spec.rollout_fn)(ctx, prompts)
+        runs.append(([g.token_ids.tolist() for g in out.generations], engine.cost.since(before)))
+        forks = getattr(engine, "_forks", None)
+        assert forks is None or (not forks.held and not forks.parents)
+        assert engine.llm.reset_prefix_cache()
+    (forked, cost), (plain, plain_cost) = runs
+    assert forked == plain
+    assert cost.forked_requests > 0 and cost.prefill_tokens < plain_cost.prefill_tokens
+
+
+def test_on_a_vllm_the_fork_was_not_written_for_nothing_forks_and_it_says_so_once(setup, monkeypatch, caplog):
+    from semrl.rollout.engines import vllm, vllm_fork
+
+    tok, model = setup
+    monkeypatch.setattr(vllm_fork, "SUPPORTED", ("0.99.",))
+    monkeypatch.setattr(vllm, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm"):
+        engines = [_engine(model, tok), _engine(model, tok)]
+    said = [r for r in caplog.records if "rollout.vllm_fork" in r.getMessage()]
+    assert len(said) == 1 and "0.99." in said[0].getMessage()
+    assert not any(e.powers.fork for e in engines)
+    spec, ctx = _method_context(engines[0], tok, model, "treepo", EXTRA["treepo"])
+    prompts = [_prompt(tok, n) for n in (17, 30, 45)]
+    before = engines[0].cost.snapshot()
+    gated = [g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations]
+    assert engines[0].cost.since(before).forked_requests == 0
+    monkeypatch.undo()
+    forking = _engine(model, tok)
+    spec, ctx = _method_context(forking, tok, model, "treepo", EXTRA["treepo"])
+    assert forking.powers.fork
+    before = forking.cost.snapshot()
+    assert gated == [g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations]
+    assert forking.cost.since(before).forked_requests > 0
