@@ -73,6 +73,28 @@ TOY_MODULE = textwrap.dedent(
 )
 
 
+def _plugin_run(model_dir, task, out, *extra):  # noqa: ANN001, ANN202
+    """A 2-step run of a plug-in method on the digit model: 2 prompts x 4 samples."""
+    from semrl.config.load import load_config
+
+    return load_config(
+        None,
+        [
+            f"model.name={model_dir}",
+            f"data.train={task}",
+            "data.eval=null",
+            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
+            "rollout.group_size=4",
+            "rollout.prompts_per_step=2",
+            "trainer.steps=2",
+            "reward.num_workers=1",
+            "logging.progress=false",
+            f"logging.output_dir={out}",
+            *extra,
+        ],
+    )
+
+
 @pytest.fixture
 def toy_plugin(tmp_path):
     from semrl.methods.catalog import METHODS, load_plugins
@@ -111,27 +133,11 @@ def test_a_missing_plugin_fails_clearly(capsys):
 
 
 def test_a_plugin_method_trains_with_its_state_and_metrics(toy_plugin, digit_model_dir, seven_task, tmp_path):
-    from semrl.config.load import load_config
     from semrl.runtime.trainer import Trainer
 
     out = tmp_path / "run"
-    cfg = load_config(
-        None,
-        [
-            f"model.name={digit_model_dir}",
-            f"data.train={seven_task}",
-            "data.eval=null",
-            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
-            "rollout.group_size=4",
-            "rollout.prompts_per_step=2",
-            "rollout.max_new_tokens=4",
-            "trainer.steps=2",
-            "reward.num_workers=1",
-            "logging.progress=false",
-            f"logging.output_dir={out}",
-            "algorithm.method=toy",
-            "toy.scale=0.5",
-        ],
+    cfg = _plugin_run(
+        digit_model_dir, seven_task, out, "rollout.max_new_tokens=4", "algorithm.method=toy", "toy.scale=0.5"
     )
     Trainer(cfg).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -188,7 +194,6 @@ def tree_plugin(tmp_path, monkeypatch):
 def test_the_tree_method_of_the_adding_page_trains(tree_plugin, digit_model_dir, seven_task, tmp_path):
     """The page's tree method on the kit: its options import no torch, and it trains; each group is
     a chain and children that share its first tokens."""
-    from semrl.config.load import load_config
     from semrl.methods.catalog import tree_methods
     from semrl.runtime.trainer import Trainer
 
@@ -198,23 +203,13 @@ def test_the_tree_method_of_the_adding_page_trains(tree_plugin, digit_model_dir,
     assert imported == {"dataclasses", "semrl.config.options", "semrl.methods.registry"}
     assert "my_tree" in tree_methods()
     out = tmp_path / "run"
-    cfg = load_config(
-        None,
-        [
-            f"model.name={digit_model_dir}",
-            f"data.train={seven_task}",
-            "data.eval=null",
-            f"data.system_prompt={DIGIT_SYSTEM_PROMPT}",
-            "rollout.group_size=4",
-            "rollout.prompts_per_step=2",
-            "rollout.max_new_tokens=6",
-            "trainer.steps=2",
-            "reward.num_workers=1",
-            "logging.progress=false",
-            f"logging.output_dir={out}",
-            "algorithm.method=my_tree",
-            "my_tree.fraction=0.5",
-        ],
+    cfg = _plugin_run(
+        digit_model_dir,
+        seven_task,
+        out,
+        "rollout.max_new_tokens=6",
+        "algorithm.method=my_tree",
+        "my_tree.fraction=0.5",
     )
     Trainer(cfg).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -212,3 +212,48 @@ def test_on_a_vllm_the_fork_was_not_written_for_nothing_forks_and_it_says_so_onc
     before = forking.cost.snapshot()
     assert gated == [g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations]
     assert forking.cost.since(before).forked_requests > 0
+
+
+def test_holds_never_starve_the_engine(setup, monkeypatch):
+    """Holds keep blocks out of the KV cache. Allowed all of a small cache, they fill it with finished
+    leaves until the waiting children cannot start; the engine then lets go of them (the children
+    take the plain path) instead of stepping forever. Within ``HELD_SHARE`` they never do."""
+    from semrl.rollout.engines import vllm_fork
+    from semrl.rollout.engines.vllm import _scheduler
+
+    tok, model = setup
+    options = replace(eager_vllm(), vllm_kv_cache_gib=0.004)  # about 130 blocks of 32 tokens
+    engine = build_engine("vllm", model, tok, 16, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=options)
+    core = engine.llm.llm_engine
+    scheduler, step, idle = _scheduler(core), core.step, [0]
+    pool = scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+    assert pool < 300
+
+    def watched():  # noqa: ANN202
+        out = step()
+        idle[0] = 0 if out else idle[0] + 1
+        if idle[0] > 200:
+            raise RuntimeError(f"the engine stalled: {len(scheduler.waiting)} requests wait, none runs")
+        return out
+
+    monkeypatch.setattr(core, "step", watched)
+    prompts = [_prompt(tok, 40 + 3 * i) for i in range(16)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=60, logprobs_top_k=0)
+    for share, starved in ((1.0, True), (vllm_fork.HELD_SHARE, False)):
+        monkeypatch.setattr(vllm_fork, "HELD_SHARE", share)
+        kit = TreeSampler(engine, prompts, params, None, list(range(16)), keep_kv=True)
+        held: list[int] = []
+
+        def on_node(node: Node, kit=kit, held=held) -> list[Node]:  # noqa: ANN001
+            held.append(len({id(b) for h in engine._forks.held.values() for b in h.blocks}))
+            if node.index:
+                return []
+            return [kit.trees[node.prompt].add(1 + i, node, 0, budget=60) for i in range(8)]
+
+        before = engine.cost.snapshot()
+        kit.run([tree.add(0, budget=1) for tree in kit.trees], on_node)
+        spent = engine.cost.since(before)
+        assert all(n.done for tree in kit.trees for n in tree.nodes.values())
+        assert spent.forked_requests > 0 and max(held) <= share * pool
+        assert (spent.fork_fallbacks > 0) == starved
+    assert engine.llm.reset_prefix_cache()

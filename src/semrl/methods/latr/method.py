@@ -40,9 +40,9 @@ def lookahead_phase(ctx: RolloutContext, prompt_ids: list[list[int]], width: int
 
     Every row of every prompt takes one token per forward of one batched KV cache (the engine's row
     loop, ``Engine.row_loop``): a fork copies its parent's KV row, a pruned or ended row is dropped, as
-    the official code does on the transformers side before vLLM finishes the rows. On an engine with
-    the fork power (hf) each surviving row then hands its KV to the finishing request. An engine with
-    no row loop (a plug-in's) gets one request per row and token.
+    the official code does on the transformers side before vLLM finishes the rows. Each surviving row
+    then hands its KV to the finishing request where the engine continues the loop's KV (hf). An
+    engine with no row loop (a plug-in's) gets one request per row and token.
     """
     o: LatrConfig = ctx.config.options
     assert ctx.decode is not None, "LATR's rollout needs RolloutContext.decode (keep_math_symbols)"
@@ -71,9 +71,8 @@ def lookahead_phase(ctx: RolloutContext, prompt_ids: list[list[int]], width: int
         sources = [position[id(b)] if id(b) in position else position[id(b.parent)] for b in following]
         if not following or forest.full(step, ctx.params.max_new_tokens):
             break
-    if ctx.engine.powers.fork:  # the finishing requests continue from each row's KV
-        for branch, source in zip(following, sources, strict=True):
-            branch.cache = loop.row_cache(source)
+    for branch, source in zip(following, sources, strict=True):  # the finishing requests continue it
+        branch.cache = loop.row_cache(source)  # None where the engine keeps KV of its own kind
     return forest, steps
 
 

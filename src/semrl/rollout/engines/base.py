@@ -314,7 +314,9 @@ class LookaheadRows(Protocol):
 
     def feed(self, tokens: list[int]) -> None: ...
 
-    def row_cache(self, row: int) -> PrefixCache: ...
+    def row_cache(self, row: int) -> PrefixCache | None:
+        """A row's KV in the form its engine continues, or None where the engine keeps its own."""
+        ...
 
 
 Tag = TypeVar("Tag")

@@ -35,7 +35,11 @@ class RowLoop:
         pad_token_id: int,
         cost: EngineCost,
         sampled_by_prompt: Counter[tuple[int, ...]] | None = None,
+        hands_kv: bool = True,
     ) -> None:
+        """``hands_kv``: ``row_cache`` gives a row's KV, which the engine continues (hf); False where
+        the engine keeps KV of its own kind (vllm, which samples beside this model)."""
+        self.hands_kv = hands_kv
         self.model, self.compute_dtype, self.pad_token_id = model, compute_dtype, pad_token_id
         self.cost, self.sampled_by_prompt = cost, sampled_by_prompt
         self.row_prompts: list[tuple[int, ...]] = []  # each row's prompt, for ``sampled_by_prompt``
@@ -113,6 +117,7 @@ class RowLoop:
         self._forward(torch.tensor(tokens)[:, None], self.next_pos[:, None])
         self.next_pos = self.next_pos + 1
 
-    def row_cache(self, row: int) -> PrefixCache:
-        """Row ``row``'s KV of every token fed so far, unpadded."""
-        return row_cache(self.cache, row, self.attention[row])
+    def row_cache(self, row: int) -> PrefixCache | None:
+        """Row ``row``'s KV of every token fed so far, unpadded; None when its engine cannot continue
+        it (``hands_kv``)."""
+        return row_cache(self.cache, row, self.attention[row]) if self.hands_kv else None

@@ -178,9 +178,8 @@ class VLLMEngine:
         """LATR's lookahead rows on the trained model (the official split: the lookahead on the
         transformers side, then vLLM finishes the rows), padded with the smallest EOS id."""
         require_power(self, "row_loop", "lookahead rows on the model")
-        return RowLoop(
-            self.model, self.compute_dtype, min(self.eos_token_ids), self.cost, self.sampled_by_prompt
-        )
+        pad = min(self.eos_token_ids)  # its KV is the training model's, which vLLM cannot continue
+        return RowLoop(self.model, self.compute_dtype, pad, self.cost, self.sampled_by_prompt, hands_kv=False)
 
     def release_kv(self, kv: PrefixCache | HeldKV) -> None:
         """Let go of a finished request's held blocks (its children have their requests)."""
@@ -321,6 +320,8 @@ class VLLMEngine:
                 outputs = core.step()
                 if forks is not None and forks.deferred:  # the children they waited for are in
                     forks.settle()
+                if forks is not None and not outputs:  # no hold may stall the engine
+                    forks.starved()
                 finished = [out for out in outputs if out.finished]
                 self.cost.engine_steps += 1
                 # the step ran the sequences still running after it and those it finished

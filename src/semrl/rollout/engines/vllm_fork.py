@@ -29,6 +29,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 SUPPORTED = ("0.32.",)  # vLLM 0.33 changed get_computed_blocks(request, max_cache_hit_length=None)
+# holds take at most this share of the KV cache's blocks: the rest stays for running requests, so that
+# held parents never starve their own children (a parent finishing past it is not held)
+HELD_SHARE = 0.5
 
 
 def external_id(request_id: str) -> str:
@@ -94,9 +97,9 @@ class ForkHooks:
 
         def free(request: Any) -> None:
             rid = external_id(request.request_id)
-            if rid in self.parents and request.is_finished():
+            blocks = list(self._blocks_of.get(request.request_id, ()))
+            if rid in self.parents and request.is_finished() and self._room(blocks):
                 self.parents.discard(rid)
-                blocks = list(self._blocks_of.get(request.request_id, ()))
                 computed = request.num_computed_tokens
                 self.manager.block_pool.touch(blocks)
                 self.held[rid] = _Held(blocks, list(request.all_token_ids[:computed]))
@@ -124,6 +127,22 @@ class ForkHooks:
             return self.manager.create_kv_cache_blocks((list(used),)), computed, 0
 
         self.manager.free, self.manager.get_computed_blocks = free, get_computed_blocks
+
+    def _room(self, blocks: list[Any]) -> bool:
+        """Whether holding ``blocks`` too keeps the held blocks within ``HELD_SHARE`` of the KV cache
+        (a block shared by several holders, a prompt's, counts once)."""
+        held = {id(b) for h in self.held.values() for b in h.blocks} | {id(b) for b in blocks}
+        pool: int = self.manager.block_pool.num_gpu_blocks
+        return len(held) <= HELD_SHARE * pool
+
+    def starved(self) -> bool:
+        """Requests wait, none runs, and holds keep blocks: let go of every hold (their children
+        take the plain path) so that the engine can go on."""
+        if not self.held or self.scheduler.running or not self.scheduler.waiting:
+            return False
+        for parent in list(self.held):
+            self._free(parent)
+        return True
 
     def _parent_state(self, parent: str) -> tuple[list[Any], list[int]] | None:
         """A held parent's blocks and tokens, or a running one's now; None when it is gone."""
