@@ -123,7 +123,7 @@ class StreamedRows:
         seeds: list[int],
     ) -> None:
         assert ctx.decode is not None, "LATR's rollout needs RolloutContext.decode (keep_math_symbols)"
-        self.ctx, self.prompt_ids, self.limit, self.seeds = ctx, prompt_ids, limit, seeds
+        self.ctx, self.prompt_ids, self.limit = ctx, prompt_ids, limit
         eos = frozenset(int(t) for t in ctx.engine.eos_token_ids)
         self.forest = LatrForest(len(prompt_ids), settings, eos, ctx.decode)
         self.steps = 0

@@ -123,12 +123,10 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class HeldKV:
-    """A finished request's KV held inside an engine for its children (the vllm engine's fork):
-    ``request_id`` names it to the engine, ``tokens`` is how many context and response tokens it
-    covers. Let go with ``Engine.release_kv``."""
+    """A request's KV held inside an engine for its children (the vllm engine's fork), named by its
+    ``request_id``. Let go with ``Engine.release_kv``."""
 
     request_id: str
-    tokens: int
 
 
 @dataclass

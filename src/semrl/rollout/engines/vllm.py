@@ -334,10 +334,9 @@ class VLLMEngine:
                     if entry is None:  # a stream stopped in this step's callback
                         continue
                     generation = self._to_generation(out.outputs[0], entry.params.logprobs_top_k)
-                    if forks is not None and out.finished and out.request_id in forks.held:
-                        generation.cache = HeldKV(out.request_id, len(forks.held[out.request_id].tokens))
-                    elif forks is not None and hold and entry.request.stream:  # still running
-                        generation.cache = HeldKV(out.request_id, entry.context + entry.sampled)
+                    held = forks is not None and out.finished and out.request_id in forks.held
+                    if held or (forks is not None and hold and entry.request.stream):  # a stream: running
+                        generation.cache = HeldKV(out.request_id)
                     settle(entry, out, generation)
                     if out.finished:
                         del running[out.request_id]
