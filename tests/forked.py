@@ -21,6 +21,7 @@ function vLLM's sampler compiles even when eager, which each rank would otherwis
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import signal
@@ -59,13 +60,9 @@ def read_at_import(env: dict[str, str]) -> dict[str, str]:
 
 # torchrun's and accelerate's variables for each rank, as the launch of `semrl train --num-processes
 # N` (semrl.cli.train.accelerate_launch) sets them; the rank's own go below.
+# accelerate's own ACCELERATE_* variables come from accelerate_env(): their set changes between
+# accelerate's releases (1.16 sets ACCELERATE_DYNAMO_USE_DYNAMIC only when it is given).
 LAUNCH_ENV = {
-    "ACCELERATE_DYNAMO_BACKEND": "NO",
-    "ACCELERATE_DYNAMO_MODE": "default",
-    "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
-    "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
-    "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
-    "ACCELERATE_MIXED_PRECISION": "no",
     "GROUP_RANK": "0",
     "GROUP_WORLD_SIZE": "1",
     "MASTER_ADDR": "127.0.0.1",
@@ -84,10 +81,25 @@ UNSET_BY_FORK = ("TORCHELASTIC_ERROR_FILE", "COLUMNS", "LINES")
 _GRACE_S = 30.0
 
 
+@functools.cache
+def accelerate_env() -> dict[str, str]:
+    """The ``ACCELERATE_*`` variables that the installed accelerate's launcher gives each process of
+    ``semrl.cli.train.accelerate_launch``, from accelerate's own parser and environment builder."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from semrl.cli.train import accelerate_launch
+
+    launch_args = accelerate_launch(2, "0")[3:]  # after `python -m accelerate.commands.launch`
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args([*launch_args, "x.py"]))
+    return {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith("ACCELERATE_")}
+
+
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     """The launch variables of ``rank`` of ``world`` processes on one machine."""
     return {
         **LAUNCH_ENV,
+        **accelerate_env(),
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
         "ROLE_RANK": str(rank),
