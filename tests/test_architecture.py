@@ -24,20 +24,58 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+# "semrl.methods.rose.method:rose_rollout": a registry entry, imported by name when first used
+_REGISTRY_STRING = re.compile(r"(semrl(?:\.\w+)+):\w+(?:\.\w+)*")
+
+
+def _absolute(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module of ``from <node.module> import ...`` in module ``name``: a relative import
+    (``from . import x``, ``from ..y import z``) counts from the module's package."""
+    if node.level == 0:
+        return node.module or ""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _named_imports(node: ast.AST) -> set[str]:
+    """Modules imported by name: ``importlib.import_module("semrl.x")`` (an f-string counts up to
+    its first placeholder's package) and registry strings ``"semrl.x.y:function"``."""
+    if isinstance(node, ast.Call) and node.args:
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        first = node.args[0]
+        if called == "import_module":
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                return {first.value}
+            if isinstance(first, ast.JoinedStr) and first.values:
+                head = first.values[0]
+                if isinstance(head, ast.Constant) and isinstance(head.value, str):
+                    return {head.value.rsplit(".", 1)[0]}
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        match = _REGISTRY_STRING.fullmatch(node.value)
+        if match:
+            return {match.group(1)}
+    return set()
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path], *, by_name: bool = False) -> set[str]:
     """semrl modules ``name`` imports anywhere: in functions and in type-checking blocks too (a
-    type-only import still ties the two modules' designs), plus the packages whose ``__init__``
-    runs on the way."""
+    type-only import still ties the two modules' designs), relative imports too, plus the packages
+    whose ``__init__`` runs on the way. ``by_name``: modules imported by name as well
+    (``importlib.import_module``, registry strings), which tie the floors but load only when used."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     targets: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            module = _absolute(name, path, node)
             targets |= {
-                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                for a in node.names
+                f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names
             }
+        elif by_name:
+            targets |= _named_imports(node)
     deps = set()
     for target in targets:
         parts = target.split(".")
@@ -207,7 +245,7 @@ def _upward(modules: dict[str, Path]) -> dict[str, list[str]]:
         allowed = UPWARD.get(name, ())
         up = sorted(
             dep
-            for dep in _imports(name, path, modules)
+            for dep in _imports(name, path, modules, by_name=True)
             if _floor(dep) > _floor(name) and not any(dep == a or dep.startswith(a + ".") for a in allowed)
         )
         if up:
@@ -239,6 +277,41 @@ def test_the_floor_check_finds_an_upward_import(tmp_path):
     core = tmp_path / "atomic.py"
     core.write_text("def f():\n    import semrl.runtime.checkpoint\n")
     assert "semrl.core.atomic" in _upward({**modules, "semrl.core.atomic": core})
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        # relative: from the rollout's engines package two levels up into the update floor
+        ("semrl.rollout.engines.extra", "from ...update import step\n", "semrl.update"),
+        # in a package's __init__, "." is the package itself: "..." is semrl here
+        ("semrl.rollout.engines", "from ...update.actor import x\n", "semrl.update.actor"),
+        ("semrl.reward.extra", "from ..tracking import metrics\n", "semrl.tracking.metrics"),
+        # by name: a constant import_module call, and one built from an f-string
+        (
+            "semrl.data.extra",
+            "import importlib\ndef f():\n    return importlib.import_module('semrl.runtime.trainer')\n",
+            "semrl.runtime.trainer",
+        ),
+        (
+            "semrl.data.extra2",
+            "from importlib import import_module\ndef f(n):\n    return import_module(f'semrl.update.{n}')\n",
+            "semrl.update",
+        ),
+        # a registry entry's "module:function" string
+        (
+            "semrl.rollout.extra",
+            "ENTRY = 'semrl.methods.rose.method:rose_rollout'\n",
+            "semrl.methods.rose.method",
+        ),
+    ],
+)
+def test_the_floor_check_finds_each_kind_of_upward_import(tmp_path, module, source, expected):
+    modules = _modules()
+    path = tmp_path / ("__init__.py" if module == "semrl.rollout.engines" else "extra.py")
+    path.write_text(source)
+    found = _upward({**modules, module: path})
+    assert expected in found.get(module, []), found
 
 
 def test_stages_import_only_what_they_may():

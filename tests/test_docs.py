@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,15 @@ def strict_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return site
+
+
+@pytest.mark.e2e  # starts a process
+@pytest.mark.xdist_group("site")
+def test_the_site_publishes_pages_not_the_builds_inputs(strict_site):
+    """The hooks' code, their bytecode and the docs extra's requirements stay out of the site."""
+    published = {p.relative_to(strict_site).as_posix() for p in strict_site.rglob("*")}
+    assert not [p for p in published if p.startswith("hooks") or "__pycache__" in p or p.endswith(".py")]
+    assert "requirements.txt" not in published and "index.html" in published
 
 
 @pytest.mark.e2e  # starts a process
@@ -248,6 +258,8 @@ def test_the_pages_commands_run_with_a_tiny_model(tiny_model_dir, tmp_path, monk
     assert (tmp_path / made["rose_demo"] / "report" / "index.html").is_file()
     assert (tmp_path / made["demo"] / "export" / "config.json").is_file()
     assert (tmp_path / "runs" / "eval" / "base" / "results.md").is_file()
+    # a run's checkpoint evaluates into a directory named after its run and step
+    assert (tmp_path / "runs" / "eval" / f"{Path(made['demo']).name}-step-000002" / "results.md").is_file()
 
 
 def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(
@@ -280,18 +292,60 @@ def test_the_readmes_commands_run_in_sequence_on_a_two_column_file(
     # both name the config demo, and each run has a directory of its own (the second in the same
     # second, if it came to that, gets -2)
     assert len(list((tmp_path / "runs").glob("demo-2*/metrics.jsonl"))) == 2
-    # the Python example, as written, with the same tiny sizes added to its overrides
-    import semrl.api
 
+
+# The README's Python example saved as a script, run as `python example.py` runs it (runpy, as
+# __main__, its file the script), after semrl.train is given the tests' tiny sizes.
+_RUN_EXAMPLE = """
+import os, runpy, sys, time
+import semrl, semrl.api
+path, sizes = sys.argv[1], sys.argv[2:]
+train = semrl.api.train
+semrl.api.train = semrl.train = lambda config, overrides=(), **kw: train(config, [*overrides, *sizes], **kw)
+os.chdir(os.path.dirname(path))
+start = time.monotonic()
+try:
+    runpy.run_path(path, run_name="__main__")
+finally:
+    print(f"seconds {time.monotonic() - start:.2f}", file=sys.stderr)
+"""
+
+
+@pytest.mark.e2e  # starts processes
+def test_the_readmes_python_example_runs_as_a_saved_script(tiny_model_dir, tmp_path):
+    """The example exactly as printed, saved as a script, trains; without its main guard it is refused
+    at its first line of semrl, before any run directory or reward worker exists."""
+    from tests.forked import run_python
+
+    readme = (ROOT / "README.md").read_text()
     example = re.search(r"```python\n(import semrl\n.*?)```", readme, re.S).group(1)
-    train = semrl.api.train
-    sized = [o for o in tiny if not o.startswith("logging.eval_samples")]  # the example reads mean@8
-    monkeypatch.setattr(
-        semrl.api, "train", lambda config, overrides=(), **kw: train(config, [*overrides, *sized], **kw)
+    sizes = [
+        f"model.name={tiny_model_dir}",
+        *(o for o in PAGES_TINY_BUDGET if not o.startswith("logging.eval_samples")),
+    ]
+    guarded = tmp_path / "guarded" / "example.py"
+    guarded.parent.mkdir()
+    guarded.write_text(example)
+    ran = run_python(_RUN_EXAMPLE, str(guarded), *sizes)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert re.search(r"^\d\.\d+$", ran.stdout, re.M)  # the held-out mean@8, printed
+    assert len(list((guarded.parent / "runs").glob("demo-2*/metrics.jsonl"))) == 1
+    # the same code with its guard taken away: the body of the `if` at the top level
+    before, _, after = example.partition('if __name__ == "__main__":')
+    body = before + textwrap.dedent(after.split("\n", 1)[1])
+    assert "__main__" not in body and "\nmetrics = semrl.train(" in body
+    unguarded = tmp_path / "unguarded" / "example.py"
+    unguarded.parent.mkdir()
+    unguarded.write_text(body)
+    refused = run_python(_RUN_EXAMPLE, str(unguarded), *sizes)
+    assert refused.returncode == 1
+    assert (
+        f"semrl.train was called from {unguarded}, which has no 'if __name__ == \"__main__\":'"
+        in refused.stderr
     )
-    exec(compile(example, "README.md", "exec"), {})
-    assert re.search(r"^\d\.\d+$", capsys.readouterr().out, re.M)  # the held-out mean@8, printed
-    assert len(list((tmp_path / "runs").glob("demo-2*/metrics.jsonl"))) == 3
+    seconds = float(re.search(r"seconds (\S+)", refused.stderr).group(1))
+    assert seconds < 5.0, seconds
+    assert [p.name for p in unguarded.parent.iterdir()] == ["example.py"]  # no run directory
 
 
 def test_the_docs_extra_installs_what_the_site_build_imports():

@@ -31,6 +31,38 @@ def _reward_name(function: RewardFunction, in_process: dict[str, Callable[..., A
     return name
 
 
+def refuse_unguarded_script() -> None:
+    """Stop before anything is loaded or written when the script run as ``__main__`` has no
+    ``if __name__ == "__main__":`` guard: the reward workers start with ``forkserver`` or ``spawn``,
+    which import that script again in each worker, where its top-level ``semrl.train`` would start
+    a training of its own (README, the Python example)."""
+    from semrl.reward.verify import unguarded_main_script
+
+    script = unguarded_main_script()
+    if script is not None:
+        raise RuntimeError(
+            f"semrl.train was called from {script}, which has no 'if __name__ == \"__main__\":' guard. "
+            "semrl's reward workers start with 'forkserver' (or 'spawn'), which import the script again in "
+            "each worker, so its top-level code, this training included, would run again in every one of "
+            "them. Put the code that trains under the guard:\n\n"
+            'if __name__ == "__main__":\n    metrics = semrl.train(...)\n\n'
+            "Nothing was loaded or written."
+        )
+
+
+def show_semrl_logs() -> None:
+    """Where the program has not configured logging, show semrl's INFO lines on stderr (the run
+    directory, a line per step where no progress bar can draw), as ``semrl train`` does."""
+    import logging
+
+    ours = logging.getLogger("semrl")
+    if not logging.getLogger().handlers and not ours.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+
+
 def train(
     config: str | Path | Config | None = None,
     overrides: Sequence[str] = (),
@@ -45,6 +77,8 @@ def train(
     reward workers like a named one; one defined in a notebook or a script's ``__main__`` runs in
     the training process, without the hard ``reward.timeout_s`` limit (put it in a module to get it).
     """
+    refuse_unguarded_script()
+    show_semrl_logs()
     from semrl.runtime.trainer import Trainer
 
     if isinstance(config, Config):

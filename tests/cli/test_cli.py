@@ -117,3 +117,12 @@ def test_the_reference_fits_a_terminal_and_lists_sections():
     assert markdown.count("| key | type | default | meaning |") == markdown.count("### `") >= 16
     with pytest.raises(Exception, match="Did you mean 'rollout'"):
         config_reference(["rolout"])
+
+
+def test_semrl_eval_names_its_default_output_after_the_run_of_a_checkpoint():
+    from semrl.cli.evaluate import default_output_name
+
+    assert default_output_name("runs/A/checkpoints/step-000010") == "A-step-000010"
+    assert default_output_name("runs/B/checkpoints/step-000010") == "B-step-000010"
+    assert default_output_name("smollm2") == "smollm2"
+    assert default_output_name("/models/my-model") == "my-model"

@@ -226,8 +226,8 @@ def test_each_range_is_checked_with_a_message_naming_the_key(key, valid, annotat
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("rollout.group_size=1", "rollout.group_size' must be >= 2, got 1"),
-        ("rollout.temperature=0", "rollout.temperature' must be > 0, got 0"),
+        ("rollout.group_size=1", "must be >= 2, got 1: every method's advantage compares a response"),
+        ("rollout.temperature=0", "must be > 0, got 0.0: greedy sampling (0) gives a prompt's G"),
         ("rollout.top_k=1", "rollout.top_k' is 1"),
         ("reward.weights=[0]", "reward.weights' is [0.0]"),
     ],

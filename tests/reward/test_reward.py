@@ -81,7 +81,8 @@ def test_known_hang_scores_zero_within_timeout(pool):
     assert verdicts[0].correct is False and verdicts[0].timed_out
     assert verdicts[1].correct is True  # the other worker went on
     assert pool.num_timeouts == before + 1
-    assert elapsed < pool.timeout_s + 2.0
+    # the budget is CPU time: on a busy machine its wall time is longer, but far below the 120 s net
+    assert elapsed < 3 * pool.timeout_s + 2.0
     # the pool replaced the killed worker and still works
     assert pool.verify_many([("4", r"\frac{8}{2}")])[0].correct
 
@@ -142,8 +143,10 @@ def test_hostile_strings_are_never_run(pool, tmp_path):
 
 
 HOSTILE_FILE = Path(__file__).parent / "fixtures" / "hostile_answers.jsonl"
-HOSTILE_TIMEOUT_S = 0.5  # production default 5 s (reward.timeout_s); the corpus only needs them to stop
-HOSTILE_MARGIN_S = 1.5  # killing a worker and the cheap extraction of a 1 MB output
+HOSTILE_TIMEOUT_S = 0.5  # CPU seconds (reward.timeout_s is 5 by default): the corpus only needs them to stop
+# killing a worker, the cheap extraction of a 1 MB output, and the wall time 0.5 s of a worker's CPU
+# takes when the test runs beside others (the budget counts CPU time, not wall clock)
+HOSTILE_MARGIN_S = 4.0
 
 
 def _hostile_corpus(marker: Path) -> list[dict]:
@@ -198,11 +201,12 @@ def test_hostile_answer_corpus(tmp_path):
 
 @pytest.mark.e2e  # starts a process
 def test_wait_ready_waits_for_the_replacements_of_timed_out_workers():
-    with VerifierPool(num_workers=2, timeout_s=0.3, numeral_answers=False) as pool:  # HANG reaches a worker
+    with VerifierPool(num_workers=1, timeout_s=0.3, numeral_answers=False) as pool:  # HANG reaches a worker
         pool.wait_ready()
-        assert len(pool._workers) == 2 and all(w.ready for w in pool._workers)
-        assert pool.verify_many([("3", HANG), ("3", HANG + " ")])[0].timed_out
-        assert not any(w.ready for w in pool._workers)  # both replaced, importing math-verify
+        assert len(pool._workers) == 1 and all(w.ready for w in pool._workers)
+        # the pool answers as soon as the killed worker's job is scored: its replacement is still starting
+        assert pool.verify_many([("3", HANG)])[0].timed_out
+        assert not any(w.ready for w in pool._workers)
         pool.wait_ready()
         assert all(w.ready and w.proc.is_alive() for w in pool._workers)
 

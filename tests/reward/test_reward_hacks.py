@@ -31,7 +31,7 @@ BENCHMARKS = Path(__file__).parents[2] / "src" / "semrl" / "data" / "benchmarks"
 def pools():
     with (
         VerifierPool(2, 5.0, numeral_answers=True) as strict,
-        VerifierPool(2, 5.0, numeral_answers=False) as lenient,
+        VerifierPool(2, 5.0, numeral_answers=False, refuse_restatements=False) as lenient,
     ):
         yield {True: strict, False: lenient}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -136,6 +137,36 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(
         _weights(full / "checkpoints" / "step-000004"), _weights(run / "checkpoints" / "step-000004")
     )
     assert [m["reward"] for m in read_metrics(full)] == [m["reward"] for m in read_metrics(run)]
+
+
+def test_a_stalled_engine_stops_the_run_in_its_time_and_keeps_the_last_checkpoint(
+    digit_model_dir, uninterrupted_run, tmp_path
+):
+    """The engine stops making progress in step 3's rollout (SEMRL_FAULT_HANG): the run ends with exit
+    code 3 about rollout.stall_timeout_s after the last token, names the engine, the phase and the
+    option, keeps the checkpoints of steps 1 and 2, and resumes to the uninterrupted run's weights."""
+    seven_task, full, env = uninterrupted_run
+    run = tmp_path / "stalled"
+    stalled = run_semrl(
+        *_train_cmd(digit_model_dir, seven_task, run, "rollout.stall_timeout_s=3"),
+        env={**env, "SEMRL_FAULT_HANG": "rollout@3"},
+        timeout=120,  # without the watchdog the run waits forever: the test fails here instead
+    )
+    assert stalled.returncode == 3, stalled.stderr[-2000:]
+    message = stalled.stderr.strip().splitlines()[-1]
+    match = re.search(
+        r"the hf engine made no progress \(no token sampled, no request finished\) for (\d+) s", message
+    )
+    assert match and 3 <= int(match.group(1)) <= 6, message
+    assert "in step 3's rollout, past rollout.stall_timeout_s=3" in message
+    assert f"{run / 'checkpoints' / 'step-000002'}, is kept" in message and f"--resume {run}" in message
+    _assert_checkpoints_complete(run)
+    assert [c.name for c in list_checkpoints(run)] == ["step-000001", "step-000002"]
+    resumed = run_semrl("train", "--resume", str(run), "logging.progress=false", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _same(
+        _weights(full / "checkpoints" / "step-000004"), _weights(run / "checkpoints" / "step-000004")
+    )
 
 
 def test_faults_are_read_from_the_environment_once_and_checked_there(monkeypatch):

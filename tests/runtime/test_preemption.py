@@ -100,7 +100,10 @@ def test_ctrl_c_while_loading_stops_at_once_with_one_line(uninterrupted, digit_m
     run = tmp_path / "run"
     # started with the signals blocked: without semrl unblocking them, Ctrl-C would stay pending
     # and the run would train to the end (exit 0)
-    proc = _ctrl_c(*_args(digit_model_dir, task, run), at="load@0", blocked=True)
+    # with TensorBoard on (the default tracker), whose writer has made its folder by then
+    proc = _ctrl_c(
+        *_args(digit_model_dir, task, run), "logging.report_to=[tensorboard]", at="load@0", blocked=True
+    )
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert (

@@ -176,18 +176,25 @@ def test_each_correction_holds_the_rate_it_states(kind, correction, shape):
     assert rates[stated] <= ALPHA + TOLERANCE, f"{correction} ({stated}) at {rates[stated]:.4f}, {shape}"
 
 
-def test_the_rates_the_docs_give_for_bh_over_looks_and_a_wrong_claim_fails():
+def test_the_rates_the_docs_give_for_bh_over_looks():
     """BH at each look's nominal level, 6 rules, looks at 4, 8 and 12 seeds: over the looks the false
-    discovery rate passes alpha under no effect (docs: 0.0525), while bh_spent stays within it; and
-    BH claimed as family-wise error fails with real effects beside null rules."""
+    discovery rate passes alpha under no effect (docs: 0.0525), while bh_spent stays within it."""
     design = _design("spending_obrien_fleming", "bh")
     nominal = _rates(design, "bh", np.zeros(6), 200_000, seed=11)
     spent = _rates(design, "bh_spent", np.zeros(6), 200_000, seed=11)
     se = math.sqrt(ALPHA * (1 - ALPHA) / 200_000)
     assert nominal["fdr"] > ALPHA + 2 * se and abs(nominal["fdr"] - 0.0525) < 3 * se
     assert spent["fdr"] < ALPHA
-    partial = _rates(design, "bh", np.array([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]), STUDIES, seed=12)
-    assert partial["fwer"] > ALPHA + TOLERANCE  # BH does not hold the family-wise error
+
+
+@pytest.mark.parametrize("correction", sorted(c for c, rate in STATED.items() if rate != "fwer"))
+def test_every_correction_that_does_not_state_the_family_wise_error_fails_that_claim(correction):
+    """The rate check can fail: each correction offered that states a weaker rate than the family-wise
+    error (BH at each look, BH at the alpha spent, none), claimed as family-wise with real effects
+    beside null rules, exceeds it (issue 83: bh_spent makes 0.059 false decisions against 0.05)."""
+    design = _design("spending_obrien_fleming", correction)
+    partial = _rates(design, correction, np.array([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]), STUDIES, seed=12)
+    assert partial["fwer"] > ALPHA + TOLERANCE, partial
 
 
 # ------------------------------------------------------------------------------------------------

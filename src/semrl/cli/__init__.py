@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("transformers", "httpx", "huggingface_hub", "vllm"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    # torch's INFO lines (its FakeTensor cache statistics at exit, after a Ctrl-C in the first seconds)
+    logging.getLogger("torch").setLevel(logging.WARNING)
     try:
         return cast("int", args.func(args))
     except (ConfigError, FileNotFoundError, ValueError) as err:

@@ -51,8 +51,9 @@ def add_model_io_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--expressions-as-answers",
         action="store_true",
-        help="credit an expression that evaluates to a number gold (\\boxed{50+18} for 68), as math-verify "
-        "alone does (reward.numeral_answers=false); docs/rewards-and-data.md",
+        help="credit an expression that evaluates to a number gold (\\boxed{50+18} for 68) and one that "
+        "restates the problem (\\boxed{\\sqrt{245}} for Simplify $\\sqrt{245}$), as math-verify alone does "
+        "(reward.numeral_answers=false, reward.refuse_restatements=false); docs/rewards-and-data.md",
     )
     parser.add_argument(
         "--engine",

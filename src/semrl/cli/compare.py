@@ -72,6 +72,12 @@ def add_parser(sub: SubParsers) -> None:
         "outcomes",
     )
     cmp.add_argument(
+        "--allow-different-evaluations",
+        action="store_true",
+        help="set runs side by side although their held-out problems, reward functions or evaluation "
+        "settings differ (said above the table); without it such runs are refused",
+    )
+    cmp.add_argument(
         "--variance",
         action="store_true",
         help="for each compared pair, split the seed-to-seed variance of the final held-out differences "
@@ -132,5 +138,27 @@ def run(args: argparse.Namespace) -> int:
         )
         raise ConfigError(f"{flag} compares variants across seeds: give a sweep directory or --group-by KEY")
     else:
+        _check_evaluated_alike(args.run_dirs, args.allow_different_evaluations)
         print(compare_runs(args.run_dirs, args.metric, args.output))
     return 0
+
+
+def _check_evaluated_alike(run_dirs: list[str], allowed: bool) -> None:
+    """Refuse runs whose held-out numbers cannot be set side by side, or, ``allowed``, say how they
+    differ above the table."""
+    from semrl.studies.evaluation_match import evaluation_differences
+
+    differ = evaluation_differences(run_dirs)
+    if not differ:
+        return
+    names = [Path(d).name for d in run_dirs]
+    listed = "; ".join(
+        f"{key}: " + ", ".join(f"{n} {v!r}" for n, v in zip(names, values, strict=False))
+        for key, values in differ.items()
+    )
+    if not allowed:
+        raise ConfigError(
+            f"these runs were not evaluated alike, so their held-out numbers do not compare ({listed}). "
+            "Compare runs of one evaluation, or pass --allow-different-evaluations to see them side by side"
+        )
+    print(f"**Not evaluated alike** (held-out numbers do not compare): {listed}\n")

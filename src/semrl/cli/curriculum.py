@@ -94,7 +94,15 @@ def run_score(args: argparse.Namespace) -> int:
     sampler = load_sampler(args, found, args.max_new_tokens)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens, logprobs_top_k=0)
     bar = tqdm(total=len(found), desc="score", disable=args.quiet)
-    with VerifierPool(2, args.timeout, numeral_answers=not args.expressions_as_answers) as pool, bar:
+    with (
+        VerifierPool(
+            2,
+            args.timeout,
+            numeral_answers=not args.expressions_as_answers,
+            refuse_restatements=not args.expressions_as_answers,
+        ) as pool,
+        bar,
+    ):
         written = score_problems(
             sampler.engine,
             sampler.tokenizer,

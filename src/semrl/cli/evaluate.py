@@ -52,7 +52,8 @@ def add_parser(sub: SubParsers) -> None:
     add_model_io_args(ev)
     ev.add_argument(
         "--output",
-        help="directory (default runs/eval/MODEL): DATASET/problems.jsonl per dataset, metrics.json, "
+        help="directory (default runs/eval/MODEL; runs/eval/RUN-step-N for a run's checkpoint): "
+        "DATASET/problems.jsonl per dataset, metrics.json, "
         "results.md. A re-run with the same settings reuses the problems already there",
     )
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 256)
     sampler = load_sampler(args, [p for ps in found.values() for p in ps], max_new_tokens)
     path, system, template = sampler.model_path, sampler.prompt.system_prompt, sampler.prompt.template
-    out = Path(args.output or Path("runs") / "eval" / Path(path).name)
+    out = Path(args.output or Path("runs") / "eval" / default_output_name(path))
     settings = {
         name: EvalSettings(
             model=path,
@@ -89,12 +90,18 @@ def run(args: argparse.Namespace) -> int:
             prompt_template=template,
             final_number_fallback=not args.no_number_fallback,
             numeral_answers=not args.expressions_as_answers,
+            refuse_restatements=not args.expressions_as_answers,
             problems_per_chunk=max(1, args.batch_size // n),
             batch_size=args.batch_size,
         )
         for name, source in datasets.items()
     }
-    with VerifierPool(2, args.timeout, numeral_answers=not args.expressions_as_answers) as pool:
+    with VerifierPool(
+        2,
+        args.timeout,
+        numeral_answers=not args.expressions_as_answers,
+        refuse_restatements=not args.expressions_as_answers,
+    ) as pool:
         summaries, reused = evaluate_datasets(
             sampler.engine,
             sampler.tokenizer,
@@ -111,3 +118,13 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(summaries))
     print(f"written: {out / 'metrics.json'}, {out / 'results.md'}")
     return 0
+
+
+def default_output_name(model_path: str) -> str:
+    """The name of ``semrl eval``'s default output directory: a run's checkpoint is named after its run
+    (``runs/A/checkpoints/step-000010`` -> ``A-step-000010``), so that two runs' checkpoints of one
+    step do not share a directory; another model after its own name."""
+    path = Path(model_path)
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return f"{path.parent.parent.name}-{path.name}"
+    return path.name

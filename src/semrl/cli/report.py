@@ -23,5 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from semrl.studies.runs import write_report
 
     index = write_report(args.run_dir, args.output)
-    print(f"report: {index}  (open it in a browser; figures in {index.parent / 'figures'})")
+    figures = index.parent / "figures"
+    where = f"; figures in {figures}" if figures.is_dir() and any(figures.iterdir()) else ""
+    print(f"report: {index}  (open it in a browser{where})")
     return 0

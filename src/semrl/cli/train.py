@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trainer = Trainer(cfg, resume=bool(args.resume))
     except KeyboardInterrupt:  # the run's own handler starts with training (semrl.runtime.preemption)
-        removed = new_dir and _remove_if_only_config(run_dir)
+        removed = new_dir and _remove_new_run_dir(run_dir)
         raise Interrupted.while_loading(run_dir, bool(args.resume), removed) from None
     try:
         trainer.train()
@@ -69,14 +69,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remove_if_only_config(run_dir: Path) -> bool:
-    """Remove a run directory that holds nothing but the config this command wrote (a run stopped
-    while loading, which would otherwise leave one such directory per try)."""
-    if run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == ["config.yaml"]:
-        (run_dir / "config.yaml").unlink()
-        run_dir.rmdir()
-        return True
-    return False
+def _remove_new_run_dir(run_dir: Path) -> bool:
+    """Remove the run directory this command made (a run stopped while loading: its config, a
+    tracker's empty logs), so that no try leaves one behind and the same command starts again."""
+    import shutil
+
+    if not run_dir.is_dir():
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not run_dir.exists()
 
 
 def _check_run_dir(run_dir: Path) -> None:

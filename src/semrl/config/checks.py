@@ -10,6 +10,7 @@ from typing import Any
 from semrl.config.learning_sections import check_trackers
 from semrl.config.options import (
     build_section,
+    check_ranges,
     unknown_key,
 )
 from semrl.config.sections import Config, core_sections
@@ -64,23 +65,14 @@ def _check_groups(cfg: Config) -> None:
     """Configs that cannot learn: every method here scores a response against the other responses
     to its prompt, so one response per prompt, or G identical ones, gives every advantage 0."""
     r = cfg.rollout
-    if r.group_size < 2:
-        raise ConfigError(
-            f"config key 'rollout.group_size' is {r.group_size}: every method's advantage compares a "
-            "response with the others to its prompt, so with one response each advantage is 0 and "
-            "nothing is learned (TRL refuses num_generations < 2); set rollout.group_size >= 2"
-        )
+    # group_size < 2 and temperature 0 are refused, with their reasons, by their ranges; checked here
+    # too for a Config built in Python (dataclasses.replace), which no YAML reading checked
+    check_ranges(r, "rollout")
     if r.top_k == 1:
         raise ConfigError(
             "config key 'rollout.top_k' is 1: only the most likely token can be sampled, so the G "
             "responses to a prompt are the same text, every advantage is 0 and nothing is learned; "
             "use rollout.top_k=0 (off) or >= 2"
-        )
-    if r.temperature == 0:
-        raise ConfigError(
-            "config key 'rollout.temperature' is 0: greedy sampling gives the G responses to a prompt "
-            "the same text, so every advantage is 0 and nothing is learned; use a temperature > 0 "
-            "(the papers sample at 0.6-1.0). A greedy evaluation is logging.eval_temperature=0"
         )
 
 

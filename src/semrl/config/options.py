@@ -28,6 +28,7 @@ class Range:
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
+    why: str = ""  # said after the bounds when a value is refused
 
     def holds(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -70,7 +71,8 @@ def check_range(key: str, value: Any, valid: Range | None) -> None:
         return
     for item in value if isinstance(value, list) else [value]:
         if isinstance(item, (int, float)) and not isinstance(item, bool) and not valid.holds(item):
-            raise ConfigError(f"config key '{key}' must be {valid}, got {item!r}")
+            why = f": {valid.why}" if valid.why else ""
+            raise ConfigError(f"config key '{key}' must be {valid}, got {item!r}{why}")
 
 
 def type_name(tp: Any) -> str:

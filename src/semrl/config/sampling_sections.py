@@ -8,6 +8,7 @@ from typing import Literal
 from semrl.config.options import (
     AT_LEAST_1,
     FINITE,
+    FRACTION,
     NON_NEGATIVE,
     OPEN_FRACTION,
     POSITIVE,
@@ -25,17 +26,35 @@ class RolloutConfig:
         "Completions sampled per prompt (G; TRL: num_generations). Every method's advantage compares a "
         "response with the others to its prompt, so one response per prompt learns nothing (TRL refuses "
         "num_generations < 2 too).",
-        valid=Range(2),
+        valid=Range(
+            2,
+            why="every method's advantage compares a response with the others to its prompt, so with one "
+            "response each advantage is 0 and nothing is learned (TRL refuses num_generations < 2 too)",
+        ),
     )
     prompts_per_step: int = option(8, "Prompts per rollout batch (verl: train_batch_size).", valid=AT_LEAST_1)
     max_new_tokens: int = option(
         64, "Maximum response length in tokens (verl: response_length).", valid=AT_LEAST_1
     )
+    stall_timeout_s: float | None = option(
+        900.0,
+        "Seconds the engine may go without progress (no token sampled, no request finished) in a "
+        "rollout or an evaluation; past it the run stops with exit code 3 and keeps its last "
+        "checkpoint (null: wait forever). An honest decoding step here takes seconds "
+        '(docs/reliability.md, "A stalled engine").',
+        valid=POSITIVE,
+    )
     temperature: float = option(
         1.0,
         "Sampling temperature for training rollouts. Greedy sampling (0) gives a prompt's G responses "
         "the same text, so every advantage is 0: a greedy evaluation is logging.eval_temperature=0.",
-        valid=POSITIVE,
+        valid=Range(
+            0,
+            low_open=True,
+            why="greedy sampling (0) gives a prompt's G responses the same text, so every advantage is 0 and "
+            "nothing is learned; sample at 0.6-1.0 as the papers do. For a greedy evaluation set "
+            "logging.eval_temperature=0",
+        ),
     )
     top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).", valid=OPEN_FRACTION)
     top_k: int = option(
@@ -159,8 +178,35 @@ class RewardConfig:
         "math-verify would evaluate (50+18, 2\\times34, \\frac{136}{2}); false: math-verify's verdict "
         'alone, as semrl 0.2 did (docs/rewards-and-data.md, "An answer must be an answer").',
     )
+    refuse_restatements: bool = option(
+        True,
+        "The 'math' check and every evaluation credit no answer that restates an expression of its "
+        "problem other than the gold as written (Simplify $\\sqrt{245}$ answered \\sqrt{245}), whatever "
+        "the gold's form; false: math-verify's verdict alone (docs/rewards-and-data.md, \"An answer must "
+        'be an answer").',
+    )
     timeout_s: float = option(
-        5.0, "Hard wall-clock limit per answer verification; a timeout scores 0.", valid=POSITIVE
+        5.0,
+        "CPU seconds that one answer verification or reward-function call may spend in its worker; "
+        "past it the worker is killed and the call scores 0, uncached and counted. CPU time, not wall "
+        "clock: a verdict does not change with the machine's load "
+        '(docs/reliability.md, "Verification time").',
+        valid=POSITIVE,
+    )
+    wall_timeout_s: float | None = option(
+        None,
+        "Wall-clock seconds a verification may take at most, the net for a worker that never gets "
+        "the CPU (null: 24 x reward.timeout_s, at least 120).",
+        valid=POSITIVE,
+    )
+    max_error_rate: float = option(
+        0.5,
+        "The share of a scoring call's completions (a step's, an evaluated problem's) on which one of "
+        "your own reward functions may raise or return no valid score; above it the run stops with "
+        "exit code 3, the function's name and its first traceback (1: never stop, errors score 0). "
+        "Built-in checks and time-outs do not count: a hostile answer's time-out scores 0 "
+        '(docs/training.md, "Reward functions").',
+        valid=FRACTION,
     )
     num_workers: int = option(2, "Verification worker processes.", valid=AT_LEAST_1)
     truncated_reward: float | None = option(

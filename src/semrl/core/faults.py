@@ -5,11 +5,12 @@ training step ``STEP`` (1-based); ``SEMRL_FAULT_SIGNAL=POINT@STEP[,POINT@STEP...
 there once and goes on (a preemption); ``SEMRL_FAULT_CTRL_C=POINT@STEP[,...]`` sends SIGINT once to
 its whole process group, as Ctrl-C in a terminal does (start the outermost process in a session of
 its own: the group is everything that shares it); ``SEMRL_FAULT_ENOSPC=STEP`` makes writing the
-checkpoint of step ``STEP`` fail as on a full disk. Points: ``load`` (the models loaded, before the
-run's signal handler; step 0), ``rollout`` (after generation, before
-rewards), ``update`` (after the first backward, before the optimizer step), ``evaluate`` (the
-evaluation after step STEP; 0: before training) and ``checkpoint`` (model written to the temporary
-directory, not yet renamed). Unset, each point costs a set lookup.
+checkpoint of step ``STEP`` fail as on a full disk; ``SEMRL_FAULT_HANG=POINT@STEP`` (``rollout`` or
+``evaluate``) makes the engine stop making progress in that phase (``semrl.core.watchdog``). Points:
+``load`` (the models loaded, before the run's signal handler; step 0), ``rollout`` (after
+generation, before rewards), ``update`` (after the first backward, before the optimizer step),
+``evaluate`` (the evaluation after step STEP; 0: before training) and ``checkpoint`` (model written
+to the temporary directory, not yet renamed). Unset, each point costs a set lookup.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ ENV = "SEMRL_FAULT_KILL"
 SIGNAL_ENV = "SEMRL_FAULT_SIGNAL"
 CTRL_C_ENV = "SEMRL_FAULT_CTRL_C"
 ENOSPC_ENV = "SEMRL_FAULT_ENOSPC"
+HANG_ENV = "SEMRL_FAULT_HANG"
 RANK_ENV = "SEMRL_FAULT_RANK"  # with several processes: only this rank is signalled
 POINTS = ("load", "rollout", "update", "evaluate", "checkpoint")
 
@@ -46,6 +48,7 @@ class Faults:
         terminate: (point, step) pairs where it sends itself SIGTERM, once each.
         interrupt: (point, step) pairs where it sends its process group SIGINT, once each.
         enospc_step: the step whose checkpoint write fails as on a full disk, or None.
+        hang: (point, step) pairs whose engine stops making progress (``rollout``, ``evaluate``).
     """
 
     def __init__(
@@ -54,9 +57,10 @@ class Faults:
         terminate: frozenset[tuple[str, int]] = frozenset(),
         enospc_step: int | None = None,
         interrupt: frozenset[tuple[str, int]] = frozenset(),
+        hang: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
         self.kill, self.terminate, self.enospc_step = kill, terminate, enospc_step
-        self.interrupt = interrupt
+        self.interrupt, self.hang = interrupt, hang
         self._signalled: set[tuple[str, int]] = set()  # a point can be reached several times in a step
 
     @classmethod
@@ -72,7 +76,8 @@ class Faults:
         if enospc and not enospc.isdigit():
             raise ValueError(f"{ENOSPC_ENV}={enospc!r}: expected the step whose checkpoint write fails")
         interrupt = _parse(os.environ[CTRL_C_ENV], CTRL_C_ENV) if os.environ.get(CTRL_C_ENV) else frozenset()
-        return cls(kill, signalled, int(enospc) if enospc else None, interrupt)
+        hang = _parse(os.environ[HANG_ENV], HANG_ENV) if os.environ.get(HANG_ENV) else frozenset()
+        return cls(kill, signalled, int(enospc) if enospc else None, interrupt, hang)
 
     def at(self, point: str, step: int) -> None:
         """The process reached ``point`` during training step ``step`` (1-based; ``evaluate``: the

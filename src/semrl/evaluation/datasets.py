@@ -4,13 +4,13 @@ dataset, a summary, a Markdown table), with the settings that decide the samples
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from semrl.core.atomic import write_text_atomic
 from semrl.core.jsonl import read_jsonl
@@ -20,9 +20,12 @@ from semrl.evaluation.metrics import report_ks, summarize_by, summarize_records
 from semrl.evaluation.sampling import sample_and_verify
 from semrl.reward import Judge, VerifierPool
 from semrl.rollout.engines import Engine, SamplingParams
+from semrl.tracking.progress import Progress
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class EvalSettings:
     batch_size: int
     prompt_template: str | None = None
     numeral_answers: bool = True  # the pool's rule (reward.numeral_answers); files before it: false
+    refuse_restatements: bool = True  # the pool's rule (reward.refuse_restatements); before it: false
 
 
 # Named sampling settings of the papers (ecosystem.md section 3).
@@ -56,17 +60,23 @@ PRESETS: dict[str, dict[str, Any]] = {
 def _settings_to_resume(out_dir: Path, settings: EvalSettings, pool: VerifierPool) -> dict[str, Any]:
     """``settings`` as written in ``out_dir/settings.json``: written there if new, else checked
     against what is there (a resumed evaluation must match exactly); the pool must judge by them."""
-    if pool.numeral_answers != settings.numeral_answers:
-        raise ValueError(
-            f"the verifier pool has numeral_answers={pool.numeral_answers} and the evaluation settings "
-            f"{settings.numeral_answers}: build both from the same reward.numeral_answers"
-        )
+    for rule in ("numeral_answers", "refuse_restatements"):
+        if getattr(pool, rule) != getattr(settings, rule):
+            raise ValueError(
+                f"the verifier pool has {rule}={getattr(pool, rule)} and the evaluation settings "
+                f"{getattr(settings, rule)}: build both from the same reward.{rule}"
+            )
     out_dir.mkdir(parents=True, exist_ok=True)
     settings_file = out_dir / "settings.json"
     wanted = asdict(settings)
     if settings_file.exists():
         # older files lack the later keys; their verdicts came from math-verify alone
-        found = {"prompt_template": None, "numeral_answers": False, **json.loads(settings_file.read_text())}
+        found = {
+            "prompt_template": None,
+            "numeral_answers": False,
+            "refuse_restatements": False,
+            **json.loads(settings_file.read_text()),
+        }
         if found != wanted:
             diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
             raise ValueError(
@@ -164,10 +174,12 @@ def evaluate_datasets(
     summaries, reused = {}, {}
     for name, dataset in problems.items():
         total = len(dataset) * settings[name].num_samples
-        with tqdm(total=total, desc=f"eval {name}", unit="sample", disable=quiet) as bar:
+        with Progress(total, f"eval {name}", "sample", not quiet) as bar:
             summaries[name], reused[name] = evaluate_dataset(
                 engine, tokenizer, pool, dataset, settings[name], output / name, bar.update
             )
+            if bar.plain:  # no terminal for a bar: one line per dataset
+                logger.info("eval %s: %d samples in %.1f s", name, total, bar.seconds())
     write_text_atomic(output / "metrics.json", json.dumps(summaries, indent=2))
     write_text_atomic(output / "results.md", f"# {title}\n\n{markdown_table(summaries)}\n")
     return summaries, reused

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from semrl.core.atomic import write_text_atomic
 from semrl.core.jsonl import log_exists, read_jsonl
@@ -21,12 +21,15 @@ from semrl.evaluation.metrics import summarize_records
 from semrl.evaluation.sampling import sample_and_verify
 from semrl.reward import Judge, RewardFunctions, VerifierPool
 from semrl.rollout.engines import Engine, sampling_params
+from semrl.tracking.progress import Progress
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from semrl.config.sections import Config
     from semrl.core.distributed import ProcessGroup
+
+logger = logging.getLogger(__name__)
 
 
 EVAL_SPLITS = ("eval", "transfer")  # metric prefixes: held-out problems, problems of a kind never trained on
@@ -68,6 +71,7 @@ def evaluation_key(cfg: Config, problems: Sequence[Problem], split: str, world: 
         "correctness": cfg.reward.correctness,
         "reward_timeout_s": cfg.reward.timeout_s,
         "numeral_answers": cfg.reward.numeral_answers,
+        "refuse_restatements": cfg.reward.refuse_restatements,
         "problems": hashlib.sha256(
             json.dumps([[p.id, p.problem, p.answer] for p in problems]).encode()
         ).hexdigest(),
@@ -128,12 +132,8 @@ def evaluate_held_out(
     offset = EVAL_SPLITS.index(split) * 104_729 if split in EVAL_SPLITS else 0
     gen = torch.Generator().manual_seed(cfg.trainer.seed + 1 + 7919 * processes.rank + offset)
     share = problems[processes.rank :: processes.world]
-    with tqdm(
-        total=len(share) * log.eval_samples,
-        desc=split,
-        unit="sample",
-        leave=False,
-        disable=not (log.progress and processes.is_main),
+    with Progress(
+        len(share) * log.eval_samples, split, "sample", log.progress and processes.is_main, leave=False
     ) as bar:
         records = [
             s.record()
@@ -149,6 +149,9 @@ def evaluate_held_out(
                 bar.update,
             )
         ]
+        if bar.plain:  # no terminal for a bar: one line per evaluation
+            samples = len(share) * log.eval_samples
+            logger.info("%s after step %d: %d samples in %.1f s", split, step, samples, bar.seconds())
     shares = processes.gather(records)
     # back in the problems' order (process r sampled problems r, r + world, ...)
     records = []

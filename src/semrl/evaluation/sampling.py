@@ -114,7 +114,13 @@ def judge_samples(
     texts: list[str] = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]  # type: ignore[misc]
     if functions is None:
         golds = [problem.answer] * len(gens)
-        rewards = score_responses(pool, texts, golds, final_number_fallback=final_number_fallback)
+        rewards = score_responses(
+            pool,
+            texts,
+            golds,
+            final_number_fallback=final_number_fallback,
+            problems=[problem.problem] * len(gens),
+        )
     else:
         from semrl.data import problem_columns
 

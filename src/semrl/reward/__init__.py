@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from semrl.errors import TrainingError
 from semrl.reward.extract import extract_answer, extract_boxed, extract_last_number
-from semrl.reward.functions import CORRECTNESS_CHECKS, Scorer, check_signature, load_function, scorer
+from semrl.reward.functions import BUILTIN, CORRECTNESS_CHECKS, Scorer, check_signature, load_function, scorer
 from semrl.reward.verify import CallResult, Verdict, VerifierPool
 
 if TYPE_CHECKING:
@@ -59,10 +60,12 @@ def score_responses(
     final_number_fallback: bool,
     truncated: list[bool] | None = None,
     truncated_reward: float | None = None,
+    problems: list[str] | None = None,
 ) -> list[RewardResult]:
-    """Binary correctness reward (1 / 0) per response, gold answer compared first."""
+    """Binary correctness reward (1 / 0) per response, gold answer compared first; ``problems[i]``
+    (the problem response i answers) lets the pool refuse a restatement of it."""
     answers = [extract_answer(text, final_number_fallback) for text in responses]
-    verdicts = pool.verify_many(list(zip(golds, answers, strict=True)))
+    verdicts = pool.verify_many(list(zip(golds, answers, strict=True)), problems)
     results = []
     for i, (answer, verdict) in enumerate(zip(answers, verdicts, strict=True)):
         reward = 1.0 if verdict.correct else 0.0
@@ -79,6 +82,7 @@ class RewardFunctions:
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
     correctness: str | None = None  # reward.correctness
+    max_error_rate: float = 1.0  # reward.max_error_rate: above it a user function's errors stop the run
     # Reward callables that the verifier workers cannot import by name run in this process instead.
     in_process: dict[str, Callable[..., Any]] = field(default_factory=dict)
     _logged: set[str] = field(default_factory=set)
@@ -132,7 +136,8 @@ class RewardFunctions:
         metrics: dict[str, float] = {}
         for name, weight, key in zip(self.names, self.weights, self.metric_keys, strict=True):
             if name == "math":
-                verdicts = pool.verify_many([(c["answer"], a) for c, a in zip(columns, answers, strict=True)])
+                pairs = [(c["answer"], a) for c, a in zip(columns, answers, strict=True)]
+                verdicts = pool.verify_many(pairs, prompts)
                 scores: list[float | None] = [float(v.correct) for v in verdicts]
                 errors: list[str | None] = [None] * len(verdicts)
                 outs = [v.timed_out for v in verdicts]
@@ -146,12 +151,7 @@ class RewardFunctions:
                 scores = [r.score for r in results]
                 errors = [r.error for r in results]
                 outs = [r.timed_out for r in results]
-            first_error = next((e for e in errors if e and e != "timeout"), None)
-            if first_error and name not in self._logged:
-                self._logged.add(name)
-                logger.warning(
-                    "reward function '%s' raised (scored 0); first traceback:\n%s", name, first_error
-                )
+            self._check_errors(name, errors)
             metrics[f"rewards/{key}/sum"] = sum(s or 0.0 for s in scores)
             metrics[f"rewards/{key}/errors"] = float(sum(e is not None for e in errors))
             metrics[f"rewards/{key}/timeouts"] = float(sum(outs))
@@ -170,6 +170,22 @@ class RewardFunctions:
             rewarded.append(RewardResult(reward, answer, correct[i], timed_out[i]))
         return rewarded, metrics
 
+    def _check_errors(self, name: str, errors: list[str | None]) -> None:
+        """Stop on a user function that failed (raised, or gave no valid score) on more than
+        ``max_error_rate`` of a call's completions; else log its first traceback once."""
+        first_error = next((e for e in errors if e and e != "timeout"), None)
+        failed = sum(e is not None and e != "timeout" for e in errors)
+        if name not in BUILTIN and errors and failed / len(errors) > self.max_error_rate:
+            raise TrainingError(
+                f"reward function '{name}' failed on {failed} of the {len(errors)} completions it "
+                f"scored (raised, or returned no valid score), above reward.max_error_rate="
+                f"{self.max_error_rate:g}. Fix the function, or set reward.max_error_rate=1 to score "
+                f"its errors 0 and go on. Its first traceback:\n{first_error}"
+            )
+        if first_error and name not in self._logged:
+            self._logged.add(name)
+            logger.warning("reward function '%s' raised (scored 0); first traceback:\n%s", name, first_error)
+
 
 def _call_here(score: Scorer, call: tuple[str, str, list[int], dict[str, Any]]) -> CallResult:
     """A call in the training process (a function the workers cannot import): no hard time limit."""
@@ -184,15 +200,19 @@ def reward_functions(
     weights: list[float] | None = None,
     in_process: dict[str, Callable[..., Any]] | None = None,
     correctness: str | None = None,
+    max_error_rate: float = 1.0,
 ) -> RewardFunctions:
     """Check and bundle ``reward.functions``: every function is imported and its signature checked
     here, so a bad one fails before training starts. ``in_process`` maps names to callables that
-    run in this process (defined where the workers cannot import them, e.g. a notebook)."""
+    run in this process (defined where the workers cannot import them, e.g. a notebook);
+    ``max_error_rate`` (``reward.max_error_rate``): the share of a scoring call's completions on
+    which one of the user's functions may fail before scoring raises ``TrainingError``."""
     in_process = dict(in_process or {})
     for name in names:
         if name != "math":
             check_signature(name, in_process[name] if name in in_process else load_function(name))
-    return RewardFunctions(tuple(names), tuple(weights or [1.0] * len(names)), correctness, in_process)
+    weights_ = tuple(weights or [1.0] * len(names))
+    return RewardFunctions(tuple(names), weights_, correctness, max_error_rate, in_process)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ ever evaluated.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from math import gcd
 
 # An integer: plain digits (leading zeros allowed: AIME writes 068), or digits grouped by three with
@@ -84,3 +85,82 @@ def fails_numeral_rule(gold: str, answer: str) -> bool:
     """True when ``gold`` is a plain number and ``answer`` is not a numeral: the answer must be
     scored wrong under ``reward.numeral_answers`` whatever math-verify makes of it."""
     return plain_number(gold) is not None and numeral(answer) is None
+
+
+# The problem's mathematics: $...$, $$...$$, \(...\) and \[...\].
+_MATH = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\[(.+?)\\\]|\\\((.+?)\\\)", re.DOTALL)
+# What never changes an expression's reading: spacing commands, sizing, \displaystyle, whitespace.
+_LAYOUT = re.compile(r"\\left|\\right|\\displaystyle|\\[!,;: ]|~|\s+")
+# Braces around one character or one command change nothing: \frac{1}{2} is \frac12, x^{2} is x^2.
+_ONE_TOKEN_BRACES = re.compile(r"\{(\w|\\[A-Za-z]+)\}")
+
+
+def expression_form(text: str) -> str:
+    """``text`` written one way: ``\\dfrac``/``\\tfrac`` as ``\\frac``, without layout (spacing,
+    ``\\left``/``\\right``, ``\\displaystyle``, whitespace), braces around one token, outer braces,
+    ``$`` and a final full stop or comma. Two strings with one form are the same expression, written
+    alike; reordered terms are another form."""
+    s = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("$", "")
+    s = _LAYOUT.sub("", s)
+    previous = None
+    while previous != s:
+        previous, s = s, _ONE_TOKEN_BRACES.sub(r"\1", s)
+    s = s.rstrip(".,")
+    while len(s) >= 2 and s[0] == "{" and s[-1] == "}":
+        s = s[1:-1]
+    return s
+
+
+def _top_level_pieces(form: str, cut: Callable[[str, int], bool]) -> list[str]:
+    """``form`` cut before each character ``i`` at bracket depth 0 where ``cut(form, i)``."""
+    pieces, depth, start = [], 0, 0
+    for i, ch in enumerate(form):
+        if depth == 0 and i > start and cut(form, i):
+            pieces.append(form[start:i])
+            start = i
+        depth += ch in "{([" and form[i - 1 : i] != "\\"
+        depth -= ch in "})]" and form[i - 1 : i] != "\\"
+    pieces.append(form[start:])
+    return [p for p in pieces if p]
+
+
+def order_free_form(form: str) -> str:
+    """An ``expression_form`` with its top-level terms, and each term's parenthesized factors, in a
+    fixed order: ``x^2+5x+6`` and ``6+5x+x^2`` have one order-free form, ``(x+2)(x+3)`` and
+    ``(x+3)(x+2)`` another. Only order is forgotten: nothing is expanded or evaluated."""
+    terms = _top_level_pieces(form, lambda f, i: f[i] in "+-" and f[i - 1] not in "^_{(")
+    signed = [t if t[0] in "+-" else "+" + t for t in terms]
+    ordered = []
+    for term in signed:
+        sign, body = term[0], term[1:]
+        # a factor starts at each top-level "(" and after each top-level ")" that no power or
+        # subscript follows: (a)^{b}(c) is the factors (a)^{b} and (c)
+        factors = _top_level_pieces(body, lambda f, i: f[i] == "(" or (f[i - 1] == ")" and f[i] not in "^_"))
+        ordered.append(sign + "".join(sorted(factors)))
+    return "".join(sorted(ordered))
+
+
+def stated_expressions(problem: str) -> set[str]:
+    """The expressions ``problem`` states, in ``order_free_form``: each of its mathematics (in
+    ``$...$``, ``\\(...\\)``, ``\\[...\\]``) and each side of an ``=`` in it."""
+    found: set[str] = set()
+    for match in _MATH.finditer(problem):
+        segment = next(g for g in match.groups() if g is not None)
+        sides = [segment, *segment.split("=")] if "=" in segment else [segment]
+        found.update(order_free_form(expression_form(side)) for side in sides)
+    return found - {""}
+
+
+def restates_problem(problem: str, gold: str, answer: str) -> bool:
+    """True when ``answer`` is an expression ``problem`` states, in any layout and order of terms and
+    factors, and not ``gold`` so written (both in ``order_free_form``): the answer copies the question
+    ("Simplify $\\sqrt{245}$" answered ``\\sqrt{245}``) and must be scored wrong under
+    ``reward.refuse_restatements`` whatever math-verify makes of it. An answer that is the gold
+    keeps its verdict, even where the problem states it ("Which is larger, $2^{10}$ or $10^3$?"
+    answered ``2^{10}``). Where the gold is not an equation, the answer states what follows its last
+    ``=`` (``x = \\sqrt{245}`` states ``\\sqrt{245}``)."""
+    stated = answer if "=" in gold else answer.rsplit("=", 1)[-1]
+    form = order_free_form(expression_form(stated))
+    if not form or form == order_free_form(expression_form(gold)):
+        return False
+    return form in stated_expressions(problem)

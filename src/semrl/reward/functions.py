@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from semrl.errors import did_you_mean
 from semrl.reward.extract import as_number, extract_boxed, extract_last_number, normalize_answer
 
 BUILTIN = ("math", "boxed_match", "final_number")
@@ -72,7 +73,7 @@ def load_function(name: str) -> Callable[..., Any]:
     if ":" not in name:
         raise RewardFunctionError(
             f"reward function '{name}': expected a built-in ({', '.join(BUILTIN)}), "
-            "'package.module:function' or 'path/to/file.py:function'"
+            "'package.module:function' or 'path/to/file.py:function'." + did_you_mean(name, BUILTIN)
         )
     where, attr = name.rsplit(":", 1)
     if where.endswith(".py"):
@@ -86,8 +87,15 @@ def load_function(name: str) -> Callable[..., Any]:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
+        except SyntaxError as err:  # where, and the line, as Python shows them
+            line = (err.text or "").strip()
+            raise RewardFunctionError(
+                f"reward function '{name}': {path}, line {err.lineno}: {err.msg}\n    {line}"
+            ) from err
         except Exception as err:
-            raise RewardFunctionError(f"reward function '{name}': importing {path} failed: {err!r}") from err
+            raise RewardFunctionError(
+                f"reward function '{name}': importing {path} failed: {type(err).__name__}: {err}"
+            ) from err
     else:
         try:
             module = importlib.import_module(where)
@@ -98,7 +106,11 @@ def load_function(name: str) -> Callable[..., Any]:
             ) from err
     function = getattr(module, attr, None)
     if not callable(function):
-        raise RewardFunctionError(f"reward function '{name}': '{where}' has no function '{attr}'")
+        defined = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise RewardFunctionError(
+            f"reward function '{name}': '{where}' has no function '{attr}'."
+            + did_you_mean(attr, defined, prefix=f"{where}:")
+        )
     return cast("Callable[..., Any]", function)
 
 

@@ -2,14 +2,18 @@
 
 math-verify can hang far past its own timeout on some inputs (e.g. huge nested exponents), and
 its timeouts rely on ``signal.alarm``, which works only in a process's main thread. So every
-comparison that is not settled by a cheap, safe string/number check runs in a worker process
-that is SIGKILLed and replaced when it exceeds ``timeout_s``. A timeout scores 0 and is counted.
+comparison that is not settled by a cheap, safe string/number check runs in a worker process that
+is killed and replaced when it exceeds its budget: ``timeout_s`` of the worker's own CPU time (the
+kernel's ``ITIMER_PROF`` clock, so a verdict does not depend on how busy the machine is), with
+``wall_timeout_s`` of wall clock as the net for a worker that never gets the CPU. A timeout scores
+0, is counted and is not cached (docs/reliability.md, "Verification time").
 """
 
 from __future__ import annotations
 
 import ast
 import multiprocessing as mp
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -17,13 +21,17 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from semrl.reward.answer_form import fails_numeral_rule
+from semrl.reward.answer_form import fails_numeral_rule, restates_problem
 from semrl.reward.extract import as_number, normalize_answer
 
 READY = "ready"
 STARTUP_TIMEOUT_S = 120.0  # a worker that cannot import math-verify in this long is broken
 MAX_ANSWER_CHARS = 2000  # longer "answers" are hostile or degenerate: scored 0 without parsing
 NOT_A_NUMERAL = "the gold is a number and the answer is not a numeral"
+RESTATED = "the answer restates an expression of the problem"
+# The signal the kernel sends a worker whose job has spent its CPU budget (ITIMER_PROF); absent on
+# Windows, where the wall-clock limit alone applies.
+CPU_LIMIT_SIGNAL = getattr(signal, "SIGPROF", None)
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,15 @@ def _math_verify(gold: str, answer: str) -> bool:
     return bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
-def _worker_main(conn: Connection, functions: tuple[str, ...]) -> None:
+def _cpu_limit(seconds: float) -> None:
+    """Have the kernel end this process once it has spent ``seconds`` more of CPU time (user and
+    system; 0: no limit). Its default action terminates the process even inside C code that holds
+    the GIL, where a Python-level timer could not run."""
+    if CPU_LIMIT_SIGNAL is not None:
+        signal.setitimer(signal.ITIMER_PROF, seconds)
+
+
+def _worker_main(conn: Connection, functions: tuple[str, ...], cpu_s: float) -> None:
     import logging
     import traceback
 
@@ -66,6 +82,8 @@ def _worker_main(conn: Connection, functions: tuple[str, ...]) -> None:
 
     from semrl.reward.functions import load_function, scorer
 
+    if CPU_LIMIT_SIGNAL is not None:
+        signal.signal(CPU_LIMIT_SIGNAL, signal.SIG_DFL)  # the limit ends the process
     # math-verify warns on every call that its own timeouts are off: the pool enforces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     scorers = [scorer(load_function(name)) for name in functions]
@@ -78,17 +96,20 @@ def _worker_main(conn: Connection, functions: tuple[str, ...]) -> None:
         if job is None:
             return
         key, kind, payload = job
+        _cpu_limit(cpu_s)
         try:
             if kind == "verify":
-                conn.send((key, _math_verify(*payload), None))
+                result: tuple[Any, str | None] = (_math_verify(*payload), None)
             else:
                 index, *args = payload
-                conn.send((key, scorers[index](*args), None))
+                result = (scorers[index](*args), None)
         except Exception as err:  # a parse failure is a wrong answer, a raising function scores 0
             if kind == "verify":
-                conn.send((key, False, f"{type(err).__name__}: {err}"[:200]))
+                result = (False, f"{type(err).__name__}: {err}"[:200])
             else:
-                conn.send((key, None, traceback.format_exc()[-4000:]))
+                result = (None, traceback.format_exc()[-4000:])
+        _cpu_limit(0)
+        conn.send((key, *result))
 
 
 def worker_context() -> mp.context.ForkServerContext | mp.context.SpawnContext:
@@ -107,10 +128,13 @@ def worker_context() -> mp.context.ForkServerContext | mp.context.SpawnContext:
 
 class _Worker:
     def __init__(
-        self, ctx: mp.context.ForkServerContext | mp.context.SpawnContext, functions: tuple[str, ...]
+        self,
+        ctx: mp.context.ForkServerContext | mp.context.SpawnContext,
+        functions: tuple[str, ...],
+        cpu_s: float,
     ) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, functions), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, functions, cpu_s), daemon=True)
         self.proc.start()
         child.close()
         self.ready = False
@@ -122,6 +146,11 @@ class _Worker:
         self.proc.kill()
         self.proc.join(timeout=5)
         self.conn.close()
+
+    def spent_its_cpu(self) -> bool:
+        """Whether the process ended because its job spent the CPU budget (after its pipe closed)."""
+        self.proc.join(timeout=5)
+        return CPU_LIMIT_SIGNAL is not None and self.proc.exitcode == -CPU_LIMIT_SIGNAL
 
 
 @dataclass(frozen=True)
@@ -176,10 +205,13 @@ def _start_failure(what: str) -> RuntimeError:
 
 class VerifierPool:
     """Scores (gold, answer) pairs and runs reward functions (``semrl.reward.functions``) on
-    completions; each math-verify comparison and each function call gets ``timeout_s`` of wall clock.
-    ``functions`` are the names of the functions ``call_many`` may call (imported by every worker).
-    ``numeral_answers`` (``reward.numeral_answers``): an answer to a gold that is a plain number must
-    be a numeral, not an expression math-verify would evaluate (``semrl.reward.answer_form``)."""
+    completions; each math-verify comparison and each function call gets ``timeout_s`` of its
+    worker's CPU time, and ``wall_timeout_s`` of wall clock at most (null: 24 x ``timeout_s``, at
+    least 120 s). ``functions`` are the names of the functions ``call_many`` may call (imported by
+    every worker). ``numeral_answers`` (``reward.numeral_answers``): an answer to a gold that is a
+    plain number must be a numeral, not an expression math-verify would evaluate;
+    ``refuse_restatements`` (``reward.refuse_restatements``): an answer must not restate an
+    expression of its problem (``semrl.reward.answer_form``)."""
 
     def __init__(
         self,
@@ -187,11 +219,15 @@ class VerifierPool:
         timeout_s: float = 5.0,
         functions: tuple[str, ...] = (),
         numeral_answers: bool = True,
+        refuse_restatements: bool = True,
+        wall_timeout_s: float | None = None,
     ) -> None:
         self.functions = tuple(functions)
         self.num_workers = num_workers
         self.timeout_s = timeout_s
+        self.wall_timeout_s = wall_timeout_s if wall_timeout_s is not None else max(120.0, 24 * timeout_s)
         self.numeral_answers = numeral_answers
+        self.refuse_restatements = refuse_restatements
         self._ctx = worker_context()
         self._workers: list[_Worker] = []
         self._cache: dict[tuple[str, str], Verdict] = {}
@@ -200,7 +236,7 @@ class VerifierPool:
     def _ensure_workers(self) -> None:
         self._workers = [w for w in self._workers if w.proc.is_alive()]
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._ctx, self.functions))
+            self._workers.append(_Worker(self._ctx, self.functions, self.timeout_s))
 
     def wait_ready(self) -> None:
         """Start the workers and wait until each has imported math-verify and the reward functions.
@@ -232,12 +268,16 @@ class VerifierPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def verify_many(self, pairs: list[tuple[str, str | None]]) -> list[Verdict]:
-        """Verdict for every (gold, answer); ``answer=None`` (nothing extracted) is wrong."""
+    def verify_many(
+        self, pairs: list[tuple[str, str | None]], problems: list[str] | None = None
+    ) -> list[Verdict]:
+        """Verdict for every (gold, answer); ``answer=None`` (nothing extracted) is wrong.
+        ``problems[i]``: the problem pair i answers, for the restatement rule (None: two answers
+        compared with each other, or no problem known)."""
         results: list[Verdict | None] = [None] * len(pairs)
         pending: dict[tuple[str, str], list[int]] = {}
         for i, (gold, answer) in enumerate(pairs):
-            settled = self._settled(gold, answer)
+            settled = self._settled(gold, answer, None if problems is None else problems[i])
             if settled is not None:
                 results[i] = settled
             elif answer is not None:  # always: no answer is settled
@@ -254,15 +294,17 @@ class VerifierPool:
                     results[i] = verdict
         return [r if r is not None else Verdict(False) for r in results]
 
-    def _settled(self, gold: str, answer: str | None) -> Verdict | None:
+    def _settled(self, gold: str, answer: str | None, problem: str | None) -> Verdict | None:
         """The verdict found without math-verify (no answer, too long, not a numeral for a number,
-        cached, or two plain numbers); None: a worker must decide."""
+        a restatement of the problem, cached, or two plain numbers); None: a worker must decide."""
         if answer is None:
             return Verdict(False, error="no answer")
         if len(answer) > MAX_ANSWER_CHARS:
             return Verdict(False, error=f"answer longer than {MAX_ANSWER_CHARS} chars")
         if self.numeral_answers and fails_numeral_rule(gold, answer):
             return Verdict(False, error=NOT_A_NUMERAL)
+        if self.refuse_restatements and problem is not None and restates_problem(problem, gold, answer):
+            return Verdict(False, error=RESTATED)
         if (gold, answer) in self._cache:
             return self._cache[(gold, answer)]
         quick = fast_verdict(gold, answer)
@@ -290,7 +332,7 @@ class VerifierPool:
             for w in self._workers:
                 if w.ready and w.job is None and queue:
                     w.job = queue.pop()
-                    w.deadline = time.monotonic() + self.timeout_s
+                    w.deadline = time.monotonic() + self.wall_timeout_s
                     w.conn.send((w.job, *jobs[w.job]))
             by_conn = {w.conn: w for w in self._workers if w.job is not None or not w.ready}
             deadlines = [w.deadline if w.ready else w.started + STARTUP_TIMEOUT_S for w in by_conn.values()]
@@ -305,10 +347,13 @@ class VerifierPool:
         stops the pool with the reason; one that died on a job scores it 0 and is replaced."""
         try:
             message = w.conn.recv()
-        except (EOFError, OSError):  # the worker died (e.g. out of memory): score 0
+        except (EOFError, OSError):  # the worker died: its CPU budget spent, or e.g. out of memory
             if not w.ready:
                 raise _start_failure("exited while starting") from None
-            if w.job is not None:
+            if w.job is not None and w.spent_its_cpu():
+                out[w.job] = (None, None, True)
+                self.num_timeouts += 1
+            elif w.job is not None:
                 out[w.job] = (None, "reward worker process died", False)
             self._replace(w)
             return
@@ -335,4 +380,4 @@ class VerifierPool:
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
         idx = self._workers.index(worker)
-        self._workers[idx] = _Worker(self._ctx, self.functions)
+        self._workers[idx] = _Worker(self._ctx, self.functions, self.timeout_s)

@@ -20,6 +20,8 @@ import logging
 import random
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -122,6 +124,20 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step-{step:06d}"
 
 
+@contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' progress bars off for the block, as they were after it."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -142,7 +158,8 @@ def save_checkpoint(
                     # a gathered state names tied weights twice; the checkpoint stores them once, as HF does
                     tied = model._tied_weights_keys or {}
                     model_state = {k: v for k, v in model_state.items() if k not in tied}
-                model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
+                with _no_transformers_bars():  # its "Writing model shards" bar, at every checkpoint
+                    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
                 tokenizer.save_pretrained(tmp)
                 (tmp / STATE_DIR).mkdir()
                 save_state(trainer_state, tmp / STATE_DIR)
@@ -202,6 +219,14 @@ def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path, l
         logger.warning("skipping checkpoint %s: %s", ckpt, "; ".join(problems))
         skipped.append((ckpt, problems))
     return None, skipped
+
+
+def kept_checkpoint(run_dir: Path) -> str:
+    """What a run that stops now keeps, in words: its last checkpoint and the command that continues."""
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        return "No checkpoint was written yet. "
+    return f"Its last checkpoint, {last}, is kept: 'semrl train --resume {run_dir}' continues from it. "
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

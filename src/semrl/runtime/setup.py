@@ -19,14 +19,17 @@ from transformers import PreTrainedModel
 from semrl.config.files import save_config
 from semrl.config.sections import Config, ConfigError
 from semrl.core.distributed import ProcessGroup, iter_full_parameters, shard_model
+from semrl.core.faults import Faults
 from semrl.core.jsonl import log_exists, stored
+from semrl.core.watchdog import Watchdog, phase
 from semrl.data import DataError, Problem, PromptFormat
 from semrl.methods.catalog import get_method
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.models.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
 from semrl.models.precision import Precision
+from semrl.reward import VerifierPool
 from semrl.rollout.engines import Engine, build_engine, require_power
-from semrl.runtime.checkpoint import cleanup_partial, list_checkpoints, resumable_checkpoint
+from semrl.runtime.checkpoint import cleanup_partial, kept_checkpoint, list_checkpoints, resumable_checkpoint
 from semrl.tracking.run_log import LOG_FILES
 from semrl.tracking.trackers import Tracker, open_trackers
 from semrl.update.packing import supports_packing
@@ -241,3 +244,29 @@ def start_trackers(cfg: Config) -> list[Tracker]:
     """The trackers of ``logging.report_to`` for this run (its resolved config included)."""
     lg = cfg.logging
     return open_trackers(lg.report_to, Path(lg.output_dir), cfg.to_dict(), lg.project, lg.run_name)
+
+
+def stall_watchdog(cfg: Config, engine: str, run_dir: Path, faults: Faults) -> Watchdog:
+    """The watchdog of a run's rollouts and evaluations (``rollout.stall_timeout_s``), whose message
+    names the checkpoint the run keeps; ``faults.hang``: the phases a test makes stall."""
+    return Watchdog(
+        cfg.rollout.stall_timeout_s,
+        engine,
+        "rollout.stall_timeout_s",
+        partial(kept_checkpoint, run_dir),
+        frozenset(phase(point, step) for point, step in faults.hang),
+    )
+
+
+def reward_pool(cfg: Config, functions: tuple[str, ...]) -> VerifierPool:
+    """The run's verifier workers, under the ``reward`` section's rules and limits; ``functions``:
+    the reward functions they import."""
+    reward = cfg.reward
+    return VerifierPool(
+        reward.num_workers,
+        reward.timeout_s,
+        functions,
+        reward.numeral_answers,
+        reward.refuse_restatements,
+        reward.wall_timeout_s,
+    )

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 import semrl.runtime.setup as setup
 from semrl.config.sections import Config
 from semrl.core.distributed import ProcessGroup, iter_full_parameters
 from semrl.core.faults import Faults
 from semrl.core.threads import torch_threads
+from semrl.core.watchdog import phase
 from semrl.data import PromptFormat
 from semrl.data.curriculum import Curriculum
 from semrl.data.problem_sets import run_problems
@@ -38,13 +38,14 @@ from semrl.methods.interface import AdvantageFn, AdvantageInputs, RolloutContext
 from semrl.methods.policy_loss import LossFn, PrepareFn
 from semrl.methods.registry import MethodSpec, PolicyLoss, load, method_config
 from semrl.models.loading import resolve_model_path
-from semrl.reward import Scores, VerifierPool, reward_functions, score
+from semrl.reward import Scores, reward_functions, score
 from semrl.rollout.batch import CollectedStep, RolloutBatch
 from semrl.rollout.engines import GenerationRequest, prompt_seed, sampling_params, sequence_seed
 from semrl.rollout.group_filter import GroupFilter
 from semrl.runtime.preemption import StopSignal
 from semrl.runtime.run_state import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.tracking.metrics import cost_metrics, entropy_metrics, reward_metrics, rollout_metrics
+from semrl.tracking.progress import Progress, step_line
 from semrl.tracking.run_log import RunLog
 from semrl.update.actor import Actor, ActorState, LoadedLoss, PolicyModels, UpdateResult
 from semrl.update.optim import Optimization
@@ -106,7 +107,11 @@ class Trainer:
         )
         # reward_callables: functions of reward.functions run in this process (semrl.train's own)
         self.rewards = reward_functions(
-            cfg.reward.functions, cfg.reward.weights, reward_callables, cfg.reward.correctness
+            cfg.reward.functions,
+            cfg.reward.weights,
+            reward_callables,
+            cfg.reward.correctness,
+            cfg.reward.max_error_rate,
         )
         self.method_state = load(self.method.new_state)() if self.method.new_state else None
         self.run_dir = Path(cfg.logging.output_dir)
@@ -138,14 +143,12 @@ class Trainer:
         self.faults.at("load", 0)
         self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
         self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
+        self.watchdog = setup.stall_watchdog(cfg, self.engine.name, self.run_dir, self.faults)
         self.reference_weights = models.reference_weights
         setup.check_prompt_lengths(self.tokenizer, [p for ps in [*stages, transfer] for p in ps], cfg)
         self.packing = setup.packing_enabled(cfg, self.model)
         self.precision = models.precision
-        reward = cfg.reward
-        self.pool = VerifierPool(
-            reward.num_workers, reward.timeout_s, self.rewards.pool_functions, reward.numeral_answers
-        )
+        self.pool = setup.reward_pool(cfg, self.rewards.pool_functions)
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
         schedule_steps = self.curriculum.schedule.steps_of(0) if reset else cfg.trainer.steps
@@ -201,12 +204,8 @@ class Trainer:
             if run.step == 0 and not self.resumed and self.eval_sets and cfg.logging.eval_base:
                 self.log.metrics({"step": 0, **self.evaluate()})
                 self._stop_if_needed(None, stop)
-            bar = tqdm(
-                total=cfg.trainer.steps,
-                initial=run.step,
-                desc="train",
-                disable=not (cfg.logging.progress and self.processes.is_main),
-                dynamic_ncols=True,
+            bar = Progress(
+                cfg.trainer.steps, "train", "step", cfg.logging.progress and self.processes.is_main, run.step
             )
             while run.step < cfg.trainer.steps:
                 if self.curriculum.advances(run.step):  # checkpoint, next stage (and its reference)
@@ -274,7 +273,9 @@ class Trainer:
                     saved = self.save()
                 self._stop_if_needed(saved, stop)
                 bar.update(1)
-                bar.set_postfix(
+                if bar.plain:  # no terminal for a bar: one line per step
+                    logger.info(step_line(last, cfg.trainer.steps))
+                bar.bar.set_postfix(
                     reward=f"{last['reward']:.3f}",
                     acc=f"{last['accuracy']:.3f}",
                     entropy=f"{last['entropy']:.2f}",
@@ -324,7 +325,12 @@ class Trainer:
         return CollectedStep(batch, scores, metrics, rollout_s, reward_s)
 
     def rollout(self, round_index: int = 0) -> RolloutBatch:
-        """G samples for each prompt of this process's share of the step's global batch."""
+        """G samples for each prompt of this process's share of the step's global batch; a stalled
+        engine stops the run (``rollout.stall_timeout_s``)."""
+        with self.watchdog.watching(phase("rollout", self.step + 1)):
+            return self._rollout(round_index)
+
+    def _rollout(self, round_index: int) -> RolloutBatch:
         cfg, group = self.cfg, self.cfg.rollout.group_size
         # Every process draws the same global batch, then takes its own share of it.
         global_batch = self.curriculum.sampler.next_indices(cfg.rollout.prompts_per_step)
@@ -420,14 +426,15 @@ class Trainer:
         splits, first = self.eval_sets, self.cfg.logging.eval_base_problems
         if self.step == 0 and first is not None:  # the base model on a subset (logging.eval_base_problems)
             splits = {split: problems[:first] for split, problems in splits.items()}
-        return evaluate_splits(
-            self.engine,
-            self.tokenizer,
-            self.pool,
-            splits,
-            self.cfg,
-            self.processes,
-            self.step,
-            self.run_dir,
-            self.rewards,
-        )
+        with self.watchdog.watching(phase("evaluate", self.step)):
+            return evaluate_splits(
+                self.engine,
+                self.tokenizer,
+                self.pool,
+                splits,
+                self.cfg,
+                self.processes,
+                self.step,
+                self.run_dir,
+                self.rewards,
+            )

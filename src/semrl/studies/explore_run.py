@@ -91,7 +91,8 @@ def _verified(
     """The leaves' whole responses decoded, verified against the problem's answer and clustered by
     equivalence."""
     texts = [decode(ids) for ids in responses]
-    rewards = score_responses(pool, texts, [problem.answer] * len(texts), final_number_fallback=fallback)
+    golds, problems = [problem.answer] * len(texts), [problem.problem] * len(texts)
+    rewards = score_responses(pool, texts, golds, final_number_fallback=fallback, problems=problems)
     answers = [r.answer for r in rewards]
     ids = cluster_answers(answers, lambda a, b: pool.verify_many([(a, b)])[0].correct)
     clusters = [c if a is not None else None for c, a in zip(ids, answers, strict=True)]
@@ -275,7 +276,13 @@ def run_exploration(
     ]
     reward = cfg.reward
     with (
-        VerifierPool(reward.num_workers, reward.timeout_s, numeral_answers=reward.numeral_answers) as pool,
+        VerifierPool(
+            reward.num_workers,
+            reward.timeout_s,
+            numeral_answers=reward.numeral_answers,
+            refuse_restatements=reward.refuse_restatements,
+            wall_timeout_s=reward.wall_timeout_s,
+        ) as pool,
         (out_dir / RECORDS).open("a", encoding="utf-8") as log,
         (out_dir / CALLS).open("a", encoding="utf-8") as calls,
     ):

@@ -34,6 +34,24 @@ def _cost_columns(row: dict[str, Any]) -> str:
     return f"  {sampled:>7.0f}  {prefill:>7.0f}  {batch:>6.1f}"
 
 
+def _reward_error_rows(steps: list[dict[str, Any]]) -> list[str]:
+    """Each reward function's errors and time-outs over the run (scored 0), when any had one."""
+    functions = sorted(
+        {k.split("/")[1] for r in steps for k in r if k.startswith("rewards/") and k.count("/") == 2}
+    )
+    totals = {
+        f: tuple(sum(r.get(f"rewards/{f}/{kind}", 0.0) for r in steps) for kind in ("errors", "timeouts"))
+        for f in functions
+    }
+    if not any(e or t for e, t in totals.values()):
+        return []
+    rows = [
+        "",
+        "reward function         errors  time-outs   (each scored 0; rewards/<function>/ in the metrics)",
+    ]
+    return rows + [f"  {f:<20}{e:>9.0f}{t:>11.0f}" for f, (e, t) in totals.items()]
+
+
 def run_summary(rows: list[dict[str, Any]], run_dir: str | Path, eval_source: str | None = None) -> str:
     """Held-out metrics before and after (on the problems of ``eval_source``, in words), reward,
     accuracy, length and time of every step, and where the run's files are."""
@@ -68,6 +86,7 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path, eval_source: st
             + (_cost_columns(r) if cost else "")
             for r in shown
         ]
+    lines += _reward_error_rows(steps)
     run = Path(run_dir)
     lines += [
         "",

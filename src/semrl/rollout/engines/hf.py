@@ -24,6 +24,7 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
+from semrl.core.watchdog import beat
 from semrl.models.precision import autocast_to
 from semrl.rollout.engines.base import (
     EngineCost,
@@ -264,6 +265,7 @@ class HFEngine:
             seeds = [int(r.seed) for r in requests if r.seed is not None]
             row_generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
         for step in range(max_steps):
+            beat()
             scaled = logits / params.temperature if params.temperature > 0 else logits
             logp_all = torch.log_softmax(scaled, dim=-1)
             if params.temperature > 0:

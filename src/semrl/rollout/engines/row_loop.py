@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from semrl.core.watchdog import beat
 from semrl.models.precision import autocast_to
 from semrl.rollout.engines.base import EngineCost, PrefixCache
 from semrl.rollout.engines.kv_cache import row_cache, with_cache
@@ -70,6 +71,7 @@ class RowLoop:
             self.model.train()
         self.cost.engine_steps += 1
         self.cost.running_rows += len(input_ids)
+        beat()
 
     def start(self, contexts: list[list[int]]) -> None:
         """Encode every row's context, its prompt (left-padded), ready for its first token."""

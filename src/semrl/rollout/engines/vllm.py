@@ -33,6 +33,7 @@ from typing import Any, Generic
 import torch
 from transformers import PreTrainedModel
 
+from semrl.core.watchdog import beat
 from semrl.errors import EngineError, TrainingError
 from semrl.models.lora import sampling_weights
 from semrl.rollout.engines.base import (
@@ -163,6 +164,7 @@ class VLLMEngine:
         core = self.llm.llm_engine
         while core.has_unfinished_requests():
             core.step()
+            beat()
         if not self.llm.reset_prefix_cache():
             raise TrainingError(
                 "vLLM refused to reset its prefix cache after a weight update (blocks are still held), so "
@@ -318,6 +320,7 @@ class VLLMEngine:
             submit(requests)
             while running:
                 outputs = core.step()
+                beat()
                 if forks is not None and forks.deferred:  # the children they waited for are in
                     forks.settle()
                 if forks is not None and not outputs:  # no hold may stall the engine

@@ -1,0 +1,52 @@
+"""Whether runs were evaluated alike, so that their held-out numbers can be set side by side: the
+same held-out problems, reward functions and evaluation settings, read from each run's config."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# (section, key): what decides a run's held-out problems, how they are asked and how they are scored
+EVALUATION_KEYS = (
+    ("data", "eval"),
+    ("data", "eval_size"),
+    ("data", "eval_split"),
+    ("data", "problem_key"),
+    ("data", "answer_key"),
+    ("data", "system_prompt"),
+    ("data", "prompt_template"),
+    ("reward", "functions"),
+    ("reward", "weights"),
+    ("reward", "correctness"),
+    ("reward", "final_number_fallback"),
+    ("reward", "numeral_answers"),
+    ("reward", "refuse_restatements"),
+    ("logging", "eval_samples"),
+    ("logging", "eval_temperature"),
+    ("rollout", "max_new_tokens"),
+    ("rollout", "top_p"),
+)
+# 'auto' held-out problems come from data.train: then the training data decides them too
+HELD_OUT_FROM_TRAIN = (("data", "train"), ("data", "arithmetic_levels"))
+
+
+def evaluation_differences(run_dirs: Sequence[str | Path]) -> dict[str, list[Any]]:
+    """``section.key`` -> each run's value, for every evaluation setting on which the runs differ
+    (a run whose config.yaml is missing is not compared)."""
+    import yaml
+
+    configs = []
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "config.yaml"
+        if path.is_file():
+            configs.append(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+    keys = list(EVALUATION_KEYS)
+    if any(c.get("data", {}).get("eval") == "auto" for c in configs):
+        keys += HELD_OUT_FROM_TRAIN
+    differ = {}
+    for section, key in keys:
+        values = [c.get(section, {}).get(key) for c in configs]
+        if any(v != values[0] for v in values):
+            differ[f"{section}.{key}"] = values
+    return differ
