@@ -112,7 +112,7 @@ def evaluation(engines: dict[str, Any], tok: Any, cfg: Any) -> list[str]:
     )
     params = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
     seconds = {}
-    with VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s) as pool:
+    with VerifierPool.from_config(cfg.reward) as pool:
         for name, engine in engines.items():
             _, seconds[name] = _timed(
                 lambda e=engine: sample_and_verify(

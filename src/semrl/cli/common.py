@@ -14,11 +14,21 @@ from semrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from semrl.data.prompts import PromptFormat
+    from semrl.reward import VerifierPool
 
 # Defaults the config defines too are taken from it, so that a command and a run agree
 DEFAULTS = Config()
 
 SubParsers = Any  # argparse's private _SubParsersAction
+
+
+def cli_verifier_pool(args: argparse.Namespace) -> VerifierPool:
+    """The verifier pool of ``semrl eval`` and ``semrl curriculum score``: 2 workers, ``--timeout``,
+    and both answer rules unless ``--expressions-as-answers`` (``add_model_io_args``)."""
+    from semrl.reward import VerifierPool
+
+    strict = not args.expressions_as_answers
+    return VerifierPool(2, args.timeout, numeral_answers=strict, refuse_restatements=strict)
 
 
 def add_model_io_args(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from semrl.cli.common import (
     add_model_arg,
     add_model_io_args,
     check_model_arg,
+    cli_verifier_pool,
     load_sampler,
     problems,
 )
@@ -76,7 +77,7 @@ def run_score(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from semrl.evaluation.difficulty import score_problems
-    from semrl.reward import Judge, VerifierPool
+    from semrl.reward import Judge
     from semrl.rollout.engines import SamplingParams
 
     if args.engine == "vllm" and args.estimator == "length_normalized":
@@ -94,15 +95,7 @@ def run_score(args: argparse.Namespace) -> int:
     sampler = load_sampler(args, found, args.max_new_tokens)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens, logprobs_top_k=0)
     bar = tqdm(total=len(found), desc="score", disable=args.quiet)
-    with (
-        VerifierPool(
-            2,
-            args.timeout,
-            numeral_answers=not args.expressions_as_answers,
-            refuse_restatements=not args.expressions_as_answers,
-        ) as pool,
-        bar,
-    ):
+    with cli_verifier_pool(args) as pool, bar:
         written = score_problems(
             sampler.engine,
             sampler.tokenizer,

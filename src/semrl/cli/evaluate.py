@@ -11,6 +11,7 @@ from semrl.cli.common import (
     add_model_arg,
     add_model_io_args,
     check_model_arg,
+    cli_verifier_pool,
     load_sampler,
     problems,
 )
@@ -67,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
     # are the held-out problems of a run with trainer.seed=0.
     found = {name: problems(source, args, "eval", seed=0) for name, source in datasets.items()}
     from semrl.evaluation import PRESETS, EvalSettings, evaluate_datasets, markdown_table
-    from semrl.reward import VerifierPool
 
     preset = PRESETS[args.preset] if args.preset else {}
     n = args.n or preset.get("n", 8)
@@ -96,12 +96,7 @@ def run(args: argparse.Namespace) -> int:
         )
         for name, source in datasets.items()
     }
-    with VerifierPool(
-        2,
-        args.timeout,
-        numeral_answers=not args.expressions_as_answers,
-        refuse_restatements=not args.expressions_as_answers,
-    ) as pool:
+    with cli_verifier_pool(args) as pool:
         summaries, reused = evaluate_datasets(
             sampler.engine,
             sampler.tokenizer,

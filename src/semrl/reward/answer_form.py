@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from math import gcd
 
 # An integer: plain digits (leading zeros allowed: AIME writes 068), or digits grouped by three with
@@ -140,7 +141,8 @@ def order_free_form(form: str) -> str:
     return "".join(sorted(ordered))
 
 
-def stated_expressions(problem: str) -> set[str]:
+@lru_cache(maxsize=4096)  # a problem's G answers, and its evaluation samples, read it again
+def stated_expressions(problem: str) -> frozenset[str]:
     """The expressions ``problem`` states, in ``order_free_form``: each of its mathematics (in
     ``$...$``, ``\\(...\\)``, ``\\[...\\]``) and each side of an ``=`` in it."""
     found: set[str] = set()
@@ -148,7 +150,7 @@ def stated_expressions(problem: str) -> set[str]:
         segment = next(g for g in match.groups() if g is not None)
         sides = [segment, *segment.split("=")] if "=" in segment else [segment]
         found.update(order_free_form(expression_form(side)) for side in sides)
-    return found - {""}
+    return frozenset(found - {""})
 
 
 def restates_problem(problem: str, gold: str, answer: str) -> bool:

@@ -19,10 +19,13 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from semrl.reward.answer_form import fails_numeral_rule, restates_problem
 from semrl.reward.extract import as_number, normalize_answer
+
+if TYPE_CHECKING:
+    from semrl.config.sections import RewardConfig
 
 READY = "ready"
 STARTUP_TIMEOUT_S = 120.0  # a worker that cannot import math-verify in this long is broken
@@ -232,6 +235,19 @@ class VerifierPool:
         self._workers: list[_Worker] = []
         self._cache: dict[tuple[str, str], Verdict] = {}
         self.num_timeouts = 0
+
+    @classmethod
+    def from_config(cls, reward: RewardConfig, functions: tuple[str, ...] = ()) -> VerifierPool:
+        """A pool under the ``reward`` section's workers, time limits and answer rules, whose workers
+        import ``functions`` (the run's own reward functions)."""
+        return cls(
+            reward.num_workers,
+            reward.timeout_s,
+            functions,
+            reward.numeral_answers,
+            reward.refuse_restatements,
+            reward.wall_timeout_s,
+        )
 
     def _ensure_workers(self) -> None:
         self._workers = [w for w in self._workers if w.proc.is_alive()]

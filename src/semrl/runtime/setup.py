@@ -27,7 +27,6 @@ from semrl.methods.catalog import get_method
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.models.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
 from semrl.models.precision import Precision
-from semrl.reward import VerifierPool
 from semrl.rollout.engines import Engine, build_engine, require_power
 from semrl.runtime.checkpoint import cleanup_partial, kept_checkpoint, list_checkpoints, resumable_checkpoint
 from semrl.tracking.run_log import LOG_FILES
@@ -255,18 +254,4 @@ def stall_watchdog(cfg: Config, engine: str, run_dir: Path, faults: Faults) -> W
         "rollout.stall_timeout_s",
         partial(kept_checkpoint, run_dir),
         frozenset(phase(point, step) for point, step in faults.hang),
-    )
-
-
-def reward_pool(cfg: Config, functions: tuple[str, ...]) -> VerifierPool:
-    """The run's verifier workers, under the ``reward`` section's rules and limits; ``functions``:
-    the reward functions they import."""
-    reward = cfg.reward
-    return VerifierPool(
-        reward.num_workers,
-        reward.timeout_s,
-        functions,
-        reward.numeral_answers,
-        reward.refuse_restatements,
-        reward.wall_timeout_s,
     )

@@ -38,7 +38,7 @@ from semrl.methods.interface import AdvantageFn, AdvantageInputs, RolloutContext
 from semrl.methods.policy_loss import LossFn, PrepareFn
 from semrl.methods.registry import MethodSpec, PolicyLoss, load, method_config
 from semrl.models.loading import resolve_model_path
-from semrl.reward import Scores, reward_functions, score
+from semrl.reward import Scores, VerifierPool, reward_functions, score
 from semrl.rollout.batch import CollectedStep, RolloutBatch
 from semrl.rollout.engines import GenerationRequest, prompt_seed, sampling_params, sequence_seed
 from semrl.rollout.group_filter import GroupFilter
@@ -148,7 +148,7 @@ class Trainer:
         setup.check_prompt_lengths(self.tokenizer, [p for ps in [*stages, transfer] for p in ps], cfg)
         self.packing = setup.packing_enabled(cfg, self.model)
         self.precision = models.precision
-        self.pool = setup.reward_pool(cfg, self.rewards.pool_functions)
+        self.pool = VerifierPool.from_config(cfg.reward, self.rewards.pool_functions)
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
         schedule_steps = self.curriculum.schedule.steps_of(0) if reset else cfg.trainer.steps

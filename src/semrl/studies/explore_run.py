@@ -274,15 +274,8 @@ def run_exploration(
     jobs = [(INDEPENDENT, seeds[0], independent_samples)] + [
         (m, s, cfg.rollout.group_size) for s in seeds for m in methods if m != INDEPENDENT
     ]
-    reward = cfg.reward
     with (
-        VerifierPool(
-            reward.num_workers,
-            reward.timeout_s,
-            numeral_answers=reward.numeral_answers,
-            refuse_restatements=reward.refuse_restatements,
-            wall_timeout_s=reward.wall_timeout_s,
-        ) as pool,
+        VerifierPool.from_config(cfg.reward) as pool,
         (out_dir / RECORDS).open("a", encoding="utf-8") as log,
         (out_dir / CALLS).open("a", encoding="utf-8") as calls,
     ):
