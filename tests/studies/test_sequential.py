@@ -22,7 +22,9 @@ from semrl.studies.decide import Hypothesis
 from semrl.studies.designs import append_look, judge_looks, outcome_of
 from semrl.studies.rules_file import Design, RulesFile, load_rules
 from semrl.studies.sequential import (
+    CALIBRATION_DRAWS,
     _crossing_probabilities,
+    _look_moments,
     benjamini_hochberg,
     boundaries,
     holm,
@@ -76,6 +78,18 @@ def _rejections(levels, looks, d):
         t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(n))
         rejected |= 2 * st.t.sf(np.abs(t), n - 1) < level
     return rejected
+
+
+@pytest.mark.parametrize("looks", [(2,), (3, 4, 5), (2, 9, 10, 33), (7, 40)])
+def test_the_calibrations_chunked_draws_are_one_draws_cumulative_sums_bit_for_bit(looks):
+    """The calibration draws its simulated studies a chunk at a time; its running sums at each look are
+    those of one (CALIBRATION_DRAWS, n_K) draw's cumulative sums to the last bit, so that the levels
+    of committed studies (Study 4a's looks of 256 and 512) stay what their records hold."""
+    d = np.random.default_rng(20261125).standard_normal((CALIBRATION_DRAWS, looks[-1]))
+    columns = np.asarray(looks) - 1
+    sums, squares = _look_moments(looks)
+    assert np.array_equal(sums, np.cumsum(d, axis=1)[:, columns])
+    assert np.array_equal(squares, np.cumsum(d * d, axis=1)[:, columns])
 
 
 @pytest.mark.parametrize("kind", ["spending_obrien_fleming", "pocock"])

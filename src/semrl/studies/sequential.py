@@ -146,6 +146,26 @@ def _cached_spent(looks: tuple[int, ...], alpha: float, kind: str) -> tuple[floa
 CALIBRATION_DRAWS = 400_000
 
 
+CALIBRATION_CHUNK = 8192  # simulated studies drawn at a time
+
+
+def _look_moments(looks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(CALIBRATION_DRAWS, K) running sums and sums of squares of each simulated study's first n_k
+    differences, at each look n_k. The studies are drawn a chunk at a time from one generator, which
+    gives the numbers of one (CALIBRATION_DRAWS, n_K) draw, and each row's cumulative sums are those of
+    the whole matrix, bit for bit: a study of 512 seeds needs 2 arrays of (400,000, K) instead of 3 of
+    (400,000, 512) (4.9 GB) and about a third of the time."""
+    rng, columns = np.random.default_rng(20261125), np.asarray(looks) - 1
+    sums = np.empty((CALIBRATION_DRAWS, len(looks)))
+    squares = np.empty_like(sums)
+    for start in range(0, CALIBRATION_DRAWS, CALIBRATION_CHUNK):
+        rows = slice(start, min(start + CALIBRATION_CHUNK, CALIBRATION_DRAWS))
+        d = rng.standard_normal((rows.stop - rows.start, looks[-1]))
+        sums[rows] = np.cumsum(d, axis=1)[:, columns]
+        squares[rows] = np.cumsum(d * d, axis=1)[:, columns]
+    return sums, squares
+
+
 @functools.lru_cache(maxsize=64)
 def nominal_levels(
     looks: tuple[int, ...], alpha: float = 0.05, kind: str = "spending_obrien_fleming"
@@ -158,13 +178,12 @@ def nominal_levels(
     Monte Carlo error (s.e. about 0.0003 on alpha = 0.05)."""
     looks = tuple(int(n) for n in looks)
     increments = spent_per_look(looks, alpha, kind)
-    d = np.random.default_rng(20261125).standard_normal((CALIBRATION_DRAWS, looks[-1]))
-    sums, squares = np.cumsum(d, axis=1), np.cumsum(d * d, axis=1)
+    sums, squares = _look_moments(looks)
     alive = np.ones(CALIBRATION_DRAWS, dtype=bool)
     levels = []
-    for n, target in zip(looks, increments, strict=True):
-        mean = sums[:, n - 1] / n
-        sd = np.sqrt(np.maximum(squares[:, n - 1] - n * mean**2, 0.0) / (n - 1))
+    for k, (n, target) in enumerate(zip(looks, increments, strict=True)):
+        mean = sums[:, k] / n
+        sd = np.sqrt(np.maximum(squares[:, k] - n * mean**2, 0.0) / (n - 1))
         p = 2 * t_sf(np.abs(mean) / (sd / math.sqrt(n)), n - 1)
         candidates = np.sort(p[alive])
         m = int(round(target * CALIBRATION_DRAWS))
