@@ -9,7 +9,8 @@ over the seeds: rollout seconds per step and its ratio to independent sampling's
 of the per-seed ratios), tokens sampled per leaf, the sampled-token ratio, and the engine's cost
 (``EngineCost``): prefill tokens computed per leaf (what a branch recomputes), forward passes and
 the mean running batch, and on vllm the share of engine steps after which a request still waited for
-a slot (the only steps whose order a priority could change; 0 on hf). Each method runs with its
+a slot (the only steps whose order a priority could change; 0 on hf), the children forked from their
+parent's KV and the finished requests not held for lack of hold budget (vllm's fork). Each method runs with its
 registry rollout and its defaults, except the demo scalings of configs/treepo_demo.yaml (segments of
 rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the math scripts' thresholds, lookahead
 [n/16, n/10, n/6], the lookahead phase ended by token n/2, eta 1). ``treepo-aligned`` is TreePO with
@@ -201,7 +202,9 @@ def main() -> None:
                 f"| {sum(r[1] for r in method_runs) / leaves:.1f} | {statistics.mean(token_ratios):.2f} "
                 f"| {sum(c.prefill_tokens for c in costs) / leaves:.1f} | {steps / len(costs):.0f} "
                 f"| {sum(c.running_rows for c in costs) / max(1, steps):.1f} "
-                f"| {100 * sum(r[6] for r in method_runs) / max(1, steps):.0f} |"
+                f"| {100 * sum(r[6] for r in method_runs) / max(1, steps):.0f} "
+                f"| {sum(c.forked_requests for c in costs) / len(costs):.0f} "
+                f"| {sum(c.holds_refused for c in costs) / len(costs):.0f} |"
             )
     g, p, n = cfg.rollout.group_size, cfg.rollout.prompts_per_step, cfg.rollout.max_new_tokens
     print(
@@ -212,9 +215,9 @@ def main() -> None:
     print(
         "| engine | method | rollout s / step | x independent (min-max) | sampled tokens / leaf "
         "| sampled tokens x independent | prefill tokens / leaf | engine steps / step | mean running batch "
-        "| steps with a request waiting (%) |"
+        "| steps with a request waiting (%) | forked children / step | holds refused / step |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

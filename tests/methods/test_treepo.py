@@ -474,6 +474,41 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     assert engine.generated_tokens - before < total  # the shared segments were sampled once
 
 
+def test_a_depths_nodes_let_go_of_their_kv_once_their_children_have_it(hf_setup, monkeypatch):
+    """A node's KV is kept for its children only: whenever a callback returns, the sampled nodes of a
+    prompt that still hold KV are all of its current depth (on vllm, holds of finished depths would
+    take the KV cache's hold budget and leave later children unforked, docs/benchmarks.md)."""
+    import semrl.methods.treepo.rollout as treepo_rollout
+    from semrl.rollout.engines import SamplingParams
+    from semrl.rollout.tree_kit import TreeSampler
+
+    engine, tok, prompts = hf_setup
+    depths_held: list[set[int]] = []
+
+    def depth(node):  # noqa: ANN001, ANN202
+        return 0 if node.parent is None else 1 + depth(node.parent)
+
+    class Watched(TreeSampler):
+        def _release_closed(self) -> None:
+            super()._release_closed()
+            for tree in self.trees:
+                held = [n for n in tree.nodes.values() if n.done and n.kv is not None]
+                depths_held.append({depth(n) for n in held})
+
+    monkeypatch.setattr(treepo_rollout, "TreeSampler", Watched)
+    settings = SegmentTreeSettings(width=6, segment_length=2, max_depth=5, branch=2, reuse_kv_cache=True)
+    out = treepo_rollout.segment_tree_rollout(
+        engine,
+        prompts,
+        SamplingParams(temperature=1.0, max_new_tokens=10),
+        settings,
+        tok.decode,
+        torch.Generator().manual_seed(0),
+    )
+    assert [len(leaves) for leaves in out.leaves] == [6, 6, 6]
+    assert max(len(d) for d in depths_held) == 1 and any(depths_held)  # KV held, one depth at a time
+
+
 def test_treepo_config_errors_name_the_key():
     from semrl.config.load import load_config
     from semrl.errors import ConfigError

@@ -257,3 +257,40 @@ def test_holds_never_starve_the_engine(setup, monkeypatch):
         assert spent.forked_requests > 0 and max(held) <= share * pool
         assert (spent.fork_fallbacks > 0) == starved
     assert engine.llm.reset_prefix_cache()
+
+
+def test_a_leaf_holds_nothing_and_a_full_hold_budget_is_counted_and_said_once(setup, monkeypatch, caplog):
+    """A node the method marks as a leaf (``Node.leaf``) is never held: its children-to-be do not exist,
+    and its blocks would take the hold budget. A parent that finds the budget full is not held: its
+    children take the plain path, ``holds_refused`` counts it and the engine says so once."""
+    from semrl.rollout.engines import vllm_fork
+
+    tok, model = setup
+    engine = _engine(model, tok)
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, logprobs_top_k=0)
+    prompts = [_prompt(tok, 30 + 5 * i) for i in range(3)]
+    kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], keep_kv=True)
+    held_when_back: list[int] = []
+
+    def on_node(node: Node) -> list[Node]:
+        held_when_back.append(len(engine._forks.held))
+        return [] if node.index else [kit.trees[node.prompt].add(1, node, 5, leaf=True)]
+
+    before = engine.cost.snapshot()
+    kit.run([tree.add(0) for tree in kit.trees], on_node)
+    spent = engine.cost.since(before)
+    assert spent.forked_requests == 3 and spent.holds_refused == 0
+    leaves = [tree.nodes[1] for tree in kit.trees]
+    assert all(leaf.kv is None for leaf in leaves) and max(held_when_back) <= 3  # the 3 roots at most
+    monkeypatch.setattr(vllm_fork, "HELD_SHARE", 0.0)
+    monkeypatch.setattr(vllm_fork, "_SAID_REFUSED", False)
+    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm_fork"):
+        for _ in range(2):
+            kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], keep_kv=True)
+            before = engine.cost.snapshot()
+            kit.run([tree.add(0) for tree in kit.trees], on_node)
+            spent = engine.cost.since(before)
+            assert spent.holds_refused == 3 and spent.forked_requests == 0
+    said = [r.getMessage() for r in caplog.records if "holds reached" in r.getMessage()]
+    assert len(said) == 1 and "rollout.vllm_kv_cache_gib" in said[0]
+    assert engine.llm.reset_prefix_cache()

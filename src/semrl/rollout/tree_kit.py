@@ -60,6 +60,8 @@ class Node:
         out: its own tokens once sampled (or given): (L,) tensors, see ``Generation``.
         kv: KV of its context and its tokens, while it can still have children (engines with the fork
             power: hf's copy, or vllm's held blocks); None once let go.
+        leaf: the method gives it no child whatever it samples: its KV is never kept (on vllm its
+            blocks would take the hold budget, half the KV cache, from nodes that have children).
     """
 
     prompt: int
@@ -70,6 +72,7 @@ class Node:
     data: Any = None
     out: Generation | None = None
     kv: PrefixCache | HeldKV | None = None
+    leaf: bool = False
     _response: Generation | None = field(default=None, repr=False)
 
     @property
@@ -178,9 +181,10 @@ class PromptNodes:
         budget: int | None = None,
         data: Any = None,
         out: Generation | None = None,
+        leaf: bool = False,
     ) -> Node:
         """A new node: ``index`` its seed's key; ``position`` in ``parent``'s response (default: all
-        of it); ``out``: tokens given, not sampled."""
+        of it); ``out``: tokens given, not sampled; ``leaf``: it will have no child (``Node.leaf``)."""
         if index in self.nodes:
             raise ValueError(f"prompt {self.prompt} already has a node {index}: a node index is its seed")
         if parent is not None and parent.prompt != self.prompt:
@@ -191,7 +195,7 @@ class PromptNodes:
             position = len(parent.response().token_ids)
         elif not 0 <= position <= len(parent.response().token_ids):
             raise ValueError(f"node {index} continues its parent at {position}, outside its response")
-        node = Node(self.prompt, index, parent, position, budget, data, out)
+        node = Node(self.prompt, index, parent, position, budget, data, out, leaf=leaf)
         self.nodes[index] = node
         return node
 
@@ -248,7 +252,7 @@ class TreeSampler:
 
     def request(self, node: Node) -> GenerationRequest:
         """The request that samples ``node``: its prompt, its parent's first ``position`` tokens, its
-        budget, its parent's KV (with ``keep_kv``) and its seed."""
+        budget, its parent's KV (with ``keep_kv``), its seed, and whether its own KV may be kept."""
         tree = self.trees[node.prompt]
         budget = node.budget if node.budget is not None else self.params.max_new_tokens - node.position
         parent = node.parent
@@ -258,6 +262,7 @@ class TreeSampler:
             max_new_tokens=budget,
             cache=parent.kv if parent is not None and self.keep_kv else None,
             seed=None if tree.seed is None else node_seed(tree.seed, node.index),
+            keep_kv=not node.leaf,
         )
 
     def context(self, node: Node) -> list[int]:
@@ -295,7 +300,7 @@ class TreeSampler:
 
         def done(tag: Any, _: GenerationRequest, out: Generation) -> list[tuple[Any, GenerationRequest]]:
             node = self.trees[tag[0]].nodes[tag[1]]
-            node.out, node.kv = out, out.cache
+            node.out, node.kv = out, None if node.leaf else out.cache
             out.cache = None  # the node holds it, for its children only
             following = [self.pair(n) for n in on_node(node)]
             self._release_closed()
@@ -331,8 +336,10 @@ class TreeSampler:
         return (node.prompt, node.index), self.request(node)
 
     def close(self, prompt: int) -> None:
-        """No node of prompt ``prompt`` will have another child: its KV is let go once the children
-        the current callback returns have their requests."""
+        """No node of prompt ``prompt`` needs its KV for a child beyond those the current callback
+        returns: every node's KV is let go once those children have their requests (on vllm, once the
+        engine has admitted them). A node given a child later (TreePO's fallback regrowing from an
+        earlier segment) is still sampled: its child computes its context's uncached tail again."""
         self._closing.add(prompt)
 
     def _release_closed(self) -> None:

@@ -31,6 +31,7 @@ COST = (SAMPLED_TOKENS, PREFILL_TOKENS, ENGINE_STEPS, RUNNING_BATCH, TOKENS_PER_
 # on a step whose children forked their parents' KV inside vLLM, or asked to and could not
 FORKED_REQUESTS = "rollout/forked_requests"
 FORK_FALLBACKS = "rollout/fork_fallbacks"
+HOLDS_REFUSED = "rollout/holds_refused"
 
 # only where the run has them
 KL = "kl"  # a KL term (algorithm.kl_coef > 0, SENT)

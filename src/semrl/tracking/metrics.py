@@ -40,9 +40,14 @@ def cost_metrics(
     }
     # vllm's fork (docs/engines.md, "Forks on vllm"), logged where some process had one; every process
     # sums (a collective under several processes)
-    forked, fallbacks = total(cost.forked_requests), total(cost.fork_fallbacks)
-    if forked or fallbacks:
+    forked, fallbacks, refused = (
+        total(cost.forked_requests),
+        total(cost.fork_fallbacks),
+        total(cost.holds_refused),
+    )
+    if forked or fallbacks or refused:
         metrics[names.FORKED_REQUESTS], metrics[names.FORK_FALLBACKS] = forked, fallbacks
+        metrics[names.HOLDS_REFUSED] = refused
     return metrics
 
 

@@ -100,7 +100,7 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         tree, out = kit.trees[node.prompt], list[Node]()
         for j, (anchor, size) in enumerate(zip(anchors, state_sizes(group, len(anchors)), strict=True)):
             for _ in range(size):  # continuation c is node 1 + c
-                out.append(tree.add(1 + len(out), node if anchor else None, anchor, data=j))
+                out.append(tree.add(1 + len(out), node if anchor else None, anchor, data=j, leaf=True))
         kit.close(node.prompt)  # the chain has all its children
         return out
 

@@ -77,6 +77,12 @@ def _argmax_position(chain_scores: list[torch.Tensor]) -> tuple[int, int] | None
     return chain, best
 
 
+def _last_chains(is_fresh: torch.Tensor) -> list[list[bool]]:
+    """(n, g) whether no branch of prompt p comes after chain ``it`` (every later chain is fresh), so
+    that no chain can continue it (``Node.leaf``: its KV is never kept)."""
+    return [[bool(row[it + 1 :].all()) for it in range(len(row))] for row in is_fresh]
+
+
 def tree_rollout(
     engine: Engine,
     prompts: list[list[int]],
@@ -124,14 +130,16 @@ def tree_rollout(
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
     timing = {"score": 0.0}
 
+    last = _last_chains(is_fresh)
+
     def branch(p: int, it: int) -> Node:
         """Chain ``it`` of prompt p: from the best position over the chains before it."""
         nodes = kit.trees[p].nodes
         choice = _argmax_position([nodes[c].data.scores for c in range(it)])
         if choice is None:
-            return kit.trees[p].add(it, data=_Chain())
+            return kit.trees[p].add(it, data=_Chain(), leaf=last[p][it])
         chain, k = choice
-        return kit.trees[p].add(it, nodes[chain], k, data=_Chain())
+        return kit.trees[p].add(it, nodes[chain], k, data=_Chain(), leaf=last[p][it])
 
     def finish(node: Node) -> list[Node]:
         """Score a finished chain; start the prompt's next branch once every chain before it is done."""
@@ -167,7 +175,12 @@ def tree_rollout(
         timing["score"] += time.perf_counter() - t0
         return following
 
-    first = [kit.trees[p].add(it, data=_Chain()) for p in range(n) for it in range(g) if is_fresh[p, it]]
+    first = [
+        kit.trees[p].add(it, data=_Chain(), leaf=last[p][it])
+        for p in range(n)
+        for it in range(g)
+        if is_fresh[p, it]
+    ]
     t_start = time.perf_counter()
     rounds = kit.run(first, finish)
     total_seconds = time.perf_counter() - t_start

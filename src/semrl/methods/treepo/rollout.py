@@ -288,12 +288,21 @@ def segment_tree_rollout(
     back: list[list[Generation | None]] = [[] for _ in prompts]  # the segments of a prompt's depth
 
     def depth_nodes(tree: PromptTree) -> list[Node]:
-        """A node per active path (its node id its seed's key), continuing the path's last segment."""
+        """A node per active path (its node id its seed's key), continuing the path's last segment. A
+        node of the last depth, or whose segment may reach the response budget, is a leaf whatever it
+        samples (a fallback regrows from a segment before a leaf's last)."""
         nodes = kit.trees[tree.prompt]
         back[tree.prompt] = [None] * len(tree.active)
         paths = zip(tree.active, tree.budgets(), tree.node_ids(), strict=True)
         return [
-            nodes.add(node, nodes.nodes[path.nodes[-1]] if path.nodes else None, budget=budget, data=i)
+            nodes.add(
+                node,
+                nodes.nodes[path.nodes[-1]] if path.nodes else None,
+                budget=budget,
+                data=i,
+                leaf=len(path.segments) + 1 >= settings.max_depth
+                or path.length + budget >= params.max_new_tokens,
+            )
             for i, (path, budget, node) in enumerate(paths)
         ]
 
@@ -304,10 +313,10 @@ def segment_tree_rollout(
             return []
         segments = [g for g in back[p] if g is not None]
         trees[p].advance(segments, [decode(g.token_ids.tolist()) for g in segments])
-        if trees[p].done:
-            kit.close(p)
-            return []
-        return depth_nodes(trees[p])
+        # the depth's nodes have their children (or stopped): their KV goes once the children have it; a
+        # fallback that regrows from an earlier segment later computes its context's tail (the plain path)
+        kit.close(p)
+        return [] if trees[p].done else depth_nodes(trees[p])
 
     kit.run([node for tree in trees for node in depth_nodes(tree)], on_node)
     leaves = [[kit.trees[t.prompt].nodes[leaf.nodes[-1]] for leaf in t.leaves] for t in trees]

@@ -78,6 +78,8 @@ class EngineCost:
         forked_requests: children that continued their parent's KV inside the engine (vllm's fork).
         fork_fallbacks: children that asked to and took the plain prefix-cache path (parent gone,
             context differing, or a vLLM the fork was not written for).
+        holds_refused: finished requests whose KV was not held for their children because the holds
+            had reached half the KV cache (vllm's fork; raise ``rollout.vllm_kv_cache_gib``).
     """
 
     sampled_tokens: int = 0
@@ -87,6 +89,7 @@ class EngineCost:
     requests: int = 0
     forked_requests: int = 0
     fork_fallbacks: int = 0
+    holds_refused: int = 0
 
     def snapshot(self) -> EngineCost:
         return EngineCost(**vars(self))
@@ -193,6 +196,9 @@ class GenerationRequest:
     # Hand every new token to the caller as it is sampled, with the stream's own sampler
     # (``VLLMEngine.generate_streaming``; LATR's lookahead rows). Other calls refuse it.
     stream: bool = False
+    # With ``return_cache``: False when the caller gives it no child, so that the engine keeps no KV for
+    # it (vllm holds none of its blocks; the kit drops hf's copy).
+    keep_kv: bool = True
 
 
 @dataclass

@@ -276,7 +276,7 @@ class VLLMEngine:
         running: dict[str, _Running[Tag]] = {}
         by_tag: dict[Tag, str] = {}  # streamed requests' ids, for stopping them
         forks = self._forks
-        counted = (forks.forked, forks.fallbacks) if forks is not None else (0, 0)
+        counted = (forks.forked, forks.fallbacks, forks.refused) if forks is not None else (0, 0, 0)
 
         def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
             for tag, request in pairs:
@@ -284,7 +284,7 @@ class VLLMEngine:
                 prompt, sampling = self._prepare(request, sampling_params, generator, streaming is not None)
                 request_id = f"semrl-{next(_REQUEST_IDS)}"
                 if forks is not None:
-                    if hold:
+                    if hold and request.keep_kv:
                         forks.parents.add(request_id)
                     if isinstance(request.cache, HeldKV):
                         forks.forks[request_id] = request.cache.request_id
@@ -369,6 +369,8 @@ class VLLMEngine:
                 forks.release_all()
                 self.cost.forked_requests += forks.forked - counted[0]
                 self.cost.fork_fallbacks += forks.fallbacks - counted[1]
+                self.cost.holds_refused += forks.refused - counted[2]
+                forks.say_refused(forks.refused - counted[2])
 
     def _prepare(
         self,

@@ -32,6 +32,7 @@ SUPPORTED = ("0.32.",)  # vLLM 0.33 changed get_computed_blocks(request, max_cac
 # holds take at most this share of the KV cache's blocks: the rest stays for running requests, so that
 # held parents never starve their own children (a parent finishing past it is not held)
 HELD_SHARE = 0.5
+_SAID_REFUSED = False  # the refused holds' warning, given once per process
 
 
 def external_id(request_id: str) -> str:
@@ -76,6 +77,8 @@ class ForkHooks:
         deferred: parents let go while a child that names them still waits for admission: freed
             after the engine step that admits it (``settle``).
         forked, fallbacks: children that continued a parent's KV / that took the plain path.
+        refused: finished parents not held because the holds had reached ``HELD_SHARE`` of the KV
+            cache (their children compute their context again).
     """
 
     manager: Any
@@ -86,6 +89,7 @@ class ForkHooks:
     deferred: set[str] = field(default_factory=set)
     forked: int = 0
     fallbacks: int = 0
+    refused: int = 0
 
     @property
     def _blocks_of(self) -> dict[str, list[Any]]:
@@ -98,11 +102,14 @@ class ForkHooks:
         def free(request: Any) -> None:
             rid = external_id(request.request_id)
             blocks = list(self._blocks_of.get(request.request_id, ()))
-            if rid in self.parents and request.is_finished() and self._room(blocks):
+            if rid in self.parents and request.is_finished():
                 self.parents.discard(rid)
-                computed = request.num_computed_tokens
-                self.manager.block_pool.touch(blocks)
-                self.held[rid] = _Held(blocks, list(request.all_token_ids[:computed]))
+                if self._room(blocks):
+                    computed = request.num_computed_tokens
+                    self.manager.block_pool.touch(blocks)
+                    self.held[rid] = _Held(blocks, list(request.all_token_ids[:computed]))
+                else:
+                    self.refused += 1
             original_free(request)
 
         def get_computed_blocks(request: Any) -> Any:
@@ -171,6 +178,20 @@ class ForkHooks:
         held = self.held.pop(parent, None)
         if held is not None:
             self.manager.block_pool.free_blocks(reversed(held.blocks))
+
+    def say_refused(self, refused: int) -> None:
+        """Warn once per process that ``refused`` finished requests of a call were not held."""
+        global _SAID_REFUSED  # noqa: PLW0603 (once per process, as the engine's other notices)
+        if refused and not _SAID_REFUSED:
+            _SAID_REFUSED = True
+            logger.warning(
+                "rollout.vllm_fork: holds reached %d%% of the KV cache's %d blocks, so %d finished "
+                "requests were not held and their children computed their context again "
+                "(rollout/holds_refused counts them; raise rollout.vllm_kv_cache_gib, docs/engines.md)",
+                round(100 * HELD_SHARE),
+                self.manager.block_pool.num_gpu_blocks,
+                refused,
+            )
 
     def release_all(self) -> None:
         """Every hold and mark, now: at the end of a call, on errors, before a prefix-cache reset."""
