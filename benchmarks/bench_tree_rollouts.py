@@ -120,7 +120,7 @@ def _forked_independent(engine, cfg, prompts, generator):  # noqa: ANN001, ANN20
     kit = TreeSampler(engine, prompts, params, generator, None, keep_kv=True)
 
     def on_node(node):  # noqa: ANN001, ANN202
-        return [] if node.index else [kit.trees[node.prompt].add(1 + i, node, 0) for i in range(g)]
+        return [] if node.index else [kit.trees[node.prompt].add(1 + i, node, 0, leaf=True) for i in range(g)]
 
     kit.run([tree.add(0, budget=1) for tree in kit.trees], on_node)
     return [tree.nodes[1 + i].out for tree in kit.trees for i in range(g)]
@@ -136,6 +136,9 @@ def main() -> None:
         "--methods", nargs="+", default=METHODS, choices=METHODS, help="independent always runs"
     )
     parser.add_argument("--no-plain", action="store_true", help="on vllm, skip the runs without the fork")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every method"
+    )
     args = parser.parse_args()
     methods = ["independent", *[m for m in args.methods if m != "independent"]]
     n = load_config(args.config).rollout.max_new_tokens
@@ -151,6 +154,7 @@ def main() -> None:
         f"latr.force_return_step={n // 2}",
         "latr.return_threshold_decay=0.05",
         *([f"rollout.prompts_per_step={args.prompts}"] if args.prompts else []),
+        *args.set,
     ]
     cfg = load_config(args.config, overrides)
     block = cfg.rollout.vllm_block_size
