@@ -476,14 +476,17 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
 
 def test_a_depths_nodes_let_go_of_their_kv_once_their_children_have_it(hf_setup, monkeypatch):
     """A node's KV is kept for its children only: whenever a callback returns, the sampled nodes of a
-    prompt that still hold KV are all of its current depth (on vllm, holds of finished depths would
-    take the KV cache's hold budget and leave later children unforked, docs/benchmarks.md)."""
+    prompt that still hold KV are all of its current depth, and none is a leaf (the engine made no
+    copy for a request with ``keep_kv=False``); on vllm, holds of finished depths and leaves would
+    take the KV cache's hold budget and leave later children unforked (docs/benchmarks.md)."""
     import semrl.methods.treepo.rollout as treepo_rollout
     from semrl.rollout.engines import SamplingParams
     from semrl.rollout.tree_kit import TreeSampler
 
     engine, tok, prompts = hf_setup
     depths_held: list[set[int]] = []
+    leaves_held: list[int] = []
+    leaves_done: set[int] = set()
 
     def depth(node):  # noqa: ANN001, ANN202
         return 0 if node.parent is None else 1 + depth(node.parent)
@@ -494,6 +497,8 @@ def test_a_depths_nodes_let_go_of_their_kv_once_their_children_have_it(hf_setup,
             for tree in self.trees:
                 held = [n for n in tree.nodes.values() if n.done and n.kv is not None]
                 depths_held.append({depth(n) for n in held})
+                leaves_held.append(sum(n.leaf for n in tree.nodes.values() if n.done and n.kv is not None))
+                leaves_done.update(id(n) for n in tree.nodes.values() if n.done and n.leaf)
 
     monkeypatch.setattr(treepo_rollout, "TreeSampler", Watched)
     settings = SegmentTreeSettings(width=6, segment_length=2, max_depth=5, branch=2, reuse_kv_cache=True)
@@ -507,6 +512,7 @@ def test_a_depths_nodes_let_go_of_their_kv_once_their_children_have_it(hf_setup,
     )
     assert [len(leaves) for leaves in out.leaves] == [6, 6, 6]
     assert max(len(d) for d in depths_held) == 1 and any(depths_held)  # KV held, one depth at a time
+    assert not any(leaves_held) and leaves_done  # leaves were sampled, and none kept a copy of its KV
 
 
 def test_treepo_config_errors_name_the_key():

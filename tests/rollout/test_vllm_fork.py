@@ -190,12 +190,12 @@ def test_every_tree_method_forks_the_same_tokens_and_holds_nothing_after(setup, 
 
 
 def test_on_a_vllm_the_fork_was_not_written_for_nothing_forks_and_it_says_so_once(setup, monkeypatch, caplog):
-    from semrl.rollout.engines import vllm, vllm_fork
+    from semrl.rollout.engines import vllm_fork
 
     tok, model = setup
     monkeypatch.setattr(vllm_fork, "SUPPORTED", ("0.99.",))
-    monkeypatch.setattr(vllm, "_SAID", set())
-    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm"):
+    monkeypatch.setattr(vllm_fork, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm_fork"):
         engines = [_engine(model, tok), _engine(model, tok)]
     said = [r for r in caplog.records if "rollout.vllm_fork" in r.getMessage()]
     assert len(said) == 1 and "0.99." in said[0].getMessage()
@@ -283,7 +283,7 @@ def test_a_leaf_holds_nothing_and_a_full_hold_budget_is_counted_and_said_once(se
     leaves = [tree.nodes[1] for tree in kit.trees]
     assert all(leaf.kv is None for leaf in leaves) and max(held_when_back) <= 3  # the 3 roots at most
     monkeypatch.setattr(vllm_fork, "HELD_SHARE", 0.0)
-    monkeypatch.setattr(vllm_fork, "_SAID_REFUSED", False)
+    monkeypatch.setattr(vllm_fork, "_SAID", set())
     with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm_fork"):
         for _ in range(2):
             kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], keep_kv=True)

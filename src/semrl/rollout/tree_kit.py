@@ -300,7 +300,7 @@ class TreeSampler:
 
         def done(tag: Any, _: GenerationRequest, out: Generation) -> list[tuple[Any, GenerationRequest]]:
             node = self.trees[tag[0]].nodes[tag[1]]
-            node.out, node.kv = out, None if node.leaf else out.cache
+            node.out, node.kv = out, out.cache
             out.cache = None  # the node holds it, for its children only
             following = [self.pair(n) for n in on_node(node)]
             self._release_closed()

@@ -197,7 +197,7 @@ class GenerationRequest:
     # (``VLLMEngine.generate_streaming``; LATR's lookahead rows). Other calls refuse it.
     stream: bool = False
     # With ``return_cache``: False when the caller gives it no child, so that the engine keeps no KV for
-    # it (vllm holds none of its blocks; the kit drops hf's copy).
+    # it (vllm holds none of its blocks, hf makes no copy): its result's cache is None.
     keep_kv: bool = True
 
 

@@ -296,7 +296,8 @@ class HFEngine:
             if bool(done.any()):
                 if return_cache:
                     for row in done.nonzero().flatten().tolist():
-                        caches[int(active[row])] = row_cache(cache, row, attention[row])
+                        if requests[int(active[row])].keep_kv:  # a leaf's copy would never be read
+                            caches[int(active[row])] = row_cache(cache, row, attention[row])
                 keep = (~done).nonzero().flatten()
                 if keep.numel() == 0:
                     break

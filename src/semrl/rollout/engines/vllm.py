@@ -24,7 +24,6 @@ What vLLM returns, and how it maps onto ``Generation``:
 from __future__ import annotations
 
 import itertools
-import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -52,12 +51,10 @@ from semrl.rollout.engines.base import (
     require_power,
 )
 from semrl.rollout.engines.row_loop import RowLoop, is_sharded
-from semrl.rollout.engines.vllm_fork import ForkHooks, install_fork_hooks
+from semrl.rollout.engines.vllm_fork import ForkHooks, install_fork_hooks, say_once
 from semrl.rollout.engines.vllm_start import VLLMSettings, check_model_for_vllm, import_vllm, shared_llm
 
 _REQUEST_IDS = itertools.count()  # request ids of generate_dynamic, unique in the process
-_SAID: set[str] = set()  # why the fork is off, said once per process
-logger = logging.getLogger(__name__)
 
 
 class VLLMEngine:
@@ -103,9 +100,9 @@ class VLLMEngine:
             self._forks, reason = install_fork_hooks(
                 self.llm, self._vllm.__version__, _scheduler(self.llm.llm_engine)
             )
-            if reason is not None and reason not in _SAID:
-                _SAID.add(reason)
-                logger.warning(
+            if reason is not None:
+                say_once(
+                    reason,
                     "rollout.vllm_fork: %s; tree children take vLLM's prefix cache instead (the same "
                     "tokens, more recomputed context; rollout/fork_fallbacks counts them)",
                     reason,

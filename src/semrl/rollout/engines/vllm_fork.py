@@ -32,7 +32,14 @@ SUPPORTED = ("0.32.",)  # vLLM 0.33 changed get_computed_blocks(request, max_cac
 # holds take at most this share of the KV cache's blocks: the rest stays for running requests, so that
 # held parents never starve their own children (a parent finishing past it is not held)
 HELD_SHARE = 0.5
-_SAID_REFUSED = False  # the refused holds' warning, given once per process
+_SAID: set[str] = set()  # the fork's notices (why it is off, a full hold budget), each said once per process
+
+
+def say_once(key: str, message: str, *args: object) -> None:
+    """Log the fork's notice ``key`` as a warning, the first time in this process only."""
+    if key not in _SAID:
+        _SAID.add(key)
+        logger.warning(message, *args)
 
 
 def external_id(request_id: str) -> str:
@@ -181,10 +188,9 @@ class ForkHooks:
 
     def say_refused(self, refused: int) -> None:
         """Warn once per process that ``refused`` finished requests of a call were not held."""
-        global _SAID_REFUSED  # noqa: PLW0603 (once per process, as the engine's other notices)
-        if refused and not _SAID_REFUSED:
-            _SAID_REFUSED = True
-            logger.warning(
+        if refused:
+            say_once(
+                "holds refused",
                 "rollout.vllm_fork: holds reached %d%% of the KV cache's %d blocks, so %d finished "
                 "requests were not held and their children computed their context again "
                 "(rollout/holds_refused counts them; raise rollout.vllm_kv_cache_gib, docs/engines.md)",
