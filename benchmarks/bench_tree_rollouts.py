@@ -21,7 +21,9 @@ model before one vLLM call (the official split); on hf both run it on the model.
 method also runs as ``<method>-plain`` with ``rollout.vllm_fork=false`` (vLLM's prefix cache alone,
 docs/engines.md "Forks on vllm"), alternated with the forked one, and ``independent-forked`` samples
 the same G leaves per prompt as children forked from one computation of the prompt (a one-token
-request; its token is counted). Prints a Markdown table.
+request; its token is counted). ``fr3e-forward`` is FR3E with ``rollout.vllm_sampler_entropy=false``:
+on vllm its anchors' entropy comes from a forward of the model after each chain instead of from
+vLLM's sampler (docs/engines.md "Entropy on vllm"). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from semrl.rollout.engines import GenerationRequest, sampling_params
 from semrl.rollout.tree_kit import TreeSampler
 from semrl.update.row_logprobs import with_sampling_entropy
 
-METHODS = ["independent", "fr3e", "treepo", "treepo-aligned", "latr", "latr-model", "rose"]
+METHODS = ["independent", "fr3e", "fr3e-forward", "treepo", "treepo-aligned", "latr", "latr-model", "rose"]
 PLAIN = "-plain"  # the same method on the vllm engine without the fork
+FORWARD = "fr3e-forward"  # FR3E with its anchors' entropy from the trained model's forward on vllm
 
 
 def _count_waiting(engine) -> list[int]:  # noqa: ANN001
@@ -162,7 +165,8 @@ def main() -> None:
         args.config, [*overrides, "treepo.segment_alignment=block", f"treepo.segment_length={block}"]
     )
     on_model = load_config(args.config, [*overrides, "latr.vllm_lookahead=model"])
-    variants = {"treepo-aligned": aligned, "latr-model": on_model}
+    forward = load_config(args.config, [*overrides, "rollout.vllm_sampler_entropy=false"])
+    variants = {"treepo-aligned": aligned, "latr-model": on_model, FORWARD: forward}
     configs = {name: variants.get(name, cfg) for name in methods}
     configs["independent-forked"] = cfg
     path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
@@ -175,13 +179,15 @@ def main() -> None:
         waited = _count_waiting(engine) if kind == "vllm" else [0]
         names = list(methods)
         engines = dict.fromkeys(names, engine)
+        if kind == "vllm" and FORWARD in names:  # the same vLLM; the engine asks it to record nothing
+            engines[FORWARD] = config_engine(kind, model, tok, forward)
         if kind == "vllm" and not args.no_plain:  # the same vLLM, its children without the fork
             plain = config_engine(
                 kind, model, tok, load_config(args.config, [*overrides, "rollout.vllm_fork=false"])
             )
             names = ["independent", "independent-forked"]
             for name in methods[1:]:
-                names += [name, name + PLAIN]
+                names += [name, name + PLAIN] if name != FORWARD else [name]
                 engines[name + PLAIN], configs[name + PLAIN] = plain, configs[name]
             engines["independent-forked"] = engine
         runs: dict[str, list] = {name: [] for name in names}

@@ -33,6 +33,7 @@ SERIAL_GROUPS = {
         "test_tree_driver.py",
         "test_tree_kit.py",
         "test_vllm_fork.py",
+        "test_vllm_entropy.py",
     },
     # processes forked from one preloaded server that has imported vLLM (tests/forked.py), started once
     "vllm_processes": {"test_vllm_processes.py"},

@@ -331,3 +331,36 @@ def every_method(runs: dict[str, list[str]]) -> dict[str, list[str]]:
         raise ValueError(f"runs select methods that are not registered: {unknown}")
     missing = [m for m in METHODS if m not in selected.values()]
     return {**runs, **{m: [f"algorithm.method={m}"] for m in missing}}
+
+
+def tree_method_context(engine: Any, tok: Any, model: Any, name: str, extra: list[str]) -> tuple[Any, Any]:
+    """(the method's ``MethodSpec``, a ``RolloutContext``) to call method ``name``'s rollout on
+    ``engine`` directly: 4 leaves of 24 tokens at T = 1, three prompts' seeds, the trainer's entropy
+    forward on ``model``; ``extra``: more config overrides."""
+    from functools import partial
+
+    from semrl.config.load import load_config
+    from semrl.methods.catalog import get_method
+    from semrl.methods.interface import RolloutContext
+    from semrl.methods.registry import method_config
+    from semrl.rollout.engines import SamplingParams
+    from semrl.update.row_logprobs import with_sampling_entropy
+
+    cfg = load_config(
+        None, [f"algorithm.method={name}", "rollout.max_new_tokens=24", "rollout.group_size=4", *extra]
+    )
+    spec = get_method(name)
+    params = SamplingParams(
+        temperature=1.0, max_new_tokens=24, logprobs_top_k=20 if spec.reads_top_logprobs else 0
+    )
+    entropy = partial(with_sampling_entropy, model, temperature=1.0, compute_dtype=engine.compute_dtype)
+    ctx = RolloutContext(
+        engine,
+        params,
+        torch.Generator().manual_seed(0),
+        method_config(cfg, spec.section),
+        entropy,
+        decode=partial(tok.decode, skip_special_tokens=True),
+        prompt_seeds=[5, 6, 7],
+    )
+    return spec, ctx

@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from functools import partial
 
 import pytest
 import torch
 
-from semrl.config.load import load_config
-from semrl.methods.catalog import get_method, tree_methods
-from semrl.methods.interface import RolloutContext
-from semrl.methods.registry import load, method_config
+from semrl.methods.catalog import tree_methods
+from semrl.methods.registry import load
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import Generation, GenerationRequest, HeldKV, SamplingParams, build_engine
 from semrl.rollout.tree_kit import Node, TreeSampler
-from semrl.update.row_logprobs import with_sampling_entropy
-from tests.helpers import eager_vllm, vllm_or_skip
+from tests.helpers import eager_vllm, tree_method_context, vllm_or_skip
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
 BLOCK = 32
@@ -140,27 +136,6 @@ def test_a_child_that_does_not_continue_its_parent_takes_the_plain_path(setup):
     assert engine.llm.reset_prefix_cache()
 
 
-def _method_context(engine, tok, model, name, extra):
-    cfg = load_config(
-        None, [f"algorithm.method={name}", "rollout.max_new_tokens=24", "rollout.group_size=4", *extra]
-    )
-    spec = get_method(name)
-    params = SamplingParams(
-        temperature=1.0, max_new_tokens=24, logprobs_top_k=20 if spec.reads_top_logprobs else 0
-    )
-    entropy = partial(with_sampling_entropy, model, temperature=1.0, compute_dtype=engine.compute_dtype)
-    ctx = RolloutContext(
-        engine,
-        params,
-        torch.Generator().manual_seed(0),
-        method_config(cfg, spec.section),
-        entropy,
-        decode=partial(tok.decode, skip_special_tokens=True),
-        prompt_seeds=[5, 6, 7],
-    )
-    return spec, ctx
-
-
 EXTRA = {
     "treepo": ["treepo.segment_length=6"],
     "latr": ["latr.lookahead=[2]", "latr.tau_abs=0.0", "latr.tau_rel=1.0", "latr.eta_values=[0.5]"],
@@ -177,7 +152,7 @@ def test_every_tree_method_forks_the_same_tokens_and_holds_nothing_after(setup, 
     runs = []
     for fork in (True, False):
         engine = _engine(model, tok, fork=fork)
-        spec, ctx = _method_context(engine, tok, model, method, EXTRA.get(method, []))
+        spec, ctx = tree_method_context(engine, tok, model, method, EXTRA.get(method, []))
         before = engine.cost.snapshot()
         out = load(spec.rollout_fn)(ctx, prompts)
         runs.append(([g.token_ids.tolist() for g in out.generations], engine.cost.since(before)))
@@ -200,14 +175,14 @@ def test_on_a_vllm_the_fork_was_not_written_for_nothing_forks_and_it_says_so_onc
     said = [r for r in caplog.records if "rollout.vllm_fork" in r.getMessage()]
     assert len(said) == 1 and "0.99." in said[0].getMessage()
     assert not any(e.powers.fork for e in engines)
-    spec, ctx = _method_context(engines[0], tok, model, "treepo", EXTRA["treepo"])
+    spec, ctx = tree_method_context(engines[0], tok, model, "treepo", EXTRA["treepo"])
     prompts = [_prompt(tok, n) for n in (17, 30, 45)]
     before = engines[0].cost.snapshot()
     gated = [g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations]
     assert engines[0].cost.since(before).forked_requests == 0
     monkeypatch.undo()
     forking = _engine(model, tok)
-    spec, ctx = _method_context(forking, tok, model, "treepo", EXTRA["treepo"])
+    spec, ctx = tree_method_context(forking, tok, model, "treepo", EXTRA["treepo"])
     assert forking.powers.fork
     before = forking.cost.snapshot()
     assert gated == [g.token_ids.tolist() for g in load(spec.rollout_fn)(ctx, prompts).generations]

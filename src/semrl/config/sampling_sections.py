@@ -98,6 +98,13 @@ class RolloutConfig:
         "(vLLM 0.32's copy-on-write path), computing one context token instead of up to a block; the same "
         "tokens. false: vLLM's prefix cache alone, for comparison (docs/engines.md, Forks on vllm).",
     )
+    vllm_sampler_entropy: bool = option(
+        True,
+        "vllm engine: the full-vocabulary entropy a rollout reads (FR3E's anchors, ROSE's "
+        "entropy_mode=full_vocab) is recorded by vLLM's sampler as it samples, instead of a forward of the "
+        "trained model after each chain; the same statistic to float rounding (docs/engines.md, Entropy on "
+        "vllm). false: the forward, for comparison.",
+    )
     vllm_dtype: Literal["float32", "bfloat16", "float16"] | None = option(
         None,
         "vllm engine: dtype of its weights and compute (null: bfloat16 on CUDA, as verl and TRL sample; "

@@ -62,6 +62,8 @@ class Node:
             power: hf's copy, or vllm's held blocks); None once let go.
         leaf: the method gives it no child whatever it samples: its KV is never kept (on vllm its
             blocks would take the hold budget, half the KV cache, from nodes that have children).
+        entropy: the method reads its entropy (``TreeSampler.with_entropy``): the engine is asked to
+            record it while sampling (``GenerationRequest.entropy``).
     """
 
     prompt: int
@@ -73,6 +75,7 @@ class Node:
     out: Generation | None = None
     kv: PrefixCache | HeldKV | None = None
     leaf: bool = False
+    entropy: bool = False
     _response: Generation | None = field(default=None, repr=False)
 
     @property
@@ -182,9 +185,11 @@ class PromptNodes:
         data: Any = None,
         out: Generation | None = None,
         leaf: bool = False,
+        entropy: bool = False,
     ) -> Node:
         """A new node: ``index`` its seed's key; ``position`` in ``parent``'s response (default: all
-        of it); ``out``: tokens given, not sampled; ``leaf``: it will have no child (``Node.leaf``)."""
+        of it); ``out``: tokens given, not sampled; ``leaf``: it will have no child (``Node.leaf``);
+        ``entropy``: the method reads its entropy (``Node.entropy``)."""
         if index in self.nodes:
             raise ValueError(f"prompt {self.prompt} already has a node {index}: a node index is its seed")
         if parent is not None and parent.prompt != self.prompt:
@@ -195,7 +200,7 @@ class PromptNodes:
             position = len(parent.response().token_ids)
         elif not 0 <= position <= len(parent.response().token_ids):
             raise ValueError(f"node {index} continues its parent at {position}, outside its response")
-        node = Node(self.prompt, index, parent, position, budget, data, out, leaf=leaf)
+        node = Node(self.prompt, index, parent, position, budget, data, out, leaf=leaf, entropy=entropy)
         self.nodes[index] = node
         return node
 
@@ -263,6 +268,7 @@ class TreeSampler:
             cache=parent.kv if parent is not None and self.keep_kv else None,
             seed=None if tree.seed is None else node_seed(tree.seed, node.index),
             keep_kv=not node.leaf,
+            entropy=node.entropy,
         )
 
     def context(self, node: Node) -> list[int]:
@@ -270,8 +276,8 @@ class TreeSampler:
         return self.trees[node.prompt].prompt_ids + node.prefix_ids()
 
     def with_entropy(self, node: Node) -> Generation:
-        """``node``'s tokens with their full-vocabulary entropy, from ``sampling_entropy`` when the
-        engine computed none (vllm); kept on the node."""
+        """``node``'s tokens with their full-vocabulary entropy: the engine's (a node added with
+        ``entropy=True`` asks vllm to record it), else from ``sampling_entropy``; kept on the node."""
         assert node.out is not None, "a node is given its entropy once it is sampled"
         if node.out.entropy is None:
             if self.sampling_entropy is None:

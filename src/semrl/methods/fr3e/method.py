@@ -104,7 +104,7 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         kit.close(node.prompt)  # the chain has all its children
         return out
 
-    kit.run([tree.add(0) for tree in kit.trees], on_node)
+    kit.run([tree.add(0, entropy=opts.anchor_metric == "entropy") for tree in kit.trees], on_node)
     leaves = [[tree.nodes[1 + c] for c in range(group) if 1 + c in tree.nodes] for tree in kit.trees]
     gens = [leaf.out for row in leaves for leaf in row if leaf.out is not None]
     if len(gens) != len(prompt_ids) * group:

@@ -130,22 +130,22 @@ def tree_rollout(
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
     timing = {"score": 0.0}
 
-    last = _last_chains(is_fresh)
+    last, full_vocab = _last_chains(is_fresh), options.entropy_mode == "full_vocab"
 
     def branch(p: int, it: int) -> Node:
         """Chain ``it`` of prompt p: from the best position over the chains before it."""
         nodes = kit.trees[p].nodes
         choice = _argmax_position([nodes[c].data.scores for c in range(it)])
         if choice is None:
-            return kit.trees[p].add(it, data=_Chain(), leaf=last[p][it])
+            return kit.trees[p].add(it, data=_Chain(), leaf=last[p][it], entropy=full_vocab)
         chain, k = choice
-        return kit.trees[p].add(it, nodes[chain], k, data=_Chain(), leaf=last[p][it])
+        return kit.trees[p].add(it, nodes[chain], k, data=_Chain(), leaf=last[p][it], entropy=full_vocab)
 
     def finish(node: Node) -> list[Node]:
         """Score a finished chain; start the prompt's next branch once every chain before it is done."""
         t0 = time.perf_counter()
         p, k, tree = node.prompt, node.position, kit.trees[node.prompt]
-        out = kit.with_entropy(node) if options.entropy_mode == "full_vocab" else node.out
+        out = kit.with_entropy(node) if full_vocab else node.out
         assert out is not None
         score, entropy, divergence = branch_scores(
             out.top_logprobs,
@@ -176,7 +176,7 @@ def tree_rollout(
         return following
 
     first = [
-        kit.trees[p].add(it, data=_Chain(), leaf=last[p][it])
+        kit.trees[p].add(it, data=_Chain(), leaf=last[p][it], entropy=full_vocab)
         for p in range(n)
         for it in range(g)
         if is_fresh[p, it]

@@ -199,6 +199,9 @@ class GenerationRequest:
     # With ``return_cache``: False when the caller gives it no child, so that the engine keeps no KV for
     # it (vllm holds none of its blocks, hf makes no copy): its result's cache is None.
     keep_kv: bool = True
+    # The caller reads its entropy during the rollout (``Generation.entropy``): an engine that computes
+    # none for every request (vllm) records it while sampling where it can; hf always does.
+    entropy: bool = False
 
 
 @dataclass

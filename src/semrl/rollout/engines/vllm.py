@@ -17,7 +17,8 @@ What vLLM returns, and how it maps onto ``Generation``:
 - ``top_logprobs`` / ``top_ids``: the k entries of rank 1..k (vLLM adds the sampled token as a
   (k+1)-th entry when it is outside the top k; that entry is dropped here, and ROSE's
   ``rose.entropy_with_sampled`` puts it back from ``logprobs`` as the ROSE code does).
-- ``entropy``: None. vLLM never returns the full-vocabulary entropy; the trainer measures it
+- ``entropy``: recorded by vLLM's sampler for a request that asks (``GenerationRequest.entropy``,
+  ``semrl.rollout.engines.vllm_entropy``), else None: the trainer measures it
   (``semrl.update.row_logprobs.with_sampling_entropy``, the update's forwards).
 """
 
@@ -51,6 +52,7 @@ from semrl.rollout.engines.base import (
     require_power,
 )
 from semrl.rollout.engines.row_loop import RowLoop, is_sharded
+from semrl.rollout.engines.vllm_entropy import ENTROPY_KEY, forget, take
 from semrl.rollout.engines.vllm_fork import ForkHooks, install_fork_hooks, say_once
 from semrl.rollout.engines.vllm_start import VLLMSettings, check_model_for_vllm, import_vllm, shared_llm
 
@@ -272,14 +274,13 @@ class VLLMEngine:
         scheduler = _scheduler(core)
         running: dict[str, _Running[Tag]] = {}
         by_tag: dict[Tag, str] = {}  # streamed requests' ids, for stopping them
-        forks = self._forks
+        forks, streams = self._forks, streaming is not None
         counted = (forks.forked, forks.fallbacks, forks.refused) if forks is not None else (0, 0, 0)
 
         def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
             for tag, request in pairs:
-                sampling_params = streaming[0] if request.stream and streaming is not None else params
-                prompt, sampling = self._prepare(request, sampling_params, generator, streaming is not None)
-                request_id = f"semrl-{next(_REQUEST_IDS)}"
+                sampler = streaming[0] if request.stream and streaming is not None else params
+                request_id, prompt, sampling = self._prepare(request, sampler, generator, streams)
                 if forks is not None:
                     if hold and request.keep_kv:
                         forks.parents.add(request_id)
@@ -287,7 +288,7 @@ class VLLMEngine:
                         forks.forks[request_id] = request.cache.request_id
                 core.add_request(request_id, prompt, sampling)
                 context = len(prompt["prompt_token_ids"])
-                running[request_id] = _Running(tag, request, context, self.cost.engine_steps, sampling_params)
+                running[request_id] = _Running(tag, request, context, self.cost.engine_steps, sampler)
                 if request.stream:
                     by_tag[tag] = request_id
             self.cost.requests += len(pairs)
@@ -302,16 +303,11 @@ class VLLMEngine:
 
         def log(entry: _Running[Tag]) -> None:
             if self.request_log is not None:
-                self.request_log.append(
-                    RequestRecord(
-                        entry.tag,
-                        entry.context,
-                        entry.prefill or 0,
-                        entry.sampled,
-                        entry.submitted,
-                        self.cost.engine_steps,
-                    )
+                steps = self.cost.engine_steps
+                record = RequestRecord(
+                    entry.tag, entry.context, entry.prefill or 0, entry.sampled, entry.submitted, steps
                 )
+                self.request_log.append(record)
 
         try:
             submit(requests)
@@ -334,6 +330,8 @@ class VLLMEngine:
                     if entry is None:  # a stream stopped in this step's callback
                         continue
                     generation = self._to_generation(out.outputs[0], entry.params.logprobs_top_k)
+                    if entry.request.entropy and out.finished:
+                        generation.entropy = take(out.request_id, len(generation.token_ids))
                     held = forks is not None and out.finished and out.request_id in forks.held
                     if held or (forks is not None and hold and entry.request.stream):  # a stream: running
                         generation.cache = HeldKV(out.request_id)
@@ -362,6 +360,7 @@ class VLLMEngine:
                 core.abort_request(list(running))
             raise
         finally:
+            forget(list(running))
             if forks is not None:  # no hold outlives its call
                 forks.release_all()
                 self.cost.forked_requests += forks.forked - counted[0]
@@ -375,9 +374,10 @@ class VLLMEngine:
         params: SamplingParams,
         generator: torch.Generator | None,
         streaming: bool,
-    ) -> tuple[Any, Any]:
-        """vLLM's token prompt and sampling parameters for one request of a call that streams or not."""
+    ) -> tuple[str, Any, Any]:
+        """A new request id, vLLM's token prompt and its sampling parameters (a call that streams or not)."""
         vllm = self._vllm
+        request_id = f"semrl-{next(_REQUEST_IDS)}"
         budget = request_budget(request, params, streaming)
         context = request.prompt_ids + request.prefix_ids
         if len(context) + budget > self.settings.max_model_len:
@@ -387,6 +387,7 @@ class VLLMEngine:
                 "rollout.max_new_tokens)"
             )
         kinds = vllm.sampling_params.RequestOutputKind
+        entropy = request.entropy and self.settings.sampler_entropy
         seed = request.seed
         if seed is None and generator is not None:
             seed = int(torch.randint(2**62, (1,), generator=generator))
@@ -405,8 +406,10 @@ class VLLMEngine:
             # only the finished output (what LLM.generate asks for), or a stream's new tokens; the
             # cumulative default would rebuild every running request's output at every engine step
             output_kind=kinds.DELTA if request.stream else kinds.FINAL_ONLY,
+            # its rows' entropies are recorded as it samples (vllm_entropy; greedy rows are not tempered)
+            extra_args={ENTROPY_KEY: request_id} if entropy and params.temperature > 0 else None,
         )
-        return vllm.TokensPrompt(prompt_token_ids=context), sampling
+        return request_id, vllm.TokensPrompt(prompt_token_ids=context), sampling
 
     def _to_generation(self, completion: Any, k: int) -> Generation:
         """A ``Generation`` from vLLM's output. Its flat log-probs hold, per position, the sampled

@@ -42,6 +42,9 @@ class VLLMSettings:
         fork: a child request may continue its parent's KV, partial block included
             (``semrl.rollout.engines.vllm_fork``); not part of an engine's identity (the hooks are
             inert for requests that name no parent).
+        sampler_entropy: a request that asks for its entropy gets it from vLLM's sampler
+            (``semrl.rollout.engines.vllm_entropy``); False: from the trainer's forward. Not part of an
+            engine's identity (the processor records only the requests that ask).
     """
 
     max_model_len: int
@@ -56,6 +59,7 @@ class VLLMSettings:
     sleep_level: int = 0
     enforce_eager: bool = False
     fork: bool = True
+    sampler_entropy: bool = True
 
     @classmethod
     def from_options(
@@ -86,6 +90,7 @@ class VLLMSettings:
             extra["sleep_level"] = options.vllm_sleep_level if sleeps else 0
             extra["enforce_eager"] = options.vllm_enforce_eager
             extra["fork"] = options.vllm_fork
+            extra["sampler_entropy"] = options.vllm_sampler_entropy
         block = extra.get("block_size", cls.block_size)
         # vLLM allocates the KV cache in whole blocks, so the model length is rounded up to one.
         length = -(-max_model_len // block) * block
@@ -238,6 +243,8 @@ def _fits(started: VLLMSettings, wanted: VLLMSettings) -> bool:
 
 
 def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any:
+    from semrl.rollout.engines.vllm_entropy import SamplingEntropy  # imports vLLM, which is set up now
+
     on_gpu = model.device.type == "cuda"
     kwargs: dict[str, Any] = {
         # a training checkpoint loads as it is: its trainer state sits in a subfolder (docs/evaluation.md)
@@ -253,6 +260,8 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         "logprobs_mode": "processed_logprobs",
         "max_logprobs": settings.max_logprobs,
         "enforce_eager": settings.enforce_eager,
+        # records the entropy of the requests that ask (FR3E's chains); changes no logit
+        "logits_processors": [SamplingEntropy],
     }
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         # one engine per training process, as TRL's colocate mode: vLLM joins the existing process

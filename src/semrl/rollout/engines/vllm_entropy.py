@@ -1,0 +1,100 @@
+"""The full-vocabulary entropy of a request's tokens, from vLLM's own sampler (docs/engines.md,
+"Entropy on vllm").
+
+FR3E's anchors and ROSE's ``entropy_mode=full_vocab`` read the entropy of each sampled position's
+tempered next-token distribution during the rollout. vLLM returns log-probs only, so without this
+the trainer runs a forward of the trained model over each chain once it is back (FR3E: 7.6-9.2 s of
+a 38 s rollout at 32 prompts on this CPU, docs/benchmarks.md). ``SamplingEntropy`` is a vLLM logits
+processor (vLLM's public interface, ``vllm.v1.sample.logits_processor``): vLLM applies it to the
+logits of every step that samples at random, after temperature and before top-k/top-p, which is the
+trainer's definition (tempered, unfiltered). For the rows whose request asked
+(``SamplingParams.extra_args[ENTROPY_KEY]``, a request id), it records -sum p log p in the trainer's
+formula at the request's output position, and returns the logits unchanged, so no token changes.
+
+The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the records are read
+here (``take``). A position is keyed by the request's output length when its logits are sampled: a
+sample vLLM drops (a chunked prefill's) or recomputes (after a preemption) is overwritten by the one
+that counts. A request whose record is incomplete gets None, and the trainer's forward instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+ENTROPY_KEY = "semrl_entropy"
+
+# request id -> entropy per output position, filled by every engine of the process
+_RECORDS: dict[str, list[float]] = {}
+
+
+def take(request_id: str, length: int) -> torch.Tensor | None:
+    """(length,) the recorded entropies of a finished request's tokens, forgotten here; None when a
+    position was not recorded."""
+    record = _RECORDS.pop(request_id, [])
+    if len(record) < length or any(value != value for value in record[:length]):
+        return None
+    return torch.tensor(record[:length], dtype=torch.float32)
+
+
+def forget(request_ids: list[str]) -> None:
+    """Drop the records of requests that will not finish (aborted, or their call raised)."""
+    for request_id in request_ids:
+        _RECORDS.pop(request_id, None)
+
+
+def recording() -> int:
+    """Requests with a record (0 after every engine call)."""
+    return len(_RECORDS)
+
+
+class SamplingEntropy(LogitsProcessor):
+    """Records the entropy of the rows whose request asks; changes no logit."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        # batch row -> (request id, the request's live list of output tokens)
+        self.rows: dict[int, tuple[str, list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        """Applied only to rows sampled at random, to the tempered logits (vLLM's ``Sampler.sample``)."""
+        return True
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for row in batch_update.removed:
+            self.rows.pop(row, None)
+        for row, params, _, output_ids in batch_update.added:
+            request_id = (params.extra_args or {}).get(ENTROPY_KEY) if params is not None else None
+            if request_id is None:
+                self.rows.pop(row, None)
+            else:
+                self.rows[row] = (str(request_id), output_ids)
+        for a, b, direction in batch_update.moved:
+            entry_a, entry_b = self.rows.pop(a, None), self.rows.pop(b, None)
+            if entry_a is not None:
+                self.rows[b] = entry_a
+            if direction == MoveDirectionality.SWAP and entry_b is not None:
+                self.rows[a] = entry_b
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: (rows, V) the step's tempered logits; returned as they are."""
+        if not self.rows:
+            return logits
+        order = sorted(self.rows)
+        picked = logits[torch.tensor(order, device=logits.device)].float()
+        # the trainer's formula (semrl.update.lm_head): -sum p log p over log p = z - logsumexp(z)
+        logp = picked - torch.logsumexp(picked, dim=-1, keepdim=True)
+        values = (-torch.exp(logp).mul_(logp).sum(-1)).tolist()
+        for row, value in zip(order, values, strict=True):
+            request_id, output_ids = self.rows[row]
+            record = _RECORDS.setdefault(request_id, [])
+            position = len(output_ids)
+            if position < len(record):
+                record[position] = value
+            else:  # a position never recorded (should not happen) reads as missing
+                record.extend([float("nan")] * (position - len(record)))
+                record.append(value)
+        return logits
