@@ -135,6 +135,20 @@ def test_a_greedy_request_is_not_recorded_and_a_raising_callback_leaves_no_recor
     assert _recorder().recording() == 0
 
 
+def test_the_switch_starts_vllm_without_the_processor(setup):
+    """``rollout.vllm_sampler_entropy=false`` is another engine, started without the logits processor
+    (on a GPU any custom processor costs every step a copy); the default one has it."""
+    tok, model = setup
+    recording, plain = _engine(model, tok), _engine(model, tok, sampler_entropy=False)
+    assert recording.llm is not plain.llm
+
+    def processors(engine):  # noqa: ANN001, ANN202
+        return engine.llm.llm_engine.vllm_config.model_config.logits_processors or []
+
+    assert _recorder().SamplingEntropy in processors(recording)
+    assert processors(plain) == []
+
+
 @pytest.mark.parametrize("method", ["fr3e", "rose"])
 def test_fr3e_and_rose_read_the_engines_entropy_without_a_forward(setup, method):
     """FR3E's anchors and ROSE's full-vocabulary scores take the sampler's entropy: the trainer's

@@ -164,6 +164,29 @@ def test_every_tree_method_forks_the_same_tokens_and_holds_nothing_after(setup, 
     assert cost.forked_requests > 0 and cost.prefill_tokens < plain_cost.prefill_tokens
 
 
+def test_latrs_rows_that_sample_to_their_end_hold_no_kv(setup, monkeypatch):
+    """LATR's streamed lookahead rows are the only parents: its ordinary rows and the requests that
+    finish a kept row are leaves (``keep_kv=False``), so at 32 prompts their holds no longer take the
+    budget from the streams (docs/engines.md, "Forks on vllm")."""
+    tok, model = setup
+    engine = _engine(model, tok)
+    spec, ctx = tree_method_context(engine, tok, model, "latr", EXTRA["latr"])
+    submitted: list[GenerationRequest] = []
+    prepare = engine._prepare
+
+    def watched(request, *args):  # noqa: ANN001, ANN202
+        submitted.append(request)
+        return prepare(request, *args)
+
+    monkeypatch.setattr(engine, "_prepare", watched)
+    load(spec.rollout_fn)(ctx, [_prompt(tok, n) for n in (17, 30, 45)])
+    streams = [r for r in submitted if r.stream]
+    rows = [r for r in submitted if not r.stream]
+    assert streams and all(r.keep_kv for r in streams)
+    assert rows and not any(r.keep_kv for r in rows)
+    assert any(r.prefix_ids for r in rows)  # finishing requests of kept rows were among them
+
+
 def test_on_a_vllm_the_fork_was_not_written_for_nothing_forks_and_it_says_so_once(setup, monkeypatch, caplog):
     from semrl.rollout.engines import vllm_fork
 

@@ -103,7 +103,8 @@ class RolloutConfig:
         "vllm engine: the full-vocabulary entropy a rollout reads (FR3E's anchors, ROSE's "
         "entropy_mode=full_vocab) is recorded by vLLM's sampler as it samples, instead of a forward of the "
         "trained model after each chain; the same statistic to float rounding (docs/engines.md, Entropy on "
-        "vllm). false: the forward, for comparison.",
+        "vllm). false: vLLM starts without its logits processor and the forward runs, for comparison, or "
+        "on a GPU where the processor's per-step copy of sampled ids costs more than the forward.",
     )
     vllm_dtype: Literal["float32", "bfloat16", "float16"] | None = option(
         None,

@@ -85,9 +85,9 @@ def finishing_nodes(
         for j, base in enumerate(rows):
             if base is None:
                 if ordinary:
-                    out.append(kit.trees[p].add(j))
+                    out.append(kit.trees[p].add(j, leaf=True))
             elif not base.response().finished and len(base.response().token_ids) < budget:
-                out.append(kit.trees[p].add(j, base))
+                out.append(kit.trees[p].add(j, base, leaf=True))
     return out
 
 
@@ -143,7 +143,8 @@ class StreamedRows:
         if width:
             for tree in self.forest.trees:
                 streamed += self._stream(tree[0])
-        ordinary = [tree.add(j) for tree in self.kit.trees for j in range(width, n)]
+        # rows that sample to their end are leaves: no KV held for them (only the streams have children)
+        ordinary = [tree.add(j, leaf=True) for tree in self.kit.trees for j in range(width, n)]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=self.limit, logprobs_top_k=2)
         self.kit.run(ordinary, lambda node: [], (self._on_tokens, greedy, streamed))
         if not self._done:

@@ -42,9 +42,10 @@ class VLLMSettings:
         fork: a child request may continue its parent's KV, partial block included
             (``semrl.rollout.engines.vllm_fork``); not part of an engine's identity (the hooks are
             inert for requests that name no parent).
-        sampler_entropy: a request that asks for its entropy gets it from vLLM's sampler
-            (``semrl.rollout.engines.vllm_entropy``); False: from the trainer's forward. Not part of an
-            engine's identity (the processor records only the requests that ask).
+        sampler_entropy: vLLM starts with the logits processor that records the entropy of the
+            requests that ask (``semrl.rollout.engines.vllm_entropy``); False: without it, and the
+            trainer's forward gives their entropy. Part of an engine's identity: on a GPU any custom
+            logits processor makes vLLM's asynchronous scheduling copy sampled ids to the host every step.
     """
 
     max_model_len: int
@@ -230,6 +231,7 @@ def _engine_key(model: PreTrainedModel, settings: VLLMSettings) -> tuple[Any, ..
         settings.seed,
         settings.sleep_level,
         settings.enforce_eager,
+        settings.sampler_entropy,
     )
 
 
@@ -260,9 +262,9 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         "logprobs_mode": "processed_logprobs",
         "max_logprobs": settings.max_logprobs,
         "enforce_eager": settings.enforce_eager,
-        # records the entropy of the requests that ask (FR3E's chains); changes no logit
-        "logits_processors": [SamplingEntropy],
     }
+    if settings.sampler_entropy:  # records the entropy of the requests that ask (FR3E's chains)
+        kwargs["logits_processors"] = [SamplingEntropy]
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         # one engine per training process, as TRL's colocate mode: vLLM joins the existing process
         # group (RANK, WORLD_SIZE, MASTER_ADDR/PORT are set by accelerate) instead of forming its own
