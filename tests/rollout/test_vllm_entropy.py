@@ -145,7 +145,7 @@ def test_the_switch_starts_vllm_without_the_processor(setup):
     def processors(engine):  # noqa: ANN001, ANN202
         return engine.llm.llm_engine.vllm_config.model_config.logits_processors or []
 
-    assert _recorder().SamplingEntropy in processors(recording)
+    assert _recorder().processor_class() in processors(recording)
     assert processors(plain) == []
 
 
@@ -183,7 +183,7 @@ def test_the_recorder_follows_its_rows_through_random_batch_updates():
     from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
     rng, rows = random.Random(0), 12
-    processor = recorder.SamplingEntropy(None, torch.device("cpu"), False)
+    processor = recorder.processor_class()(None, torch.device("cpu"), False)
     batch: list[str | None] = [None] * rows  # the reference: the request in each row
     outputs: dict[str, list[int]] = {}
     expected: dict[str, list[float]] = {}

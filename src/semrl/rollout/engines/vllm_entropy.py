@@ -10,6 +10,7 @@ logits of every step that samples at random, after temperature and before top-k/
 trainer's definition (tempered, unfiltered). For the rows whose request asked
 (``SamplingParams.extra_args[ENTROPY_KEY]``, a request id), it records -sum p log p in the trainer's
 formula at the request's output position, and returns the logits unchanged, so no token changes.
+This module imports no vLLM (the engine reads its records); ``processor_class`` makes the processor.
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the records are read
 here (``take``). A position is keyed by the request's output length when its logits are sampled: a
@@ -19,10 +20,10 @@ that counts. A request whose record is incomplete gets None, and the trainer's f
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 ENTROPY_KEY = "semrl_entropy"
 
@@ -50,51 +51,68 @@ def recording() -> int:
     return len(_RECORDS)
 
 
-class SamplingEntropy(LogitsProcessor):
-    """Records the entropy of the rows whose request asks; changes no logit."""
+def record(rows: dict[int, tuple[str, list[int]]], logits: torch.Tensor) -> None:
+    """Record, for each asking row (row -> (request id, its live output tokens)), the entropy of its
+    logits at the request's output position. logits: (rows, V) the step's tempered logits."""
+    order = sorted(rows)
+    picked = logits[torch.tensor(order, device=logits.device)].float()
+    # the trainer's formula (semrl.update.lm_head): -sum p log p over log p = z - logsumexp(z)
+    logp = picked - torch.logsumexp(picked, dim=-1, keepdim=True)
+    values = (-torch.exp(logp).mul_(logp).sum(-1)).tolist()
+    for row, value in zip(order, values, strict=True):
+        request_id, output_ids = rows[row]
+        entries = _RECORDS.setdefault(request_id, [])
+        position = len(output_ids)
+        if position < len(entries):
+            entries[position] = value
+        else:  # a position never recorded (should not happen) reads as missing
+            entries.extend([float("nan")] * (position - len(entries)))
+            entries.append(value)
 
-    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        # batch row -> (request id, the request's live list of output tokens)
-        self.rows: dict[int, tuple[str, list[int]]] = {}
 
-    def is_argmax_invariant(self) -> bool:
-        """Applied only to rows sampled at random, to the tempered logits (vLLM's ``Sampler.sample``)."""
-        return True
+def follow(rows: dict[int, tuple[str, list[int]]], batch_update: Any) -> None:
+    """Apply one of vLLM's ``BatchUpdate``s to ``rows``: removals, then additions (a request that asks
+    names itself in ``SamplingParams.extra_args``), then one-way moves and swaps."""
+    for row in batch_update.removed:
+        rows.pop(row, None)
+    for row, params, _, output_ids in batch_update.added:
+        request_id = (params.extra_args or {}).get(ENTROPY_KEY) if params is not None else None
+        if request_id is None:
+            rows.pop(row, None)
+        else:
+            rows[row] = (str(request_id), output_ids)
+    for a, b, direction in batch_update.moved:
+        entry_a, entry_b = rows.pop(a, None), rows.pop(b, None)
+        if entry_a is not None:
+            rows[b] = entry_a
+        if direction.name == "SWAP" and entry_b is not None:
+            rows[a] = entry_b
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None:
-            return
-        for row in batch_update.removed:
-            self.rows.pop(row, None)
-        for row, params, _, output_ids in batch_update.added:
-            request_id = (params.extra_args or {}).get(ENTROPY_KEY) if params is not None else None
-            if request_id is None:
-                self.rows.pop(row, None)
-            else:
-                self.rows[row] = (str(request_id), output_ids)
-        for a, b, direction in batch_update.moved:
-            entry_a, entry_b = self.rows.pop(a, None), self.rows.pop(b, None)
-            if entry_a is not None:
-                self.rows[b] = entry_a
-            if direction == MoveDirectionality.SWAP and entry_b is not None:
-                self.rows[a] = entry_b
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits: (rows, V) the step's tempered logits; returned as they are."""
-        if not self.rows:
+@cache
+def processor_class() -> type:
+    """``SamplingEntropy``, vLLM's ``LogitsProcessor`` subclass that vLLM is started with. It imports
+    vLLM, so it is made only once ``semrl.rollout.engines.vllm_start.import_vllm`` has set vLLM up."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+
+    class SamplingEntropy(LogitsProcessor):
+        """Records the entropy of the rows whose request asks; changes no logit."""
+
+        def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+            self.rows: dict[int, tuple[str, list[int]]] = {}  # batch row -> (request id, output tokens)
+
+        def is_argmax_invariant(self) -> bool:
+            """Applied only to rows sampled at random, to the tempered logits (``Sampler.sample``)."""
+            return True
+
+        def update_state(self, batch_update: Any) -> None:
+            if batch_update is not None:
+                follow(self.rows, batch_update)
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            """logits: (rows, V) the step's tempered logits; returned as they are."""
+            if self.rows:
+                record(self.rows, logits)
             return logits
-        order = sorted(self.rows)
-        picked = logits[torch.tensor(order, device=logits.device)].float()
-        # the trainer's formula (semrl.update.lm_head): -sum p log p over log p = z - logsumexp(z)
-        logp = picked - torch.logsumexp(picked, dim=-1, keepdim=True)
-        values = (-torch.exp(logp).mul_(logp).sum(-1)).tolist()
-        for row, value in zip(order, values, strict=True):
-            request_id, output_ids = self.rows[row]
-            record = _RECORDS.setdefault(request_id, [])
-            position = len(output_ids)
-            if position < len(record):
-                record[position] = value
-            else:  # a position never recorded (should not happen) reads as missing
-                record.extend([float("nan")] * (position - len(record)))
-                record.append(value)
-        return logits
+
+    return SamplingEntropy

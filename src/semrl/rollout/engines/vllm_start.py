@@ -19,6 +19,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from semrl.config.engine_checks import CPU_BLOCK_MULTIPLE, CPU_MIN_HEAD_DIM, INSTALL_HINT
 from semrl.core.distributed import on_close
 from semrl.errors import ConfigError, EngineError
+from semrl.rollout.engines.vllm_entropy import processor_class
 
 if TYPE_CHECKING:
     from semrl.config.sections import RolloutConfig
@@ -245,8 +246,6 @@ def _fits(started: VLLMSettings, wanted: VLLMSettings) -> bool:
 
 
 def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any:
-    from semrl.rollout.engines.vllm_entropy import SamplingEntropy  # imports vLLM, which is set up now
-
     on_gpu = model.device.type == "cuda"
     kwargs: dict[str, Any] = {
         # a training checkpoint loads as it is: its trainer state sits in a subfolder (docs/evaluation.md)
@@ -264,7 +263,7 @@ def _start_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         "enforce_eager": settings.enforce_eager,
     }
     if settings.sampler_entropy:  # records the entropy of the requests that ask (FR3E's chains)
-        kwargs["logits_processors"] = [SamplingEntropy]
+        kwargs["logits_processors"] = [processor_class()]
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         # one engine per training process, as TRL's colocate mode: vLLM joins the existing process
         # group (RANK, WORLD_SIZE, MASTER_ADDR/PORT are set by accelerate) instead of forming its own
