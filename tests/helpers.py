@@ -364,3 +364,17 @@ def tree_method_context(engine: Any, tok: Any, model: Any, name: str, extra: lis
         prompt_seeds=[5, 6, 7],
     )
     return spec, ctx
+
+
+def tiny_vllm_engine(model: Any, tok: Any, **rollout: Any) -> Any:
+    """The vllm engine of the session's tests on ``model`` (eager, 64 sequences, model length 512,
+    top-20 log-probs) with an empty prefix cache; ``rollout``: ``RolloutConfig`` fields to replace
+    (``vllm_fork=False``, ``vllm_sampler_entropy=False``)."""
+    from dataclasses import replace
+
+    from semrl.rollout.engines import build_engine
+
+    options = replace(eager_vllm(), **rollout)
+    engine = build_engine("vllm", model, tok, 64, 512, logprobs_top_k=20, vllm_options=options)
+    engine.sync_weights()
+    return engine

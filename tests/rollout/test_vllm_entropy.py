@@ -15,13 +15,11 @@ import torch
 
 from semrl.methods.registry import load
 from semrl.models.loading import load_model, load_tokenizer
-from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, build_engine
+from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams
 from semrl.rollout.engines.vllm_start import import_vllm
 from semrl.rollout.tree_kit import Node, TreeSampler
 from semrl.update.row_logprobs import with_sampling_entropy
-from tests.helpers import eager_vllm, tree_method_context, vllm_or_skip
-
-MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
+from tests.helpers import tiny_vllm_engine, tree_method_context, vllm_or_skip
 
 
 def _recorder() -> Any:
@@ -40,10 +38,7 @@ def setup(tiny32_model_dir):
 
 
 def _engine(model, tok, sampler_entropy=True):
-    options = replace(eager_vllm(), vllm_sampler_entropy=sampler_entropy)
-    engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=options)
-    engine.sync_weights()
-    return engine
+    return tiny_vllm_engine(model, tok, vllm_sampler_entropy=sampler_entropy)
 
 
 def _forward_entropy(model, engine, context: list[int], out: Generation, temperature: float) -> torch.Tensor:

@@ -16,7 +16,7 @@ from semrl.methods.registry import load
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import Generation, GenerationRequest, HeldKV, SamplingParams, build_engine
 from semrl.rollout.tree_kit import Node, TreeSampler
-from tests.helpers import eager_vllm, tree_method_context, vllm_or_skip
+from tests.helpers import eager_vllm, tiny_vllm_engine, tree_method_context, vllm_or_skip
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
 BLOCK = 32
@@ -29,10 +29,7 @@ def setup(tiny32_model_dir):
 
 
 def _engine(model, tok, fork=True):
-    options = replace(eager_vllm(), vllm_fork=fork)
-    engine = build_engine("vllm", model, tok, 64, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=options)
-    engine.sync_weights()  # an empty prefix cache
-    return engine
+    return tiny_vllm_engine(model, tok, vllm_fork=fork)
 
 
 def _prompt(tok, length):
