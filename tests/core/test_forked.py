@@ -12,10 +12,13 @@ import pytest
 from semrl.cli.train import accelerate_launch, free_port
 from tests.forked import UNSET_BY_FORK, preloaded_server, rank_env, run_python, run_semrl
 
+# each rank writes its own file: two ranks printing to one pipe can interleave their lines
 _DUMP = """
 import json, os, sys
 before = json.loads(sys.argv[1])
-print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}), flush=True)
+changed = {k: v for k, v in os.environ.items() if before.get(k) != v}
+with open(os.path.join(sys.argv[2], os.environ["RANK"] + ".json"), "w") as f:
+    json.dump(changed, f)
 """
 
 
@@ -25,13 +28,13 @@ def test_each_forked_rank_gets_the_environment_accelerate_launch_gives_it(tmp_pa
     script.write_text(_DUMP)
     port = free_port()
     launch = subprocess.run(  # the command `semrl train --num-processes 2` runs, with a script
-        [*accelerate_launch(2, str(port)), str(script), json.dumps(dict(os.environ))],
+        [*accelerate_launch(2, str(port)), str(script), json.dumps(dict(os.environ)), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert launch.returncode == 0, launch.stderr[-2000:]
-    launched = [json.loads(line) for line in launch.stdout.splitlines() if line.startswith("{")]
+    launched = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]
     assert len(launched) == 2
     for real in launched:
         rank = int(real["RANK"])
