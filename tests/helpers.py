@@ -115,6 +115,9 @@ TINY_RUN = (
     "trainer.lr=2e-3",
     "reward.num_workers=1",
     "logging.progress=false",
+    # float32 pinned: model.dtype=auto could pick bfloat16 on a CPU with AMX, and golden runs compare
+    # float32 values (the auto choice has its own tests, tests/models/test_dtype_choice.py)
+    "model.dtype=float32",
     # a vLLM engine starts in about 11 s instead of 24-40 s; the compiled default has its own test
     "rollout.vllm_enforce_eager=true",
 )

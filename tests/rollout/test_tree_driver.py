@@ -117,7 +117,9 @@ def test_engine_cost_equals_a_hand_count(setup, kind):
 
 
 def test_cost_metrics_of_a_step():
-    cost = EngineCost(sampled_tokens=120, prefill_tokens=40, engine_steps=10, running_rows=35, requests=6)
+    cost = EngineCost(
+        sampled_tokens=120, prefill_tokens=40, engine_steps=10, running_rows=35, requests=6, sampling_s=1.5
+    )
     metrics = cost_metrics(cost, trajectories=8, seconds=2.0, total=lambda x: 2.0 * x)  # two equal processes
     assert metrics == {
         "rollout/sampled_tokens": 240.0,
@@ -126,6 +128,8 @@ def test_cost_metrics_of_a_step():
         "rollout/running_batch": 3.5,
         "time/rollout_tokens_per_s": 120.0,
         "time/rollout_trajectories_per_s": 8.0,
+        "time/rollout/sampling_s": 1.5,  # this process's seconds in the engine
+        "time/rollout/around_s": 0.5,
     }
     assert EngineCost(1, 2, 3, 4, 5).since(EngineCost(1, 1, 1, 1, 1)) == EngineCost(0, 1, 2, 3, 4)
 

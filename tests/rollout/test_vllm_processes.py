@@ -119,3 +119,50 @@ def test_forked_vllm_ranks_find_the_sampler_compiled_and_no_thread_lost():
     run = run_python(_SAMPLER_CACHE_SCRIPT, flavour="vllm")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "COMPILED 1" in run.stdout and "THREADS 1" in run.stdout, run.stdout[-1000:]
+
+
+_COMPILED_START_SCRIPT = """
+import os, sys
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[2]  # read when inductor compiles
+import torch
+from torch._dynamo.utils import counters
+from semrl.config.load import load_config
+from semrl.models.loading import load_model, load_tokenizer
+from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
+tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])
+compiled = load_config(None, []).rollout  # vLLM's default: torch.compile
+engine = build_engine("vllm", model, tok, 4, 128, vllm_options=compiled)
+out = engine.generate([GenerationRequest([1, 2, 3])], SamplingParams(max_new_tokens=4), torch.Generator().manual_seed(0))
+print("EAGER", engine.llm.llm_engine.vllm_config.model_config.enforce_eager)
+print("MISSES", counters["inductor"]["fxgraph_cache_miss"])
+print("HITS", counters["inductor"]["fxgraph_cache_hit"])
+from vllm.compilation.counter import compilation_counter
+print("AOT_COMPILES", compilation_counter.num_aot_compiles)
+print("TOKENS", out[0].token_ids.tolist())
+"""
+
+
+def test_a_second_compiled_start_loads_the_compile_cache(digit32_model_dir, tmp_path):
+    """vLLM 0.32's default AOT cache never loaded beside torch 2.13, so every start compiled again
+    (docs/engines.md, "Start-up"); with it off, vLLM compiles through torch.compile, whose graphs
+    inductor caches: the second start of the same model and settings, in a new process, compiles
+    nothing, loads what the first compiled, and samples the same tokens."""
+    vllm_or_skip()
+    from tests.forked import run_python
+
+    runs = [
+        run_python(_COMPILED_START_SCRIPT, str(digit32_model_dir), str(tmp_path), flavour="vllm")
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "EAGER False" in run.stdout, run.stdout[-1000:]
+    first, second = (
+        dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line) for run in runs
+    )
+    assert int(first["MISSES"]) > 0, runs[0].stdout[-1000:]  # an empty cache: compiled
+    # nothing compiled again: no inductor graph, and no ahead-of-time compile (vLLM 0.32's AOT cache
+    # failed to load and compiled again, from inductor's cache but 70 s for SmolLM2)
+    assert int(second["MISSES"]) == 0 and int(second["HITS"]) > 0, runs[1].stdout[-1000:]
+    assert int(second["AOT_COMPILES"]) == 0, runs[1].stdout[-1000:]
+    assert first["TOKENS"] == second["TOKENS"]

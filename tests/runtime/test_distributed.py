@@ -196,7 +196,7 @@ def recording_to(self, *args, **kwargs):
 torch.nn.Module.to = recording_to
 model_dir, fsdp = sys.argv[1], sys.argv[2]
 cfg = load_config(None, [f"model.name={model_dir}", f"trainer.fsdp={fsdp}", "reward.num_workers=1",
-                         "algorithm.kl_coef=0.01"])
+                         "algorithm.kl_coef=0.01", "model.dtype=float32"])
 models = load_models(cfg, model_dir, ProcessGroup(cpu=True), needs_reference=True)
 print("SHARDED", isinstance(models.model, FSDPModule), "REF", isinstance(models.ref_model, FSDPModule), "MOVES", moves)
 dist.destroy_process_group()  # a gloo group alive at exit can abort the process (docs/reliability.md)

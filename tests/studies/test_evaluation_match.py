@@ -51,3 +51,30 @@ def test_each_evaluation_setting_is_read(tmp_path, section, key):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
     assert list(evaluation_differences([tmp_path / "a", tmp_path / "b"])) == [f"{section}.{key}"]
+
+
+def test_compare_says_when_runs_sampled_in_different_dtypes(tmp_path, capsys):
+    """The dtype each run's engine sampled in (model.dtype as resolved, or rollout.vllm_dtype), from
+    its config.yaml; said above the table of runs and of a sweep's runs, and not when they agree."""
+    fp32 = _run(tmp_path, "fp32", "model.dtype=float32")
+    same = _run(tmp_path, "same", "model.dtype=float32", "trainer.lr=2e-6")
+    assert main(["compare", fp32, same]) == 0
+    assert "different dtypes" not in capsys.readouterr().out
+    bf16 = _run(tmp_path, "bf16", "model.dtype=bfloat16", "rollout.engine=vllm")
+    assert main(["compare", fp32, bf16]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("**Sampled in different dtypes**: fp32 float32 (hf), bf16 bfloat16 (vllm)")
+    # vllm's own dtype is the one it sampled in, whatever the trainer's
+    engine_bf16 = _run(
+        tmp_path, "engine", "model.dtype=float32", "rollout.engine=vllm", "rollout.vllm_dtype=bfloat16"
+    )
+    assert main(["compare", bf16, engine_bf16]) == 0
+    assert "different dtypes" not in capsys.readouterr().out
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    _run(sweep, "lr-a", "model.dtype=float32")
+    _run(sweep, "lr-b", "model.dtype=bfloat16", "rollout.engine=vllm")
+    from semrl.studies.evaluation_match import dtype_note
+
+    note = dtype_note([sweep])
+    assert note is not None and "sweep/lr-a float32 (hf), sweep/lr-b bfloat16 (vllm)" in note

@@ -102,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from semrl.studies.seeds import compare_seeds
 
     sweep_dir = len(args.run_dirs) == 1 and not log_exists(Path(args.run_dirs[0]) / "metrics.jsonl")
+    from semrl.studies.evaluation_match import dtype_note
+
+    if (note := dtype_note(args.run_dirs)) is not None:
+        print(note + "\n")
     if args.group_by or sweep_dir:
         rules = load_rules(args.decide) if args.decide else ()
         print(

@@ -53,6 +53,11 @@ class Precision:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Precision:
+        if cfg.model.dtype not in DTYPES:
+            raise ValueError(
+                f"model.dtype={cfg.model.dtype} is not resolved: a Trainer resolves it "
+                "(semrl.runtime.setup.resolve_dtype); code that loads models itself names a dtype"
+            )
         compute = DTYPES[cfg.model.dtype]
         params = torch.float32 if cfg.model.master_weights else compute
         return cls(compute, params, bool(cfg.trainer.fsdp))

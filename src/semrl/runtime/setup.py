@@ -3,6 +3,7 @@ the models and the sampling engine, the optimizer. The trainer calls these in or
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Callable, Iterator
@@ -10,11 +11,12 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
+import yaml
+from transformers import AutoConfig, PreTrainedModel
 
 from semrl.config.files import save_config
 from semrl.config.sections import Config, ConfigError
@@ -24,9 +26,10 @@ from semrl.core.jsonl import log_exists, stored
 from semrl.core.watchdog import Watchdog, phase
 from semrl.data import DataError, Problem, PromptFormat
 from semrl.methods.catalog import get_method
-from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
+from semrl.models.dtype_choice import ProbeResult, choose_dtype, probe_matmuls
+from semrl.models.loading import cache_root, load_model, load_tokenizer, resolve_model_path
 from semrl.models.lora import adapters_disabled, add_adapters, is_adapter_checkpoint
-from semrl.models.precision import Precision
+from semrl.models.precision import DTYPES, Precision
 from semrl.rollout.engines import Engine, build_engine, require_power
 from semrl.runtime.checkpoint import cleanup_partial, kept_checkpoint, list_checkpoints, resumable_checkpoint
 from semrl.tracking.run_log import LOG_FILES
@@ -81,6 +84,41 @@ def prepare_run_dir(cfg: Config, resume: bool, processes: ProcessGroup) -> Path 
         save_config(cfg, run_dir / "config.yaml")
         logger.info("run directory %s (continue it with 'semrl train --resume %s')", run_dir, run_dir)
     return None
+
+
+def resolve_dtype(
+    cfg: Config,
+    resume: bool,
+    processes: ProcessGroup,
+    probe: Callable[[list[tuple[int, int]]], ProbeResult] = probe_matmuls,
+) -> Config:
+    """``cfg`` with ``model.dtype: auto`` resolved (``semrl.models.dtype_choice``), before the run
+    directory records it. A resumed run keeps the dtype its config.yaml recorded, whatever this
+    machine's probe says. The main process probes first and caches; every process then takes
+    bfloat16 only if all chose it. ``probe``: the measurement (the tests inject one)."""
+    if cfg.model.dtype != "auto":
+        return cfg
+    recorded = Path(cfg.logging.output_dir) / "config.yaml"
+    if resume and recorded.is_file():
+        started = (yaml.safe_load(recorded.read_text()) or {}).get("model", {}).get("dtype")
+        if started in DTYPES:
+            logger.info("model.dtype=auto: %s, as the run recorded when it started (%s)", started, recorded)
+            return _with_dtype(cfg, started)
+    with processes.state.main_process_first():  # one process converts a GGUF and probes; others read
+        path = resolve_model_path(cfg.model.name, cfg.model.cache_dir)
+        model_config = AutoConfig.from_pretrained(path)
+        choice = choose_dtype(
+            cfg.rollout.engine, processes.device.type, model_config, cache_root(cfg.model.cache_dir), probe
+        )
+    dtype = choice.dtype if processes.all_true(choice.dtype == "bfloat16") else "float32"
+    logger.info("model.dtype=auto: %s (%s)", dtype, choice.reason)
+    return _with_dtype(cfg, dtype)
+
+
+def _with_dtype(cfg: Config, dtype: str) -> Config:
+    """``cfg`` with ``model.dtype`` set to ``dtype`` (one of ``DTYPES``)."""
+    model: Any = dataclasses.replace(cfg.model, dtype=cast("Any", dtype))
+    return dataclasses.replace(cfg, model=model)
 
 
 def check_machine(cfg: Config) -> None:

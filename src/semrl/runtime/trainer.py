@@ -26,6 +26,7 @@ from semrl.config.sections import Config
 from semrl.core.distributed import ProcessGroup, iter_full_parameters
 from semrl.core.faults import Faults
 from semrl.core.threads import torch_threads
+from semrl.core.timing import PhaseClock, device_synchronize
 from semrl.core.watchdog import phase
 from semrl.data import PromptFormat
 from semrl.data.curriculum import Curriculum
@@ -121,9 +122,10 @@ class Trainer:
         setup.check_world_size(cfg, self.processes.world)
         # data before the run directory: a missing file or column fails with nothing written
         eval_problems, stages, transfer = run_problems(cfg)
-        ckpt = setup.prepare_run_dir(cfg, resume, self.processes)
         if (threads := torch_threads(cfg.trainer.num_threads, torch.get_num_threads())) is not None:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(threads)  # before model.dtype=auto's probe, which runs on them
+        cfg = self.cfg = setup.resolve_dtype(cfg, resume, self.processes)  # before config.yaml records it
+        ckpt = setup.prepare_run_dir(cfg, resume, self.processes)
         # one random stream per process (the data order is shared by all)
         self.generator = setup.seed_everything(cfg.trainer.seed + self.processes.rank)
         self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
@@ -225,14 +227,16 @@ class Trainer:
                 batch, scores = collected.batch, collected.scores
                 self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
                 t1, cpu1 = time.perf_counter(), time.process_time()
-                advantages, advantage_metrics, update = self.learn(batch, scores)
+                clock = PhaseClock(device_synchronize(self.processes.device.type))
+                advantages, advantage_metrics, update = self.learn(batch, scores, clock)
                 # the sampling entropies the update's forwards measured where the engine gave none (vllm)
                 measured = update.sampling_entropy
                 if measured is not None:
                     measured = measured * batch.sequences.response_mask
                 # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
                 # vllm takes them in place (a no-op for hf, which samples from the trained model)
-                self.engine.sync_weights(iter_full_parameters(self.model) if cfg.trainer.fsdp else None)
+                with clock.phase("sync"):
+                    self.engine.sync_weights(iter_full_parameters(self.model) if cfg.trainer.fsdp else None)
                 t3, cpu3 = time.perf_counter(), time.process_time()
                 run.step += 1
                 last = {
@@ -248,6 +252,7 @@ class Trainer:
                     "time/rollout_s": collected.rollout_s,
                     "time/reward_s": collected.reward_s,
                     "time/update_s": t3 - t1,
+                    **clock.metrics("time/update"),  # its phases (docs/training.md)
                     "time/step_s": t3 - t0,
                     # this process's CPU seconds (every thread): far below wall x threads on a busy
                     # machine (docs/benchmarks.md, "A busy machine")
@@ -397,13 +402,15 @@ class Trainer:
         )
 
     def learn(
-        self, batch: RolloutBatch, scores: Scores
+        self, batch: RolloutBatch, scores: Scores, clock: PhaseClock | None = None
     ) -> tuple[torch.Tensor, dict[str, float], UpdateResult]:
         """The update stage of one step: the (N, T) advantages with their metrics, and the actor's
         update from the current weights, its no-gradient passes included (the benchmarks time
-        exactly this)."""
-        advantages, advantage_metrics = self.advantages(batch, scores)
-        update = self.actor.update(batch, advantages, self.run.step + 1)
+        exactly this), its phases timed on ``clock``."""
+        clock = PhaseClock() if clock is None else clock
+        with clock.phase("advantages"):
+            advantages, advantage_metrics = self.advantages(batch, scores)
+        update = self.actor.update(batch, advantages, self.run.step + 1, clock)
         return advantages, advantage_metrics, update
 
     def advantages(self, batch: RolloutBatch, scores: Scores) -> tuple[torch.Tensor, dict[str, float]]:

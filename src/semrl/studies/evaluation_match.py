@@ -50,3 +50,42 @@ def evaluation_differences(run_dirs: Sequence[str | Path]) -> dict[str, list[Any
         if any(v != values[0] for v in values):
             differ[f"{section}.{key}"] = values
     return differ
+
+
+def sampling_dtype(config: dict[str, Any]) -> str:
+    """The dtype a run's config says its engine sampled in, with the engine: ``rollout.vllm_dtype``
+    where set, else ``model.dtype`` (as resolved when the run started; ``auto`` only in a config
+    that never started)."""
+    model, rollout = config.get("model", {}), config.get("rollout", {})
+    engine = rollout.get("engine", "hf")
+    dtype = (rollout.get("vllm_dtype") if engine == "vllm" else None) or model.get("dtype", "float32")
+    return f"{dtype} ({engine})"
+
+
+def sampling_dtypes(run_dirs: Sequence[str | Path]) -> dict[str, str]:
+    """Run name -> ``sampling_dtype`` for every run with a config.yaml among ``run_dirs`` and, for a
+    sweep directory, the runs one level below it."""
+    import yaml
+
+    found: dict[str, str] = {}
+    for given in run_dirs:
+        root = Path(given)
+        candidates = [root] if (root / "config.yaml").is_file() else sorted(root.glob("*/config.yaml"))
+        for run_dir in (c if c.is_dir() else c.parent for c in candidates):
+            config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+            name = root.name if run_dir == root else str(run_dir.relative_to(root.parent))
+            found[name] = sampling_dtype(config)
+    return found
+
+
+def dtype_note(run_dirs: Sequence[str | Path]) -> str | None:
+    """A line saying the runs sampled in different dtypes (their samples differ as a sampler and a
+    trainer in different dtypes do, docs/training.md "Precision"), or None when they all agree."""
+    dtypes = sampling_dtypes(run_dirs)
+    if len(set(dtypes.values())) <= 1:
+        return None
+    listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+    return (
+        f"**Sampled in different dtypes**: {listed}. Their rollouts and held-out samples come from "
+        "different numerics; a difference between them includes the dtype's."
+    )

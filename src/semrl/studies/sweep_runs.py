@@ -45,6 +45,8 @@ def check_run_config(sweep: Sweep, run: SweepRun) -> None:
     found = load_config(held).to_dict()
     for settings in (wanted, found):  # runs from before data.eval=auto named the same problems
         settings["data"]["eval"] = eval_problems_named(settings["data"])
+    if wanted["model"]["dtype"] == "auto":  # a run records the dtype auto resolved to
+        wanted["model"]["dtype"] = found["model"]["dtype"]
     diff = [
         f"{section}.{key}"
         for section in wanted

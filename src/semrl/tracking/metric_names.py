@@ -20,6 +20,21 @@ CLIP_FRAC = "actor/clip_frac"
 GRAD_NORM = "actor/grad_norm"
 CURRICULUM_STAGE = "curriculum/stage"
 STEP_S = "time/step_s"
+# where a step's time goes (docs/training.md, "Where a step's time goes")
+ROLLOUT_S = "time/rollout_s"
+SAMPLING_S = "time/rollout/sampling_s"  # inside the engine's sampling
+AROUND_SAMPLING_S = "time/rollout/around_s"  # the rest: the method's tree logic, entropy forwards
+REWARD_S = "time/reward_s"
+UPDATE_S = "time/update_s"  # the sum of the update's phases
+UPDATE_PHASES = (  # time/update/<phase>_s, timed where they run (semrl.core.timing.PhaseClock)
+    ("advantages", "advantages"),
+    ("old_logprobs", "old log-probs (no grad)"),
+    ("ref_logprobs", "reference log-probs"),
+    ("forward", "forward + loss"),
+    ("backward", "backward"),
+    ("optimizer", "optimizer step"),
+    ("sync", "weight sync to the engine"),
+)
 # what a step's rollout cost (docs/engines.md, "What a rollout costs")
 SAMPLED_TOKENS = "rollout/sampled_tokens"  # the compute axis of semrl compare
 PREFILL_TOKENS = "rollout/prefill_tokens"
@@ -58,5 +73,11 @@ EVERY_STEP = (
     GRAD_NORM,
     CURRICULUM_STAGE,
     STEP_S,
+    ROLLOUT_S,
+    SAMPLING_S,
+    AROUND_SAMPLING_S,
+    REWARD_S,
+    UPDATE_S,
+    *(f"time/update/{phase}_s" for phase in ("advantages", "forward", "backward", "optimizer", "sync")),
     *COST,
 )

@@ -37,6 +37,9 @@ def cost_metrics(
         names.RUNNING_BATCH: cost.mean_running_batch,
         names.TOKENS_PER_S: sampled / seconds if seconds > 0 else 0.0,
         names.TRAJECTORIES_PER_S: trajectories_all / seconds if seconds > 0 else 0.0,
+        # the rollout's time: the engine's sampling, and the method's own work around it
+        names.SAMPLING_S: cost.sampling_s,
+        names.AROUND_SAMPLING_S: max(0.0, seconds - cost.sampling_s),
     }
     # vllm's fork (docs/engines.md, "Forks on vllm"), logged where some process had one; every process
     # sums (a collective under several processes)

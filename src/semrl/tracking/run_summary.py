@@ -52,6 +52,43 @@ def _reward_error_rows(steps: list[dict[str, Any]]) -> list[str]:
     return rows + [f"  {f:<20}{e:>9.0f}{t:>11.0f}" for f, (e, t) in totals.items()]
 
 
+def _time_rows(steps: list[dict[str, Any]]) -> list[str]:
+    """Where a step's time went: the mean seconds of the rollout (its sampling), the reward and the
+    update's phases over the steps that logged them, and each stage's share of the step."""
+    timed = [r for r in steps if names.UPDATE_S in r and names.STEP_S in r]
+    if not timed:
+        return []
+
+    def mean(key: str) -> float:
+        return float(sum(r.get(key, 0.0) for r in timed)) / len(timed)
+
+    step = mean(names.STEP_S)
+
+    def share(seconds: float) -> str:
+        return f"{seconds / step:>6.0%}" if step > 0 else ""
+
+    plural = "s" * (len(timed) != 1)
+    rows = ["", f"time per step (mean of {len(timed)} step{plural}, s)   share   (time/ in the metrics)"]
+    rollout, sampling = mean(names.ROLLOUT_S), mean(names.SAMPLING_S)
+    rows.append(f"  {'rollout':<28}{rollout:>7.2f}{share(rollout)}")
+    if any(names.SAMPLING_S in r for r in timed):
+        rows.append(f"    {'sampling (engine)':<26}{sampling:>7.2f}")
+        rows.append(f"    {'around it (method)':<26}{mean(names.AROUND_SAMPLING_S):>7.2f}")
+    reward, update = mean(names.REWARD_S), mean(names.UPDATE_S)
+    rows.append(f"  {'reward':<28}{reward:>7.2f}{share(reward)}")
+    rows.append(f"  {'update':<28}{update:>7.2f}{share(update)}")
+    phased = 0.0
+    for phase, label in names.UPDATE_PHASES:
+        key = f"time/update/{phase}_s"
+        if any(key in r for r in timed):
+            seconds = mean(key)
+            phased += seconds
+            rows.append(f"    {label:<26}{seconds:>7.2f}")
+    if phased:
+        rows.append(f"    {'outside the phases':<26}{update - phased:>7.2f}")
+    return rows
+
+
 def run_summary(rows: list[dict[str, Any]], run_dir: str | Path, eval_source: str | None = None) -> str:
     """Held-out metrics before and after (on the problems of ``eval_source``, in words), reward,
     accuracy, length and time of every step, and where the run's files are."""
@@ -86,6 +123,7 @@ def run_summary(rows: list[dict[str, Any]], run_dir: str | Path, eval_source: st
             + (_cost_columns(r) if cost else "")
             for r in shown
         ]
+    lines += _time_rows(steps)
     lines += _reward_error_rows(steps)
     run = Path(run_dir)
     lines += [

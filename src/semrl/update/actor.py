@@ -23,6 +23,7 @@ import torch
 from semrl.config.sections import Config
 from semrl.core.distributed import ProcessGroup
 from semrl.core.faults import NO_FAULTS, Faults
+from semrl.core.timing import PhaseClock
 from semrl.methods.entropy_bonus import EntropyBonus
 from semrl.methods.losses import masked_mean
 from semrl.methods.policy_loss import LossFn, MiniBatchInputs, PolicyLossInputs, PrepareFn, micro_batch_loss
@@ -180,13 +181,18 @@ class Actor:
         """Row indices of each micro-batch of ``rows``."""
         return [rows[positions] for positions in self.micro_batch_plan(batch, rows)]
 
-    def update(self, batch: RolloutBatch, advantages: torch.Tensor, step: int) -> UpdateResult:
+    def update(
+        self, batch: RolloutBatch, advantages: torch.Tensor, step: int, clock: PhaseClock | None = None
+    ) -> UpdateResult:
         """The update of rollout step ``step`` from the batch and its (N, T) advantages: epoch 0's row
         order (drawn first: the passes leave its first mini-batch's old log-probs to that step's own
-        forward, docs/algorithms.md, "Old log-probs"), the no-gradient passes, then the PPO epochs."""
+        forward, docs/algorithms.md, "Old log-probs"), the no-gradient passes, then the PPO epochs.
+        ``clock`` receives the phases' wall seconds (old_logprobs, ref_logprobs, forward, backward,
+        optimizer); a new one when None."""
+        clock = PhaseClock() if clock is None else clock
         order = self._first_order(batch)
-        passes = self._passes(batch, order)
-        return self._epochs(batch, advantages, passes, order, step)
+        passes = self._passes(batch, order, clock)
+        return self._epochs(batch, advantages, passes, order, step, clock)
 
     def _first_order(self, batch: RolloutBatch) -> torch.Tensor:
         """Epoch 0's row order, drawn before the passes, which leave its first mini-batch's old
@@ -197,7 +203,7 @@ class Actor:
         """One epoch in one mini-batch: old log-probs equal the current ones (docs/algorithms.md)."""
         return self.cfg.trainer.ppo_epochs == 1 and self.mini_batch_size(batch) == len(batch.generations)
 
-    def _passes(self, batch: RolloutBatch, first_order: torch.Tensor) -> PolicyPasses:
+    def _passes(self, batch: RolloutBatch, first_order: torch.Tensor, clock: PhaseClock) -> PolicyPasses:
         """The no-gradient forwards before the update: the old-policy pass as ``plan_old_logprobs``
         plans it (old log-probs unless on-policy; rollout entropies when the batch lacks them and a
         token selection reads them before the update or the pass runs anyway, docs/engines.md), and
@@ -213,7 +219,7 @@ class Actor:
         old_logp = sampling_entropy = ref_logp = None
         chunk = self.cfg.trainer.logits_chunk_size
         if plan.pass_rows is not None:
-            with self.precision.autocast(self.model):
+            with clock.phase("old_logprobs"), self.precision.autocast(self.model):
                 logp, sampling_entropy = batch_logprobs(
                     self.model,
                     batch,
@@ -225,7 +231,7 @@ class Actor:
                 )
             old_logp = logp if plan.old_logp_from_pass else None
         if self.ref_model is not None:
-            with self.reference_weights():
+            with clock.phase("ref_logprobs"), self.reference_weights():
                 ref_logp = batch_logprobs(
                     self.ref_model,
                     batch,
@@ -243,6 +249,7 @@ class Actor:
         passes: PolicyPasses,
         first_order: torch.Tensor,
         step: int,
+        clock: PhaseClock,
     ) -> UpdateResult:
         """PPO epochs over mini-batches (epoch 0 in ``first_order``), gradient accumulation over
         micro-batches, for rollout step ``step``. With several processes, each holds its share of
@@ -264,18 +271,22 @@ class Actor:
                 else shuffled_rows(total, batch.group_size, self.packing, self.generator)
             )
             for start in range(0, total, size):
-                mini = self._mini_batch(batch, advantages, order[start : start + size], first)
+                with clock.phase("forward"):
+                    mini = self._mini_batch(batch, advantages, order[start : start + size], first)
                 entropy_sum = 0.0
                 for positions in mini.plan:
-                    loss, metrics, micro_entropy = self._micro_batch_loss(
-                        batch, advantages, passes, mini, positions, first, self.bonus.current()
-                    )
-                    self.optim.scaler.scale(loss).backward()  # scaled for float16 compute only
+                    with clock.phase("forward"):
+                        loss, metrics, micro_entropy = self._micro_batch_loss(
+                            batch, advantages, passes, mini, positions, first, self.bonus.current()
+                        )
+                    with clock.phase("backward"):
+                        self.optim.scaler.scale(loss).backward()  # scaled for float16 compute only
                     self.faults.at("update", step)
                     entropy_sum += micro_entropy
                     for key, value in {"loss": loss.item(), **metrics}.items():
                         stats[key].append(value)
-                grad_norm, applied = self.optim.step(stats["loss"][-len(mini.plan) :])
+                with clock.phase("optimizer"):
+                    grad_norm, applied = self.optim.step(stats["loss"][-len(mini.plan) :])
                 stats["actor/grad_norm"].append(grad_norm)
                 stats["actor/skipped_updates"].append(float(not applied))
                 if self.bonus.enabled:

@@ -9,8 +9,10 @@ interface, so they run unchanged on either engine; ``semrl.rollout.engines.build
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -80,6 +82,9 @@ class EngineCost:
             context differing, or a vLLM the fork was not written for).
         holds_refused: finished requests whose KV was not held for their children because the holds
             had reached half the KV cache (vllm's fork; raise ``rollout.vllm_kv_cache_gib``).
+        sampling_s: wall seconds inside the engine's sampling (``sampling_time``: hf's batched
+            generation, vllm's engine loop with the callbacks it calls, the row loop's forwards); the
+            rest of a rollout is the method's own work around it (``time/rollout/around_s``).
     """
 
     sampled_tokens: int = 0
@@ -90,6 +95,7 @@ class EngineCost:
     forked_requests: int = 0
     fork_fallbacks: int = 0
     holds_refused: int = 0
+    sampling_s: float = 0.0
 
     def snapshot(self) -> EngineCost:
         return EngineCost(**vars(self))
@@ -101,6 +107,16 @@ class EngineCost:
     @property
     def mean_running_batch(self) -> float:
         return self.running_rows / self.engine_steps if self.engine_steps else 0.0
+
+
+@contextmanager
+def sampling_time(cost: EngineCost) -> Iterator[None]:
+    """Add the block's wall seconds to ``cost.sampling_s`` (an engine's sampling loop)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        cost.sampling_s += time.perf_counter() - start
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from semrl.rollout.engines.base import (
     Tag,
     request_budget,
     require_power,
+    sampling_time,
 )
 from semrl.rollout.engines.kv_cache import batched_cache, row_cache, with_cache
 from semrl.rollout.engines.row_loop import RowLoop
@@ -138,7 +139,8 @@ class HFEngine:
         on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
         out: list[Generation] = []
-        with autocast_to(self.compute_dtype, self.model):  # bf16 sampling over fp32 master weights
+        # bf16 sampling over fp32 master weights
+        with sampling_time(self.cost), autocast_to(self.compute_dtype, self.model):
             for start in range(0, len(requests), self.batch_size):
                 chunk = requests[start : start + self.batch_size]
                 submitted = self.cost.engine_steps

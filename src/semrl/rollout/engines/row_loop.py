@@ -12,7 +12,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from semrl.core.watchdog import beat
 from semrl.models.precision import autocast_to
-from semrl.rollout.engines.base import EngineCost, PrefixCache
+from semrl.rollout.engines.base import EngineCost, PrefixCache, sampling_time
 from semrl.rollout.engines.kv_cache import row_cache, with_cache
 
 
@@ -53,7 +53,7 @@ class RowLoop:
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
         was_training = self.model.training
         self.model.eval()
-        with torch.inference_mode(), autocast_to(self.compute_dtype, self.model):
+        with sampling_time(self.cost), torch.inference_mode(), autocast_to(self.compute_dtype, self.model):
             self.logits = (
                 self.model(
                     input_ids=input_ids.to(self.device),

@@ -50,6 +50,7 @@ from semrl.rollout.engines.base import (
     Tag,
     request_budget,
     require_power,
+    sampling_time,
 )
 from semrl.rollout.engines.row_loop import RowLoop, is_sharded
 from semrl.rollout.engines.vllm_entropy import ENTROPY_KEY, forget, take
@@ -205,7 +206,8 @@ class VLLMEngine:
         children (``Generation.cache``, a ``HeldKV``) until ``release_kv`` or the call's end; a request
         whose ``cache`` names one continues it. Without the power vLLM's prefix cache keeps the KV of
         shared prefixes in whole blocks."""
-        self._drive(requests, params, generator, on_done, hold=return_cache)
+        with sampling_time(self.cost):
+            self._drive(requests, params, generator, on_done, hold=return_cache)
         return 1
 
     def generate(
@@ -224,7 +226,8 @@ class VLLMEngine:
                 on_finished(1)
             return []
 
-        self._drive(list(enumerate(requests)), params, generator, keep)
+        with sampling_time(self.cost):
+            self._drive(list(enumerate(requests)), params, generator, keep)
         done = [r for r in results if r is not None]
         if len(done) != len(requests):
             raise EngineError(f"vLLM returned {len(done)} of {len(requests)} requests")
@@ -249,7 +252,8 @@ class VLLMEngine:
         Tags must be hashable. ``hold`` (with the fork power): as ``generate_dynamic``'s
         ``return_cache``, and a stream's pieces carry its ``HeldKV`` too, which a request may continue
         while the stream still runs or after it stopped."""
-        self._drive(requests, params, generator, on_done, (stream_params, on_tokens), hold)
+        with sampling_time(self.cost):
+            self._drive(requests, params, generator, on_done, (stream_params, on_tokens), hold)
 
     # One loop, one screen: a request's admission, its cost and its end read in the order vLLM runs them.
     def _drive(  # noqa: C901, PLR0912, PLR0915

