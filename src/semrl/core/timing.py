@@ -44,17 +44,9 @@ class PhaseClock:
             self.seconds[name] += time.perf_counter() - start
             self._open = None
 
-    def add(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` measured elsewhere to phase ``name``."""
-        self.seconds[name] += seconds
-
     def metrics(self, prefix: str) -> dict[str, float]:
         """``{f"{prefix}/{name}_s": seconds}`` for every phase timed."""
         return {f"{prefix}/{name}_s": s for name, s in self.seconds.items()}
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
 
 
 def device_synchronize(device_type: str) -> Callable[[], None] | None:
