@@ -21,8 +21,6 @@ import statistics
 import tempfile
 import time
 
-import torch
-
 from semrl.config.load import load_config
 from semrl.core.timing import PhaseClock
 from semrl.rollout.engines import build_engine
@@ -85,7 +83,6 @@ def main() -> None:
         compute_dtype=trainer.precision.compute,
     )
     print(json.dumps({"vllm_start_s": time.perf_counter() - started}), flush=True)
-    torch.set_num_threads(torch.get_num_threads())
     updates("vllm in the process", vllm)
     from semrl.rollout.engines.vllm_start import shutdown_engines
 

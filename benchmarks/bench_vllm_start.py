@@ -54,14 +54,12 @@ for r in range(int(sys.argv[2])):
 print("RESULT " + json.dumps({"import_s": t_import, "llm_s": t_start, "rollout_s": rollouts}))
 """
 
-PATTERNS = {  # vLLM 0.32's INFO lines with the parts of its start
-    "load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds",
-    "dynamo_s": r"Dynamo bytecode transform time: ([\d.]+) s",
-    "compile_total_s": r"torch.compile took ([\d.]+) s in total",
-    "compile_s": r"Compiling a graph for compile range .* takes ([\d.]+) s",
-    "aot_load_s": r"[Ll]oad(?:ed|ing) .*(?:AOT|aot|cache).*? ([\d.]+) s",
+PATTERNS = {  # lines of vLLM 0.32's INFO log with the parts of its start, as it prints them
+    "weights_s": r"Loading weights took ([\d.]+) seconds",
+    "profile_run_s": r"Initial profiling/warmup run took ([\d.]+) s",
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
 }
+RECOMPILED = "Compiling model again due to a load failure"  # its AOT compile cache did not load
 
 
 def run(mode: str, rollouts: int, env: dict[str, str], log_dir: Path | None = None) -> dict[str, object]:
@@ -85,6 +83,7 @@ def run(mode: str, rollouts: int, env: dict[str, str], log_dir: Path | None = No
         found = [float(x) for x in re.findall(pattern, text)]
         if found:
             result[key] = sum(found)
+    result["compiled_again"] = RECOMPILED in text
     return result
 
 

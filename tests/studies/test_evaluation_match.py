@@ -70,11 +70,16 @@ def test_compare_says_when_runs_sampled_in_different_dtypes(tmp_path, capsys):
     )
     assert main(["compare", bf16, engine_bf16]) == 0
     assert "different dtypes" not in capsys.readouterr().out
+    # a sweep directory's VARIANT/seed-S runs, as semrl sweep lays them out
     sweep = tmp_path / "sweep"
-    sweep.mkdir()
-    _run(sweep, "lr-a", "model.dtype=float32")
-    _run(sweep, "lr-b", "model.dtype=bfloat16", "rollout.engine=vllm")
+    for variant, overrides in (
+        ("lr-a", ["model.dtype=float32"]),
+        ("lr-b", ["model.dtype=bfloat16", "rollout.engine=vllm"]),
+    ):
+        (sweep / variant).mkdir(parents=True)
+        _run(sweep / variant, "seed-0", *overrides)
+    from semrl.studies.discovery import run_directories
     from semrl.studies.evaluation_match import dtype_note
 
-    note = dtype_note([sweep])
-    assert note is not None and "sweep/lr-a float32 (hf), sweep/lr-b bfloat16 (vllm)" in note
+    note = dtype_note(run_directories([sweep]))
+    assert note is not None and "lr-a/seed-0 float32 (hf), lr-b/seed-0 bfloat16 (vllm)" in note

@@ -102,11 +102,18 @@ def run(args: argparse.Namespace) -> int:
     from semrl.studies.seeds import compare_seeds
 
     sweep_dir = len(args.run_dirs) == 1 and not log_exists(Path(args.run_dirs[0]) / "metrics.jsonl")
+    from semrl.studies.discovery import run_directories
     from semrl.studies.evaluation_match import dtype_note
 
-    if (note := dtype_note(args.run_dirs)) is not None:
+    grouped = bool(args.group_by or sweep_dir)
+    runs = (
+        run_directories(args.run_dirs, args.group_by)
+        if grouped
+        else {Path(d).name: Path(d) for d in args.run_dirs}
+    )
+    if (note := dtype_note(runs)) is not None:
         print(note + "\n")
-    if args.group_by or sweep_dir:
+    if grouped:
         rules = load_rules(args.decide) if args.decide else ()
         print(
             compare_seeds(

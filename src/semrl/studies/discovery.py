@@ -141,6 +141,13 @@ def _grouped_runs(paths: Sequence[str | Path], group_by: str) -> list[tuple[str,
     return found
 
 
+def run_directories(paths: Sequence[str | Path], group_by: str | None = None) -> dict[str, Path]:
+    """``VARIANT/seed-S`` -> run directory of the runs ``find_runs`` groups, without reading their
+    metrics."""
+    found = _sweep_runs(Path(paths[0])) if group_by is None else _grouped_runs(paths, group_by)
+    return {f"{variant}/seed-{seed}": run_dir for variant, seed, run_dir in found}
+
+
 def find_runs(
     paths: Sequence[str | Path], group_by: str | None = None, seeds: Sequence[int] | None = None
 ) -> dict[str, list[Run]]:

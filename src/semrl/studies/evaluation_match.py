@@ -62,26 +62,17 @@ def sampling_dtype(config: dict[str, Any]) -> str:
     return f"{dtype} ({engine})"
 
 
-def sampling_dtypes(run_dirs: Sequence[str | Path]) -> dict[str, str]:
-    """Run name -> ``sampling_dtype`` for every run with a config.yaml among ``run_dirs`` and, for a
-    sweep directory, the runs one level below it."""
+def dtype_note(runs: dict[str, Path]) -> str | None:
+    """A line saying the runs (name -> run directory) sampled in different dtypes (their samples
+    differ as a sampler and a trainer in different dtypes do, docs/training.md "Precision"), or None
+    when they all agree. A run without config.yaml is not compared."""
     import yaml
 
-    found: dict[str, str] = {}
-    for given in run_dirs:
-        root = Path(given)
-        candidates = [root] if (root / "config.yaml").is_file() else sorted(root.glob("*/config.yaml"))
-        for run_dir in (c if c.is_dir() else c.parent for c in candidates):
-            config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-            name = root.name if run_dir == root else str(run_dir.relative_to(root.parent))
-            found[name] = sampling_dtype(config)
-    return found
-
-
-def dtype_note(run_dirs: Sequence[str | Path]) -> str | None:
-    """A line saying the runs sampled in different dtypes (their samples differ as a sampler and a
-    trainer in different dtypes do, docs/training.md "Precision"), or None when they all agree."""
-    dtypes = sampling_dtypes(run_dirs)
+    dtypes = {
+        name: sampling_dtype(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {})
+        for name, run_dir in runs.items()
+        if (run_dir / "config.yaml").is_file()
+    }
     if len(set(dtypes.values())) <= 1:
         return None
     listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
