@@ -1,19 +1,26 @@
-"""The restatement rule and the verification budget on MATH-style problems (issue 83).
+"""The restatement rule and the verification budget on MATH-style problems (issues 83, 90).
 
 For every problem of the package's math500 and math_train whose gold is not a plain number:
 
 - **restatements**: the problem's main expression (its longest mathematics) copied into the answer,
   as written, in another layout (spacing, ``\\dfrac``, ``\\left``), the right side of its last ``=``,
-  and with its top-level terms or factors reversed. math-verify alone judges each against the gold;
-  those it pays are the hacks the rule must refuse. A paid restatement the rule lets through is a miss.
-- **honest rewritings** of the gold: as written, respaced, with ``\\dfrac``, terms or factors reversed,
-  and sympy's own LaTeX of the parsed gold. Those math-verify accepts must keep their reward: one the
-  rule refuses is a false refusal. The CPU time of each such verification (``time.process_time`` of
-  this process, one verification at a time) gives the distribution the default ``reward.timeout_s``
-  is chosen from.
+  with its top-level terms or factors reversed, and in other notations: products with ``\\cdot`` or
+  ``*``, the terms inside each parenthesized factor reversed, a sum regrouped (``a+(b+c)``), roots
+  as powers (``(245)^{1/2}``) and fractions with a slash (``(a)/(b)``). math-verify alone judges each
+  against the gold; those it pays are the hacks the rule must refuse. A paid restatement the rule
+  lets through is a miss.
+- **honest rewritings** of the gold: the same rewritings, and sympy's own LaTeX of the parsed gold.
+  Those math-verify accepts must keep their reward: one the rule refuses is a false refusal. The CPU
+  time of each such verification (``time.process_time`` of this process, one verification at a time)
+  gives the distribution the default ``reward.timeout_s`` is chosen from.
 
-``python benchmarks/bench_restatements.py [--limit N] [--output FILE]`` prints the counts per kind
-and the CPU-time quantiles, and writes every row to ``--output`` (jsonl).
+``--pool`` judges every form math-verify pays (``--pool-sample N``: every paid restatement and honest
+forms drawn at random, N in all) again the way training does, through a
+``VerifierPool`` (the rule in its workers, under the CPU budget), with ``--busy N`` processes
+spinning beside it, and counts the verdicts that differ from the ones above.
+
+``python benchmarks/bench_restatements.py [--limit N] [--pool] [--busy N] [--pool-sample N] [--output FILE]`` prints
+the counts per kind and the CPU-time quantiles, and writes every row to ``--output`` (jsonl).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import re
 import signal
 import statistics
@@ -29,8 +37,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from semrl.reward.answer_form import expression_form, order_free_form, plain_number, restates_problem
-from semrl.reward.verify import _math_verify
+from semrl.reward.answer_form import expression_form, order_free_form, plain_number
+from semrl.reward.restatement import restates_problem, structure
+from semrl.reward.verify import RESTATED, VerifierPool, _math_verify
 
 BENCHMARKS = Path(__file__).parents[1] / "src" / "semrl" / "data" / "benchmarks"
 _MATH = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\[(.+?)\\\]|\\\((.+?)\\\)", re.DOTALL)
@@ -69,6 +78,94 @@ def reversed_factors(text: str) -> str | None:
     return "".join(reversed(factors))
 
 
+def _group_end(text: str, start: int) -> int:
+    """The index after the brace group that opens at ``text[start]`` ("{")."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += text[i] == "{" and text[i - 1 : i] != "\\"
+        depth -= text[i] == "}" and text[i - 1 : i] != "\\"
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def roots_as_powers(text: str) -> str | None:
+    """Each ``\\sqrt{X}`` as ``(X)^{1/2}`` and ``\\sqrt[n]{X}`` as ``(X)^{1/n}``; None without a root."""
+    out, i, changed = [], 0, False
+    while i < len(text):
+        match = re.match(r"\\sqrt\s*(?:\[([^\]]+)\])?\s*", text[i:])
+        if match and i + match.end() < len(text) and text[i + match.end()] in "{0123456789":
+            j = i + match.end()
+            end = _group_end(text, j) if text[j] == "{" else j + 1
+            inner = text[j + 1 : end - 1] if text[j] == "{" else text[j]
+            inner = roots_as_powers(inner) or inner
+            out.append(f"({inner})^{{1/{match[1] or 2}}}")
+            i, changed = end, True
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out) if changed else None
+
+
+def slash_fractions(text: str) -> str | None:
+    """Each ``\\frac{A}{B}`` (or ``\\dfrac``, ``\\tfrac``) as ``(A)/(B)``; None without one."""
+    out, i, changed = [], 0, False
+    while i < len(text):
+        match = re.match(r"\\[dt]?frac\s*(?=\{)", text[i:])
+        if match:
+            a_start = i + match.end()
+            a_end = _group_end(text, a_start)
+            if a_end < len(text) and text[a_end] == "{":
+                b_end = _group_end(text, a_end)
+                a, b = text[a_start + 1 : a_end - 1], text[a_end + 1 : b_end - 1]
+                out.append(f"({slash_fractions(a) or a})/({slash_fractions(b) or b})")
+                i, changed = b_end, True
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out) if changed else None
+
+
+def product_signs(text: str, sign: str) -> str | None:
+    """Juxtaposed factors joined by ``sign``: ``)(``, and a digit before a letter, a command or
+    ``(`` (``7\\sqrt{5}``, ``5x``, ``2(x+1)``); None where nothing is juxtaposed."""
+    out = re.sub(r"\)\s*\(", lambda m: f"){sign}(", text)
+    out = re.sub(
+        r"(?<![\w^_{.])(\d+)\s*(?=[A-Za-z(]|\\(?!frac|dfrac|tfrac|cdot|times|right|left))",
+        lambda m: m[1] + sign,
+        out,
+    )
+    return out if out != text else None
+
+
+def factor_terms_reversed(text: str) -> str | None:
+    """The terms inside each innermost parenthesized sum in reverse order; None without one."""
+    out = re.sub(r"\(([^()]*)\)", lambda m: f"({reversed_terms(m[1]) or m[1]})", text)
+    return out if out != text else None
+
+
+def regrouped(text: str) -> str | None:
+    """A sum of three or more top-level terms as its first term plus the rest in parentheses
+    (``a+b+c`` -> ``a+(b+c)``); None for fewer terms."""
+    terms = _top_level(text, "+-")
+    if len(terms) < 3:
+        return None
+    rest = "".join(terms[1:])
+    return f"{terms[0]}+({rest.lstrip('+')})"
+
+
+REWRITINGS = {
+    "terms reversed": reversed_terms,
+    "factors reversed": reversed_factors,
+    "\\cdot products": lambda t: product_signs(t, "\\cdot "),
+    "* products": lambda t: product_signs(t, "*"),
+    "factor terms reversed": factor_terms_reversed,
+    "regrouped": regrouped,
+    "roots as powers": roots_as_powers,
+    "slash fractions": slash_fractions,
+}
+
+
 def sympy_form(gold: str) -> str | None:
     """sympy's LaTeX of the gold as math-verify parses it, or None."""
     from math_verify import LatexExtractionConfig, parse
@@ -93,6 +190,10 @@ def _layout(text: str) -> str:
 
 
 def same_form(a: str, b: str) -> bool:
+    """``a`` and ``b`` are one expression: one tree where both parse, else one text form."""
+    tree_a, tree_b = structure(a.strip()), structure(b.strip())
+    if tree_a is not None and tree_b is not None:
+        return tree_a == tree_b
     return order_free_form(expression_form(a)) == order_free_form(expression_form(b))
 
 
@@ -115,12 +216,54 @@ def timed_verify(gold: str, answer: str) -> tuple[bool | None, float]:
     return verdict, time.process_time() - start
 
 
+def pool_check(rows: list[dict], busy: int, sample: int | None) -> None:
+    """Judge every form math-verify paid (at most ``sample``: every paid restatement, and honest
+    forms drawn at random) again through a ``VerifierPool`` (2 workers, the default
+    5 s CPU budget), as training does, with ``busy`` spinning processes beside it; print how many
+    verdicts differ from this process's (math-verify's, less the rule's refusals)."""
+    import subprocess
+
+    paid = [r for r in rows if r["math_verify"]]
+    if sample is not None and sample < len(paid):  # every paid restatement, and honest forms at random
+        hacks = [r for r in paid if r["group"] == "restatement"]
+        honest = random.Random(0).sample(
+            [r for r in paid if r["group"] == "honest"], max(0, sample - len(hacks))
+        )
+        paid = hacks + honest
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    started = time.monotonic()
+    try:
+        with VerifierPool(2, 5.0) as pool:
+            verdicts = pool.verify_many(
+                [(r["gold"], r["answer"]) for r in paid], [r["problem"] for r in paid]
+            )
+            timeouts = pool.num_timeouts
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+    for row, verdict in zip(paid, verdicts, strict=True):
+        row["pool_correct"] = verdict.correct
+        row["pool_restated"] = verdict.error == RESTATED
+    differ = sum(r["pool_correct"] != (not r["refused"]) for r in paid)
+    print(
+        f"through a VerifierPool beside {busy} spinning processes ({time.monotonic() - started:.0f} s): "
+        f"{differ} of {len(paid)} verdicts differ from math-verify's less the rule's refusals; "
+        f"{timeouts} time-outs",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--limit", type=int, default=None, help="problems of math_train at most")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument(
+        "--pool", action="store_true", help="judge the paid forms again through a VerifierPool"
+    )
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning beside the pool (--pool)")
+    parser.add_argument("--pool-sample", type=int, default=None, help="forms judged through the pool at most")
     args = parser.parse_args()
     signal.signal(signal.SIGALRM, _alarm)
     rows = [json.loads(line) for line in (BENCHMARKS / "math500.jsonl").read_text().splitlines()]
@@ -140,14 +283,12 @@ def main() -> None:
                 "as written": expression,
                 "layout": _layout(expression),
                 "right of =": expression.rsplit("=", 1)[-1] if "=" in expression else None,
-                "terms reversed": reversed_terms(expression),
-                "factors reversed": reversed_factors(expression),
+                **{kind: rewrite(expression) for kind, rewrite in REWRITINGS.items()},
             }
         honest = {
             "as written": gold,
             "layout": _layout(gold),
-            "terms reversed": reversed_terms(gold),
-            "factors reversed": reversed_factors(gold),
+            **{kind: rewrite(gold) for kind, rewrite in REWRITINGS.items()},
             "sympy": sympy_form(gold),
         }
         for group, forms in (("restatement", restated), ("honest", honest)):
@@ -159,6 +300,7 @@ def main() -> None:
                 out.append(
                     {
                         "id": row["id"],
+                        "problem": problem,
                         "group": group,
                         "kind": kind,
                         "answer": answer,
@@ -176,6 +318,8 @@ def main() -> None:
             print(
                 f"{n}/{len(rows)} problems, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True
             )
+    if args.pool:
+        pool_check(out, args.busy, args.pool_sample)
     if args.output:
         args.output.write_text("".join(json.dumps(r) + "\n" for r in out))
     print(

@@ -9,7 +9,7 @@ import pytest
 
 from semrl.cli import main
 from semrl.config.load import config_reference
-from tests.helpers import cli_in_fresh_process
+from tests.helpers import cli_in_fresh_process, tiny_run_overrides
 
 MISSING = [
     (["eval", "--model", "/nonexistent"], "model '/nonexistent' is neither the alias"),
@@ -126,3 +126,18 @@ def test_semrl_eval_names_its_default_output_after_the_run_of_a_checkpoint():
     assert default_output_name("runs/B/checkpoints/step-000010") == "B-step-000010"
     assert default_output_name("smollm2") == "smollm2"
     assert default_output_name("/models/my-model") == "my-model"
+
+
+def test_semrl_eval_of_a_checkpoint_given_from_inside_its_run_is_named_after_the_run(
+    digit_model_dir, seven_task, tmp_path, monkeypatch
+):
+    """The command as a user types it in a run directory: ``semrl eval --model checkpoints/step-N``
+    writes to runs/eval/RUN-step-N there, not to runs/eval/step-N, which every run's step N shares."""
+    run = tmp_path / "lr-high"
+    overrides = tiny_run_overrides(digit_model_dir, seven_task, run, "trainer.steps=1")
+    assert main(["train", "--config", "demo", *overrides]) == 0
+    monkeypatch.chdir(run)
+    args = ["--data", str(seven_task), "--n", "1", "--limit", "2", "--max-new-tokens", "2", "--quiet"]
+    assert main(["eval", "--model", "checkpoints/step-000001", *args]) == 0
+    assert (run / "runs" / "eval" / "lr-high-step-000001" / "results.md").is_file()
+    assert not (run / "runs" / "eval" / "step-000001").exists()

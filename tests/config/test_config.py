@@ -467,7 +467,9 @@ def test_the_processes_of_one_run_share_the_directory_chosen_once(tmp_path, monk
 
 @pytest.mark.xdist_group("vllm")  # imports vLLM: on the worker that holds it already
 def test_fsdp_on_vllm_refuses_a_rollout_that_needs_an_entropy_forward():
-    fsdp_vllm = ["trainer.fsdp=true", "rollout.engine=vllm"]
+    """Only where vLLM's sampler does not record the entropy (rollout.vllm_sampler_entropy=false):
+    by default it does, and no forward runs."""
+    fsdp_vllm = ["trainer.fsdp=true", "rollout.engine=vllm", "rollout.vllm_sampler_entropy=false"]
     cases = [
         ("rose", "rose.entropy_mode=full_vocab", "rose.entropy_mode=topk_logprobs"),
         ("fr3e", "fr3e.anchor_metric=entropy", "fr3e.anchor_metric=surprisal"),
@@ -478,3 +480,4 @@ def test_fsdp_on_vllm_refuses_a_rollout_that_needs_an_entropy_forward():
             load_config(None, [f"algorithm.method={method}", needs, *fsdp_vllm])
         load_config(None, [f"algorithm.method={method}", fine, *fsdp_vllm])
         load_config(None, [f"algorithm.method={method}", needs, "trainer.fsdp=true"])  # hf: the forward runs
+        load_config(None, [f"algorithm.method={method}", needs, *fsdp_vllm[:2]])  # the sampler records it

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from semrl.reward import VerifierPool, reward_functions
-from semrl.reward.answer_form import expression_form, order_free_form, restates_problem, stated_expressions
+from semrl.reward.answer_form import expression_form, order_free_form
+from semrl.reward.restatement import restates_problem, stated_expressions
 
 # issue 83's table: a copy of the question that math-verify's symbolic equality paid for
 RESTATEMENTS = [
@@ -61,114 +62,168 @@ def test_symbolic_restatements_earn_nothing_and_honest_answers_keep_their_reward
         assert _math_rewards(strict, HONEST) == [1.0] * len(HONEST)
 
 
-# ---- the rule against an independent reference on random expressions ----
+# ---- the rule against an independent reference on random expression trees ----
 
-_ATOMS = ["x", "y", "2", "3", "17", "\\pi", "\\sqrt{2}", "\\sqrt{245}", "a_1", "i"]
-
-
-def _random_sum(rng: random.Random, depth: int = 0) -> list[tuple[str, list[list[str]]]]:
-    """A sum as its signed terms, each term a list of factors, each factor a list of tokens: an
-    atom, a parenthesized sum, a fraction or a parenthesized power."""
-    terms = []
-    for _ in range(rng.choice([1, 1, 2, 3])):
-        factors = []
-        for _ in range(rng.choice([1, 1, 2]) if depth < 2 else 1):
-            kind = rng.choice(["atom", "atom", "group", "frac", "power"] if depth < 2 else ["atom"])
-            if kind == "atom":
-                factors.append([rng.choice(_ATOMS)])
-            elif kind == "group":
-                factors.append(["(", *_written(_random_sum(rng, depth + 1)), ")"])
-            elif kind == "frac":
-                a, b = _random_sum(rng, depth + 1), _random_sum(rng, depth + 1)
-                factors.append(["\\frac{", *_written(a), "}{", *_written(b), "}"])
-            else:
-                a, b = _random_sum(rng, depth + 1), _random_sum(rng, depth + 1)
-                factors.append(["(", *_written(a), ")^{", *_written(b), "}"])
-        # two atoms side by side would read as one ("23"): a term of several factors groups them
-        if len(factors) > 1:
-            factors = [f if f[0] == "(" else ["(", *f, ")"] for f in factors]
-        terms.append((rng.choice(["+", "-"]), factors))
-    return terms
+_ATOMS = ["x", "y", "b", "2", "3", "17", "\\pi", "a_1"]
 
 
-def _written(terms: list[tuple[str, list[list[str]]]], shuffle: random.Random | None = None) -> list[str]:
-    """The tokens of a sum, its terms and each term's factors in order, or shuffled by ``shuffle``."""
-    terms = list(terms)
-    if shuffle is not None:
-        shuffle.shuffle(terms)
-        terms = [(sign, shuffle.sample(factors, len(factors))) for sign, factors in terms]
-    tokens = []
-    for k, (sign, factors) in enumerate(terms):
-        if k > 0 or sign == "-":
-            tokens.append(sign)
-        for factor in factors:
-            tokens += factor
-    return tokens
+def _random_tree(rng: random.Random, depth: int = 0) -> tuple:
+    """An expression tree: ("atom", text), ("neg", t), ("add", [t...]), ("mul", [t...]),
+    ("frac", t, t), ("pow", t, t) or ("sqrt", t)."""
+    kinds = ["atom"] * 3 + (["neg", "add", "add", "mul", "mul", "frac", "pow", "sqrt"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "atom":
+        return ("atom", rng.choice(_ATOMS))
+    if kind == "neg":
+        return ("neg", _random_tree(rng, depth + 1))
+    if kind in ("add", "mul"):
+        return (kind, [_random_tree(rng, depth + 1) for _ in range(rng.choice([2, 2, 3]))])
+    if kind == "sqrt":
+        return ("sqrt", _random_tree(rng, depth + 1))
+    return (kind, _random_tree(rng, depth + 1), _random_tree(rng, depth + 1))
 
 
-def _reference_key(terms: list[tuple[str, list[list[str]]]]) -> tuple:
-    """The independent reference, from the structure: the multiset of signed terms, each the
-    multiset of its factors as written."""
-    return tuple(sorted((sign, tuple(sorted("".join(f) for f in factors))) for sign, factors in terms))
+def _plain(tree: tuple) -> tuple:
+    """``tree`` with a quotient as a product with a power -1 and a root as a power 1/2."""
+    kind = tree[0]
+    if kind == "atom":
+        return tree
+    if kind == "frac":
+        return ("mul", [_plain(tree[1]), ("pow", _plain(tree[2]), ("neg", ("atom", "1")))])
+    if kind == "sqrt":
+        return ("pow", _plain(tree[1]), _plain(("frac", ("atom", "1"), ("atom", "2"))))
+    if kind in ("add", "mul"):
+        return (kind, [_plain(arg) for arg in tree[1]])
+    return (kind, *(_plain(arg) for arg in tree[1:]))
 
 
-def _layout(tokens: list[str], rng: random.Random) -> str:
-    """``tokens`` with random layout: spaces, LaTeX spacing, ``\\left``/``\\right``, ``\\dfrac``."""
-    out = []
-    for token in tokens:
-        if token == "(":
-            token = rng.choice(["(", "\\left(", "\\left( "])
-        elif token == ")":
-            token = rng.choice([")", "\\right)"])
-        elif token == "\\frac{":
-            token = rng.choice(["\\frac{", "\\dfrac{", "\\tfrac{"])
-        out.append(token + rng.choice(["", "", " ", "\\,", "\\! "]))
-    return "".join(out)
+def _reference(tree: tuple) -> str:
+    """The independent reference, from the tree: sums and products as multisets of their arguments,
+    nested ones flattened at any depth, a quotient as a product with a power -1, a root as a power
+    1/2, signs out of products."""
+    return _key(_plain(tree))
 
 
-def test_the_rule_on_random_expressions_against_a_reference():
-    """Answers in random layouts and orders of terms and factors: refused exactly when they restate
-    one of the problem's expressions and are not the gold (the reference decides both from the
-    expressions' structure, not from their text)."""
+def _key(tree: tuple) -> str:
+    kind = tree[0]
+    if kind == "atom":
+        return tree[1]
+    if kind == "neg":
+        inner = _key(tree[1])
+        return inner[1:] if inner.startswith("-") else "-" + inner
+    if kind == "pow":
+        return f"pow({_key(tree[1])},{_key(tree[2])})"
+    flat: list[tuple] = []
+    todo = list(tree[1])
+    while todo:
+        arg = todo.pop()
+        if arg[0] == kind:
+            todo += arg[1]
+        else:
+            flat.append(arg)
+    keys = [_key(arg) for arg in flat]
+    if kind == "add":
+        return f"add({','.join(sorted(keys))})"
+    negative = sum(k.startswith("-") for k in keys) % 2 == 1
+    factors = sorted(k.lstrip("-") for k in keys if k.lstrip("-") != "1")
+    body = factors[0] if len(factors) == 1 else f"mul({','.join(factors)})" if factors else "1"
+    return ("-" if negative else "") + body
+
+
+def _write(tree: tuple, rng: random.Random) -> str:
+    """``tree`` in LaTeX, in a random notation at every node: products with ``\\cdot``, ``\\times``,
+    ``*`` or none, the arguments of sums and products in random order and sometimes regrouped,
+    ``\\frac``/``\\dfrac``/``\\tfrac``/slash, ``\\sqrt{}`` or a power 1/2, ``\\left(``, spacing."""
+    kind = tree[0]
+
+    def group(text: str) -> str:
+        return rng.choice(["({})", "\\left({}\\right)", "( {} )"]).format(text)
+
+    def operand(sub: tuple) -> str:  # an argument that binds tighter than its operation
+        text = _write(sub, rng)
+        return text if sub[0] == "atom" and rng.random() < 0.5 else group(text)
+
+    if kind == "atom":
+        return tree[1]
+    if kind == "neg":
+        return "-" + operand(tree[1])
+    if kind == "frac":
+        if rng.random() < 0.3:
+            return f"{group(_write(tree[1], rng))}/{group(_write(tree[2], rng))}"
+        command = rng.choice(["\\frac", "\\dfrac", "\\tfrac"])
+        return f"{command}{{{_write(tree[1], rng)}}}{{{_write(tree[2], rng)}}}"
+    if kind == "sqrt":
+        power = rng.choice(["", "^{1/2}", "^{\\frac{1}{2}}", "^{\\frac12}"])
+        return f"\\sqrt{{{_write(tree[1], rng)}}}" if not power else group(_write(tree[1], rng)) + power
+    if kind == "pow":
+        return f"{group(_write(tree[1], rng))}^{{{_write(tree[2], rng)}}}"
+    args = rng.sample(tree[1], len(tree[1]))
+    if len(args) == 3 and rng.random() < 0.3:  # regrouped: a + (b + c)
+        return _write((kind, [args[0], (kind, args[1:])]), rng)
+    if kind == "add":
+        return rng.choice(["+", " + "]).join(
+            group(_write(a, rng)) if a[0] == "add" else _write(a, rng) for a in args
+        )
+    # side by side, integers read as a mixed number to math-verify's parser ((3)(17) is 20)
+    numbers = any(a[0] == "atom" and a[1].isdigit() for a in args)
+    sign = rng.choice(["\\cdot ", "\\times ", "*"] + ([] if numbers else [""]))
+    # with a sign, a quotient, power or root needs no parentheses: a/b \cdot c/d reads ((a/b) c)/d
+    bare = ("atom", "frac", "pow", "sqrt") if sign else ()
+    return sign.join(
+        _write(a, rng) if a[0] in bare and rng.random() < 0.5 else group(_write(a, rng)) for a in args
+    )
+
+
+def test_the_rule_on_random_expression_trees_against_a_reference():
+    """Answers written in random notations, orders and groupings: refused exactly when their tree
+    is one the problem states and not the gold's (the reference decides both from the trees, the
+    rule from the text)."""
     rng = random.Random(0)
     refused = 0
-    for _ in range(2000):
-        stated, gold, other = (_random_sum(rng) for _ in range(3))
-        problem = (
-            f"Simplify ${_layout(_written(stated), rng)}$. Then ${_layout(_written(other), rng)}$ is given."
-        )
-        gold_text = _layout(_written(gold, rng), rng)
-        keys = {_reference_key(stated), _reference_key(other)}
-
-        def expected(answer: list[tuple[str, list[list[str]]]], keys: set = keys, gold=gold) -> bool:
-            return _reference_key(answer) in keys and _reference_key(answer) != _reference_key(gold)
-
-        for answer in (stated, other, gold, [*gold, ("+", [["y"]])]):
-            text = _layout(_written(answer, rng), rng)
-            assert restates_problem(problem, gold_text, text) == expected(answer), (problem, gold_text, text)
+    for n in range(150):
+        stated, gold, other = (_random_tree(rng) for _ in range(3))
+        problem = f"Simplify ${_write(stated, rng)}$. Then ${_write(other, rng)}$ is given."
+        if n % 2:  # the problem states the gold too, in another notation: the gold's tree stays allowed
+            problem += f" Is it ${_write(gold, rng)}$?"
+        gold_text = _write(gold, rng)
+        keys = {_reference(stated), _reference(other)}
+        for answer in (stated, other, gold, ("add", [gold, ("atom", "y")])):
+            expected = _reference(answer) in keys and _reference(answer) != _reference(gold)
+            text = _write(answer, rng)
+            assert restates_problem(problem, gold_text, text) == expected, (problem, gold_text, text)
             # "x = <answer>" states the answer
-            assert restates_problem(problem, gold_text, f"x = {text}") == expected(answer)
-        refused += expected(stated)
-    assert refused > 1500
+            assert restates_problem(problem, gold_text, f"x = {text}") == expected
+            refused += expected
+    assert refused > 200
+    # products of quotients written with slashes and no parentheses: a/b \cdot c/d \cdot e/f reads
+    # (((a/b) c)/d e)/f, nested deeper than the \frac form's product
+    for _ in range(30):
+        quotients = [("frac", _random_tree(rng, 3), _random_tree(rng, 3)) for _ in range(rng.choice([3, 4]))]
+        stated = ("mul", quotients)
+        slashed = " \\cdot ".join(f"({_write(q[1], rng)})/({_write(q[2], rng)})" for q in quotients)
+        problem = f"Simplify ${_write(stated, rng)}$."
+        assert restates_problem(problem, "x+y", slashed), (problem, slashed)
 
 
-def test_expression_forms():
+def test_text_forms_and_the_structures_a_problem_states():
     assert expression_form("\\left( \\dfrac{1}{2} \\right)") == "(\\frac12)"
     assert expression_form("{x^{2}}.") == "x^2"
-    assert expression_form("\\sqrt{245}") == "\\sqrt{245}"  # braces around two characters stay
     assert order_free_form("x^2+5x+6") == order_free_form("6+5x+x^2") == "+5x+6+x^2"
     assert order_free_form("(x+2)(x+3)") == order_free_form("(x+3)(x+2)") != order_free_form("(2+x)(x+3)")
-    assert order_free_form("(a)^{b}(c)") == order_free_form("(c)(a)^{b}") != order_free_form("(a)(c)^{b}")
-    assert order_free_form("x^-1+2") == "+2+x^-1"  # a sign after ^ or _ is the exponent's
-    assert stated_expressions("Let $f = x^2$ and \\[g = 2x\\]; find \\(h\\).") == {
-        "+f=x^2",
-        "+f",
-        "+x^2",
-        "+g=2x",
-        "+g",
-        "+2x",
-        "+h",
+    structures, forms = stated_expressions("Let $f = x^2$ and \\[g = 2x\\]; find \\(h\\).")
+    assert structures == {
+        "Equality(f,Pow(x,2))",
+        "f",
+        "Pow(x,2)",
+        "Equality(g,Mul(2,x))",
+        "g",
+        "Mul(2,x)",
+        "h",
     }
+    assert forms == {"+f=x^2", "+f", "+x^2", "+g=2x", "+g", "+2x", "+h"}
+    # what the parser would compute (a determinant) is left to the text form
+    structures, forms = stated_expressions("Find $\\begin{vmatrix} a & b \\\\ c & d \\end{vmatrix}$.")
+    assert structures == set() and len(forms) == 1
 
 
 # ---- the benchmark golds: an honest answer written as its gold is never refused ----
@@ -178,11 +233,9 @@ BENCHMARKS = Path(__file__).parents[2] / "src" / "semrl" / "data" / "benchmarks"
 
 def test_golds_written_another_way_are_never_refused():
     rows = [
-        json.loads(line)
-        for name in ("math500.jsonl", "olympiadbench.jsonl")
-        for line in (BENCHMARKS / name).read_text(encoding="utf-8").splitlines()
+        json.loads(line) for line in (BENCHMARKS / "math500.jsonl").read_text(encoding="utf-8").splitlines()
     ]
-    assert len(rows) >= 1000
+    assert len(rows) == 500  # benchmarks/bench_restatements.py reads math_train too, with more rewritings
     for row in rows:
         gold = row["answer"].strip("$")
         for written in (gold, f" {gold} ", gold.replace("\\frac", "\\dfrac"), gold.replace("{", "{ ")):
@@ -222,3 +275,36 @@ def test_a_call_is_bounded_by_its_cpu_time_and_by_the_wall_clock_net(timing_modu
         pool.wait_ready()
         (netted,) = pool.call_many(1, call)
         assert netted.timed_out and pool.num_timeouts == 1
+
+
+# ---- a run takes each answer rule from its own option ----
+
+
+@pytest.mark.parametrize(("numeral_answers", "refuse_restatements"), [(True, False), (False, True)])
+def test_a_run_takes_each_answer_rule_from_its_own_option(
+    digit_model_dir, seven_task, tmp_path, numeral_answers, refuse_restatements
+):
+    """The trainer's pool, as a run builds it from its config: a restatement is refused under
+    reward.refuse_restatements alone, an evaluated expression under reward.numeral_answers alone."""
+    from semrl.runtime.trainer import Trainer
+    from tests.helpers import tiny_run_config
+
+    cfg = tiny_run_config(
+        digit_model_dir,
+        seven_task,
+        tmp_path,
+        f"reward.numeral_answers={str(numeral_answers).lower()}",
+        f"reward.refuse_restatements={str(refuse_restatements).lower()}",
+    )
+    trainer = Trainer(cfg)
+    try:
+        restated, evaluated = trainer.pool.verify_many(
+            [("7\\sqrt{5}", "245^{1/2}"), ("68", "50+18")],
+            ["Simplify $\\sqrt{245}$.", "What is fifty plus eighteen?"],
+        )
+    finally:
+        trainer.pool.close()
+        trainer.log.close()
+        trainer.processes.close()
+    assert restated.correct is not refuse_restatements
+    assert evaluated.correct is not numeral_answers

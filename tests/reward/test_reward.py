@@ -247,7 +247,13 @@ def test_a_timed_out_verdict_is_never_cached():
         first = pool.verify_many([("3", HANG)])[0]
         second = pool.verify_many([("3", HANG)])[0]
         assert first.timed_out and second.timed_out and pool.num_timeouts == 2
-        assert ("3", HANG) not in pool._cache
+        assert ("3", HANG, None) not in pool._cache
+        with pytest.raises(
+            RuntimeError, match="timeout_s cannot change from 0.3 to 30 s while its workers run"
+        ):
+            pool.timeout_s = 30.0  # the running workers took 0.3 s when they started
+        pool.close()
         pool.timeout_s = 30.0  # a fresh worker's first parse can take over 0.3 s on a loaded machine
         assert pool.verify_many([("2", r"\frac{4}{2}")])[0].correct  # a settled verdict is cached
-        assert ("2", r"\frac{4}{2}") in pool._cache
+        assert ("2", r"\frac{4}{2}", None) in pool._cache
+        assert pool._workers and all(w.proc.is_alive() for w in pool._workers)  # started again by the call

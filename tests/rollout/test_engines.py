@@ -434,7 +434,6 @@ def test_latr_trees_keep_their_invariants(setup, kind):
     """LATR on both engines: the top-2 of the raw distribution drive the forks (thresholds that fork
     at every token), branches repeat their parent up to the fork and differ at it, and the rows are
     finished by sampling within the budget."""
-    from functools import partial
 
     from semrl.methods.catalog import get_method
     from semrl.methods.interface import RolloutContext
@@ -508,7 +507,14 @@ def test_entropy_selections_are_the_same_from_hf_sampling_and_from_the_forward_p
         assert select_anchors(a.entropy, 3) == select_anchors(b.entropy, 3)
 
 
-def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup):
+@pytest.mark.parametrize("records", ["sampler", "forward", "gap"])
+def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup, monkeypatch, records):
+    """ROSE's chains carry the full-vocabulary entropy of every token, equal to an independent forward
+    over prompt and chain: recorded by vLLM's sampler, or, where a node comes without the record, from
+    the trainer's forward over the node's prompt and the prefix it continues (the backfill). A record
+    with a position missing (a sample vLLM lost: ``gap``) is no record: the forward gives that node's."""
+    from semrl.rollout.engines import vllm_entropy
+
     tok, model = setup
     engine = _engine("vllm", model, tok)
     emb = normalized_embeddings(model.get_input_embeddings().weight)
@@ -517,12 +523,64 @@ def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup):
     options = RoseConfig(epsilon=0.0, entropy_mode="full_vocab")
     with pytest.raises(ValueError, match="computes no entropy: pass sampling_entropy"):
         tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0))
-    fill = partial(with_sampling_entropy, model, temperature=1.0)  # as the trainer binds it
+    sampler_records = records != "forward"
+    if records == "gap":  # the third position of every request is never recorded
+        record = vllm_entropy.record
+
+        def with_gaps(rows, logits):  # noqa: ANN001
+            kept = {row: entry for row, entry in rows.items() if len(entry[1]) != 2}
+            if kept:
+                record(kept, logits)
+
+        monkeypatch.setattr(vllm_entropy, "record", with_gaps)
+    if not sampler_records:  # the engine's records dropped as they arrive: every node is backfilled
+        sample = engine.generate_dynamic
+
+        def unrecorded(requests, params, generator, on_done, return_cache=False):
+            def drop(tag, request, out):
+                out.entropy = None
+                return on_done(tag, request, out)
+
+            return sample(requests, params, generator, drop, return_cache)
+
+        monkeypatch.setattr(engine, "generate_dynamic", unrecorded)
+    filled = []
+
+    def fill(contexts, generations):  # as the trainer binds it
+        filled.extend(contexts)
+        return with_sampling_entropy(model, contexts, generations, temperature=1.0)
+
     rollout = tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0), fill)
+    branched = 0
     for p, group in zip(prompts, rollout.groups, strict=True):
         _, _, entropy = _forward(model, [p] * 4, group.generations, 1.0)
+        branched += sum(parent >= 0 for parent in group.tree.parents)
         for i, g in enumerate(group.generations):
             torch.testing.assert_close(g.entropy, entropy[i, : len(g.token_ids)], atol=1e-4, rtol=0)
+    assert branched > 0
+    # backfilled nodes only where the records were dropped or lost, branched ones with their prefix
+    assert bool(filled) == (records != "sampler")
+    assert records == "sampler" or any(len(c) > min(len(p) for p in prompts) for c in filled)
+    assert vllm_entropy.recording() == 0
+
+
+def test_vllm_greedy_requests_get_their_entropy_from_the_forward(setup):
+    """A greedy call that asks for entropy: vLLM's sampler shows an all-greedy batch to no logits
+    processor, so nothing is recorded (a greedy request is not even marked), and the forward gives the
+    entropy at temperature 1, as the trainer defines it for greedy decoding. Marking greedy requests
+    too would record nothing either: the same values (checked once against that version, issue 90)."""
+    from semrl.rollout.engines import vllm_entropy
+
+    tok, model = setup
+    engine = _engine("vllm", model, tok)
+    prompts = _prompts(tok, 3)
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    gens = engine.generate([GenerationRequest(p, entropy=True) for p in prompts], params, None)
+    assert all(g.entropy is None for g in gens) and vllm_entropy.recording() == 0
+    filled = with_sampling_entropy(model, prompts, gens, temperature=0.0)
+    _, _, entropy = _forward(model, prompts, gens, 1.0)
+    for i, g in enumerate(filled):
+        torch.testing.assert_close(g.entropy, entropy[i, : len(g.token_ids)], atol=1e-4, rtol=0)
 
 
 # -- bad input: each fails before training, naming the setting --------------------------------------

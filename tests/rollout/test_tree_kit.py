@@ -262,3 +262,32 @@ def test_a_method_needing_a_power_its_engine_lacks_is_refused(setup):
     check_engine_powers(engine, stream)  # the default needs no power: hf runs the lookahead on its model
     with pytest.raises(EngineError, match="streaming"):
         engine.generate_streaming([], PARAMS, PARAMS, None, lambda *a: [], lambda p: ([], []))
+
+
+def test_a_run_on_an_engine_without_a_needed_power_is_refused_at_start_up(
+    digit_model_dir, seven_task, tmp_path, monkeypatch
+):
+    """Through the trainer: the hf engine, with its row loop withheld as vllm's is on a sharded
+    model, refuses LATR's latr.vllm_lookahead=model when the run is built, before its first step, and
+    not at its first rollout."""
+    from semrl.rollout.engines.hf import HFEngine
+    from semrl.runtime.trainer import Trainer
+    from tests.helpers import tiny_run_config
+
+    built = HFEngine.__init__
+
+    def without_row_loop(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        self.powers = replace(self.powers, row_loop=False)
+
+    monkeypatch.setattr(HFEngine, "__init__", without_row_loop)
+    cfg = tiny_run_config(
+        digit_model_dir,
+        seven_task,
+        tmp_path / "run",
+        "algorithm.method=latr",
+        "latr.vllm_lookahead=model",
+        "latr.lookahead=[2]",
+    )
+    with pytest.raises(EngineError, match=r"the hf engine.*row_loop.*latr\.vllm_lookahead=model"):
+        Trainer(cfg)  # the run's start-up: models, engine, checks

@@ -289,3 +289,46 @@ def test_a_leaf_holds_nothing_and_a_full_hold_budget_is_counted_and_said_once(se
     said = [r.getMessage() for r in caplog.records if "holds reached" in r.getMessage()]
     assert len(said) == 1 and "rollout.vllm_kv_cache_gib" in said[0]
     assert engine.llm.reset_prefix_cache()
+
+
+def test_a_closed_prompt_lets_go_of_its_holds_at_once_and_a_waiting_child_still_forks(setup, monkeypatch):
+    """Each prompt's root gets three children and is closed in the same callback (as ROSE and TreePO
+    close a tree that will grow no further): the kit lets go of the root at once. On a running batch
+    of two, the children wait for admission, so vLLM keeps the let-go root until they are admitted
+    (every child forks, none falls back), and frees it then, not at the call's end: a let-go root is
+    never held past the first step after its children are admitted."""
+    from tests.helpers import vllm_batch_limit
+
+    tok, model = setup
+    engine = _engine(model, tok)
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, logprobs_top_k=0)
+    prompts = [_prompt(tok, 30 + 7 * i) for i in range(3)]
+    kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], keep_kv=True)
+    let_go: list[str] = []
+    release = engine.release_kv
+
+    def recorded(kv):  # noqa: ANN001
+        let_go.append(kv.request_id)
+        release(kv)
+
+    monkeypatch.setattr(engine, "release_kv", recorded)
+    still_held: list[set[str]] = []  # let go by the kit, and held by vLLM for no waiting child
+    engine_held: list[int] = []
+
+    def on_node(node: Node) -> list[Node]:
+        forks = engine._forks
+        still_held.append(set(let_go) & set(forks.held) - forks.deferred)
+        engine_held.append(len(forks.held))
+        if node.index:
+            return []
+        kit.close(node.prompt)
+        return [kit.trees[node.prompt].add(1 + k, node, 4 + 3 * k, budget=6) for k in range(3)]
+
+    before = engine.cost.snapshot()
+    with vllm_batch_limit(engine, 2):
+        kit.run([tree.add(0, budget=20) for tree in kit.trees], on_node)
+    spent = engine.cost.since(before)
+    assert spent.forked_requests == 9 and spent.fork_fallbacks == 0  # no child lost its parent
+    assert max(engine_held) > 0 and len(let_go) >= 3  # roots were held for their children, then let go
+    assert all(not ids for ids in still_held), still_held
+    assert not engine._forks.held

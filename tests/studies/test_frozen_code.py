@@ -67,6 +67,28 @@ def test_an_unlisted_file_is_refused(record):
 
 
 @pytest.mark.e2e  # runs git
+def test_a_deviation_that_lists_a_file_it_does_not_change_is_refused(record, tmp_path):
+    """Through the command: a listed file that the deviation's commits leave alone would cover a later
+    change to that file without a record of it."""
+    import sys
+
+    padded = copy.deepcopy(record)
+    padded["deviations"][0]["files"].append("src/semrl/reward/verify.py")
+    path = tmp_path / "code.yaml"
+    path.write_text(yaml.safe_dump(padded))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_study_code.py"), str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stdout
+    assert (
+        "refused: deviation 1" in out.stderr
+        and "lists ['src/semrl/reward/verify.py'] that it does not change" in out.stderr
+    )
+
+
+@pytest.mark.e2e  # runs git
 def test_a_part_that_names_too_few_deviations_is_refused(record):
     checker = _checker()
     unlisted = copy.deepcopy(record)

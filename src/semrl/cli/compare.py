@@ -162,9 +162,8 @@ def _check_evaluated_alike(run_dirs: list[str], allowed: bool) -> None:
     differ = evaluation_differences(run_dirs)
     if not differ:
         return
-    names = [Path(d).name for d in run_dirs]
     listed = "; ".join(
-        f"{key}: " + ", ".join(f"{n} {v!r}" for n, v in zip(names, values, strict=False))
+        f"{key}: " + ", ".join(f"{Path(run).name} {v!r}" for run, v in values.items())
         for key, values in differ.items()
     )
     if not allowed:

@@ -118,8 +118,11 @@ def run(args: argparse.Namespace) -> int:
 def default_output_name(model_path: str) -> str:
     """The name of ``semrl eval``'s default output directory: a run's checkpoint is named after its run
     (``runs/A/checkpoints/step-000010`` -> ``A-step-000010``), so that two runs' checkpoints of one
-    step do not share a directory; another model after its own name."""
-    path = Path(model_path)
+    step do not share a directory; another model after its own name. A path that exists is read
+    whole, so ``checkpoints/step-000010`` given from inside run A is A's too."""
+    path = Path(model_path).expanduser()
+    if path.exists():
+        path = path.resolve()
     if path.parent.name == "checkpoints" and path.parent.parent.name:
         return f"{path.parent.parent.name}-{path.name}"
     return path.name

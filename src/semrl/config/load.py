@@ -130,10 +130,14 @@ def validate(cfg: Config) -> None:
     if spec.needs_entropy and spec.section:
         entropy_setting = spec.needs_entropy(cfg.section(spec.name))
     _warn_inert_terms(cfg, POLICY_LOSSES[cfg.algorithm.policy_loss])
-    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and entropy_setting:
-        raise ConfigError(  # the forward would need the full weights, which FSDP keeps only sharded
+    # the forward would need the full weights, which FSDP keeps only sharded; vLLM's sampler records
+    # the entropy without it (rollout.vllm_sampler_entropy)
+    sampler_entropy = cfg.rollout.vllm_sampler_entropy
+    if cfg.trainer.fsdp and cfg.rollout.engine == "vllm" and entropy_setting and not sampler_entropy:
+        raise ConfigError(
             f"with trainer.fsdp and rollout.engine=vllm the rollout cannot run a forward pass for entropies "
-            f"({entropy_setting}); change that option or use rollout.engine=hf"
+            f"({entropy_setting}) and rollout.vllm_sampler_entropy=false turns off the sampler's own record; "
+            "set rollout.vllm_sampler_entropy=true, change that option or use rollout.engine=hf"
         )
 
 

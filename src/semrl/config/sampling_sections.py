@@ -189,9 +189,9 @@ class RewardConfig:
     refuse_restatements: bool = option(
         True,
         "The 'math' check and every evaluation credit no answer that restates an expression of its "
-        "problem other than the gold as written (Simplify $\\sqrt{245}$ answered \\sqrt{245}), whatever "
-        "the gold's form; false: math-verify's verdict alone (docs/rewards-and-data.md, \"An answer must "
-        'be an answer").',
+        "problem other than the gold, compared as expression trees in any notation (Simplify "
+        "$\\sqrt{245}$ answered \\sqrt{245} or 245^{1/2}), whatever the gold's form; false: math-verify's "
+        'verdict alone (docs/rewards-and-data.md, "No restating the problem").',
     )
     timeout_s: float = option(
         5.0,

@@ -151,6 +151,12 @@ def shard_model(model: torch.nn.Module, mp_policy: MixedPrecisionPolicy | None =
             module.set_force_sum_reduction_for_comms(True)
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters are shards (FSDP's DTensors, ``shard_model``): it cannot run a
+    forward alone, only as a collective of every process."""
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter gathered whole into CPU memory of the main process (a collective; the other
     processes get {}): no process holds the whole model on its device (docs/engines.md, GPU)."""

@@ -21,22 +21,16 @@ from contextlib import contextmanager
 EXIT_STALLED = 3  # semrl's "stopped": the run cannot go on; the message says what to do
 
 
-class _State:
-    """The last beat and the phase being watched, shared by the engines and the watchdog thread."""
-
-    def __init__(self) -> None:
-        self.last_beat = time.monotonic()
-        self.phase: str | None = None
-        self.hang_in: frozenset[str] = frozenset()  # fault injection: phases whose first beat never returns
-
-
-_STATE = _State()
+_ACTIVE: Watchdog | None = None  # the watchdog of the phase running now, which the engines' beats reach
 
 
 def beat() -> None:
     """The engine made progress (a decoding step ran). Costs one clock read."""
-    _STATE.last_beat = time.monotonic()
-    if _STATE.phase in _STATE.hang_in:
+    watchdog = _ACTIVE
+    if watchdog is None:
+        return
+    watchdog.last_beat = time.monotonic()
+    if watchdog.phase in watchdog.hang_in:
         threading.Event().wait()  # a test's stalled engine (SEMRL_FAULT_HANG): never returns
 
 
@@ -44,7 +38,11 @@ class Watchdog:
     """Ends the process when a watched phase goes ``timeout_s`` seconds without a beat (None: never).
     ``advice()`` is called once, at the stall, for the message's last sentences (the checkpoint
     kept, the command that continues); ``hang_in`` names phases whose engine is made to hang (the
-    tests' ``SEMRL_FAULT_HANG``, ``semrl.core.faults``)."""
+    tests' ``SEMRL_FAULT_HANG``, ``semrl.core.faults``).
+
+    It belongs to one training: its thread starts with the first watched phase and ends at
+    ``close()``, and only the beats of its own phases reach it, so a second training in the same
+    process is watched by its own limit and advice alone."""
 
     def __init__(
         self,
@@ -55,30 +53,43 @@ class Watchdog:
         hang_in: frozenset[str] = frozenset(),
     ) -> None:
         self.timeout_s, self.engine, self.option, self.advice = timeout_s, engine, option, advice
+        self.hang_in = hang_in
+        self.last_beat = time.monotonic()
+        self.phase: str | None = None
         self._thread: threading.Thread | None = None
-        _STATE.hang_in = hang_in
+        self._closed = threading.Event()
 
     @contextmanager
     def watching(self, phase: str) -> Iterator[None]:
-        """Watch ``phase`` (e.g. "step 12's rollout") for as long as the block runs."""
+        """Watch ``phase`` (e.g. "step 12's rollout") for as long as the block runs; its time counts
+        from the block's start, not from the last beat of an earlier phase."""
+        global _ACTIVE
         if self.timeout_s is None:
             yield
             return
-        _STATE.last_beat, _STATE.phase = time.monotonic(), phase
+        self.last_beat, self.phase = time.monotonic(), phase
+        outer, _ACTIVE = _ACTIVE, self
         if self._thread is None:
+            self._closed.clear()
             self._thread = threading.Thread(target=self._watch, name="semrl-watchdog", daemon=True)
             self._thread.start()
         try:
             yield
         finally:
-            _STATE.phase = None
+            self.phase, _ACTIVE = None, outer
+
+    def close(self) -> None:
+        """Stop the watching thread (the training ended or raised); a later phase starts a new one."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     def _watch(self) -> None:
         assert self.timeout_s is not None
         poll = min(1.0, self.timeout_s / 20)
-        while True:
-            time.sleep(poll)
-            phase, idle = _STATE.phase, time.monotonic() - _STATE.last_beat
+        while not self._closed.wait(poll):
+            phase, idle = self.phase, time.monotonic() - self.last_beat
             if phase is None or idle < self.timeout_s:
                 continue
             message = (

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from semrl.config.held_out_settings import HOW_SAMPLED_AND_JUDGED, WHAT_SAMPLES, setting
 from semrl.core.atomic import write_text_atomic
 from semrl.core.jsonl import log_exists, read_jsonl
 from semrl.data import Problem
@@ -41,41 +42,23 @@ def evaluation_key(cfg: Config, problems: Sequence[Problem], split: str, world: 
     base model's evaluation is computed once and reused (``logging.eval_cache``). The weights are
     keyed by their files (name, size, modification time), the problems by their ids, texts and
     answers, the verdicts by the reward functions."""
-    model, rollout, log = cfg.model, cfg.rollout, cfg.logging
     return {
         "split": split,
-        "model": model.name,
-        "weights": weights_fingerprint(model.name),
-        "dtype": model.dtype,
-        "master_weights": model.master_weights,
-        "lora_r": model.lora_r,
-        "attn_implementation": model.attn_implementation,
-        "engine": rollout.engine,
-        "generation_batch_size": rollout.generation_batch_size,
-        "vllm_block_size": rollout.vllm_block_size,
-        "vllm_dtype": rollout.vllm_dtype,
-        "vllm_max_num_seqs": rollout.vllm_max_num_seqs,
-        "vllm_max_num_batched_tokens": rollout.vllm_max_num_batched_tokens,
-        "temperature": log.eval_temperature,
-        "rollout_temperature": rollout.temperature,
-        "top_p": rollout.top_p,
-        "top_k": rollout.top_k,
-        "max_new_tokens": rollout.max_new_tokens,
-        "samples": log.eval_samples,
-        "seed": cfg.trainer.seed,
+        "weights": weights_fingerprint(cfg.model.name),
         "world": world,
-        "system_prompt": cfg.data.system_prompt,
-        "prompt_template": cfg.data.prompt_template,
-        "final_number_fallback": cfg.reward.final_number_fallback,
-        "reward_functions": list(cfg.reward.functions),
-        "correctness": cfg.reward.correctness,
-        "reward_timeout_s": cfg.reward.timeout_s,
-        "numeral_answers": cfg.reward.numeral_answers,
-        "refuse_restatements": cfg.reward.refuse_restatements,
+        **{field: _plain(setting(cfg, section, key)) for field, section, key in WHAT_SAMPLES},
+        **{field: _plain(setting(cfg, section, key)) for field, section, key in HOW_SAMPLED_AND_JUDGED},
+        # the restatement rule's version: 2 compares trees (issue 90), 1 compared text
+        "restatement_rule": 2 if cfg.reward.refuse_restatements else None,
         "problems": hashlib.sha256(
             json.dumps([[p.id, p.problem, p.answer] for p in problems]).encode()
         ).hexdigest(),
     }
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON holds it: a tuple or list as a list."""
+    return list(value) if isinstance(value, tuple | list) else value
 
 
 def weights_fingerprint(name: str) -> list[tuple[str, int, int]]:

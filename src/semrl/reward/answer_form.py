@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from functools import lru_cache
 from math import gcd
 
 # An integer: plain digits (leading zeros allowed: AIME writes 068), or digits grouped by three with
@@ -88,8 +87,6 @@ def fails_numeral_rule(gold: str, answer: str) -> bool:
     return plain_number(gold) is not None and numeral(answer) is None
 
 
-# The problem's mathematics: $...$, $$...$$, \(...\) and \[...\].
-_MATH = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\[(.+?)\\\]|\\\((.+?)\\\)", re.DOTALL)
 # What never changes an expression's reading: spacing commands, sizing, \displaystyle, whitespace.
 _LAYOUT = re.compile(r"\\left|\\right|\\displaystyle|\\[!,;: ]|~|\s+")
 # Braces around one character or one command change nothing: \frac{1}{2} is \frac12, x^{2} is x^2.
@@ -139,30 +136,3 @@ def order_free_form(form: str) -> str:
         factors = _top_level_pieces(body, lambda f, i: f[i] == "(" or (f[i - 1] == ")" and f[i] not in "^_"))
         ordered.append(sign + "".join(sorted(factors)))
     return "".join(sorted(ordered))
-
-
-@lru_cache(maxsize=4096)  # a problem's G answers, and its evaluation samples, read it again
-def stated_expressions(problem: str) -> frozenset[str]:
-    """The expressions ``problem`` states, in ``order_free_form``: each of its mathematics (in
-    ``$...$``, ``\\(...\\)``, ``\\[...\\]``) and each side of an ``=`` in it."""
-    found: set[str] = set()
-    for match in _MATH.finditer(problem):
-        segment = next(g for g in match.groups() if g is not None)
-        sides = [segment, *segment.split("=")] if "=" in segment else [segment]
-        found.update(order_free_form(expression_form(side)) for side in sides)
-    return frozenset(found - {""})
-
-
-def restates_problem(problem: str, gold: str, answer: str) -> bool:
-    """True when ``answer`` is an expression ``problem`` states, in any layout and order of terms and
-    factors, and not ``gold`` so written (both in ``order_free_form``): the answer copies the question
-    ("Simplify $\\sqrt{245}$" answered ``\\sqrt{245}``) and must be scored wrong under
-    ``reward.refuse_restatements`` whatever math-verify makes of it. An answer that is the gold
-    keeps its verdict, even where the problem states it ("Which is larger, $2^{10}$ or $10^3$?"
-    answered ``2^{10}``). Where the gold is not an equation, the answer states what follows its last
-    ``=`` (``x = \\sqrt{245}`` states ``\\sqrt{245}``)."""
-    stated = answer if "=" in gold else answer.rsplit("=", 1)[-1]
-    form = order_free_form(expression_form(stated))
-    if not form or form == order_free_form(expression_form(gold)):
-        return False
-    return form in stated_expressions(problem)

@@ -21,8 +21,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from semrl.reward.answer_form import fails_numeral_rule, restates_problem
+from semrl.reward.answer_form import fails_numeral_rule
 from semrl.reward.extract import as_number, normalize_answer
+from semrl.reward.restatement import restates_problem
 
 if TYPE_CHECKING:
     from semrl.config.sections import RewardConfig
@@ -69,6 +70,17 @@ def _math_verify(gold: str, answer: str) -> bool:
     return bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
+def judge(gold: str, answer: str, problem: str | None) -> tuple[bool, str | None]:
+    """A worker's verdict on ``answer`` to ``gold`` (and the reason it is wrong, when a rule decides):
+    a restatement of ``problem`` (None: the rule is off, or no problem is known) is wrong; else the
+    cheap checks, else math-verify. The restatement rule parses, so it runs here, under the job's
+    CPU budget, and not in the trainer's process."""
+    if problem is not None and restates_problem(problem, gold, answer):
+        return False, RESTATED
+    quick = fast_verdict(gold, answer)
+    return (quick, None) if quick is not None else (_math_verify(gold, answer), None)
+
+
 def _cpu_limit(seconds: float) -> None:
     """Have the kernel end this process once it has spent ``seconds`` more of CPU time (user and
     system; 0: no limit). Its default action terminates the process even inside C code that holds
@@ -102,7 +114,7 @@ def _worker_main(conn: Connection, functions: tuple[str, ...], cpu_s: float) -> 
         _cpu_limit(cpu_s)
         try:
             if kind == "verify":
-                result: tuple[Any, str | None] = (_math_verify(*payload), None)
+                result: tuple[Any, str | None] = judge(*payload)
             else:
                 index, *args = payload
                 result = (scorers[index](*args), None)
@@ -227,14 +239,30 @@ class VerifierPool:
     ) -> None:
         self.functions = tuple(functions)
         self.num_workers = num_workers
-        self.timeout_s = timeout_s
+        self._timeout_s = timeout_s
         self.wall_timeout_s = wall_timeout_s if wall_timeout_s is not None else max(120.0, 24 * timeout_s)
         self.numeral_answers = numeral_answers
         self.refuse_restatements = refuse_restatements
         self._ctx = worker_context()
         self._workers: list[_Worker] = []
-        self._cache: dict[tuple[str, str], Verdict] = {}
+        # (gold, answer, the problem when the restatement rule reads it) -> verdict
+        self._cache: dict[tuple[str, str, str | None], Verdict] = {}
         self.num_timeouts = 0
+
+    @property
+    def timeout_s(self) -> float:
+        """Each job's CPU budget in seconds, fixed in a worker when it starts."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, seconds: float) -> None:
+        if any(w.proc.is_alive() for w in self._workers):
+            raise RuntimeError(
+                f"VerifierPool.timeout_s cannot change from {self._timeout_s:g} to {seconds:g} s while its "
+                "workers run: each took its CPU budget when it started. close() the pool first (its "
+                "workers start again, with the new budget, at the next call), or make another pool"
+            )
+        self._timeout_s = seconds
 
     @classmethod
     def from_config(cls, reward: RewardConfig, functions: tuple[str, ...] = ()) -> VerifierPool:
@@ -291,13 +319,14 @@ class VerifierPool:
         ``problems[i]``: the problem pair i answers, for the restatement rule (None: two answers
         compared with each other, or no problem known)."""
         results: list[Verdict | None] = [None] * len(pairs)
-        pending: dict[tuple[str, str], list[int]] = {}
+        pending: dict[tuple[str, str, str | None], list[int]] = {}
         for i, (gold, answer) in enumerate(pairs):
-            settled = self._settled(gold, answer, None if problems is None else problems[i])
+            problem = problems[i] if problems is not None and self.refuse_restatements else None
+            settled = self._settled(gold, answer, problem)
             if settled is not None:
                 results[i] = settled
             elif answer is not None:  # always: no answer is settled
-                pending.setdefault((gold, answer), []).append(i)
+                pending.setdefault((gold, answer, problem), []).append(i)
         if pending:
             keys = list(pending)
             for key, (correct, error, timed_out) in zip(
@@ -311,20 +340,23 @@ class VerifierPool:
         return [r if r is not None else Verdict(False) for r in results]
 
     def _settled(self, gold: str, answer: str | None, problem: str | None) -> Verdict | None:
-        """The verdict found without math-verify (no answer, too long, not a numeral for a number,
-        a restatement of the problem, cached, or two plain numbers); None: a worker must decide."""
+        """The verdict found without a worker (no answer, too long, not a numeral for a number,
+        cached, the gold as written, or two plain numbers that a restatement of ``problem`` could not
+        make right); None: a worker must decide. ``problem``: the problem the restatement rule
+        reads, None where it reads none."""
         if answer is None:
             return Verdict(False, error="no answer")
         if len(answer) > MAX_ANSWER_CHARS:
             return Verdict(False, error=f"answer longer than {MAX_ANSWER_CHARS} chars")
         if self.numeral_answers and fails_numeral_rule(gold, answer):
             return Verdict(False, error=NOT_A_NUMERAL)
-        if self.refuse_restatements and problem is not None and restates_problem(problem, gold, answer):
-            return Verdict(False, error=RESTATED)
-        if (gold, answer) in self._cache:
-            return self._cache[(gold, answer)]
+        if (gold, answer, problem) in self._cache:
+            return self._cache[(gold, answer, problem)]
         quick = fast_verdict(gold, answer)
-        return None if quick is None else Verdict(quick)
+        as_written = normalize_answer(gold) == normalize_answer(answer)  # the gold's own form
+        if quick is False or (quick and (problem is None or as_written)):
+            return Verdict(quick)
+        return None
 
     def call_many(
         self, function: int, calls: list[tuple[str, str, list[int], dict[str, Any]]]

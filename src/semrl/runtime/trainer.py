@@ -291,6 +291,7 @@ class Trainer:
             stop.uninstall()
             if bar is not None:
                 bar.close()
+            self.watchdog.close()
             self.pool.close()
             self.log.close()
         self.processes.barrier()

@@ -7,47 +7,41 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# (section, key): what decides a run's held-out problems, how they are asked and how they are scored
-EVALUATION_KEYS = (
-    ("data", "eval"),
-    ("data", "eval_size"),
-    ("data", "eval_split"),
-    ("data", "problem_key"),
-    ("data", "answer_key"),
-    ("data", "system_prompt"),
-    ("data", "prompt_template"),
-    ("reward", "functions"),
-    ("reward", "weights"),
-    ("reward", "correctness"),
-    ("reward", "final_number_fallback"),
-    ("reward", "numeral_answers"),
-    ("reward", "refuse_restatements"),
-    ("logging", "eval_samples"),
-    ("logging", "eval_temperature"),
-    ("rollout", "max_new_tokens"),
-    ("rollout", "top_p"),
+from semrl.config.held_out_settings import (
+    HELD_OUT_FROM_TRAIN,
+    HOW_SAMPLED_AND_JUDGED,
+    WHICH_PROBLEMS,
+    decides_held_out,
+    setting,
 )
-# 'auto' held-out problems come from data.train: then the training data decides them too
-HELD_OUT_FROM_TRAIN = (("data", "train"), ("data", "arithmetic_levels"))
+
+# (section, key): what decides a run's held-out problems, how they are asked and how they are scored;
+# the same settings as the held-out cache key's (semrl.config.held_out_settings)
+EVALUATION_KEYS = WHICH_PROBLEMS + tuple((section, key) for _, section, key in HOW_SAMPLED_AND_JUDGED)
 
 
-def evaluation_differences(run_dirs: Sequence[str | Path]) -> dict[str, list[Any]]:
-    """``section.key`` -> each run's value, for every evaluation setting on which the runs differ
-    (a run whose config.yaml is missing is not compared)."""
+def evaluation_differences(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
+    """``section.key`` -> {run directory: its value}, for every evaluation setting on which the runs
+    differ. A run whose config.yaml is missing is not compared, and is in no value's runs. A setting
+    that does not decide a run's held-out samples (``rollout.temperature`` where
+    ``logging.eval_temperature`` is set) has the value None there."""
     import yaml
 
-    configs = []
+    configs = {}
     for run_dir in run_dirs:
         path = Path(run_dir) / "config.yaml"
         if path.is_file():
-            configs.append(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+            configs[str(run_dir)] = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     keys = list(EVALUATION_KEYS)
-    if any(c.get("data", {}).get("eval") == "auto" for c in configs):
+    if any(setting(c, "data", "eval") == "auto" for c in configs.values()):
         keys += HELD_OUT_FROM_TRAIN
     differ = {}
     for section, key in keys:
-        values = [c.get(section, {}).get(key) for c in configs]
-        if any(v != values[0] for v in values):
+        values = {
+            run: setting(c, section, key) if decides_held_out(c, section, key) else None
+            for run, c in configs.items()
+        }
+        if len({repr(v) for v in values.values()}) > 1:
             differ[f"{section}.{key}"] = values
     return differ
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from semrl.core.distributed import is_sharded
+from semrl.errors import TrainingError
 from semrl.models.precision import autocast_to
 from semrl.rollout.batch import RolloutBatch
 from semrl.rollout.engines.base import Generation
@@ -100,6 +102,13 @@ def with_sampling_entropy(
     engine's). contexts[i]: the tokens before generations[i]. The given objects are left as they are."""
     out = list(generations)
     todo = [i for i, g in enumerate(generations) if g.entropy is None]
+    if todo and is_sharded(model):
+        raise TrainingError(
+            f"{len(todo)} sampled chains came without their entropy record, and under trainer.fsdp the "
+            "forward that would give it cannot run in one process's rollout (the weights are sharded "
+            "across processes). Use rollout.vllm_sampler_entropy=true on rollout.engine=vllm, or "
+            "trainer.fsdp=false"
+        )
     was_training = model.training
     model.eval()
     for start in range(0, len(todo), micro_batch_size):

@@ -16,11 +16,6 @@ from semrl.rollout.engines.base import EngineCost, PrefixCache, sampling_time
 from semrl.rollout.engines.kv_cache import row_cache, with_cache
 
 
-def is_sharded(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s parameters are shards (FSDP's DTensors): it cannot run forwards alone."""
-    return any(type(p).__name__ == "DTensor" for p in model.parameters())
-
-
 class RowLoop:
     """Rows that take one token per forward through one batched KV cache, where a row can be copied (a
     fork shares its parent's KV) or dropped between forwards: LATR's lookahead, as its official code

@@ -33,6 +33,7 @@ from typing import Any, Generic
 import torch
 from transformers import PreTrainedModel
 
+from semrl.core.distributed import is_sharded
 from semrl.core.watchdog import beat
 from semrl.errors import EngineError, TrainingError
 from semrl.models.lora import sampling_weights
@@ -52,7 +53,7 @@ from semrl.rollout.engines.base import (
     require_power,
     sampling_time,
 )
-from semrl.rollout.engines.row_loop import RowLoop, is_sharded
+from semrl.rollout.engines.row_loop import RowLoop
 from semrl.rollout.engines.vllm_entropy import ENTROPY_KEY, forget, take
 from semrl.rollout.engines.vllm_fork import ForkHooks, install_fork_hooks, say_once
 from semrl.rollout.engines.vllm_start import VLLMSettings, check_model_for_vllm, import_vllm, shared_llm
