@@ -170,7 +170,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(tiny):
 
     from semrl.config.sections import ModelConfig
     from semrl.models.lora import add_adapters
-    from semrl.rollout.engines.hf import with_cache
+    from semrl.rollout.engines.kv_cache import with_cache
 
     class NewStyle(torch.nn.Module):
         def forward(self, input_ids, cache=None, use_cache=False): ...

@@ -25,9 +25,8 @@ from semrl.rollout.engines import (
     GenerationRequest,
     SamplingParams,
     build_engine,
-    node_seed,
-    prompt_generator,
 )
+from semrl.rollout.seeds import node_seed, prompt_generator
 from semrl.tracking.metrics import cost_metrics
 from tests.helpers import eager_vllm, vllm_batch_limit, vllm_or_skip
 

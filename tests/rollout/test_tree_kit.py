@@ -19,7 +19,8 @@ from semrl.methods.interface import RolloutContext
 from semrl.methods.registry import load, method_config
 from semrl.methods.rose.advantages import segment_advantages
 from semrl.models.loading import load_model, load_tokenizer
-from semrl.rollout.engines import SamplingParams, build_engine, node_seed, sampling_params
+from semrl.rollout.engines import SamplingParams, build_engine, sampling_params
+from semrl.rollout.seeds import node_seed
 from semrl.rollout.tree import ChainTree
 from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
 from semrl.runtime.setup import check_engine_powers

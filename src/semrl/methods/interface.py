@@ -15,11 +15,8 @@ import torch
 from semrl.methods.registry import MethodConfig
 from semrl.rollout.batch import GroupInfo
 from semrl.rollout.engines import Engine, Generation, SamplingParams
-
-# (contexts, generations) -> the generations with their entropy: new objects where it was None, with
-# the full-vocabulary entropy at the weights that sampled them; contexts[i] holds the tokens before
-# generations[i] (``semrl.update.row_logprobs.with_sampling_entropy``, bound by the trainer)
-SamplingEntropyFn = Callable[[list[list[int]], list[Generation]], list[Generation]]
+from semrl.rollout.seeds import seeds_or_draw
+from semrl.rollout.tree_kit import SamplingEntropyFn
 
 
 @dataclass(frozen=True)
@@ -40,8 +37,8 @@ class RolloutContext:
             tests read a segment's text).
         step: the training step this rollout is for (rollouts whose settings follow a schedule).
         prompt_seeds: one seed per prompt, from the run's seed, the step, the sampling round and
-            the prompt's place in the global batch (``engines.prompt_seed``); a tree method derives
-            every request's seed from it and its node (``engines.node_seed``), so its tokens do not
+            the prompt's place in the global batch (``rollout.seeds.prompt_seed``); a tree method derives
+            every request's seed from it and its node (``rollout.seeds.node_seed``), so its tokens do not
             depend on scheduling or on the number of processes. None: drawn from ``generator``.
     """
 
@@ -61,11 +58,7 @@ class RolloutContext:
 
     def seeds_of_prompts(self, count: int) -> list[int]:
         """``prompt_seeds``, or ``count`` seeds drawn from ``generator`` when there are none."""
-        if self.prompt_seeds is None:
-            return [int(torch.randint(2**62, (1,), generator=self.generator)) for _ in range(count)]
-        if len(self.prompt_seeds) != count:
-            raise ValueError(f"{len(self.prompt_seeds)} prompt seeds for {count} prompts")
-        return self.prompt_seeds
+        return seeds_or_draw(self.prompt_seeds, count, self.generator)
 
 
 @dataclass

@@ -36,14 +36,15 @@ from semrl.rollout.engines.base import (
     PrefixCache,
     SamplingParams,
     join_generations,
-    node_seed,
     require_power,
 )
+from semrl.rollout.seeds import check_seed_count, node_seed
 from semrl.rollout.tree import ChainTree
 
-# (contexts, generations) -> the generations with their full-vocabulary entropy
-# (``semrl.methods.interface.SamplingEntropyFn``)
-EntropyFn = Callable[[list[list[int]], list[Generation]], list[Generation]]
+# (contexts, generations) -> the generations with their entropy: new objects where it was None, with
+# the full-vocabulary entropy at the weights that sampled them; contexts[i] holds the tokens before
+# generations[i] (``semrl.update.row_logprobs.with_sampling_entropy``, bound by the trainer)
+SamplingEntropyFn = Callable[[list[list[int]], list[Generation]], list[Generation]]
 
 
 @dataclass(eq=False)
@@ -242,10 +243,9 @@ class TreeSampler:
         generator: torch.Generator | None,
         prompt_seeds: list[int] | None = None,
         keep_kv: bool = False,
-        sampling_entropy: EntropyFn | None = None,
+        sampling_entropy: SamplingEntropyFn | None = None,
     ) -> None:
-        if prompt_seeds is not None and len(prompt_seeds) != len(prompts):
-            raise ValueError(f"{len(prompt_seeds)} prompt seeds for {len(prompts)} prompts")
+        check_seed_count(prompt_seeds, len(prompts))
         self.engine, self.params, self.generator = engine, params, generator
         self.keep_kv = keep_kv and engine.powers.fork
         self.sampling_entropy = sampling_entropy

@@ -41,8 +41,9 @@ from semrl.methods.registry import MethodSpec, PolicyLoss, load, method_config
 from semrl.models.loading import resolve_model_path
 from semrl.reward import Scores, VerifierPool, reward_functions, score
 from semrl.rollout.batch import CollectedStep, RolloutBatch
-from semrl.rollout.engines import GenerationRequest, prompt_seed, sampling_params, sequence_seed
+from semrl.rollout.engines import GenerationRequest, sampling_params
 from semrl.rollout.group_filter import GroupFilter
+from semrl.rollout.seeds import prompt_seed, sequence_seed
 from semrl.runtime.preemption import StopSignal
 from semrl.runtime.run_state import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.tracking.metrics import cost_metrics, entropy_metrics, reward_metrics, rollout_metrics

@@ -37,7 +37,8 @@ from semrl.methods.interface import RolloutContext, RolloutFn
 from semrl.methods.registry import load, method_config
 from semrl.methods.semantic_entropy import cluster_answers
 from semrl.reward import VerifierPool, score_responses
-from semrl.rollout.engines import Engine, GenerationRequest, node_seed, sampling_params
+from semrl.rollout.engines import Engine, GenerationRequest, sampling_params
+from semrl.rollout.seeds import node_seed
 from semrl.studies.explore import (
     Leaves,
 )
@@ -110,7 +111,7 @@ def _verified(
 
 def problem_seed(seed: int, problem: str) -> int:
     """The seed of one problem's rollout under rollout seed ``seed``: a tree's requests derive theirs
-    from it and their node (``engines.node_seed``), so a problem's tokens do not depend on which
+    from it and their node (``rollout.seeds.node_seed``), so a problem's tokens do not depend on which
     problems share its engine call."""
     key = [seed, zlib.crc32(problem.encode("utf-8"))]
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from semrl.core.entropy import entropy_from_logprobs
 from semrl.models.precision import active_dtype
 
 DEFAULT_LOGITS_CHUNK = 256  # trainer.logits_chunk_size's default
@@ -54,9 +55,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
             chunk_lse = torch.logsumexp(logits, dim=-1)
             lse[start:end] = chunk_lse
             logp[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - chunk_lse
-            if with_entropy:  # -sum p log p; lse - sum p z would lose digits on peaked rows
-                logits -= chunk_lse[:, None]
-                entropy[start:end] = -torch.exp(logits).mul_(logits).sum(-1)
+            if with_entropy:
+                logits -= chunk_lse[:, None]  # log p, in place
+                entropy[start:end] = entropy_from_logprobs(logits)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
         return logp, entropy

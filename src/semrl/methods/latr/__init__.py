@@ -195,9 +195,6 @@ register_method(
         options=LatrConfig,
         check=check_latr,
         host=latr_host,
-        # the official split runs the lookahead on the model beside the engine (its row loop)
-        engine_powers=lambda o: (
-            {"row_loop": "latr.vllm_lookahead=model"} if o.vllm_lookahead == "model" else {}
-        ),
+        engine_powers=latr_engine_powers,
     )
 )

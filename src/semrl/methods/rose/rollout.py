@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from semrl.methods.interface import SamplingEntropyFn
 from semrl.methods.rose import RoseConfig
 from semrl.methods.rose.branching import branch_scores
-from semrl.rollout.engines import Engine, Generation, SamplingParams, prompt_generator
+from semrl.rollout.engines import Engine, Generation, SamplingParams
+from semrl.rollout.seeds import prompt_generator
 from semrl.rollout.tree import ChainTree
-from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
+from semrl.rollout.tree_kit import Node, SamplingEntropyFn, TreeSampler, chain_tree
 
 
 @dataclass

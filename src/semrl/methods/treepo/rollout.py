@@ -11,7 +11,7 @@ Scheduling (docs/engines.md, "Tree rollouts on the engines"). The budget rule re
 prompt's depth, so a prompt's depth waits for its own paths only: the moment its last segment comes
 back, its next depth joins the engine's running batch (``Engine.generate_dynamic``), whatever the
 other prompts are doing. Each segment draws from its own seed, derived from the prompt's seed and the
-node's index in its tree (``engines.node_seed``), and each prompt's fallback from its own stream, so a
+node's index in its tree (``rollout.seeds.node_seed``), and each prompt's fallback from its own stream, so a
 tree's tokens do not depend on the batch limit or on the order in which requests finish.
 
 Block alignment (``treepo.segment_alignment=block``). vLLM's prefix cache serves whole KV blocks of B
@@ -39,7 +39,8 @@ import torch
 
 from semrl.methods.treepo.advantages import branch_budget, has_repetition
 from semrl.reward.extract import extract_boxed
-from semrl.rollout.engines import Engine, Generation, SamplingParams, prompt_generator
+from semrl.rollout.engines import Engine, Generation, SamplingParams
+from semrl.rollout.seeds import prompt_generator, seeds_or_draw
 from semrl.rollout.tree import ChainTree
 from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
 
@@ -270,10 +271,7 @@ def segment_tree_rollout(
             it (the trainer derives it from the run's seed, the step and the prompt's place in the
             global batch).
     """
-    if prompt_seeds is None:
-        prompt_seeds = [int(torch.randint(2**62, (1,), generator=generator)) for _ in prompts]
-    if len(prompt_seeds) != len(prompts):
-        raise ValueError(f"{len(prompt_seeds)} prompt seeds for {len(prompts)} prompts")
+    prompt_seeds = seeds_or_draw(prompt_seeds, len(prompts), generator)
     trees = [
         PromptTree(
             p,

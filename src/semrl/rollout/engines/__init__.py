@@ -23,13 +23,9 @@ from semrl.rollout.engines.base import (
     SamplingParams,
     eos_token_ids,
     join_generations,
-    node_seed,
-    prompt_generator,
-    prompt_seed,
     request_budget,
     require_power,
     sampling_params,
-    sequence_seed,
 )
 
 if TYPE_CHECKING:
@@ -54,13 +50,9 @@ __all__ = [
     "build_engine",
     "eos_token_ids",
     "join_generations",
-    "node_seed",
-    "prompt_generator",
-    "prompt_seed",
     "request_budget",
     "require_power",
     "sampling_params",
-    "sequence_seed",
 ]
 
 

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import numpy as np
 import torch
 
 from semrl.errors import EngineError
@@ -25,41 +24,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from semrl.config.sections import RolloutConfig
-
-
-def sequence_seed(seed: int, step: int, round_index: int, prompt: int, sample: int) -> int:
-    """The seed of one sampled sequence under ``rollout.seed_per_sequence``: sample ``sample`` of
-    prompt ``prompt`` (its index in the step's global batch) in rollout round ``round_index``."""
-    key = [seed, step, round_index, prompt, sample]
-    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
-
-
-TREE = 2**31  # the sample index of a prompt's tree seed: no sequence of a group has it
-
-
-def prompt_seed(seed: int, step: int, round_index: int, prompt: int) -> int:
-    """The seed of prompt ``prompt``'s tree (its index in the step's global batch) in rollout round
-    ``round_index``; ``node_seed`` derives each request's seed from it."""
-    return sequence_seed(seed, step, round_index, prompt, TREE)
-
-
-NODE_STREAM, PROMPT_STREAM = 1, 0  # the two kinds of stream derived from a prompt's seed
-
-
-def node_seed(prompt_seed: int, node: int) -> int:
-    """The sampling seed of tree node ``node`` (its index among the prompt's requests, fixed by the
-    method's rule, never by completion order) of a prompt whose tree draws from ``prompt_seed``.
-    A tree's tokens then do not depend on the batch limit or on which request finishes first
-    (docs/engines.md, "Tree rollouts on the engines")."""
-    key = [prompt_seed, NODE_STREAM, node]
-    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
-
-
-def prompt_generator(prompt_seed: int) -> torch.Generator:
-    """The random stream of a prompt's own choices (TreePO's first fork width and fallback cuts)."""
-    key = [prompt_seed, PROMPT_STREAM]
-    state = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
-    return torch.Generator().manual_seed(int(state >> 1))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
+from semrl.core.entropy import entropy_from_logprobs
 from semrl.core.watchdog import beat
 from semrl.models.precision import autocast_to
 from semrl.rollout.engines.base import (
@@ -42,7 +43,7 @@ from semrl.rollout.engines.base import (
     require_power,
     sampling_time,
 )
-from semrl.rollout.engines.kv_cache import batched_cache, row_cache, with_cache
+from semrl.rollout.engines.kv_cache import batched_cache, last_logits, row_cache
 from semrl.rollout.engines.row_loop import RowLoop
 
 
@@ -230,18 +231,7 @@ class HFEngine:
         self.cost.prefill_tokens += sum(self._prefills)
         self.cost.engine_steps += 1
         self.cost.running_rows += batch
-        logits = (
-            model(
-                input_ids=input_ids.to(device),
-                attention_mask=attention,
-                position_ids=positions.to(device),
-                **with_cache(model, cache),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            .logits[:, -1, :]
-            .float()
-        )
+        logits = last_logits(model, input_ids.to(device), attention, positions.to(device), cache)
 
         max_steps = int(budgets.max().item())
         k = params.logprobs_top_k
@@ -288,7 +278,7 @@ class HFEngine:
             logps[active, step] = logp_all.gather(-1, token[:, None]).squeeze(-1).cpu()
             top_lps[active, step] = top_lp.cpu()
             top_ids[active, step] = top_id.cpu()
-            entropies[active, step] = -(logp_all.exp() * logp_all).sum(-1).cpu()
+            entropies[active, step] = entropy_from_logprobs(logp_all).cpu()
             lengths[active] += 1
             is_eos = torch.isin(token, eos).cpu()
             finished[active] |= is_eos
@@ -315,17 +305,7 @@ class HFEngine:
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], -1)
             self.cost.engine_steps += 1
             self.cost.running_rows += len(active)
-            logits = (
-                model(
-                    input_ids=token[:, None],
-                    attention_mask=attention,
-                    position_ids=next_pos[:, None],
-                    **with_cache(model, cache),
-                    use_cache=True,
-                )
-                .logits[:, -1, :]
-                .float()
-            )
+            logits = last_logits(model, token[:, None], attention, next_pos[:, None], cache)
             next_pos = next_pos + 1
         if was_training:
             model.train()

@@ -27,6 +27,28 @@ def with_cache(model: torch.nn.Module, cache: DynamicCache) -> dict[str, Dynamic
 _CACHE_KEYWORD: dict[type[torch.nn.Module], str] = {}
 
 
+def last_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cache: DynamicCache,
+) -> torch.Tensor:
+    """(rows, V) float32 logits at each row's last position, from one forward of ``input_ids``
+    (rows, T) after ``cache``, which the forward extends in place; the LM head runs on that position
+    only. Every tensor on the model's device."""
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        **with_cache(model, cache),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits: torch.Tensor = out.logits[:, -1, :].float()
+    return logits
+
+
 def batched_cache(caches: list[PrefixCache | None], lengths: list[int], device: torch.device) -> DynamicCache:
     """Left-pad the first ``lengths[i]`` cached tokens of each row into one (B, H, W, D) cache per layer."""
     width = max(lengths)

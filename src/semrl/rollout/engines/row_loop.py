@@ -13,7 +13,7 @@ from transformers import DynamicCache, PreTrainedModel
 from semrl.core.watchdog import beat
 from semrl.models.precision import autocast_to
 from semrl.rollout.engines.base import EngineCost, PrefixCache, sampling_time
-from semrl.rollout.engines.kv_cache import row_cache, with_cache
+from semrl.rollout.engines.kv_cache import last_logits, row_cache
 
 
 class RowLoop:
@@ -49,19 +49,8 @@ class RowLoop:
         was_training = self.model.training
         self.model.eval()
         with sampling_time(self.cost), torch.inference_mode(), autocast_to(self.compute_dtype, self.model):
-            self.logits = (
-                self.model(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=self.attention.to(self.device),
-                    position_ids=positions.to(self.device),
-                    **with_cache(self.model, self.cache),
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                .logits[:, -1, :]
-                .float()
-                .cpu()
-            )
+            ids, attention = input_ids.to(self.device), self.attention.to(self.device)
+            self.logits = last_logits(self.model, ids, attention, positions.to(self.device), self.cache).cpu()
         if was_training:
             self.model.train()
         self.cost.engine_steps += 1

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from semrl.core.entropy import entropy_from_logprobs
+
 ENTROPY_KEY = "semrl_entropy"
 
 # request id -> entropy per output position, filled by every engine of the process
@@ -56,9 +58,8 @@ def record(rows: dict[int, tuple[str, list[int]]], logits: torch.Tensor) -> None
     logits at the request's output position. logits: (rows, V) the step's tempered logits."""
     order = sorted(rows)
     picked = logits[torch.tensor(order, device=logits.device)].float()
-    # the trainer's formula (semrl.update.lm_head): -sum p log p over log p = z - logsumexp(z)
-    logp = picked - torch.logsumexp(picked, dim=-1, keepdim=True)
-    values = (-torch.exp(logp).mul_(logp).sum(-1)).tolist()
+    # the trainer's formula (semrl.core.entropy) over log p = z - logsumexp(z)
+    values = entropy_from_logprobs(picked - torch.logsumexp(picked, dim=-1, keepdim=True)).tolist()
     for row, value in zip(order, values, strict=True):
         request_id, output_ids = rows[row]
         entries = _RECORDS.setdefault(request_id, [])
