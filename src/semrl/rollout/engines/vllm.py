@@ -280,17 +280,15 @@ class VLLMEngine:
         running: dict[str, _Running[Tag]] = {}
         by_tag: dict[Tag, str] = {}  # streamed requests' ids, for stopping them
         forks, streams = self._forks, streaming is not None
-        counted = (forks.forked, forks.fallbacks, forks.refused) if forks is not None else (0, 0, 0)
+        if forks is not None:
+            forks.start_call()
 
         def submit(pairs: list[tuple[Tag, GenerationRequest]]) -> None:
             for tag, request in pairs:
                 sampler = streaming[0] if request.stream and streaming is not None else params
                 request_id, prompt, sampling = self._prepare(request, sampler, generator, streams)
                 if forks is not None:
-                    if hold and request.keep_kv:
-                        forks.parents.add(request_id)
-                    if isinstance(request.cache, HeldKV):
-                        forks.forks[request_id] = request.cache.request_id
+                    forks.mark(request_id, request, hold)
                 core.add_request(request_id, prompt, sampling)
                 context = len(prompt["prompt_token_ids"])
                 running[request_id] = _Running(tag, request, context, self.cost.engine_steps, sampler)
@@ -319,10 +317,8 @@ class VLLMEngine:
             while running:
                 outputs = core.step()
                 beat()
-                if forks is not None and forks.deferred:  # the children they waited for are in
-                    forks.settle()
-                if forks is not None and not outputs:  # no hold may stall the engine
-                    forks.starved()
+                if forks is not None:
+                    forks.after_step(bool(outputs))
                 finished = [out for out in outputs if out.finished]
                 self.cost.engine_steps += 1
                 # the step ran the sequences still running after it and those it finished
@@ -337,9 +333,10 @@ class VLLMEngine:
                     generation = self._to_generation(out.outputs[0], entry.params.logprobs_top_k)
                     if entry.request.entropy and out.finished:
                         generation.entropy = take(out.request_id, len(generation.token_ids))
-                    held = forks is not None and out.finished and out.request_id in forks.held
-                    if held or (forks is not None and hold and entry.request.stream):  # a stream: running
-                        generation.cache = HeldKV(out.request_id)
+                    if forks is not None:
+                        generation.cache = forks.handle(
+                            out.request_id, out.finished, hold and entry.request.stream
+                        )
                     settle(entry, out, generation)
                     if out.finished:
                         del running[out.request_id]
@@ -367,11 +364,10 @@ class VLLMEngine:
         finally:
             forget(list(running))
             if forks is not None:  # no hold outlives its call
-                forks.release_all()
-                self.cost.forked_requests += forks.forked - counted[0]
-                self.cost.fork_fallbacks += forks.fallbacks - counted[1]
-                self.cost.holds_refused += forks.refused - counted[2]
-                forks.say_refused(forks.refused - counted[2])
+                forked, fallbacks, refused = forks.end_call()
+                self.cost.forked_requests += forked
+                self.cost.fork_fallbacks += fallbacks
+                self.cost.holds_refused += refused
 
     def _prepare(
         self,

@@ -26,6 +26,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from semrl.rollout.engines.base import GenerationRequest, HeldKV
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED = ("0.32.",)  # vLLM 0.33 changed get_computed_blocks(request, max_cache_hit_length=None)
@@ -97,6 +99,45 @@ class ForkHooks:
     forked: int = 0
     fallbacks: int = 0
     refused: int = 0
+    _at_call_start: tuple[int, int, int] = (0, 0, 0)
+
+    # ---- the verbs an engine call uses, in the order it uses them
+
+    def start_call(self) -> None:
+        """A call begins: its forks, fallbacks and refused holds are counted from here."""
+        self._at_call_start = (self.forked, self.fallbacks, self.refused)
+
+    def mark(self, request_id: str, request: GenerationRequest, hold: bool) -> None:
+        """A request about to be added: held when it finishes (``hold`` and its ``keep_kv``), and a fork
+        of the parent its ``cache`` names."""
+        if hold and request.keep_kv:
+            self.parents.add(request_id)
+        if isinstance(request.cache, HeldKV):
+            self.forks[request_id] = request.cache.request_id
+
+    def after_step(self, produced: bool) -> None:
+        """After an engine step: free the let-go parents whose children it admitted; when it
+        ``produced`` no output, let no hold stall the engine."""
+        if self.deferred:
+            self.settle()
+        if not produced:
+            self.starved()
+
+    def handle(self, request_id: str, finished: bool, running_stream: bool) -> HeldKV | None:
+        """The KV handle a request's generation carries: a finished request's held blocks, or a
+        stream's own while it runs (its children fork it mid-way); None otherwise."""
+        if (finished and request_id in self.held) or running_stream:
+            return HeldKV(request_id)
+        return None
+
+    def end_call(self) -> tuple[int, int, int]:
+        """A call ends, returning or raising: every hold and mark let go, and the call's (forked,
+        fallbacks, refused holds), said once per process when holds were refused."""
+        self.release_all()
+        first = self._at_call_start
+        spent = (self.forked - first[0], self.fallbacks - first[1], self.refused - first[2])
+        self.say_refused(spent[2])
+        return spent
 
     @property
     def _blocks_of(self) -> dict[str, list[Any]]:
@@ -171,9 +212,11 @@ class ForkHooks:
     def release(self, parent: str) -> None:
         """Let go of a parent's hold (and of its mark, if it has not finished) after the next engine
         step (``settle``): the children its last callback started are submitted after the callback
-        returns, and take its blocks when that step admits them."""
+        returns, and take its blocks when that step admits them. A parent held by nothing (not
+        finished yet, refused, or let go when its call ended) has nothing to free."""
         self.parents.discard(parent)
-        self.deferred.add(parent)
+        if parent in self.held:
+            self.deferred.add(parent)
 
     def settle(self) -> None:
         """After an engine step: free the let-go parents that no child waiting for admission names."""
