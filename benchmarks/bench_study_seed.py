@@ -8,7 +8,7 @@ trains once at the regime Study 2 and Study 3 share (configs/study_sparse.yaml, 
 the same training keys) for ``--steps`` steps. Its evaluations are timed three ways on the same
 weights and engine, the prefix cache emptied before each:
 
-- before: Study 2's evaluation on the chunked path (``Engine.continuous_batching`` off, requests in
+- before: Study 2's evaluation on the chunked path (``EnginePowers.continuous_batching`` off, requests in
   chunks of the engine's batch size): the base model on 128 held-out and 128 transfer problems x 16
   samples, in the seed's first variant only (the sweep reused it for the others), and the trained
   model on the same problems;
@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> 
     engine, times = trainer.engine, {"start-up: set-up": time.perf_counter() - start}
 
     def evaluate(name: str, continuous: bool, step: int) -> None:
-        engine.continuous_batching = continuous
+        engine.powers = replace(engine.powers, continuous_batching=continuous)
         engine._reset_prefix_cache()  # every evaluation starts from an empty prefix cache
         start = time.perf_counter()
         evaluate_splits(
@@ -101,7 +102,7 @@ def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> 
             trainer.rewards,
         )
         times[name] = time.perf_counter() - start
-        engine.continuous_batching = True
+        engine.powers = replace(engine.powers, continuous_batching=True)
 
     if first:
         evaluate("base evaluation, chunked", False, 0)

@@ -99,8 +99,10 @@ def test_logprobs_and_top_k_equal_the_training_forward(setup, kind, temperature)
         distinct = (ref_lp[:, :-1] - ref_lp[:, 1:]).abs() > 1e-3
         assert torch.equal(g.top_ids[:, :-1][distinct], ref_ids[:, :-1][distinct])
         assert bool((g.top_logprobs[:, :-1] >= g.top_logprobs[:, 1:] - 1e-6).all())  # descending
-    assert engine.computes_entropy == (kind == "hf")
-    assert all((g.entropy is not None) == engine.computes_entropy for g in gens)
+    assert engine.powers.computes_entropy == (kind == "hf") and engine.powers.records_entropy == (
+        kind == "vllm"
+    )
+    assert all((g.entropy is not None) == engine.powers.computes_entropy for g in gens)
 
 
 @pytest.mark.parametrize("kind", ENGINES)

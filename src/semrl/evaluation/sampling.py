@@ -69,7 +69,7 @@ def sample_and_verify(
     judge them with ``judge`` and cluster their answers: what evaluation and the SENT curriculum's
     scoring both need.
 
-    An engine that refills finished slots (``Engine.continuous_batching``: vllm) gets every request
+    An engine that refills finished slots (``EnginePowers.continuous_batching``: vllm) gets every request
     at once (``Engine.generate_dynamic``); the others get chunks of ``engine.batch_size``. Either
     way the requests take their seeds from ``generator`` in the same order, so the samples do not
     depend on the path (docs/evaluation.md, "Continuous batching"). ``progress`` gets a count for
@@ -87,14 +87,14 @@ def sample_and_verify(
         i, j = tag
         gens[i][j] = generation
         waiting[i] -= 1
-        if progress is not None and engine.continuous_batching:  # the others count as rows stop
+        if progress is not None and engine.powers.continuous_batching:  # the others count as rows stop
             progress(1)
         if waiting[i] == 0:
             done = [g for g in gens[i] if g is not None]
             out[i] = judge_samples(problems[i], done, tokenizer, judge)
         return []
 
-    if engine.continuous_batching:
+    if engine.powers.continuous_batching:
         engine.generate_dynamic(tagged, params, generator, finished)
     else:
         for start in range(0, len(tagged), engine.batch_size):

@@ -108,7 +108,11 @@ def tree_rollout(
             tree depends neither on scheduling nor on the other prompts of the call. None: every draw
             comes from ``generator``, in submission order.
     """
-    if options.entropy_mode == "full_vocab" and not engine.computes_entropy and sampling_entropy is None:
+    if (
+        options.entropy_mode == "full_vocab"
+        and not engine.powers.computes_entropy
+        and sampling_entropy is None
+    ):
         raise ValueError(
             f"rose.entropy_mode=full_vocab on the {engine.name} engine, which computes no entropy: "
             "pass sampling_entropy (the trainer's RolloutContext.sampling_entropy)"

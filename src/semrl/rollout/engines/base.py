@@ -259,17 +259,32 @@ class EnginePowers:
             engine step, beside sampled ones (LATR's lookahead as requests).
         row_loop: ``row_loop()``: rows that take one token per forward of one batched KV cache on the
             sampling model (LATR's lookahead on the model); not on a sharded model.
+        continuous_batching: ``generate_dynamic`` starts a request as soon as a slot frees (vllm)
+            rather than in rounds of whole batches (hf); evaluation then hands it every request at once.
+        computes_entropy: ``Generation.entropy`` is filled at sampling time for every request (hf).
+        records_entropy: the entropy of a request that asks (``GenerationRequest.entropy``) is
+            recorded while it is sampled, where it can be (vllm with ``rollout.vllm_sampler_entropy``:
+            not for greedy requests, nor a record with a position lost). Otherwise, and where a record
+            is missing, the trainer measures it with its own forward
+            (``semrl.update.row_logprobs.with_sampling_entropy``; a method's rollout through
+            ``RolloutContext.sampling_entropy``).
     """
 
     fork: bool = False
     streaming: bool = False
     row_loop: bool = False
+    continuous_batching: bool = False
+    computes_entropy: bool = False
+    records_entropy: bool = False
 
 
 POWERS = {
     "fork": "continue a request from its parent's KV",
     "streaming": "stream greedy requests' tokens (generate_streaming)",
     "row_loop": "run lookahead rows on its model (row_loop)",
+    "continuous_batching": "start a request as soon as a slot frees",
+    "computes_entropy": "give every request's entropy as it samples",
+    "records_entropy": "record the entropy of the requests that ask as it samples",
 }
 
 
@@ -320,13 +335,6 @@ class Engine(Protocol):
     Attributes:
         name: ``hf`` or ``vllm``.
         batch_size: sequences generated together (evaluation sizes its chunks by it).
-        continuous_batching: whether ``generate_dynamic`` starts a request as soon as a slot
-            frees (vllm) rather than in rounds of whole batches (hf); evaluation then hands it every
-            request at once.
-        computes_entropy: whether ``Generation.entropy`` is filled at sampling time; when it is
-            not, the trainer measures the sampling entropy with its own forward
-            (``semrl.update.row_logprobs.with_sampling_entropy``; a method's rollout through
-            ``RolloutContext.sampling_entropy``).
         compute_dtype: the dtype sampling computes in (the training model may hold float32
             master weights).
         eos_token_ids: the ids that end a response (a list or a 1-D tensor).
@@ -346,8 +354,6 @@ class Engine(Protocol):
 
     name: str
     batch_size: int
-    continuous_batching: bool
-    computes_entropy: bool
     compute_dtype: torch.dtype
     eos_token_ids: Any
     cost: EngineCost

@@ -66,8 +66,6 @@ class HFEngine:
     """Samples continuations from a causal LM with Hugging Face's KV cache (the ``hf`` engine)."""
 
     name = "hf"
-    computes_entropy = True
-    continuous_batching = False
 
     def __init__(
         self,
@@ -87,7 +85,7 @@ class HFEngine:
         self.sampled_by_prompt: Counter[tuple[int, ...]] | None = None
         self._prefills: list[int] = []  # context tokens each row of the last batch computed
         # a fork (a child continues its parent's PrefixCache) and the row loop on its model; no streaming
-        self.powers = EnginePowers(fork=True, streaming=False, row_loop=True)
+        self.powers = EnginePowers(fork=True, streaming=False, row_loop=True, computes_entropy=True)
 
     @property
     def generated_tokens(self) -> int:

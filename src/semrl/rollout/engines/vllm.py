@@ -70,8 +70,6 @@ class VLLMEngine:
     """
 
     name = "vllm"
-    computes_entropy = False
-    continuous_batching = True
 
     def __init__(
         self,
@@ -114,7 +112,11 @@ class VLLMEngine:
         # a fork (vLLM 0.32's copy-on-write path), streaming, and the row loop on the trained model
         # unless it is sharded
         self.powers = EnginePowers(
-            fork=self._forks is not None, streaming=True, row_loop=not is_sharded(model)
+            fork=self._forks is not None,
+            streaming=True,
+            row_loop=not is_sharded(model),
+            continuous_batching=True,
+            records_entropy=self.settings.sampler_entropy,
         )
         self.sync_weights(initial_weights)  # a reused engine may hold another model's weights
 
