@@ -22,7 +22,8 @@ method keeps only its policy (where to branch, what to sample, when to stop); th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from semrl.rollout.engines.base import (
     Generation,
     GenerationRequest,
     HeldKV,
+    OnDone,
     PrefixCache,
     SamplingParams,
     join_generations,
@@ -40,6 +42,20 @@ from semrl.rollout.engines.base import (
 )
 from semrl.rollout.seeds import check_seed_count, node_seed
 from semrl.rollout.tree import ChainTree
+
+# what a method uses; the rest is the kit's own
+__all__ = [
+    "Node",
+    "OnNode",
+    "OnStream",
+    "PromptNodes",
+    "SamplingEntropyFn",
+    "TreeSampler",
+    "chain_tree",
+    "given",
+    "head",
+    "shared_tokens",
+]
 
 # (contexts, generations) -> the generations with their entropy: new objects where it was None, with
 # the full-vocabulary entropy at the weights that sampled them; contexts[i] holds the tokens before
@@ -289,20 +305,46 @@ class TreeSampler:
             node._response = None
         return node.out
 
-    def run(
+    def run(self, first: list[Node], on_node: OnNode) -> int:
+        """Sample ``first`` and everything the callbacks start; returns the engine's batched calls.
+        Each finished node goes to ``on_node``, which returns the nodes to sample next; a request's tag
+        is its node's (prompt, index). Every node's KV is let go when the call ends, whether it
+        returns or raises."""
+        with self._released():
+            return self.engine.generate_dynamic(
+                [self.pair(n) for n in first], self.params, self.generator, self._done(on_node), self.keep_kv
+            )
+
+    def run_streaming(
         self,
         first: list[Node],
         on_node: OnNode,
-        stream: tuple[OnStream, SamplingParams, list[tuple[Any, GenerationRequest]]] | None = None,
-        return_kv: bool | None = None,
+        on_stream: OnStream,
+        stream_params: SamplingParams,
+        streamed: list[tuple[Any, GenerationRequest]],
     ) -> int:
-        """Sample ``first`` and everything the callbacks start; returns the engine's batched calls.
-        Each finished node goes to ``on_node``, which returns the nodes to sample next; a request's tag
-        is its node's (prompt, index). ``stream``: (``on_stream``, its sampler, the streamed (tag,
-        request) pairs to start with) to stream requests beside the nodes
-        (``Engine.generate_streaming``). ``return_kv``: whether finished nodes keep their KV for
-        children (default: ``keep_kv``). Every node's KV is let go when the call ends, whether it
-        returns or raises."""
+        """``run``, with requests streamed beside the nodes (``Engine.generate_streaming``): the
+        ``streamed`` (tag, request) pairs start with ``first`` and sample with ``stream_params``;
+        ``on_stream`` takes each engine step's pieces and returns the nodes or streamed requests to
+        start and the tags to stop."""
+
+        def tokens(
+            pieces: list[tuple[Any, Generation]],
+        ) -> tuple[list[tuple[Any, GenerationRequest]], list[Any]]:
+            started, stopped = on_stream(pieces)
+            return [self.pair(n) if isinstance(n, Node) else n for n in started], stopped
+
+        require_power(self.engine, "streaming", "a streamed tree rollout")
+        pairs = [*streamed, *(self.pair(n) for n in first)]
+        with self._released():
+            self.engine.generate_streaming(
+                pairs, self.params, stream_params, self.generator, self._done(on_node), tokens, self.keep_kv
+            )
+        return 1
+
+    def _done(self, on_node: OnNode) -> OnDone[tuple[int, int]]:
+        """The engine's callback: a finished request's node takes its tokens and KV, and ``on_node``
+        gives the nodes to start next; closed prompts let go of their KV."""
 
         def done(tag: Any, _: GenerationRequest, out: Generation) -> list[tuple[Any, GenerationRequest]]:
             node = self.trees[tag[0]].nodes[tag[1]]
@@ -312,26 +354,13 @@ class TreeSampler:
             self._release_closed()
             return following
 
-        pairs = [self.pair(n) for n in first]
-        keep = self.keep_kv if return_kv is None else return_kv and self.keep_kv
+        return done
+
+    @contextmanager
+    def _released(self) -> Iterator[None]:
+        """Every node's KV let go when the engine call ends, whether it returns or raises."""
         try:
-            if stream is None:
-                return self.engine.generate_dynamic(
-                    pairs, self.params, self.generator, done, return_cache=keep
-                )
-            on_stream, stream_params, streamed = stream
-
-            def tokens(
-                pieces: list[tuple[Any, Generation]],
-            ) -> tuple[list[tuple[Any, GenerationRequest]], list[Any]]:
-                started, stopped = on_stream(pieces)
-                return [self.pair(n) if isinstance(n, Node) else n for n in started], stopped
-
-            require_power(self.engine, "streaming", "a streamed tree rollout")
-            self.engine.generate_streaming(
-                [*streamed, *pairs], self.params, stream_params, self.generator, done, tokens, keep
-            )
-            return 1
+            yield
         finally:
             self._closing.clear()
             for tree in self.trees:

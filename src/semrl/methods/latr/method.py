@@ -128,11 +128,8 @@ def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
         kit = TreeSampler(ctx.engine, prompt_ids, params, ctx.generator, None, keep_kv=True)
         trees = forest.trees if forest is not None else [[] for _ in prompt_ids]
         bases = row_nodes(kit, trees, width, n, params.logprobs_top_k)
-        kit.run(
-            finishing_nodes(kit, bases, params.max_new_tokens, ordinary=True),
-            lambda node: [],
-            return_kv=False,
-        )
+        # every finishing row is a leaf (Node.leaf): none keeps its KV
+        kit.run(finishing_nodes(kit, bases, params.max_new_tokens, ordinary=True), lambda node: [])
     trees = forest.trees if forest is not None else [[] for _ in prompt_ids]
     gens, groups = [], []
     for p, rows in enumerate(bases):

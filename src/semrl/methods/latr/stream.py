@@ -146,7 +146,7 @@ class StreamedRows:
         # rows that sample to their end are leaves: no KV held for them (only the streams have children)
         ordinary = [tree.add(j, leaf=True) for tree in self.kit.trees for j in range(width, n)]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=self.limit, logprobs_top_k=2)
-        self.kit.run(ordinary, lambda node: [], (self._on_tokens, greedy, streamed))
+        self.kit.run_streaming(ordinary, lambda node: [], self._on_tokens, greedy, streamed)
         if not self._done:
             raise EngineError(
                 f"LATR's streamed lookahead stopped at loop step {self.steps}: the engine ended a row's "
