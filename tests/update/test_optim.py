@@ -11,12 +11,17 @@ from semrl.config.load import load_config
 def test_optimization_skips_non_finite_updates_and_counts_them_in_a_row():
     from semrl.core.distributed import ProcessGroup
     from semrl.update.optim import Optimization
+    from semrl.update.settings import UpdateConfig
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     cfg = load_config(None, ["trainer.lr=0.1"])
     optim = Optimization(
-        model, cfg, ProcessGroup(), steps=4, scaler=torch.amp.GradScaler("cpu", enabled=False)
+        model,
+        UpdateConfig.from_config(cfg),
+        ProcessGroup(),
+        steps=4,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
     )
     before = model.weight.detach().clone()
     for expected_count, value in [(1, float("nan")), (2, float("inf")), (0, 1.0), (1, float("nan"))]:

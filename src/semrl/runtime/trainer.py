@@ -52,6 +52,7 @@ from semrl.tracking.run_log import RunLog
 from semrl.update.actor import Actor, ActorState, LoadedLoss, PolicyModels, UpdateResult
 from semrl.update.optim import Optimization
 from semrl.update.row_logprobs import with_sampling_entropy
+from semrl.update.settings import UpdateConfig
 
 logger = logging.getLogger(__name__)
 
@@ -155,13 +156,12 @@ class Trainer:
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
         schedule_steps = self.curriculum.schedule.steps_of(0) if reset else cfg.trainer.steps
-        optim = Optimization(
-            self.model, cfg, self.processes, schedule_steps, self.precision.grad_scaler(self.processes.device)
-        )
+        settings, scaler = UpdateConfig.from_config(cfg), self.precision.grad_scaler(self.processes.device)
+        optim = Optimization(self.model, settings, self.processes, schedule_steps, scaler)
         bonus = EntropyBonus.from_config(cfg.algorithm)
         self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
         self.actor = Actor(
-            cfg,
+            settings,
             PolicyModels(self.model, self.ref_model, self.reference_weights, self.precision, self.packing),
             LoadedLoss(loss_fn, prepare_fn, self.loss_config),
             ActorState(optim, bonus, self.generator),

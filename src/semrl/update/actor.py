@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from semrl.config.sections import Config
 from semrl.core.distributed import ProcessGroup
 from semrl.core.faults import NO_FAULTS, Faults
 from semrl.core.timing import PhaseClock
@@ -34,6 +33,7 @@ from semrl.update.micro_batches import micro_batches, shuffled_rows
 from semrl.update.old_logprobs import FirstForward, plan_old_logprobs
 from semrl.update.optim import Optimization
 from semrl.update.row_logprobs import batch_logprobs, rows_logprobs
+from semrl.update.settings import UpdateConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -124,7 +124,7 @@ class Actor:
     """The trained model's update: its forwards, the policy loss and the optimizer steps.
 
     Args:
-        cfg: the run's config (the ``trainer``, ``rollout`` and ``algorithm`` sections are read).
+        settings: what the update reads of the run's config (``UpdateConfig.from_config``).
         models: the trained model, the reference, their precision and packing.
         loss: the policy loss's functions and the config they read.
         state: the optimizer, the entropy bonus and the random stream the update advances.
@@ -137,7 +137,7 @@ class Actor:
 
     def __init__(
         self,
-        cfg: Config,
+        settings: UpdateConfig,
         models: PolicyModels,
         loss: LoadedLoss,
         state: ActorState,
@@ -146,7 +146,7 @@ class Actor:
         reuse_first_forward: bool = True,
         faults: Faults = NO_FAULTS,
     ) -> None:
-        self.cfg, self.processes = cfg, processes
+        self.settings, self.processes = settings, processes
         self.model, self.ref_model = models.model, models.ref_model
         self.reference_weights, self.precision, self.packing = (
             models.reference_weights,
@@ -156,18 +156,18 @@ class Actor:
         self.loss_fn, self.prepare_fn, self.loss_config = loss.loss_fn, loss.prepare_fn, loss.config
         self.optim, self.bonus, self.generator = state.optim, state.bonus, state.generator
         self.reuse_first_forward, self.faults = reuse_first_forward, faults
-        self.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+        self.temperature = settings.temperature
 
     def mini_batch_size(self, batch: RolloutBatch) -> int:
         """This process's rows per optimizer step."""
-        mini = self.cfg.trainer.mini_batch_size
+        mini = self.settings.mini_batch_size
         return mini // self.processes.world if mini else len(batch.generations)
 
     def micro_batch_plan(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Positions into ``rows`` of each micro-batch. Under a token budget every process runs as
         many micro-batches as the process that needs most (FSDP's collectives run once per forward
         on every process): a collective, so every process plans the same mini-batches."""
-        t = self.cfg.trainer
+        t = self.settings
         plan = micro_batches(batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.packing)
         if t.micro_batch_tokens is not None:
             wanted = max(self.processes.gather(len(plan)))
@@ -201,7 +201,7 @@ class Actor:
 
     def on_policy(self, batch: RolloutBatch) -> bool:
         """One epoch in one mini-batch: old log-probs equal the current ones (docs/algorithms.md)."""
-        return self.cfg.trainer.ppo_epochs == 1 and self.mini_batch_size(batch) == len(batch.generations)
+        return self.settings.ppo_epochs == 1 and self.mini_batch_size(batch) == len(batch.generations)
 
     def _passes(self, batch: RolloutBatch, first_order: torch.Tensor, clock: PhaseClock) -> PolicyPasses:
         """The no-gradient forwards before the update: the old-policy pass as ``plan_old_logprobs``
@@ -217,7 +217,7 @@ class Actor:
             entropy_before_update=self.prepare_fn is not None,
         )
         old_logp = sampling_entropy = ref_logp = None
-        chunk = self.cfg.trainer.logits_chunk_size
+        chunk = self.settings.logits_chunk_size
         if plan.pass_rows is not None:
             with clock.phase("old_logprobs"), self.precision.autocast(self.model):
                 logp, sampling_entropy = batch_logprobs(
@@ -264,7 +264,7 @@ class Actor:
         )
         stats: dict[str, list[float]] = defaultdict(list)
         self.model.train()
-        for epoch in range(self.cfg.trainer.ppo_epochs):
+        for epoch in range(self.settings.ppo_epochs):
             order = (
                 first_order
                 if epoch == 0
@@ -335,7 +335,7 @@ class Actor:
                 self.temperature,
                 with_entropy=True,
                 packed=self.packing,
-                chunk_size=self.cfg.trainer.logits_chunk_size,
+                chunk_size=self.settings.logits_chunk_size,
             )
         r, dev = mask.shape[1], logp.device
         old_logp = first.old_log_probs(idx, logp, entropy)

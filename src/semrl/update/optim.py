@@ -9,25 +9,16 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from semrl.config.sections import Config
 from semrl.core.distributed import ProcessGroup
+from semrl.update.settings import UpdateConfig
 
 
-def updates_per_step(cfg: Config) -> int:
-    """Optimizer steps per rollout step: PPO epochs x mini-batches."""
-    total = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    mini = cfg.trainer.mini_batch_size or total
-    return cfg.trainer.ppo_epochs * (total // mini)
-
-
-def make_optimizer(model: torch.nn.Module, cfg: Config, steps: int) -> tuple[torch.optim.Optimizer, Any]:
+def make_optimizer(model: torch.nn.Module, t: UpdateConfig, steps: int) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW and its learning-rate schedule (warm-up, then constant / cosine / linear) over
     ``steps`` rollout steps."""
-    t = cfg.trainer
     trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-    beta1, beta2 = t.betas  # a list of two, checked when the config loads
-    optimizer = torch.optim.AdamW(trained, lr=t.lr, betas=(beta1, beta2), weight_decay=t.weight_decay)
-    total_updates = steps * updates_per_step(cfg)
+    optimizer = torch.optim.AdamW(trained, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    total_updates = steps * t.updates_per_step
 
     def factor(update: int) -> float:
         if t.warmup_steps > 0 and update < t.warmup_steps:
@@ -85,18 +76,18 @@ class Optimization:
     def __init__(
         self,
         model: torch.nn.Module,
-        cfg: Config,
+        settings: UpdateConfig,
         processes: ProcessGroup,
         steps: int,
         scaler: torch.amp.GradScaler,
     ) -> None:
-        self.model, self.cfg, self.processes, self.scaler = model, cfg, processes, scaler
-        self.optimizer, self.scheduler = make_optimizer(model, cfg, steps)
+        self.model, self.settings, self.processes, self.scaler = model, settings, processes, scaler
+        self.optimizer, self.scheduler = make_optimizer(model, settings, steps)
         self.consecutive_bad_updates = 0
 
     def restart(self, steps: int) -> None:
         """A fresh optimizer and schedule over ``steps`` rollout steps (a new curriculum stage)."""
-        self.optimizer, self.scheduler = make_optimizer(self.model, self.cfg, steps)
+        self.optimizer, self.scheduler = make_optimizer(self.model, self.settings, steps)
 
     @property
     def lr(self) -> float:
@@ -105,14 +96,13 @@ class Optimization:
     def step(self, losses: list[float]) -> tuple[float, bool]:
         """Apply the accumulated gradients (``losses``: this process's micro-batch losses) unless they
         are not finite; returns (grad norm, applied) and counts consecutive skipped updates."""
-        fsdp = self.cfg.trainer.fsdp  # FSDP reduce-scatters the gradients during backward
         grad_norm, applied = guarded_step(
             self.model,
             self.optimizer,
             self.scheduler,
             self.processes,
-            self.cfg.trainer.max_grad_norm,
-            not fsdp,
+            self.settings.max_grad_norm,
+            not self.settings.fsdp,  # FSDP reduce-scatters the gradients during backward
             losses,
             self.scaler,
         )
