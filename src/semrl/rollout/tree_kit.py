@@ -260,8 +260,14 @@ class TreeSampler:
         prompt_seeds: list[int] | None = None,
         keep_kv: bool = False,
         sampling_entropy: SamplingEntropyFn | None = None,
+        reads_entropy: str | None = None,
     ) -> None:
         check_seed_count(prompt_seeds, len(prompts))
+        if reads_entropy and not engine.powers.computes_entropy and sampling_entropy is None:
+            raise ValueError(  # before anything is sampled, not at the first node that needs it
+                f"{reads_entropy} on the {engine.name} engine, which computes no entropy: pass "
+                "sampling_entropy (the trainer's RolloutContext.sampling_entropy)"
+            )
         self.engine, self.params, self.generator = engine, params, generator
         self.keep_kv = keep_kv and engine.powers.fork
         self.sampling_entropy = sampling_entropy

@@ -108,15 +108,17 @@ def tree_rollout(
             tree depends neither on scheduling nor on the other prompts of the call. None: every draw
             comes from ``generator``, in submission order.
     """
-    if (
-        options.entropy_mode == "full_vocab"
-        and not engine.powers.computes_entropy
-        and sampling_entropy is None
-    ):
-        raise ValueError(
-            f"rose.entropy_mode=full_vocab on the {engine.name} engine, which computes no entropy: "
-            "pass sampling_entropy (the trainer's RolloutContext.sampling_entropy)"
-        )
+    full_vocab = options.entropy_mode == "full_vocab"
+    kit = TreeSampler(  # refuses full_vocab where neither the engine nor sampling_entropy gives it
+        engine,
+        prompts,
+        params,
+        generator,
+        prompt_seeds,
+        options.reuse_kv_cache,
+        sampling_entropy,
+        reads_entropy="rose.entropy_mode=full_vocab" if full_vocab else None,
+    )
     n, g = len(prompts), group_size
     streams = [generator] * n if prompt_seeds is None else [prompt_generator(seed) for seed in prompt_seeds]
     # a prompt's epsilon coins come first from its own stream: its tree does not depend on the other
@@ -128,13 +130,10 @@ def tree_rollout(
     )
     is_fresh = coins < options.epsilon
     is_fresh[:, 0] = True
-    kit = TreeSampler(
-        engine, prompts, params, generator, prompt_seeds, options.reuse_kv_cache, sampling_entropy
-    )
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]
     timing = {"score": 0.0}
 
-    last, full_vocab = _last_chains(is_fresh), options.entropy_mode == "full_vocab"
+    last = _last_chains(is_fresh)
 
     def branch(p: int, it: int) -> Node:
         """Chain ``it`` of prompt p: from the best position over the chains before it."""
