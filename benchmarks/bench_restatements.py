@@ -38,11 +38,10 @@ from collections import Counter
 from pathlib import Path
 
 from semrl.reward.answer_form import expression_form, order_free_form, plain_number
-from semrl.reward.restatement import restates_problem, structure
+from semrl.reward.restatement import mathematics, restates_problem, structure
 from semrl.reward.verify import RESTATED, VerifierPool, _math_verify
 
 BENCHMARKS = Path(__file__).parents[1] / "src" / "semrl" / "data" / "benchmarks"
-_MATH = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\[(.+?)\\\]|\\\((.+?)\\\)", re.DOTALL)
 HANG_S = 30  # a verification past this many seconds is counted as a hang and left
 
 
@@ -179,7 +178,7 @@ def sympy_form(gold: str) -> str | None:
 
 
 def main_expression(problem: str) -> str | None:
-    segments = [next(g for g in m.groups() if g is not None) for m in _MATH.finditer(problem)]
+    segments = mathematics(problem)
     return max(segments, key=len).strip() if segments else None
 
 

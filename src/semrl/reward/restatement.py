@@ -111,14 +111,19 @@ def structure(latex: str) -> str | None:
     return f"div{divisions}:{tree}" if divisions else tree
 
 
+def mathematics(problem: str) -> list[str]:
+    """The mathematics of ``problem``, in the order written: what stands in ``$...$``, ``$$...$$``,
+    ``\\(...\\)`` and ``\\[...\\]``."""
+    return [next(g for g in match.groups() if g is not None) for match in _MATH.finditer(problem)]
+
+
 @lru_cache(maxsize=4096)
 def stated_expressions(problem: str) -> tuple[frozenset[str], frozenset[str]]:
     """The expressions ``problem`` states, each of its mathematics (in ``$...$``, ``\\(...\\)``,
     ``\\[...\\]``) and each side of an ``=`` in it: their structures, and their text forms
     (``order_free_form``) for what the parser cannot read."""
     sides = []
-    for match in _MATH.finditer(problem):
-        segment = next(g for g in match.groups() if g is not None)
+    for segment in mathematics(problem):
         sides += [segment, *segment.split("=")] if "=" in segment else [segment]
     structures = {structure(side.strip()) for side in sides}
     forms = {order_free_form(expression_form(side)) for side in sides}

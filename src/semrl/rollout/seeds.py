@@ -46,13 +46,18 @@ def prompt_generator(prompt_seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state >> 1))
 
 
+def draw_seed(generator: torch.Generator | None) -> int:
+    """One seed drawn from ``generator`` (the process's default stream where None)."""
+    return int(torch.randint(2**62, (1,), generator=generator))
+
+
 def seeds_or_draw(
     prompt_seeds: Sequence[int] | None, count: int, generator: torch.Generator | None
 ) -> list[int]:
     """The seeds of ``count`` prompts: ``prompt_seeds`` (the trainer's ``prompt_seed`` of each), or,
     where there are none, one drawn for each from ``generator``."""
     if prompt_seeds is None:
-        return [int(torch.randint(2**62, (1,), generator=generator)) for _ in range(count)]
+        return [draw_seed(generator) for _ in range(count)]
     check_seed_count(prompt_seeds, count)
     return list(prompt_seeds)
 

@@ -45,6 +45,7 @@ from semrl.rollout.engines.base import (
 )
 from semrl.rollout.engines.kv_cache import batched_cache, last_logits, row_cache
 from semrl.rollout.engines.row_loop import RowLoop
+from semrl.rollout.seeds import draw_seed
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -246,7 +247,7 @@ class HFEngine:
         eos = self.eos_token_ids.to(device)
         if generator is not None and generator.device != torch.device(device):
             # sampling runs on the model's device: a device stream seeded from the caller's CPU stream
-            seed = int(torch.randint(2**62, (1,), generator=generator))
+            seed = draw_seed(generator)
             generator = torch.Generator(device).manual_seed(seed)
         row_generators = None
         if any(r.seed is not None for r in requests):

@@ -57,6 +57,7 @@ from semrl.rollout.engines.row_loop import RowLoop
 from semrl.rollout.engines.vllm_entropy import ENTROPY_KEY, forget, take
 from semrl.rollout.engines.vllm_fork import ForkHooks, install_fork_hooks, say_once
 from semrl.rollout.engines.vllm_start import VLLMSettings, check_model_for_vllm, import_vllm, shared_llm
+from semrl.rollout.seeds import draw_seed
 
 _REQUEST_IDS = itertools.count()  # request ids of generate_dynamic, unique in the process
 
@@ -393,7 +394,7 @@ class VLLMEngine:
         entropy = request.entropy and self.settings.sampler_entropy
         seed = request.seed
         if seed is None and generator is not None:
-            seed = int(torch.randint(2**62, (1,), generator=generator))
+            seed = draw_seed(generator)
         sampling = vllm.SamplingParams(
             n=1,
             temperature=params.temperature,
