@@ -29,6 +29,7 @@ from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
 from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams
 from semrl.rollout.engines.vllm import VLLMEngine
+from semrl.rollout.engines.vllm.drive import EngineCall
 
 
 class DictLogprobsEngine(VLLMEngine):
@@ -37,16 +38,26 @@ class DictLogprobsEngine(VLLMEngine):
     def __init__(self, engine: VLLMEngine) -> None:
         self.__dict__.update(engine.__dict__)
 
-    def _prepare(
+    def _call(
         self,
-        request: GenerationRequest,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        streaming: bool,
-    ) -> Any:
-        prompt, sampling = super()._prepare(request, params, generator, streaming)
+        requests: Any,
+        params: Any,
+        generator: Any,
+        on_done: Any,
+        streaming: Any = None,
+        reuse_kv_cache: bool = False,
+    ) -> None:
+        if requests:
+            DictLogprobsCall(self, params, generator, on_done, streaming, reuse_kv_cache).run(requests)
+
+
+class DictLogprobsCall(EngineCall[Any]):
+    """A call that asks vLLM for its per-token dicts and reads them token by token."""
+
+    def _prepare(self, request: GenerationRequest, params: SamplingParams) -> Any:
+        request_id, prompt, sampling = super()._prepare(request, params)
         sampling.flat_logprobs = False
-        return prompt, sampling
+        return request_id, prompt, sampling
 
     def _to_generation(self, completion: Any, k: int) -> Generation:
         tokens = list(completion.token_ids)
@@ -63,7 +74,9 @@ class DictLogprobsEngine(VLLMEngine):
                 ranked = sorted((-v.logprob, -v.logprob, tid) for tid, v in entries.items())[:k]
             top_ids[t] = torch.tensor([tid for _, _, tid in ranked])
             top_lps[t] = torch.tensor([-neg for _, neg, _ in ranked])
-        finished = bool(n) and tokens[-1] in self.eos_token_ids and completion.finish_reason == "stop"
+        self.cost.sampled_tokens += n
+        eos = self.engine.eos_token_ids
+        finished = bool(n) and tokens[-1] in eos and completion.finish_reason == "stop"
         return Generation(torch.tensor(tokens), logprobs, top_lps, top_ids, None, finished)
 
 

@@ -16,7 +16,7 @@ rollout.max_new_tokens / 4) and configs/latr_demo.yaml (the math scripts' thresh
 [n/16, n/10, n/6], the lookahead phase ended by token n/2, eta 1). ``treepo-aligned`` is TreePO with
 ``treepo.segment_alignment=block``: segments of one KV block (rollout.vllm_block_size, 32), the
 first shortened so that every branch recomputes one token. ``latr`` runs its lookahead as streamed
-vLLM requests on vllm (``latr.vllm_lookahead=stream``, the default), ``latr-model`` on the training
+vLLM requests on vllm (``latr.lookahead_on=stream``, the default), ``latr-model`` on the training
 model before one vLLM call (the official split); on hf both run it on the model. On vllm each tree
 method also runs as ``<method>-plain`` with ``rollout.vllm_fork=false`` (vLLM's prefix cache alone,
 docs/engines.md "Forks on vllm"), alternated with the forked one, and ``independent-forked`` samples
@@ -54,17 +54,17 @@ FORWARD = "fr3e-forward"  # FR3E with its anchors' entropy from the trained mode
 def _count_waiting(engine) -> list[int]:  # noqa: ANN001
     """On vllm: a counter of the engine steps after which a request still waited for a slot (what
     priority scheduling could reorder), read from the scheduler's waiting queue."""
-    from semrl.rollout.engines.vllm import _scheduler
+    from semrl.rollout.engines.vllm.drive import scheduler_of
 
     core = engine.llm.llm_engine
-    scheduler, step, waited = _scheduler(core), core.step, [0]
+    scheduler, step, waited = scheduler_of(core), core.step, [0]
 
     def counted_step():  # noqa: ANN202
         outputs = step()
         waited[0] += bool(len(scheduler.waiting))
         return outputs
 
-    core.step = counted_step  # the instance's attribute: VLLMEngine._drive calls core.step()
+    core.step = counted_step  # the instance's attribute: EngineCall.step calls core.step()
     return waited
 
 
@@ -120,7 +120,7 @@ def _forked_independent(engine, cfg, prompts, generator):  # noqa: ANN001, ANN20
     fork, the prompt is computed once and every leaf computes one context token."""
     params = sampling_params(cfg.rollout, top_logprobs=False)
     g = cfg.rollout.group_size
-    kit = TreeSampler(engine, prompts, params, generator, None, keep_kv=True)
+    kit = TreeSampler(engine, prompts, params, generator, None, reuse_kv_cache=True)
 
     def on_node(node):  # noqa: ANN001, ANN202
         return [] if node.index else [kit.trees[node.prompt].add(1 + i, node, 0, leaf=True) for i in range(g)]
@@ -164,7 +164,7 @@ def main() -> None:
     aligned = load_config(
         args.config, [*overrides, "treepo.segment_alignment=block", f"treepo.segment_length={block}"]
     )
-    on_model = load_config(args.config, [*overrides, "latr.vllm_lookahead=model"])
+    on_model = load_config(args.config, [*overrides, "latr.lookahead_on=model"])
     forward = load_config(args.config, [*overrides, "rollout.vllm_sampler_entropy=false"])
     variants = {"treepo-aligned": aligned, "latr-model": on_model, FORWARD: forward}
     configs = {name: variants.get(name, cfg) for name in methods}

@@ -84,7 +84,7 @@ def main() -> None:
     )
     print(json.dumps({"vllm_start_s": time.perf_counter() - started}), flush=True)
     updates("vllm in the process", vllm)
-    from semrl.rollout.engines.vllm_start import shutdown_engines
+    from semrl.rollout.engines.vllm.start import shutdown_engines
 
     shutdown_engines()
     updates("hf, after", None)

@@ -29,7 +29,7 @@ CHILD = r"""
 import json, os, re, sys, time, logging
 t0 = time.perf_counter()
 import torch
-from semrl.rollout.engines.vllm_start import import_vllm
+from semrl.rollout.engines.vllm.start import import_vllm
 os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
 vllm = import_vllm()
 t_import = time.perf_counter() - t0

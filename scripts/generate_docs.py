@@ -34,11 +34,13 @@ def site_home(readme: str) -> str:
 
 def main() -> None:
     (ROOT / "docs" / "config-reference.md").write_text(INTRO + config_reference() + "\n")
-    for name in ("rose", "sent", "treepo", "latr"):
+    for name, section in method_sections().items():  # every method with a page of its own
         page = ROOT / "docs" / "methods" / f"{name}.md"
+        if not page.exists():
+            continue
         lines = page.read_text().splitlines()
         rows = [i for i, line in enumerate(lines) if line.startswith(f"| `{name}.")]
-        lines[rows[0] : rows[-1] + 1] = section_reference(name, method_sections()[name])
+        lines[rows[0] : rows[-1] + 1] = section_reference(name, section)
         page.write_text("\n".join(lines) + "\n")
     (ROOT / "docs" / "index.md").write_text(site_home((ROOT / "README.md").read_text()))
 

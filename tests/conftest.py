@@ -28,18 +28,19 @@ TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 # the next test (semrl.rollout.engines.vllm), and building the wheel and the sdist share build/.
 SERIAL_GROUPS = {
     "vllm": {
-        "test_engines.py",
-        "test_evaluation.py",
-        "test_tree_driver.py",
-        "test_tree_kit.py",
-        "test_vllm_fork.py",
-        "test_vllm_entropy.py",
+        "rollout/test_engines.py",
+        "evaluation/test_evaluation.py",
+        "rollout/test_tree_driver.py",
+        "rollout/test_tree_kit.py",
+        "rollout/vllm/test_fork.py",
+        "rollout/vllm/test_entropy.py",
     },
     # processes forked from one preloaded server that has imported vLLM (tests/forked.py), started once
-    "vllm_processes": {"test_vllm_processes.py"},
+    "vllm_processes": {"rollout/vllm/test_processes.py"},
     "build": {"test_packaging.py"},
-    "error_rates": {"test_error_rates.py"},  # one worker computes each design's levels once
+    "error_rates": {"studies/test_error_rates.py"},  # one worker computes each design's levels once
 }
+TESTS = Path(__file__).parent
 
 
 # A test is end-to-end (marker e2e) when it asks, directly or through another fixture, for a model or
@@ -49,12 +50,29 @@ SERIAL_GROUPS = {
 E2E_FIXTURES = {"tiny_model_dir", "tiny32_model_dir", "digit_model_dir", "digit32_model_dir", "pool", "pools"}
 
 
+def _module_fixtures(item: pytest.Item) -> list[str]:
+    """The module-scoped fixtures ``item`` uses that its own module defines (a run, a pool, a model)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if defs and defs[-1].scope == "module" and defs[-1].baseid == item.nodeid.split("::")[0]
+    ]
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads xdist_group into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:  # a test outside these files joins a group with its own xdist_group marker
         for group, files in SERIAL_GROUPS.items():
-            if item.path.name in files:
+            if item.path.relative_to(TESTS).as_posix() in files:
                 item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("xdist_group") is None and _module_fixtures(item):
+            # one worker builds the module's fixture once, instead of each worker building it again
+            item.add_marker(
+                pytest.mark.xdist_group(f"module-fixtures-{item.path.relative_to(TESTS).as_posix()}")
+            )
         fixtures = set(getattr(item, "fixturenames", ()))
         marked = item.get_closest_marker("e2e") or item.get_closest_marker("slow")
         if not marked:

@@ -428,7 +428,7 @@ def serve(flavour: str) -> None:
     for name in PRELOADED:
         importlib.import_module(name)
     if flavour == "vllm":
-        from semrl.rollout.engines.vllm_start import import_vllm
+        from semrl.rollout.engines.vllm.start import import_vllm
 
         vllm = import_vllm()  # as the engine imports it, with the variables it sets first
         vllm.LLM, vllm.SamplingParams, vllm.TokensPrompt  # noqa: B018  (lazy: each imports its modules)

@@ -166,9 +166,9 @@ def vllm_or_skip() -> None:
 @contextmanager
 def vllm_batch_limit(engine: Any, limit: int) -> Iterator[None]:
     """The vllm engine's running batch capped at ``limit`` sequences (its scheduler's max_num_seqs)."""
-    from semrl.rollout.engines.vllm import _scheduler
+    from semrl.rollout.engines.vllm.drive import scheduler_of
 
-    scheduler = _scheduler(engine.llm.llm_engine)
+    scheduler = scheduler_of(engine.llm.llm_engine)
     before = scheduler.max_num_running_reqs, scheduler.max_num_active_reqs
     scheduler.max_num_running_reqs = scheduler.max_num_active_reqs = limit
     try:

@@ -669,29 +669,33 @@ def test_no_empty_type_checking_block(tmp_path):
     assert _empty_type_checking_blocks({"m": module}) == ["m:3"]
 
 
-# The fork's state (semrl.rollout.engines.vllm_fork.ForkHooks) and the verbs that change it: an engine
+# The fork's state (semrl.rollout.engines.vllm.fork.ForkHooks) and the verbs that change it: an engine
 # call marks requests, reports steps, takes handles and ends; only the hooks touch their sets.
 FORK_STATE = {"parents", "forks", "held", "deferred", "forked", "fallbacks", "refused"}
 
 
 def _fork_state_edits(source: str) -> list[str]:
-    """Each ``<hooks>.<state>`` in ``source`` (the hooks read from ``forks`` or ``self._forks``)."""
+    """Each ``<hooks>.<state>`` in ``source`` (the hooks read from ``forks`` or ``<object>.forks``)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr in FORK_STATE:
             owner = node.value
             if (isinstance(owner, ast.Name) and owner.id == "forks") or (
-                isinstance(owner, ast.Attribute) and owner.attr == "_forks"
+                isinstance(owner, ast.Attribute) and owner.attr == "forks"
             ):
                 found.append(f"line {node.lineno}: .{node.attr}")
     return found
 
 
 def test_the_engine_changes_the_forks_state_only_through_its_verbs():
-    engine = (ROOT / "src" / "semrl" / "rollout" / "engines" / "vllm.py").read_text()
-    assert _fork_state_edits(engine) == []
+    package = ROOT / "src" / "semrl" / "rollout" / "engines" / "vllm"
+    engine = sorted(path for path in package.glob("*.py") if path.name != "fork.py")
+    assert len(engine) >= 5
+    assert {path.name: _fork_state_edits(path.read_text()) for path in engine} == {
+        path.name: [] for path in engine
+    }
     # the check sees such an edit
-    assert _fork_state_edits("forks.parents.add(rid)\nself._forks.deferred.clear()\n") == [
+    assert _fork_state_edits("forks.parents.add(rid)\nself.forks.deferred.clear()\n") == [
         "line 1: .parents",
         "line 2: .deferred",
     ]

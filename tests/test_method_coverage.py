@@ -1,6 +1,9 @@
 """Every registered method is trained, resumed, packed, golden-run and explored by the tests and
 benchmarks, with no list kept by hand: each list is the catalog's (``tests.helpers.every_method``,
-``semrl.methods.catalog.tree_methods``), so a method registered tomorrow is covered the day it lands."""
+``semrl.methods.catalog.tree_methods``), so a method registered tomorrow is covered the day it lands.
+What a person must write for a new method is checked too: its row of tiny-run settings
+(``tests.method_runs``) and its documentation (a page of its own, required of a tree method, or a row
+of docs/methods/baselines.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pytest
 from semrl.methods.catalog import METHODS, tree_methods
 from semrl.methods.registry import MethodSpec, register_method
 from tests.helpers import every_method, method_of
+from tests.method_runs import TINY_RUN_SETTINGS
 from tests.runtime.test_resume_methods import METHODS as RESUMED
 from tests.update.test_packing import PACKED_METHODS
 
@@ -43,6 +47,35 @@ def test_every_registered_method_is_trained_resumed_packed_golden_run_and_explor
     assert {"rose", "treepo", "latr", "fr3e"} <= set(trees) and "grpo" not in trees
     lists = {"training and resume": RESUMED, "golden runs": _golden_runs().RUNS}
     assert not _gaps(registered, trees, lists, PACKED_METHODS)
+
+
+def _unwritten(registered: list[str], trees: list[str]) -> dict[str, list[str]]:
+    """Per thing a new method needs written, the registered methods that lack it."""
+    pages = {name for name in registered if (ROOT / "docs" / "methods" / f"{name}.md").exists()}
+    baselines = (ROOT / "docs" / "methods" / "baselines.md").read_text()
+    in_baselines = {name for name in registered if f"| `{name}`" in baselines}
+    tabled = {method_of(overrides) for overrides in TINY_RUN_SETTINGS.values()}
+    gaps = {
+        "tiny-run settings (tests/method_runs.py)": sorted(set(registered) - tabled),
+        "a page, or a row of docs/methods/baselines.md": sorted(set(registered) - pages - in_baselines),
+        "a page of its own (a tree method)": sorted(set(trees) - pages),
+    }
+    return {kind: missing for kind, missing in gaps.items() if missing}
+
+
+def test_every_registered_method_has_its_tiny_run_settings_and_its_documentation():
+    assert not _unwritten(list(METHODS), tree_methods())
+    assert {"rose", "sent", "treepo", "latr", "fr3e"} <= {
+        p.stem for p in (ROOT / "docs" / "methods").glob("*.md")
+    }
+
+
+def test_a_method_registered_without_settings_or_documentation_is_named(new_tree_method):
+    assert _unwritten(list(METHODS), tree_methods()) == {
+        "tiny-run settings (tests/method_runs.py)": [new_tree_method],
+        "a page, or a row of docs/methods/baselines.md": [new_tree_method],
+        "a page of its own (a tree method)": [new_tree_method],
+    }
 
 
 @pytest.fixture

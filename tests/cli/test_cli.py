@@ -75,7 +75,9 @@ def test_packaged_configs_are_found_by_name_from_any_directory(tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     names = packaged_configs()
-    assert {"demo", "rose_demo", "sent_demo", "treepo_demo", "latr_demo", "dapo_demo"} <= set(names)
+    assert {"demo", "rose_demo", "sent_demo", "treepo_demo", "latr_demo", "fr3e_demo", "dapo_demo"} <= set(
+        names
+    )
     assert not [n for n in names if n.startswith("study")]  # sweeps are not run configs
     for name in names:
         if name == "sent_demo":  # its curriculum file is made first by 'semrl curriculum score'

@@ -481,3 +481,19 @@ def test_fsdp_on_vllm_refuses_a_rollout_that_needs_an_entropy_forward():
         load_config(None, [f"algorithm.method={method}", fine, *fsdp_vllm])
         load_config(None, [f"algorithm.method={method}", needs, "trainer.fsdp=true"])  # hf: the forward runs
         load_config(None, [f"algorithm.method={method}", needs, *fsdp_vllm[:2]])  # the sampler records it
+
+
+def test_a_renamed_option_reads_its_old_name_with_a_warning_and_refuses_both(tmp_path):
+    """``latr.vllm_lookahead`` became ``latr.lookahead_on``: a config, an override or a saved run that
+    uses the old name loads to the same value, says so, and the reference names the old key."""
+    base = ["algorithm.method=latr"]
+    with pytest.warns(FutureWarning, match=r"'latr\.vllm_lookahead' is now 'latr\.lookahead_on'"):
+        old = load_config(None, [*base, "latr.vllm_lookahead=model"])
+    assert old.section("latr").lookahead_on == "model"
+    saved = tmp_path / "config.yaml"
+    saved.write_text("algorithm:\n  method: latr\nlatr:\n  vllm_lookahead: model\n")
+    with pytest.warns(FutureWarning):
+        assert load_config(saved).section("latr").lookahead_on == "model"
+    with pytest.raises(ConfigError, match=r"'latr\.vllm_lookahead' and 'latr\.lookahead_on' are the same"):
+        load_config(None, [*base, "latr.vllm_lookahead=model", "latr.lookahead_on=stream"])
+    assert "Formerly `latr.vllm_lookahead`" in config_reference(["latr"])

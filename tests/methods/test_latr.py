@@ -4,6 +4,7 @@ token streams, the rollout on a real model, and the config's errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from functools import cache
 
@@ -591,7 +592,7 @@ def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):
 
 
 # ------------------------------------------------------------------------------------------------
-# The lookahead as streamed vLLM requests (latr.vllm_lookahead=stream)
+# The lookahead as streamed vLLM requests (latr.lookahead_on=stream)
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
 
@@ -636,7 +637,8 @@ def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(
     prompts = [p + torch.randint(300, 340, (3,), generator=rng).tolist() for p in prompts]
     engine = ctx.engine
     engine.request_log = []
-    streamed = StreamedRows(ctx, prompts, _forest_settings(ctx.config.options, width), 12, [1, 2, 3])
+    seeded = dataclasses.replace(ctx, prompt_seeds=[1, 2, 3])
+    streamed = StreamedRows(seeded, prompts, _forest_settings(ctx.config.options, width), 12)
     streamed.run()
     looked = [r for r in engine.request_log if r.tag[0] == "look"]
     engine.request_log = None
@@ -683,7 +685,7 @@ def test_rollout_on_vllm(tiny32_model_dir, path, eta, width):
     """Both lookahead paths on the vllm engine: k tree rows then n - k ordinary rows per prompt, a
     branch repeats its parent up to its fork and differs at it, rows end with EOS or the budget."""
     method, ctx, prompts = _vllm_context(
-        tiny32_model_dir, [f"latr.vllm_lookahead={path}", f"latr.eta_values=[{eta}]"]
+        tiny32_model_dir, [f"latr.lookahead_on={path}", f"latr.eta_values=[{eta}]"]
     )
     out = load(method.rollout_fn)(ctx, prompts)
     assert len(out.generations) == 18 and out.metrics["latr/width"] == width

@@ -13,7 +13,7 @@ import torch
 
 from semrl.methods.treepo.advantages import branch_budget, has_repetition, tree_outcome_advantages, whiten
 from semrl.methods.treepo.rollout import (
-    SegmentTree,
+    PromptTree,
     SegmentTreeSettings,
     TreePath,
     fallback_paths,
@@ -310,7 +310,39 @@ def test_fallback_cuts_at_segment_boundaries_and_spends_the_budget():
     assert [p.nodes for p in paths] == [[], []]  # no answer or EOS leaf: regrow from the prompt, b copies
 
 
-def _random_outcomes(rng: random.Random, tree: SegmentTree, p_stop: float):
+class _Lockstep:
+    """The trees of a batch of prompts grown one depth of every prompt at a time (a ``PromptTree``
+    per prompt, all drawing from ``generator``): the policy alone, without an engine."""
+
+    def __init__(self, num_prompts, settings, max_length, generator):  # noqa: ANN001
+        self.trees = [PromptTree(p, settings, max_length, generator) for p in range(num_prompts)]
+
+    @property
+    def done(self):  # noqa: ANN201
+        return all(tree.done for tree in self.trees)
+
+    @property
+    def active(self):  # noqa: ANN201
+        return [path for tree in self.trees for path in tree.active]
+
+    @property
+    def leaves(self):  # noqa: ANN201
+        return [tree.leaves for tree in self.trees]
+
+    def budgets(self):  # noqa: ANN201
+        return [budget for tree in self.trees for budget in tree.budgets()]
+
+    def advance(self, segments, texts):  # noqa: ANN001, ANN201
+        """Every prompt's depth at once: ``segments`` and ``texts`` in ``active`` order."""
+        start = 0
+        for tree in self.trees:
+            n = len(tree.active)
+            if n:
+                tree.advance(segments[start : start + n], texts[start : start + n])
+            start += n
+
+
+def _random_outcomes(rng: random.Random, tree: _Lockstep, p_stop: float):
     outs, texts = [], []
     for budget in tree.budgets():
         n = rng.randint(1, budget) if rng.random() < p_stop else budget
@@ -339,7 +371,7 @@ def test_every_prompt_ends_with_width_leaves_under_random_stops(seed):
         )
         max_length = seg * d + rng.randint(-seg + 1, seg) if d > 1 else seg
         prompts = rng.randint(1, 4)
-        tree = SegmentTree(prompts, settings, max(1, max_length), gen)
+        tree = _Lockstep(prompts, settings, max(1, max_length), gen)
         for p in range(prompts):
             first = sum(1 for a in tree.active if a.prompt == p)
             assert first == min(b, w) if not settings.first_branch_max else b <= first <= min(b + 2, w)
@@ -532,3 +564,48 @@ def test_treepo_config_errors_name_the_key():
             load_config(None, [*base, *overrides])
     cfg = load_config(None, [*base, "treepo.segment_length=24", "treepo.max_depth=3"])
     assert cfg.algorithm.loss_agg_mode == "token-mean" and cfg.algorithm.clip_ratio_high == 0.28
+
+
+@pytest.mark.parametrize("block", [1, 4, 8])
+def test_block_alignment_takes_the_engines_kv_block_size(hf_setup, block, monkeypatch):
+    """``treepo.segment_alignment=block`` aligns segments to the KV block of the engine it samples
+    with (``EnginePowers.kv_block_size``), not to a vllm option: each prompt's first segment asks for
+    ``segment_length - (P - 1) mod B`` tokens, and hf's own block (1) is the paper's layout."""
+    from dataclasses import replace
+
+    from semrl.methods.registry import load
+    from tests.helpers import tree_method_context
+
+    engine, tok, _ = hf_setup
+    prompts = [list(range(5, 5 + length)) for length in (5, 6, 7)]  # lengths that differ modulo B
+    assert engine.powers.kv_block_size == 1
+    monkeypatch.setattr(engine, "powers", replace(engine.powers, kv_block_size=block))
+    seen: list = []
+    original = engine.generate_dynamic
+
+    def spy(requests, params, generator, on_done, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def recorded(tag, request, generation):  # noqa: ANN001, ANN202
+            more = on_done(tag, request, generation)
+            seen.extend(r for _, r in more)
+            return more
+
+        seen.extend(r for _, r in requests)
+        return original(requests, params, generator, recorded, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate_dynamic", spy)
+    extra = ["treepo.segment_length=8", "treepo.segment_alignment=block", "rollout.vllm_block_size=32"]
+    spec, ctx = tree_method_context(engine, tok, engine.model, "treepo", extra)
+    load(spec.rollout_fn)(ctx, prompts)
+    firsts = {tuple(r.prompt_ids): r.max_new_tokens for r in seen if not r.prefix_ids}
+    assert firsts == {tuple(p): 8 - (len(p) - 1) % block for p in prompts}
+    assert block == 1 or len(set(firsts.values())) > 1  # the prompts' lengths differ modulo the block
+
+
+def test_block_alignment_is_checked_against_the_vllm_block_only_on_vllm():
+    from semrl.config.load import load_config
+    from semrl.errors import ConfigError
+
+    base = ["algorithm.method=treepo", "rollout.max_new_tokens=64", "treepo.segment_alignment=block"]
+    with pytest.raises(ConfigError, match=r"multiple of\s+rollout\.vllm_block_size \(32\)"):
+        load_config(None, [*base, "treepo.segment_length=16", "rollout.engine=vllm"])
+    assert load_config(None, [*base, "treepo.segment_length=16"]).rollout.engine == "hf"

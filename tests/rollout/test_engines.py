@@ -515,7 +515,7 @@ def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup, monkeypatch,
     over prompt and chain: recorded by vLLM's sampler, or, where a node comes without the record, from
     the trainer's forward over the node's prompt and the prefix it continues (the backfill). A record
     with a position missing (a sample vLLM lost: ``gap``) is no record: the forward gives that node's."""
-    from semrl.rollout.engines import vllm_entropy
+    from semrl.rollout.engines.vllm import entropy as vllm_entropy
 
     tok, model = setup
     engine = _engine("vllm", model, tok)
@@ -538,12 +538,12 @@ def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup, monkeypatch,
     if not sampler_records:  # the engine's records dropped as they arrive: every node is backfilled
         sample = engine.generate_dynamic
 
-        def unrecorded(requests, params, generator, on_done, return_cache=False):
+        def unrecorded(requests, params, generator, on_done, reuse_kv_cache=False):
             def drop(tag, request, out):
                 out.entropy = None
                 return on_done(tag, request, out)
 
-            return sample(requests, params, generator, drop, return_cache)
+            return sample(requests, params, generator, drop, reuse_kv_cache)
 
         monkeypatch.setattr(engine, "generate_dynamic", unrecorded)
     filled = []
@@ -571,7 +571,7 @@ def test_vllm_greedy_requests_get_their_entropy_from_the_forward(setup):
     processor, so nothing is recorded (a greedy request is not even marked), and the forward gives the
     entropy at temperature 1, as the trainer defines it for greedy decoding. Marking greedy requests
     too would record nothing either: the same values (checked once against that version, issue 90)."""
-    from semrl.rollout.engines import vllm_entropy
+    from semrl.rollout.engines.vllm import entropy as vllm_entropy
 
     tok, model = setup
     engine = _engine("vllm", model, tok)
@@ -624,7 +624,7 @@ def test_vllm_settings_follow_the_batch_the_device_and_the_overrides(seed):
     batch is the caller's (one process's rollout) unless overridden; the step budget holds the whole
     batch's sequences up to 8192 tokens and at least one full sequence in whole blocks; sampling is bf16
     on a GPU, the model's dtype on CPU, unless set; sleep mode is on with a GPU unless set."""
-    from semrl.rollout.engines.vllm_start import VLLMSettings
+    from semrl.rollout.engines.vllm.start import VLLMSettings
 
     rng = torch.Generator().manual_seed(seed)
 

@@ -108,7 +108,7 @@ def test_prefix_cache_continuation_matches_recomputed_prefix(tiny):
     tok, _, engine = tiny
     prompts = _prompts(tok, 3)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
-    full = engine.generate([GenerationRequest(p) for p in prompts], greedy, return_cache=True)
+    full = engine.generate([GenerationRequest(p) for p in prompts], greedy, reuse_kv_cache=True)
     for p, f in zip(prompts, full, strict=True):
         # every fed token is cached: prompt + all new tokens but the last
         assert f.cache is not None and f.cache.length == len(p) + len(f.token_ids) - 1
@@ -121,7 +121,7 @@ def test_prefix_cache_continuation_matches_recomputed_prefix(tiny):
         )
         for i, (p, f, k) in enumerate(zip(prompts, full, cuts, strict=True))
     ]
-    conts = engine.generate(requests, greedy, return_cache=True)
+    conts = engine.generate(requests, greedy, reuse_kv_cache=True)
     for p, f, c, k in zip(prompts, full, conts, cuts, strict=True):
         n = len(c.token_ids)
         assert n >= 1 and torch.equal(c.token_ids, f.token_ids[k : k + n])

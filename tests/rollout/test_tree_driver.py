@@ -77,7 +77,7 @@ def test_engine_cost_equals_a_hand_count(setup, kind):
     gens = engine.generate(
         [GenerationRequest(prompts[0], seed=1), GenerationRequest(prompts[1], max_new_tokens=4, seed=2)],
         params,
-        return_cache=True,
+        reuse_kv_cache=True,
     )
     spent = engine.cost.since(before)
     n = [len(g.token_ids) for g in gens]

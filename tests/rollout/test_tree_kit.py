@@ -20,7 +20,7 @@ from semrl.methods.registry import load, method_config
 from semrl.methods.rose.advantages import segment_advantages
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import SamplingParams, build_engine, sampling_params
-from semrl.rollout.seeds import node_seed
+from semrl.rollout.seeds import node_seed, seeds_or_draw
 from semrl.rollout.tree import ChainTree
 from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
 from semrl.runtime.setup import check_engine_powers
@@ -97,7 +97,7 @@ def _common(a: list, b: list) -> int:
 
 
 def _grow(engine, prompts, case, limit, kind, fail_at=None, root_budgets=None):
-    kit = TreeSampler(engine, prompts, PARAMS, torch.Generator().manual_seed(0), SEEDS, keep_kv=True)
+    kit = TreeSampler(engine, prompts, PARAMS, torch.Generator().manual_seed(0), SEEDS, reuse_kv_cache=True)
     held: list[int] = []
     engine.request_log = []
     roots = [
@@ -212,7 +212,7 @@ def test_the_kv_is_let_go_when_the_call_raises(setup):
     """The failed call's own sampler: nodes that held KV when the callback raised hold none after."""
     tok, model = setup
     engine = _engine("hf", model, tok)
-    kit = TreeSampler(engine, _prompts(tok), PARAMS, None, SEEDS, keep_kv=True)
+    kit = TreeSampler(engine, _prompts(tok), PARAMS, None, SEEDS, reuse_kv_cache=True)
     seen: list[int] = []
 
     def on_node(node: Node) -> list[Node]:
@@ -247,14 +247,14 @@ def test_a_method_needing_a_power_its_engine_lacks_is_refused(setup):
         None,
         [
             "algorithm.method=latr",
-            "latr.vllm_lookahead=model",
+            "latr.lookahead_on=model",
             "rollout.max_new_tokens=6",
             "latr.lookahead=[2]",
         ],
     )
     check_engine_powers(engine, cfg)  # hf has a row loop
     engine.powers = replace(engine.powers, row_loop=False)
-    message = r"the hf engine.*row_loop.*latr\.vllm_lookahead=model"
+    message = r"the hf engine.*row_loop.*latr\.lookahead_on=model"
     with pytest.raises(EngineError, match=message):
         check_engine_powers(engine, cfg)
     with pytest.raises(EngineError, match=message):
@@ -269,7 +269,7 @@ def test_a_run_on_an_engine_without_a_needed_power_is_refused_at_start_up(
     digit_model_dir, seven_task, tmp_path, monkeypatch
 ):
     """Through the trainer: the hf engine, with its row loop withheld as vllm's is on a sharded
-    model, refuses LATR's latr.vllm_lookahead=model when the run is built, before its first step, and
+    model, refuses LATR's latr.lookahead_on=model when the run is built, before its first step, and
     not at its first rollout."""
     from semrl.rollout.engines.hf import HFEngine
     from semrl.runtime.trainer import Trainer
@@ -287,8 +287,29 @@ def test_a_run_on_an_engine_without_a_needed_power_is_refused_at_start_up(
         seven_task,
         tmp_path / "run",
         "algorithm.method=latr",
-        "latr.vllm_lookahead=model",
+        "latr.lookahead_on=model",
         "latr.lookahead=[2]",
     )
-    with pytest.raises(EngineError, match=r"the hf engine.*row_loop.*latr\.vllm_lookahead=model"):
+    with pytest.raises(EngineError, match=r"the hf engine.*row_loop.*latr\.lookahead_on=model"):
         Trainer(cfg)  # the run's start-up: models, engine, checks
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_a_sampler_from_a_rollout_context_takes_its_engine_stream_seeds_and_entropy(setup, seeded):
+    """``TreeSampler.from_context``: the context's engine, sampler and random stream, its prompts'
+    seeds (or as many drawn from its stream, as ``seeds_of_prompts`` draws them), and its entropy."""
+    from dataclasses import replace
+
+    from tests.helpers import tree_method_context
+
+    tok, model = setup
+    engine = _engine("hf", model, tok)
+    _, ctx = tree_method_context(engine, tok, model, "fr3e", [])
+    if not seeded:
+        ctx = replace(ctx, prompt_seeds=None, generator=torch.Generator().manual_seed(4))
+    prompts = _prompts(tok)
+    kit = TreeSampler.from_context(ctx, prompts, reuse_kv_cache=True)
+    expected = ctx.prompt_seeds or seeds_or_draw(None, len(prompts), torch.Generator().manual_seed(4))
+    assert [tree.seed for tree in kit.trees] == expected
+    assert (kit.engine, kit.params, kit.generator) == (ctx.engine, ctx.params, ctx.generator)
+    assert kit.sampling_entropy is ctx.sampling_entropy and kit.reuse_kv_cache

@@ -23,7 +23,7 @@ from semrl.runtime.checkpoint import (
 )
 from semrl.runtime.trainer import Trainer
 from tests.forked import run_semrl
-from tests.helpers import final_weights, tiny_run_config
+from tests.helpers import final_weights, tiny_run_config, write_seven_task
 
 
 def _equal(a, b) -> bool:
@@ -74,10 +74,12 @@ def _cfg(model_dir, task, out, *extra):
     )
 
 
-@pytest.fixture
-def three_steps(digit_model_dir, seven_task, tmp_path):
-    full = tmp_path / "full"
-    Trainer(_cfg(digit_model_dir, seven_task, full)).train()
+@pytest.fixture(scope="module")
+def three_steps(digit_model_dir, tmp_path_factory):
+    """The run, made once for the module's tests: those that damage it copy it first."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    full = root / "full"
+    Trainer(_cfg(digit_model_dir, write_seven_task(root / "seven.jsonl"), full)).train()
     return full
 
 

@@ -12,69 +12,31 @@ from safetensors.torch import load_file
 
 from semrl.cli import main
 from semrl.runtime.trainer import Trainer
-from tests.helpers import every_method, final_weights, tiny_run_config
+from tests.helpers import final_weights, tiny_run_config
+from tests.method_runs import tiny_runs
 
-# every registered method (every_method adds one these do not name, with its defaults), and variants
-METHODS = every_method(
-    {
-        "dr_grpo": [],
-        "rose": [
-            "algorithm.method=rose",
-            "rollout.max_new_tokens=6",
-            "trainer.packing=tree",
-            "trainer.lr=5e-3",
-        ],
-        "sent": [
-            "algorithm.method=sent",
-            "trainer.ppo_epochs=2",
-            "data.curriculum_stages=2",
-            "sent.kl_target=ref_k3",
-        ],
-        "fr3e": ["algorithm.method=fr3e", "rollout.max_new_tokens=6", "fr3e.num_anchors=2"],
-        "dapo": [
-            "algorithm.method=dapo",
-            "algorithm.dynamic_sampling=true",
-            "reward.overlong_buffer_len=2",
-            "algorithm.max_sampling_rounds=3",
-        ],
-        "seed_grpo": ["algorithm.method=seed_grpo"],
-        "kl_cov": ["algorithm.method=kl_cov", "trainer.ppo_epochs=2", "kl_cov.ratio=0.1"],
-        "clip_cov": [
-            "algorithm.method=clip_cov",
-            "trainer.ppo_epochs=2",
-            "clip_cov.ratio=0.1",
-            "clip_cov.lb=-1",
-        ],
-        "entropy_8020": ["algorithm.method=entropy_8020"],
-        "treepo": [
-            "algorithm.method=treepo",
-            "rollout.max_new_tokens=6",
-            "treepo.segment_length=2",
-            "trainer.packing=tree",
-            "algorithm.dynamic_sampling=true",
-            "algorithm.dynamic_sampling_metric=accuracy",
-            "trainer.lr=5e-3",
-        ],
-        # eta changes at step 3, after the resume: the rollout reads the step from the restored run
-        "latr": [
-            "algorithm.method=latr",
-            "rollout.max_new_tokens=6",
-            "latr.lookahead=[2]",
-            "latr.tau_abs=0.02",
-            "latr.tau_rel=0.9",
-            "latr.eta_steps=[0,3]",
-            "latr.eta_values=[1.0,0.5]",
-            "trainer.packing=tree",
-        ],
-        # the adaptive coefficient moves every optimizer step: its state is in the checkpoint
-        "entropy_bonus": [
+# what the resume test adds to a method's tiny run (tests/method_runs.py), each for a state that must
+# survive the checkpoint
+RESUME_EXTRAS = {
+    # a curriculum whose stage switch falls at the step the run resumes from (scores written below)
+    "sent": ["data.curriculum_stages=2"],
+    "treepo": ["trainer.lr=5e-3"],
+    # eta changes at step 3, after the resume: the rollout reads the step from the restored run
+    "latr": ["latr.eta_steps=[0,3]", "latr.eta_values=[1.0,0.5]"],
+}
+# every registered method, and the adaptive entropy bonus, whose coefficient moves every optimizer
+# step: its state is in the checkpoint
+METHODS = {
+    name: [*overrides, *RESUME_EXTRAS.get(name, [])]
+    for name, overrides in tiny_runs(
+        entropy_bonus=[
             "algorithm.entropy_coeff=0.02",
             "algorithm.entropy_target=1.0",
             "algorithm.entropy_coeff_delta=0.01",
             "trainer.mini_batch_size=16",
-        ],
-    }
-)
+        ]
+    ).items()
+}
 
 
 def _rows(run_dir):

@@ -1,6 +1,6 @@
 """Checks of the ``vllm`` engine's settings that need no torch, run when a config loads
 (docs/engines.md); the ones that depend on the machine run when training starts
-(``semrl.rollout.engines.vllm_start.check_vllm_machine``)."""
+(``semrl.rollout.engines.vllm.start.check_vllm_machine``)."""
 
 from __future__ import annotations
 

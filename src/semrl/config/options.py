@@ -12,6 +12,7 @@ import dataclasses
 import math
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import field
 from typing import Any, Literal, cast
@@ -56,10 +57,13 @@ FRACTION = Range(0, 1)  # probabilities and shares, [0, 1]
 OPEN_FRACTION = Range(0, 1, low_open=True)  # (0, 1]: top-p
 
 
-def option(default: Any, help: str, *, valid: Range | None = None, **kw: Any) -> Any:
+def option(
+    default: Any, help: str, *, valid: Range | None = None, formerly: str | None = None, **kw: Any
+) -> Any:
     """A section field with its default and its one documentation text (``semrl config`` prints it);
-    ``valid``: the range a number must lie in, checked when the section is built."""
-    metadata = {"help": help, "range": valid}
+    ``valid``: the range a number must lie in, checked when the section is built; ``formerly``: the
+    key's old name, still read (configs and saved runs that use it load, with a warning)."""
+    metadata = {"help": help, "range": valid, "formerly": formerly}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
     return field(default=default, metadata=metadata, **kw)
@@ -142,6 +146,7 @@ def build_section(cls: type, values: Any, prefix: str) -> Any:
         raise ConfigError(f"config key '{prefix.rstrip('.')}' must be a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = _renamed(values, fields, prefix)
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
@@ -149,6 +154,29 @@ def build_section(cls: type, values: Any, prefix: str) -> Any:
         kwargs[key] = coerce(value, hints[key], f"{prefix}{key}")
         check_range(f"{prefix}{key}", kwargs[key], fields[key].metadata.get("range"))
     return cls(**kwargs)
+
+
+def _renamed(
+    values: dict[str, Any], fields: dict[str, dataclasses.Field[Any]], prefix: str
+) -> dict[str, Any]:
+    """``values`` with each option's old name (``option(formerly=...)``) read as its new one, with a
+    ``FutureWarning``; both names at once is an error, since one would silently win."""
+    renamed = {f.metadata["formerly"]: name for name, f in fields.items() if f.metadata.get("formerly")}
+    if not renamed.keys() & values.keys():
+        return values
+    values = dict(values)
+    for old, new in renamed.items():
+        if old not in values:
+            continue
+        if new in values:
+            raise ConfigError(
+                f"config keys '{prefix}{old}' and '{prefix}{new}' are the same option (renamed); keep "
+                f"'{prefix}{new}' only"
+            )
+        values[new] = values.pop(old)
+        message = f"config key '{prefix}{old}' is now '{prefix}{new}'; the old name is still read"
+        warnings.warn(message, FutureWarning, stacklevel=2)
+    return values
 
 
 def reference_type(tp: Any) -> str:
@@ -175,6 +203,8 @@ def section_options(name: str, cls: type) -> list[tuple[str, str, str, str]]:
         meaning = f.metadata.get("help", "")
         if f.metadata.get("range") is not None:
             meaning += f" Must be {f.metadata['range']}."
+        if f.metadata.get("formerly"):
+            meaning += f" Formerly `{name}.{f.metadata['formerly']}`, which is still read."
         rows.append((f"{name}.{f.name}", reference_type(hints[f.name]), repr(default), meaning))
     return rows
 

@@ -14,7 +14,7 @@ import torch
 
 from semrl.methods.registry import MethodConfig
 from semrl.rollout.batch import GroupInfo
-from semrl.rollout.engines import Engine, Generation, SamplingParams
+from semrl.rollout.engines import Engine, Generation, GenerationRequest, SamplingParams
 from semrl.rollout.seeds import seeds_or_draw
 from semrl.rollout.tree_kit import SamplingEntropyFn
 
@@ -40,6 +40,9 @@ class RolloutContext:
             the prompt's place in the global batch (``rollout.seeds.prompt_seed``); a tree method derives
             every request's seed from it and its node (``rollout.seeds.node_seed``), so its tokens do not
             depend on scheduling or on the number of processes. None: drawn from ``generator``.
+        sample_seeds: independent sampling's seeds, one per prompt and sample
+            (``rollout.seed_per_sequence``: ``rollout.seeds.sequence_seed``); None: drawn from
+            ``generator``.
     """
 
     engine: Engine
@@ -51,6 +54,7 @@ class RolloutContext:
     decode: Callable[[list[int]], str] | None = None
     step: int = 0
     prompt_seeds: list[int] | None = None
+    sample_seeds: list[list[int]] | None = None
 
     @property
     def group_size(self) -> int:
@@ -78,6 +82,19 @@ class MethodRollout:
     groups: list[GroupInfo] | None = None
     sequence_prompt_ids: list[list[int]] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+def independent_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
+    """G independent samples of each prompt, prompt-major, in one engine call: the rollout of every
+    method without one of its own (``MethodSpec.rollout_fn`` None). Sample j of prompt p draws from
+    ``sample_seeds[p][j]`` when the context has them."""
+    group, seeds = ctx.group_size, ctx.sample_seeds
+    requests = [
+        GenerationRequest(ids, seed=None if seeds is None else seeds[p][j])
+        for p, ids in enumerate(prompt_ids)
+        for j in range(group)
+    ]
+    return MethodRollout(ctx.engine.generate(requests, ctx.params, ctx.generator))
 
 
 @dataclass

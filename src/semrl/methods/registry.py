@@ -148,7 +148,7 @@ class MethodSpec:
         clip_ratio_low: default of ``algorithm.clip_ratio_low`` when left null.
         clip_ratio_high: default of ``algorithm.clip_ratio_high`` when left null.
         rollout_fn: its own sampling (or where to import it from); None: G independent samples per
-            prompt.
+            prompt (``semrl.methods.interface.independent_rollout``, the trainer's one other rollout).
         options: frozen dataclass of its option fields (its config section), or None.
         check: checks of its options against other sections, run when the config is loaded with
             this method selected; raises ``ConfigError``.

@@ -5,7 +5,7 @@ that the tokens do not depend on the batch, the number of processes or the compl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -16,6 +16,11 @@ def sequence_seed(seed: int, step: int, round_index: int, prompt: int, sample: i
     prompt ``prompt`` (its index in the step's global batch) in rollout round ``round_index``."""
     key = [seed, step, round_index, prompt, sample]
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
+
+
+def group_seeds(seed: int, step: int, round_index: int, prompts: Iterable[int], size: int) -> list[list[int]]:
+    """``sequence_seed`` of every sample of each prompt in ``prompts`` (indices in the global batch)."""
+    return [[sequence_seed(seed, step, round_index, p, j) for j in range(size)] for p in prompts]
 
 
 TREE = 2**31  # the sample index of a prompt's tree seed: no sequence of a group has it

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -33,9 +33,8 @@ from semrl.rollout.engines.base import (
     Engine,
     Generation,
     GenerationRequest,
-    HeldKV,
+    KVHandle,
     OnDone,
-    PrefixCache,
     SamplingParams,
     join_generations,
     require_power,
@@ -49,6 +48,7 @@ __all__ = [
     "OnNode",
     "OnStream",
     "PromptNodes",
+    "RolloutInputs",
     "SamplingEntropyFn",
     "TreeSampler",
     "chain_tree",
@@ -90,7 +90,7 @@ class Node:
     budget: int | None = None
     data: Any = None
     out: Generation | None = None
-    kv: PrefixCache | HeldKV | None = None
+    kv: KVHandle | None = None
     leaf: bool = False
     entropy: bool = False
     _response: Generation | None = field(default=None, repr=False)
@@ -236,6 +236,25 @@ OnNode = Callable[[Node], list[Node]]
 OnStream = Callable[[list[tuple[Any, Generation]]], tuple[list[Any], list[Any]]]
 
 
+class RolloutInputs(Protocol):
+    """What ``TreeSampler.from_context`` reads of a method's rollout context
+    (``semrl.methods.interface.RolloutContext``)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def generator(self) -> torch.Generator: ...
+
+    @property
+    def sampling_entropy(self) -> SamplingEntropyFn: ...
+
+    def seeds_of_prompts(self, count: int) -> list[int]: ...
+
+
 class TreeSampler:
     """The trees of one rollout and the engine calls that grow them.
 
@@ -246,8 +265,8 @@ class TreeSampler:
         generator: draws a request's seed when its prompt has none.
         prompt_seeds: one seed per prompt (node ``i`` draws from ``node_seed(seed, i)``), or None:
             every request's seed comes from ``generator`` in submission order.
-        keep_kv: hand a child its parent's KV (``EnginePowers.fork``); an engine without the power
-            ignores it.
+        reuse_kv_cache: a child continues its parent's KV (``EnginePowers.fork``); an engine without
+            the power ignores it.
         sampling_entropy: adds the full-vocabulary entropy to a node an engine sampled without it.
     """
 
@@ -258,7 +277,7 @@ class TreeSampler:
         params: SamplingParams,
         generator: torch.Generator | None,
         prompt_seeds: list[int] | None = None,
-        keep_kv: bool = False,
+        reuse_kv_cache: bool = False,
         sampling_entropy: SamplingEntropyFn | None = None,
         reads_entropy: str | None = None,
     ) -> None:
@@ -269,7 +288,7 @@ class TreeSampler:
                 "sampling_entropy (the trainer's RolloutContext.sampling_entropy)"
             )
         self.engine, self.params, self.generator = engine, params, generator
-        self.keep_kv = keep_kv and engine.powers.fork
+        self.reuse_kv_cache = reuse_kv_cache and engine.powers.fork
         self.sampling_entropy = sampling_entropy
         self._closing: set[int] = set()
         seeds: Sequence[int | None] = prompt_seeds if prompt_seeds is not None else [None] * len(prompts)
@@ -277,9 +296,32 @@ class TreeSampler:
             PromptNodes(p, ids, seed) for p, (ids, seed) in enumerate(zip(prompts, seeds, strict=True))
         ]
 
+    @classmethod
+    def from_context(
+        cls,
+        ctx: RolloutInputs,
+        prompts: list[list[int]],
+        *,
+        reuse_kv_cache: bool = False,
+        reads_entropy: str | None = None,
+    ) -> TreeSampler:
+        """The sampler of a method's rollout: the context's engine, sampler, random stream, prompt
+        seeds (drawn from the stream when it has none) and entropy forward."""
+        seeds = ctx.seeds_of_prompts(len(prompts))
+        return cls(
+            ctx.engine,
+            prompts,
+            ctx.params,
+            ctx.generator,
+            seeds,
+            reuse_kv_cache=reuse_kv_cache,
+            sampling_entropy=ctx.sampling_entropy,
+            reads_entropy=reads_entropy,
+        )
+
     def request(self, node: Node) -> GenerationRequest:
         """The request that samples ``node``: its prompt, its parent's first ``position`` tokens, its
-        budget, its parent's KV (with ``keep_kv``), its seed, and whether its own KV may be kept."""
+        budget, its parent's KV (with ``reuse_kv_cache``), its seed, and whether its own KV may be kept."""
         tree = self.trees[node.prompt]
         budget = node.budget if node.budget is not None else self.params.max_new_tokens - node.position
         parent = node.parent
@@ -287,7 +329,7 @@ class TreeSampler:
             tree.prompt_ids,
             node.prefix_ids(),
             max_new_tokens=budget,
-            cache=parent.kv if parent is not None and self.keep_kv else None,
+            cache=parent.kv if parent is not None and self.reuse_kv_cache else None,
             seed=None if tree.seed is None else node_seed(tree.seed, node.index),
             keep_kv=not node.leaf,
             entropy=node.entropy,
@@ -318,7 +360,11 @@ class TreeSampler:
         returns or raises."""
         with self._released():
             return self.engine.generate_dynamic(
-                [self.pair(n) for n in first], self.params, self.generator, self._done(on_node), self.keep_kv
+                [self.pair(n) for n in first],
+                self.params,
+                self.generator,
+                self._done(on_node),
+                self.reuse_kv_cache,
             )
 
     def run_streaming(
@@ -344,7 +390,13 @@ class TreeSampler:
         pairs = [*streamed, *(self.pair(n) for n in first)]
         with self._released():
             self.engine.generate_streaming(
-                pairs, self.params, stream_params, self.generator, self._done(on_node), tokens, self.keep_kv
+                pairs,
+                self.params,
+                stream_params,
+                self.generator,
+                self._done(on_node),
+                tokens,
+                self.reuse_kv_cache,
             )
         return 1
 

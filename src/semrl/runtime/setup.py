@@ -124,7 +124,7 @@ def _with_dtype(cfg: Config, dtype: str) -> Config:
 def check_machine(cfg: Config) -> None:
     """Checks of the config that depend on the machine (whether it has CUDA), before models load."""
     if cfg.rollout.engine == "vllm":
-        from semrl.rollout.engines.vllm_start import check_vllm_machine
+        from semrl.rollout.engines.vllm.start import check_vllm_machine
 
         check_vllm_machine(cfg.rollout)
 

@@ -35,15 +35,21 @@ from semrl.errors import Preempted, TrainingError
 from semrl.evaluation import evaluate_splits
 from semrl.methods.catalog import get_method, get_policy_loss
 from semrl.methods.entropy_bonus import EntropyBonus
-from semrl.methods.interface import AdvantageFn, AdvantageInputs, RolloutContext, RolloutFn
+from semrl.methods.interface import (
+    AdvantageFn,
+    AdvantageInputs,
+    RolloutContext,
+    RolloutFn,
+    independent_rollout,
+)
 from semrl.methods.policy_loss import LossFn, PrepareFn
 from semrl.methods.registry import MethodSpec, PolicyLoss, load, method_config
 from semrl.models.loading import resolve_model_path
 from semrl.reward import Scores, VerifierPool, reward_functions, score
 from semrl.rollout.batch import CollectedStep, RolloutBatch
-from semrl.rollout.engines import GenerationRequest, sampling_params
+from semrl.rollout.engines import sampling_params
 from semrl.rollout.group_filter import GroupFilter
-from semrl.rollout.seeds import prompt_seed, sequence_seed
+from semrl.rollout.seeds import group_seeds, prompt_seed
 from semrl.runtime.preemption import StopSignal
 from semrl.runtime.run_state import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.tracking.metrics import cost_metrics, entropy_metrics, reward_metrics, rollout_metrics
@@ -59,13 +65,15 @@ logger = logging.getLogger(__name__)
 
 def _seam_functions(
     cfg: Config, method: MethodSpec, policy_loss: PolicyLoss
-) -> tuple[AdvantageFn, RolloutFn | None, LossFn, PrepareFn | None]:
+) -> tuple[AdvantageFn, RolloutFn, LossFn, PrepareFn | None]:
     """The method's and the policy loss's tensor functions, imported now that training starts, each
     checked against the arguments the trainer passes it and typed as its seam."""
     name, loss = f"method {cfg.algorithm.method}'s", f"policy loss {cfg.algorithm.policy_loss}'s"
     advantage_fn: AdvantageFn = load(method.advantage_fn, ("inputs", "config"), f"{name} advantage_fn")
-    rollout_fn: RolloutFn | None = (
-        load(method.rollout_fn, ("ctx", "prompt_ids"), f"{name} rollout_fn") if method.rollout_fn else None
+    rollout_fn: RolloutFn = (  # G independent samples per prompt for a method without its own
+        load(method.rollout_fn, ("ctx", "prompt_ids"), f"{name} rollout_fn")
+        if method.rollout_fn
+        else independent_rollout
     )
     loss_fn: LossFn = load(policy_loss.loss_fn, ("inputs", "config"), f"{loss} loss_fn")
     prepare_fn: PrepareFn | None = (
@@ -345,39 +353,29 @@ class Trainer:
         problems = [self.curriculum.problems[global_batch[k]] for k in share]
         prompt_ids = [self.prompt.ids(self.tokenizer, p.problem) for p in problems]
         params = sampling_params(cfg.rollout, top_logprobs=self.method.reads_top_logprobs)
-        if self.rollout_fn is not None:
-            entropy = partial(  # at the weights that sampled, in the engine's dtype
-                with_sampling_entropy,
-                self.rollout_model,
-                temperature=params.temperature,
-                compute_dtype=self.engine.compute_dtype,
-            )
-            context = RolloutContext(
-                self.engine,
-                params,
-                self.generator,
-                self.method_config,
-                entropy,
-                self.method_state,
-                decode=partial(self.tokenizer.decode, skip_special_tokens=True),
-                step=self.step,
-                prompt_seeds=[prompt_seed(cfg.trainer.seed, self.step, round_index, k) for k in share],
-            )
-            out = self.rollout_fn(context, prompt_ids)
-            gens, groups, metrics = out.generations, out.groups, out.metrics
-            sequence_prompts = out.sequence_prompt_ids
-        else:
-            seeded = cfg.rollout.seed_per_sequence  # k: the prompt's index in the global batch
-            requests = [
-                GenerationRequest(
-                    ids,
-                    seed=sequence_seed(cfg.trainer.seed, self.step, round_index, k, j) if seeded else None,
-                )
-                for k, ids in zip(share, prompt_ids, strict=True)
-                for j in range(group)
-            ]
-            gens = self.engine.generate(requests, params, self.generator)
-            groups, metrics, sequence_prompts = None, {}, None
+        seed, step, dtype = cfg.trainer.seed, self.step, self.engine.compute_dtype
+        independent = cfg.rollout.seed_per_sequence and self.method.rollout_fn is None
+        context = RolloutContext(
+            self.engine,
+            params,
+            self.generator,
+            self.method_config,
+            partial(  # the entropy at the weights that sampled, in the engine's dtype
+                with_sampling_entropy, self.rollout_model, temperature=params.temperature, compute_dtype=dtype
+            ),
+            self.method_state,
+            decode=partial(self.tokenizer.decode, skip_special_tokens=True),
+            step=step,
+            prompt_seeds=[prompt_seed(seed, step, round_index, k) for k in share],
+            sample_seeds=group_seeds(seed, step, round_index, share, group) if independent else None,
+        )
+        out = self.rollout_fn(context, prompt_ids)
+        gens, groups, metrics, sequence_prompts = (
+            out.generations,
+            out.groups,
+            out.metrics,
+            out.sequence_prompt_ids,
+        )
         self.faults.at("rollout", self.step + 1)
         return RolloutBatch(
             problems=[p for p in problems for _ in range(group)],

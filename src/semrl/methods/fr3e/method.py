@@ -88,8 +88,7 @@ def fr3e_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     """
     opts: FR3EConfig = ctx.config.options
     group = ctx.group_size
-    seeds = ctx.seeds_of_prompts(len(prompt_ids))
-    kit = TreeSampler(ctx.engine, prompt_ids, ctx.params, ctx.generator, seeds, True, ctx.sampling_entropy)
+    kit = TreeSampler.from_context(ctx, prompt_ids, reuse_kv_cache=True)
 
     def on_node(node: Node) -> list[Node]:
         if node.index:  # a continuation: a leaf

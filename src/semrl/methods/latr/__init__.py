@@ -8,7 +8,7 @@ One step:
 1. Lookahead phase (``tree.LatrForest``): every active tree row takes one token per loop step and
    reads the two most likely tokens of the raw distribution (temperature 1, no top-p / top-k): in
    one batched KV cache on the model (``method.lookahead_phase``), or on vllm as streamed greedy
-   requests (``stream.StreamedRows``, ``latr.vllm_lookahead``).
+   requests (``stream.StreamedRows``, ``latr.lookahead_on``).
    Each row takes the first (the main path is greedy, as the code's default ``sample_nk="none"``);
    the second opens a branch when ``p2 > tau_abs`` and ``p1 - p2 < tau_rel`` while the prompt has
    fewer than k rows. A branch whose last r tokens, for r in ``latr.lookahead``, stay within the
@@ -120,13 +120,15 @@ class LatrConfig:
         valid=NON_NEGATIVE,
     )
 
-    vllm_lookahead: Literal["stream", "model"] = option(
+    lookahead_on: Literal["stream", "model"] = option(
         "stream",
-        "On the vllm engine, how the lookahead runs. 'stream': each row is a greedy vLLM request that "
-        "returns its top-2 after every engine step; a fork is a new request, a pruned row's request is "
-        "aborted, and the ordinary rows sample alongside (docs/methods/latr.md). 'model': the official "
-        "split, the lookahead on the training model through one batched KV cache, then one vLLM call "
-        "finishes every row. The hf engine always runs the lookahead on its model.",
+        "Where the lookahead runs on an engine that streams requests (EnginePowers.streaming: vllm). "
+        "'stream': each row is a greedy request that returns its top-2 after every engine step; a fork "
+        "is a new request, a pruned row's request is aborted, and the ordinary rows sample alongside "
+        "(docs/methods/latr.md). 'model': the official split, the lookahead on the training model "
+        "through one batched KV cache (the engine's row loop), then one engine call finishes every row. "
+        "An engine that does not stream (hf) always runs the lookahead on its model.",
+        formerly="vllm_lookahead",
     )
 
     def __post_init__(self) -> None:
@@ -180,7 +182,7 @@ def check_latr(cfg: Config) -> None:
 
 def latr_engine_powers(options: LatrConfig) -> dict[str, str]:
     """The official split runs the lookahead on the model beside the engine: the engine's row loop."""
-    return {"row_loop": "latr.vllm_lookahead=model"} if options.vllm_lookahead == "model" else {}
+    return {"row_loop": "latr.lookahead_on=model"} if options.lookahead_on == "model" else {}
 
 
 register_method(

@@ -91,7 +91,7 @@ def _lookahead_by_requests(
             GenerationRequest(prompt_ids[b.root], list(b.tokens), max_new_tokens=1, cache=b.cache)
             for b in rows
         ]
-        outs = ctx.engine.generate(requests, raw, ctx.generator, return_cache=True)
+        outs = ctx.engine.generate(requests, raw, ctx.generator, reuse_kv_cache=True)
         top_ids = [(int(g.top_ids[0, 0]), int(g.top_ids[0, 1])) for g in outs]
         top_logprobs = [(float(g.top_logprobs[0, 0]), float(g.top_logprobs[0, 1])) for g in outs]
         forest.advance(step, rows, top_ids, top_logprobs, [g.cache for g in outs])
@@ -104,17 +104,16 @@ def _lookahead_by_requests(
 def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
     """n rows per prompt, prompt-major: its k LATR rows (padded with copies of the main row), then
     n - k ordinary samples. On an engine that streams (vllm) the rows are streamed requests unless
-    ``latr.vllm_lookahead=model`` (``semrl.methods.latr.stream``); elsewhere the lookahead runs on the
+    ``latr.lookahead_on=model`` (``semrl.methods.latr.stream``); elsewhere the lookahead runs on the
     engine's row loop, and one call finishes every row (``semrl.rollout.tree_kit``)."""
     o: LatrConfig = ctx.config.options
     n, params = ctx.group_size, ctx.params
     width = latr_width(n, eta_at(ctx.step, o.eta_steps, o.eta_values))
-    if o.vllm_lookahead == "model":
-        require_power(ctx.engine, "row_loop", "LATR's lookahead on the model", "latr.vllm_lookahead=model")
-    if ctx.engine.powers.streaming and o.vllm_lookahead == "stream":
+    if o.lookahead_on == "model":
+        require_power(ctx.engine, "row_loop", "LATR's lookahead on the model", "latr.lookahead_on=model")
+    if ctx.engine.powers.streaming and o.lookahead_on == "stream":
         limit = o.force_return_step or params.max_new_tokens
-        seeds = ctx.seeds_of_prompts(len(prompt_ids))
-        streamed = StreamedRows(ctx, prompt_ids, _forest_settings(o, width), limit, seeds)
+        streamed = StreamedRows(ctx, prompt_ids, _forest_settings(o, width), limit)
         streamed.run()  # samples every row: the lookahead, its finishing and the ordinary rows
         forest, steps, kit, bases = (
             (streamed.forest if width else None),
@@ -125,7 +124,7 @@ def latr_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     else:
         forest, steps = lookahead_phase(ctx, prompt_ids, width) if width else (None, 0)
         # the official split draws the finishing rows from the process's stream, not from node seeds
-        kit = TreeSampler(ctx.engine, prompt_ids, params, ctx.generator, None, keep_kv=True)
+        kit = TreeSampler(ctx.engine, prompt_ids, params, ctx.generator, None, reuse_kv_cache=True)
         trees = forest.trees if forest is not None else [[] for _ in prompt_ids]
         bases = row_nodes(kit, trees, width, n, params.logprobs_top_k)
         # every finishing row is a leaf (Node.leaf): none keeps its KV

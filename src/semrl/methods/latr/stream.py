@@ -1,4 +1,4 @@
-"""LATR's rows on the vllm engine as streamed requests (``latr.vllm_lookahead=stream``;
+"""LATR's rows on the vllm engine as streamed requests (``latr.lookahead_on=stream``;
 docs/methods/latr.md, "On the vllm engine").
 
 Each lookahead row is one greedy vLLM request that returns its token and the raw distribution's two
@@ -120,7 +120,6 @@ class StreamedRows:
         prompt_ids: list[list[int]],
         settings: ForestSettings,
         limit: int,
-        seeds: list[int],
     ) -> None:
         assert ctx.decode is not None, "LATR's rollout needs RolloutContext.decode (keep_math_symbols)"
         self.ctx, self.prompt_ids, self.limit = ctx, prompt_ids, limit
@@ -128,7 +127,7 @@ class StreamedRows:
         self.forest = LatrForest(len(prompt_ids), settings, eos, ctx.decode)
         self.steps = 0
         # an engine that forks holds each stream's KV: forks and finishing rows continue it
-        self.kit = TreeSampler(ctx.engine, prompt_ids, ctx.params, ctx.generator, seeds, keep_kv=True)
+        self.kit = TreeSampler.from_context(ctx, prompt_ids, reuse_kv_cache=True)
         n = ctx.group_size
         self.bases: list[list[Node | None]] = [[None] * n for _ in prompt_ids]
         self.streams: list[_Stream] = []

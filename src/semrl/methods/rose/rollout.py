@@ -115,8 +115,8 @@ def tree_rollout(
         params,
         generator,
         prompt_seeds,
-        options.reuse_kv_cache,
-        sampling_entropy,
+        reuse_kv_cache=options.reuse_kv_cache,
+        sampling_entropy=sampling_entropy,
         reads_entropy="rose.entropy_mode=full_vocab" if full_vocab else None,
     )
     n, g = len(prompts), group_size

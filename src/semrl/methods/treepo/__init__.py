@@ -94,10 +94,11 @@ class TreePOConfig:
     segment_alignment: Literal["paper", "block"] = option(
         "paper",
         "Where segments start. paper: every l tokens from the response's start (the paper's "
-        "layout). block: segments a multiple of rollout.vllm_block_size B, the first one shortened by "
-        "(P - 1) mod B for a prompt of P tokens (and the last lengthened as much), so that every branch "
-        "recomputes one context token in vLLM's prefix cache instead of up to B (a deviation, "
-        "docs/methods/treepo.md). Needs segment_length to be a multiple of B.",
+        "layout). block: segments a multiple of the engine's KV block size B (EnginePowers.kv_block_size; "
+        "vllm: rollout.vllm_block_size), the first one shortened by (P - 1) mod B for a prompt of P "
+        "tokens (and the last lengthened as much), so that every branch recomputes one context token in "
+        "vLLM's prefix cache instead of up to B (a deviation, docs/methods/treepo.md). Needs "
+        "segment_length to be a multiple of B. hf keeps KV per token (B = 1): the paper's layout.",
     )
     reuse_kv_cache: bool = option(
         True,
@@ -137,8 +138,12 @@ def check_treepo(cfg: Config) -> None:
             f"({budget}): a tree needs segments shorter than the response; e.g. "
             f"treepo.segment_length={max(1, budget // 4)}"
         )
-    block = cfg.rollout.vllm_block_size
-    if options.segment_alignment == "block" and options.segment_length % block:
+    block = cfg.rollout.vllm_block_size  # the vllm engine's KV block size (hf's is 1)
+    if (
+        options.segment_alignment == "block"
+        and cfg.rollout.engine == "vllm"
+        and options.segment_length % block
+    ):
         raise ConfigError(
             f"config key 'treepo.segment_length' ({options.segment_length}) must be a multiple of "
             f"rollout.vllm_block_size ({block}) with treepo.segment_alignment=block; e.g. "

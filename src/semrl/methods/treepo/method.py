@@ -29,7 +29,7 @@ def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRo
         repetition_window=options.repetition_window,
         repetition_count=options.repetition_count,
         reuse_kv_cache=options.reuse_kv_cache,
-        block_size=ctx.config.rollout.vllm_block_size if options.segment_alignment == "block" else 0,
+        block_size=ctx.engine.powers.kv_block_size if options.segment_alignment == "block" else 0,
     )
     result = segment_tree_rollout(
         ctx.engine,

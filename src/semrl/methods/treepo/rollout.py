@@ -210,46 +210,6 @@ class PromptTree:
             self.active = []
 
 
-class SegmentTree:
-    """The trees of a batch of prompts grown in lockstep, one depth of every prompt at a time
-    (``PromptTree`` per prompt, all drawing from ``generator``)."""
-
-    def __init__(
-        self,
-        num_prompts: int,
-        settings: SegmentTreeSettings,
-        max_length: int,
-        generator: torch.Generator | None = None,
-    ) -> None:
-        self.trees = [PromptTree(p, settings, max_length, generator) for p in range(num_prompts)]
-
-    @property
-    def done(self) -> bool:
-        return all(tree.done for tree in self.trees)
-
-    @property
-    def active(self) -> list[TreePath]:
-        return [path for tree in self.trees for path in tree.active]
-
-    @property
-    def leaves(self) -> list[list[TreePath]]:
-        return [tree.leaves for tree in self.trees]
-
-    def budgets(self) -> list[int]:
-        return [budget for tree in self.trees for budget in tree.budgets()]
-
-    def advance(self, segments: list[Generation], texts: list[str]) -> None:
-        """Every prompt's depth at once: ``segments`` and ``texts`` in ``active`` order."""
-        if len(segments) != len(self.active) or len(texts) != len(self.active):
-            raise ValueError(f"{len(segments)} segments and {len(texts)} texts for {len(self.active)} paths")
-        start = 0
-        for tree in self.trees:
-            n = len(tree.active)
-            if n:
-                tree.advance(segments[start : start + n], texts[start : start + n])
-            start += n
-
-
 def segment_tree_rollout(
     engine: Engine,
     prompts: list[list[int]],
@@ -282,7 +242,9 @@ def segment_tree_rollout(
         )
         for p in range(len(prompts))
     ]
-    kit = TreeSampler(engine, prompts, params, generator, prompt_seeds, settings.reuse_kv_cache)
+    kit = TreeSampler(
+        engine, prompts, params, generator, prompt_seeds, reuse_kv_cache=settings.reuse_kv_cache
+    )
     back: list[list[Generation | None]] = [[] for _ in prompts]  # the segments of a prompt's depth
 
     def depth_nodes(tree: PromptTree) -> list[Node]:

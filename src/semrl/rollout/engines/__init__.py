@@ -14,11 +14,10 @@ from semrl.rollout.engines.base import (
     EnginePowers,
     Generation,
     GenerationRequest,
-    HeldKV,
+    KVHandle,
     LookaheadRows,
     OnDone,
     OnTokens,
-    PrefixCache,
     RequestRecord,
     SamplingParams,
     eos_token_ids,
@@ -40,11 +39,10 @@ __all__ = [
     "EnginePowers",
     "Generation",
     "GenerationRequest",
-    "HeldKV",
     "LookaheadRows",
     "OnDone",
     "OnTokens",
-    "PrefixCache",
+    "KVHandle",
     "RequestRecord",
     "SamplingParams",
     "build_engine",
@@ -86,7 +84,7 @@ def build_engine(
         return HFEngine(model, eos, tokenizer.pad_token_id, batch_size, compute_dtype)
     if kind == "vllm":
         from semrl.rollout.engines.vllm import VLLMEngine
-        from semrl.rollout.engines.vllm_start import VLLMSettings
+        from semrl.rollout.engines.vllm.start import VLLMSettings
 
         dtype = None if compute_dtype is None else str(compute_dtype).removeprefix("torch.")
         settings = VLLMSettings.from_options(

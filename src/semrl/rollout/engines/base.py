@@ -104,32 +104,14 @@ class RequestRecord:
     finished_step: int
 
 
-@dataclass(frozen=True)
-class HeldKV:
-    """A request's KV held inside an engine for its children (the vllm engine's fork), named by its
-    ``request_id``. Let go with ``Engine.release_kv``."""
+class KVHandle:
+    """A finished request's KV, kept by the engine that sampled it for the requests that continue it
+    (``Generation.cache``, handed on as ``GenerationRequest.cache``; ``EnginePowers.fork``). Opaque:
+    only the engine that made it opens it (hf: the KV rows themselves,
+    ``semrl.rollout.engines.kv_cache.PrefixCache``; vllm: the blocks it holds,
+    ``semrl.rollout.engines.vllm.fork.HeldKV``). Let go with ``Engine.release_kv``."""
 
-    request_id: str
-
-
-@dataclass
-class PrefixCache:
-    """Key/value states of one sequence's first ``length`` context tokens, for every layer.
-
-    keys[l], values[l]: (num_kv_heads, length, head_dim). A continuation from a prefix hands the
-    cache of its parent chain to the engine, which then feeds only the last context token instead
-    of re-encoding prompt + prefix (what vLLM's prefix caching does for the ROSE code).
-    """
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    @property
-    def length(self) -> int:
-        return self.keys[0].shape[-2] if self.keys else 0
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -169,14 +151,14 @@ class GenerationRequest:
     prefix_ids: list[int] = field(default_factory=list)
     max_new_tokens: int | None = None  # overrides SamplingParams.max_new_tokens (branch budgets)
     # KV of a leading part of prompt_ids + prefix_ids: hf's own copy, or a request's KV the engine holds
-    cache: PrefixCache | HeldKV | None = None
+    cache: KVHandle | None = None
     # Own random stream: the sample then does not depend on the other rows of its batch, the
     # generation batch size or the number of processes (rollout.seed_per_sequence).
     seed: int | None = None
     # Hand every new token to the caller as it is sampled, with the stream's own sampler
     # (``VLLMEngine.generate_streaming``; LATR's lookahead rows). Other calls refuse it.
     stream: bool = False
-    # With ``return_cache``: False when the caller gives it no child, so that the engine keeps no KV for
+    # With ``reuse_kv_cache``: False when the caller gives it no child, so that the engine keeps no KV for
     # it (vllm holds none of its blocks, hf makes no copy): its result's cache is None.
     keep_kv: bool = True
     # The caller reads its entropy during the rollout (``Generation.entropy``): an engine that computes
@@ -196,7 +178,7 @@ class Generation:
         entropy: (L,) entropy of the full next-token distribution; None from an engine that does
             not compute it (vllm): ``semrl.update.row_logprobs.with_sampling_entropy`` returns it with one.
         finished: ended with EOS.
-        cache: with ``return_cache``, on an engine that forks: KV of context + token_ids[:-1] (every
+        cache: with ``reuse_kv_cache``, on an engine that forks: KV of context + token_ids[:-1] (every
             token fed to the model), a copy (hf) or held in the engine (vllm).
     """
 
@@ -206,7 +188,7 @@ class Generation:
     top_ids: torch.Tensor
     entropy: torch.Tensor | None
     finished: bool
-    cache: PrefixCache | HeldKV | None = None
+    cache: KVHandle | None = None
 
     @property
     def truncated(self) -> bool:
@@ -252,7 +234,7 @@ class EnginePowers:
 
     Attributes:
         fork: a request may continue the KV of the request it branches from
-            (``GenerationRequest.cache``, handed back with ``return_cache``), so that only the context's
+            (``GenerationRequest.cache``, handed back with ``reuse_kv_cache``), so that only the context's
             uncached tail is computed. hf: the parent's KV rows duplicated. vllm: the parent's blocks
             held in vLLM, the partial one copied (``rollout.vllm_fork``, vLLM 0.32).
         streaming: ``generate_streaming``: greedy requests that hand over their tokens after every
@@ -268,6 +250,9 @@ class EnginePowers:
             is missing, the trainer measures it with its own forward
             (``semrl.update.row_logprobs.with_sampling_entropy``; a method's rollout through
             ``RolloutContext.sampling_entropy``).
+        kv_block_size: the tokens of one unit of its KV cache: a context reused from an earlier
+            request is served in whole units, and the rest recomputed. hf: 1 (its caches hold every
+            token); vllm: ``rollout.vllm_block_size`` (TreePO's ``segment_alignment=block`` reads it).
     """
 
     fork: bool = False
@@ -276,6 +261,7 @@ class EnginePowers:
     continuous_batching: bool = False
     computes_entropy: bool = False
     records_entropy: bool = False
+    kv_block_size: int = 1
 
 
 POWERS = {
@@ -316,7 +302,7 @@ class LookaheadRows(Protocol):
 
     def feed(self, tokens: list[int]) -> None: ...
 
-    def row_cache(self, row: int) -> PrefixCache | None:
+    def row_cache(self, row: int) -> KVHandle | None:
         """A row's KV in the form its engine continues, or None where the engine keeps its own."""
         ...
 
@@ -369,7 +355,7 @@ class Engine(Protocol):
         requests: list[GenerationRequest],
         params: SamplingParams,
         generator: torch.Generator | None = None,
-        return_cache: bool = False,
+        reuse_kv_cache: bool = False,
         on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
         """One ``Generation`` per request, in request order. ``on_finished(n)``: n more requests have
@@ -382,7 +368,7 @@ class Engine(Protocol):
         params: SamplingParams,
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
-        return_cache: bool = False,
+        reuse_kv_cache: bool = False,
     ) -> int:
         """Sample tagged requests; each finished one goes to ``on_done(tag, request, generation)``,
         which returns requests to start next (tree rollouts: a prompt's next branch). Returns the
@@ -397,14 +383,14 @@ class Engine(Protocol):
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
         on_tokens: OnTokens[Tag],
-        hold: bool = False,
+        reuse_kv_cache: bool = False,
     ) -> None:
         """``generate_dynamic`` with streamed requests (``GenerationRequest.stream``) beside the others,
         in one running batch (``EnginePowers.streaming``). A streamed request samples with
         ``stream_params`` and hands its new tokens to ``on_tokens`` after every engine step, for all such
         requests at once; what ``on_tokens`` returns starts at once, and the streamed requests it names
-        stop. ``hold``: as ``generate_dynamic``'s ``return_cache``; a stream's pieces carry its KV
-        handle too. An engine without the power raises ``EngineError``."""
+        stop. ``reuse_kv_cache``: as ``generate_dynamic``'s; a stream's pieces carry its KV handle
+        too. An engine without the power raises ``EngineError``."""
         ...
 
     def row_loop(self) -> LookaheadRows:
@@ -412,8 +398,8 @@ class Engine(Protocol):
         engine without the power raises ``EngineError``."""
         ...
 
-    def release_kv(self, kv: PrefixCache | HeldKV) -> None:
-        """Let go of a KV handed back with ``return_cache`` (a held one's blocks return to the engine)."""
+    def release_kv(self, kv: KVHandle) -> None:
+        """Let go of a KV handed back with ``reuse_kv_cache`` (a held one's blocks return to the engine)."""
         ...
 
     def input_embeddings(self) -> torch.Tensor:

@@ -6,7 +6,7 @@ the sampled ids, their log-probs, the top-k log-probs and ids at every position 
 scores need them), the full-vocabulary entropy, and whether it ended with EOS or was truncated.
 
 A request may carry the ``PrefixCache`` of the chain it continues: then only the context tokens the
-cache does not cover are encoded. With ``return_cache=True`` every result carries the cache of all
+cache does not cover are encoded. With ``reuse_kv_cache=True`` every result carries the cache of all
 tokens it fed through the model, ready for its own continuations. Finished rows leave the batch at
 once, so a long straggler does not make the finished rows pay for its decoding steps.
 
@@ -32,10 +32,9 @@ from semrl.rollout.engines.base import (
     EnginePowers,
     Generation,
     GenerationRequest,
-    HeldKV,
+    KVHandle,
     OnDone,
     OnTokens,
-    PrefixCache,
     RequestRecord,
     SamplingParams,
     Tag,
@@ -43,7 +42,7 @@ from semrl.rollout.engines.base import (
     require_power,
     sampling_time,
 )
-from semrl.rollout.engines.kv_cache import batched_cache, last_logits, row_cache
+from semrl.rollout.engines.kv_cache import PrefixCache, batched_cache, last_logits, row_cache
 from semrl.rollout.engines.row_loop import RowLoop
 from semrl.rollout.seeds import draw_seed
 
@@ -97,7 +96,7 @@ class HFEngine:
         pad = self.pad_token_id if self.pad_token_id is not None else int(self.eos_token_ids.min())
         return RowLoop(self.model, self.compute_dtype, pad, self.cost, self.sampled_by_prompt)
 
-    def release_kv(self, kv: PrefixCache | HeldKV) -> None:
+    def release_kv(self, kv: KVHandle) -> None:
         """Nothing to do: a ``PrefixCache`` is freed with the last reference to it."""
 
     def generate_streaming(
@@ -108,7 +107,7 @@ class HFEngine:
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
         on_tokens: OnTokens[Tag],
-        hold: bool = False,
+        reuse_kv_cache: bool = False,
     ) -> None:
         """Not a power of this engine (``EnginePowers.streaming``): it samples in rounds."""
         require_power(self, "streaming", "streamed requests")
@@ -135,7 +134,7 @@ class HFEngine:
         requests: list[GenerationRequest],
         params: SamplingParams,
         generator: torch.Generator | None = None,
-        return_cache: bool = False,
+        reuse_kv_cache: bool = False,
         on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
         out: list[Generation] = []
@@ -144,7 +143,7 @@ class HFEngine:
             for start in range(0, len(requests), self.batch_size):
                 chunk = requests[start : start + self.batch_size]
                 submitted = self.cost.engine_steps
-                out.extend(self._generate_batch(chunk, params, generator, return_cache, on_finished))
+                out.extend(self._generate_batch(chunk, params, generator, reuse_kv_cache, on_finished))
                 if self.request_log is not None:
                     self.request_log += [
                         RequestRecord(
@@ -172,14 +171,14 @@ class HFEngine:
         params: SamplingParams,
         generator: torch.Generator | None,
         on_done: OnDone[Tag],
-        return_cache: bool = False,
+        reuse_kv_cache: bool = False,
     ) -> int:
         """``Engine.generate_dynamic`` in rounds: one batched ``generate`` per round, finished
         results handled in request order, the requests they return forming the next round."""
         calls = 0
         while requests:
             logged = len(self.request_log) if self.request_log is not None else 0
-            outputs = self.generate([r for _, r in requests], params, generator, return_cache)
+            outputs = self.generate([r for _, r in requests], params, generator, reuse_kv_cache)
             if self.request_log is not None:  # the tags in place of the batch indices
                 self.request_log[logged:] = [
                     replace(record, tag=tag)
@@ -199,7 +198,7 @@ class HFEngine:
         requests: list[GenerationRequest],
         params: SamplingParams,
         generator: torch.Generator | None,
-        return_cache: bool,
+        reuse_kv_cache: bool,
         on_finished: Callable[[int], Any] | None = None,
     ) -> list[Generation]:
         model = self.model
@@ -285,7 +284,7 @@ class HFEngine:
             if on_finished is not None and (count := int(done.sum())):
                 on_finished(count)
             if bool(done.any()):
-                if return_cache:
+                if reuse_kv_cache:
                     for row in done.nonzero().flatten().tolist():
                         if requests[int(active[row])].keep_kv:  # a leaf's copy would never be read
                             caches[int(active[row])] = row_cache(cache, row, attention[row])

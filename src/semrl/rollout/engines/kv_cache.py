@@ -5,12 +5,34 @@ the row loop share them)."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from semrl.rollout.engines.base import PrefixCache
+from semrl.rollout.engines.base import KVHandle
+
+
+@dataclass
+class PrefixCache(KVHandle):
+    """Key/value states of one sequence's first ``length`` context tokens, for every layer: the hf
+    engine's ``KVHandle``, a copy that the hf engine and the row loop open.
+
+    keys[l], values[l]: (num_kv_heads, length, head_dim). A continuation from a prefix hands the
+    cache of its parent chain to the engine, which then feeds only the last context token instead
+    of re-encoding prompt + prefix (what vLLM's prefix caching does for the ROSE code).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[-2] if self.keys else 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 def with_cache(model: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:

@@ -12,8 +12,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from semrl.core.watchdog import beat
 from semrl.models.precision import autocast_to
-from semrl.rollout.engines.base import EngineCost, PrefixCache, sampling_time
-from semrl.rollout.engines.kv_cache import last_logits, row_cache
+from semrl.rollout.engines.base import EngineCost, sampling_time
+from semrl.rollout.engines.kv_cache import PrefixCache, last_logits, row_cache
 
 
 class RowLoop:
@@ -31,11 +31,11 @@ class RowLoop:
         pad_token_id: int,
         cost: EngineCost,
         sampled_by_prompt: Counter[tuple[int, ...]] | None = None,
-        hands_kv: bool = True,
+        reuse_kv_cache: bool = True,
     ) -> None:
-        """``hands_kv``: ``row_cache`` gives a row's KV, which the engine continues (hf); False where
+        """``reuse_kv_cache``: ``row_cache`` gives a row's KV, which the engine continues (hf); False where
         the engine keeps KV of its own kind (vllm, which samples beside this model)."""
-        self.hands_kv = hands_kv
+        self.reuse_kv_cache = reuse_kv_cache
         self.model, self.compute_dtype, self.pad_token_id = model, compute_dtype, pad_token_id
         self.cost, self.sampled_by_prompt = cost, sampled_by_prompt
         self.row_prompts: list[tuple[int, ...]] = []  # each row's prompt, for ``sampled_by_prompt``
@@ -105,5 +105,5 @@ class RowLoop:
 
     def row_cache(self, row: int) -> PrefixCache | None:
         """Row ``row``'s KV of every token fed so far, unpadded; None when its engine cannot continue
-        it (``hands_kv``)."""
-        return row_cache(self.cache, row, self.attention[row]) if self.hands_kv else None
+        it (``reuse_kv_cache``)."""
+        return row_cache(self.cache, row, self.attention[row]) if self.reuse_kv_cache else None

@@ -26,17 +26,15 @@ from typing import Any
 import torch
 
 from semrl.core.entropy import entropy_from_logprobs
+from semrl.rollout.engines.vllm import state
 
 ENTROPY_KEY = "semrl_entropy"
-
-# request id -> entropy per output position, filled by every engine of the process
-_RECORDS: dict[str, list[float]] = {}
 
 
 def take(request_id: str, length: int) -> torch.Tensor | None:
     """(length,) the recorded entropies of a finished request's tokens, forgotten here; None when a
     position was not recorded."""
-    record = _RECORDS.pop(request_id, [])
+    record = state.ENTROPY_RECORDS.pop(request_id, [])
     if len(record) < length or any(value != value for value in record[:length]):
         return None
     return torch.tensor(record[:length], dtype=torch.float32)
@@ -45,12 +43,12 @@ def take(request_id: str, length: int) -> torch.Tensor | None:
 def forget(request_ids: list[str]) -> None:
     """Drop the records of requests that will not finish (aborted, or their call raised)."""
     for request_id in request_ids:
-        _RECORDS.pop(request_id, None)
+        state.ENTROPY_RECORDS.pop(request_id, None)
 
 
 def recording() -> int:
     """Requests with a record (0 after every engine call)."""
-    return len(_RECORDS)
+    return len(state.ENTROPY_RECORDS)
 
 
 def record(rows: dict[int, tuple[str, list[int]]], logits: torch.Tensor) -> None:
@@ -62,7 +60,7 @@ def record(rows: dict[int, tuple[str, list[int]]], logits: torch.Tensor) -> None
     values = entropy_from_logprobs(picked - torch.logsumexp(picked, dim=-1, keepdim=True)).tolist()
     for row, value in zip(order, values, strict=True):
         request_id, output_ids = rows[row]
-        entries = _RECORDS.setdefault(request_id, [])
+        entries = state.ENTROPY_RECORDS.setdefault(request_id, [])
         position = len(output_ids)
         if position < len(entries):
             entries[position] = value
@@ -93,7 +91,7 @@ def follow(rows: dict[int, tuple[str, list[int]]], batch_update: Any) -> None:
 @cache
 def processor_class() -> type:
     """``SamplingEntropy``, vLLM's ``LogitsProcessor`` subclass that vLLM is started with. It imports
-    vLLM, so it is made only once ``semrl.rollout.engines.vllm_start.import_vllm`` has set vLLM up."""
+    vLLM, so it is made only once ``semrl.rollout.engines.vllm.start.import_vllm`` has set vLLM up."""
     from vllm.v1.sample.logits_processor import LogitsProcessor
 
     class SamplingEntropy(LogitsProcessor):

@@ -26,7 +26,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from semrl.rollout.engines.base import GenerationRequest, HeldKV
+from semrl.rollout.engines.base import GenerationRequest, KVHandle
+from semrl.rollout.engines.vllm import state
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +35,12 @@ SUPPORTED = ("0.32.",)  # vLLM 0.33 changed get_computed_blocks(request, max_cac
 # holds take at most this share of the KV cache's blocks: the rest stays for running requests, so that
 # held parents never starve their own children (a parent finishing past it is not held)
 HELD_SHARE = 0.5
-_SAID: set[str] = set()  # the fork's notices (why it is off, a full hold budget), each said once per process
 
 
 def say_once(key: str, message: str, *args: object) -> None:
     """Log the fork's notice ``key`` as a warning, the first time in this process only."""
-    if key not in _SAID:
-        _SAID.add(key)
+    if key not in state.NOTICES_SAID:
+        state.NOTICES_SAID.add(key)
         logger.warning(message, *args)
 
 
@@ -65,6 +65,14 @@ def unsupported(vllm_version: str, manager: Any) -> str | None:
     if not copies or not hasattr(manager, "create_kv_cache_blocks"):
         return "the KV cache manager lacks the copy-on-write path the fork uses"
     return None
+
+
+@dataclass(frozen=True)
+class HeldKV(KVHandle):
+    """The vllm engine's ``KVHandle``: a finished request's blocks, held for its children, named by
+    its ``request_id``. Let go with ``Engine.release_kv``."""
+
+    request_id: str
 
 
 @dataclass
@@ -107,10 +115,10 @@ class ForkHooks:
         """A call begins: its forks, fallbacks and refused holds are counted from here."""
         self._at_call_start = (self.forked, self.fallbacks, self.refused)
 
-    def mark(self, request_id: str, request: GenerationRequest, hold: bool) -> None:
-        """A request about to be added: held when it finishes (``hold`` and its ``keep_kv``), and a fork
-        of the parent its ``cache`` names."""
-        if hold and request.keep_kv:
+    def mark(self, request_id: str, request: GenerationRequest, reuse_kv_cache: bool) -> None:
+        """A request about to be added: held when it finishes (``reuse_kv_cache`` and its ``keep_kv``),
+        and a fork of the parent its ``cache`` names."""
+        if reuse_kv_cache and request.keep_kv:
             self.parents.add(request_id)
         if isinstance(request.cache, HeldKV):
             self.forks[request_id] = request.cache.request_id

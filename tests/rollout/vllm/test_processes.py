@@ -18,7 +18,7 @@ if sys.argv[2] == "accelerate":  # a default group that exists before vLLM, as a
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
 from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
-from semrl.rollout.engines.vllm_start import shutdown_engines
+from semrl.rollout.engines.vllm.start import shutdown_engines
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.config.load import load_config
 tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])

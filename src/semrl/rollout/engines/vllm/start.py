@@ -19,7 +19,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from semrl.config.engine_checks import CPU_BLOCK_MULTIPLE, CPU_MIN_HEAD_DIM, INSTALL_HINT
 from semrl.core.distributed import on_close
 from semrl.errors import ConfigError, EngineError
-from semrl.rollout.engines.vllm_entropy import processor_class
+from semrl.rollout.engines.vllm import state
+from semrl.rollout.engines.vllm.entropy import processor_class
 
 if TYPE_CHECKING:
     from semrl.config.sections import RolloutConfig
@@ -41,10 +42,10 @@ class VLLMSettings:
         sleep_level: vLLM sleep mode between rollouts (CUDA only): 0 off, 1 or 2 (vLLM's levels).
         enforce_eager: the model runs eagerly (no torch.compile, no CUDA graphs).
         fork: a child request may continue its parent's KV, partial block included
-            (``semrl.rollout.engines.vllm_fork``); not part of an engine's identity (the hooks are
+            (``semrl.rollout.engines.vllm.fork``); not part of an engine's identity (the hooks are
             inert for requests that name no parent).
         sampler_entropy: vLLM starts with the logits processor that records the entropy of the
-            requests that ask (``semrl.rollout.engines.vllm_entropy``); False: without it, and the
+            requests that ask (``semrl.rollout.engines.vllm.entropy``); False: without it, and the
             trainer's forward gives their entropy. Part of an engine's identity: on a GPU any custom
             logits processor makes vLLM's asynchronous scheduling copy sampled ids to the host every step.
     """
@@ -113,19 +114,15 @@ class VLLMSettings:
 
 
 @dataclass
-class _Started:
-    """An engine of this process: its settings, vLLM's ``LLM``, and whether the default process group
-    existed before it started (then it belongs to accelerate and must outlive the engine)."""
+class StartedEngine:
+    """An engine of this process (``state.ENGINES``, one per model shape: a later engine object whose
+    lengths fit reuses it and pushes its own weights in): its settings, vLLM's ``LLM``, and whether the
+    default process group existed before it started (then it belongs to accelerate and must outlive
+    the engine)."""
 
     settings: VLLMSettings
     llm: Any
     foreign_process_group: bool
-
-
-# One vLLM engine per process and model shape: a second Trainer (or test, or evaluation) with the
-# same model shape reuses it when its lengths fit, and pushes its own weights in, instead of paying
-# vLLM's ~45 s start-up again. key -> (settings it was started with, LLM)
-_ENGINES: dict[tuple[Any, ...], _Started] = {}
 
 
 def check_vllm_machine(rollout: RolloutConfig) -> None:
@@ -313,11 +310,11 @@ def shared_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
     else a new one (the engine it replaces, or on a GPU any other, is shut down first)."""
     on_gpu = model.device.type == "cuda"
     key = _engine_key(model, settings)
-    if key not in _ENGINES or not _fits(_ENGINES[key].settings, settings):
+    if key not in state.ENGINES or not _fits(state.ENGINES[key].settings, settings):
         # a replaced engine (or on a GPU any other: vLLM would count its memory as taken) is shut
         # down before the new one starts, so its memory is free
-        for other in [k for k in _ENGINES if k == key or on_gpu]:
-            _shutdown(_ENGINES.pop(other))
+        for other in [k for k in state.ENGINES if k == key or on_gpu]:
+            _shutdown(state.ENGINES.pop(other))
         logger.info(
             "starting vLLM on %s (once per process; %s)",
             model.name_or_path,
@@ -328,34 +325,34 @@ def shared_llm(vllm: Any, model: PreTrainedModel, settings: VLLMSettings) -> Any
         )
         # the first engine of the process tells whether the default group is someone else's
         foreign = (
-            next(iter(_ENGINES.values())).foreign_process_group
-            if _ENGINES
+            next(iter(state.ENGINES.values())).foreign_process_group
+            if state.ENGINES
             else (torch.distributed.is_initialized())
         )
-        _ENGINES[key] = _Started(settings, _start_llm(vllm, model, settings), foreign)
+        state.ENGINES[key] = StartedEngine(settings, _start_llm(vllm, model, settings), foreign)
         on_close(shutdown_engines)
-    return _ENGINES[key].llm
+    return state.ENGINES[key].llm
 
 
 def shutdown_engines() -> None:
     """Stop this process's vLLM engines; multi-process runs call it before leaving the process
     group, since vLLM's own clean-up at exit would otherwise touch groups already destroyed."""
-    while _ENGINES:
-        _shutdown(_ENGINES.popitem()[1])
+    while state.ENGINES:
+        _shutdown(state.ENGINES.popitem()[1])
 
 
-def _shutdown(started: _Started) -> None:
+def _shutdown(started: StartedEngine) -> None:
     """Stop one engine and free its memory. vLLM's shutdown unfreezes the garbage collector (frozen
     at start-up, which would keep a dropped engine's memory forever) and ends by destroying the
     default process group: one that existed before the first engine (accelerate's), or that other
-    engines still use, is kept. Call it after removing ``started`` from ``_ENGINES``."""
+    engines still use, is kept. Call it after removing ``started`` from ``state.ENGINES``."""
     destroy = torch.distributed.destroy_process_group
 
     def destroy_vllm_groups_only(group: Any = None) -> None:
         if group is not None:
             destroy(group)
 
-    if started.foreign_process_group or _ENGINES:  # accelerate's, or still used by other engines
+    if started.foreign_process_group or state.ENGINES:  # accelerate's, or still used by other engines
         torch.distributed.destroy_process_group = destroy_vllm_groups_only
     try:
         started.llm.llm_engine.engine_core.shutdown()

@@ -1,4 +1,4 @@
-"""The entropy vLLM's sampler records (``semrl.rollout.engines.vllm_entropy``; docs/engines.md,
+"""The entropy vLLM's sampler records (``semrl.rollout.engines.vllm.entropy``; docs/engines.md,
 "Entropy on vllm"): a request that asks gets the full-vocabulary entropy of its tempered
 distributions, which is the trainer's forward's to float rounding, at every position, forked or not;
 no token or log-prob changes; no record outlives its call; FR3E's anchors need no forward."""
@@ -16,17 +16,18 @@ import torch
 from semrl.methods.registry import load
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams
-from semrl.rollout.engines.vllm_start import import_vllm
+from semrl.rollout.engines.vllm import state as vllm_state
+from semrl.rollout.engines.vllm.start import import_vllm
 from semrl.rollout.tree_kit import Node, TreeSampler
 from semrl.update.row_logprobs import with_sampling_entropy
 from tests.helpers import tiny_vllm_engine, tree_method_context, vllm_or_skip
 
 
 def _recorder() -> Any:
-    """``semrl.rollout.engines.vllm_entropy``, imported once vLLM is set up (it imports vLLM)."""
+    """``semrl.rollout.engines.vllm.entropy``, imported once vLLM is set up (it imports vLLM)."""
     vllm_or_skip()
     import_vllm()
-    from semrl.rollout.engines import vllm_entropy
+    from semrl.rollout.engines.vllm import entropy as vllm_entropy
 
     return vllm_entropy
 
@@ -55,7 +56,7 @@ def _tree(engine, prompts, params, asks):
     """Per prompt a chain of 20-41 tokens, then three children forked from it at random positions; the
     nodes whose index is in ``asks`` ask for their entropy. Returns the kit."""
     rng = random.Random(0)
-    kit = TreeSampler(engine, prompts, params, None, list(range(len(prompts))), keep_kv=True)
+    kit = TreeSampler(engine, prompts, params, None, list(range(len(prompts))), reuse_kv_cache=True)
 
     def on_node(node: Node) -> list[Node]:
         if node.index:
@@ -219,7 +220,9 @@ def test_the_recorder_follows_its_rows_through_random_batch_updates():
             outputs[request_id].append(step)  # its sampled token
     assert sum(len(v) for v in expected.values()) > 1000
     for request_id, values in expected.items():
-        assert len(recorder._RECORDS.get(request_id, [])) == len(values)  # no row it left wrote to it
+        assert len(vllm_state.ENTROPY_RECORDS.get(request_id, [])) == len(
+            values
+        )  # no row it left wrote to it
         got = recorder.take(request_id, len(outputs[request_id]))
         assert got is not None, request_id
         torch.testing.assert_close(got, torch.tensor(values), atol=1e-5, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""The vllm engine's fork (``semrl.rollout.engines.vllm_fork``; docs/engines.md, "Forks on vllm"): a
+"""The vllm engine's fork (``semrl.rollout.engines.vllm.fork``; docs/engines.md, "Forks on vllm"): a
 child continues its finished parent's KV inside vLLM, partial block included, computing one context
 token, with the tokens and log-probs of a plain child; every hold is let go; a child whose context
 is not its parent's takes the plain path; on a vLLM the hooks were not written for nothing forks."""
@@ -14,7 +14,9 @@ import torch
 from semrl.methods.catalog import tree_methods
 from semrl.methods.registry import load
 from semrl.models.loading import load_model, load_tokenizer
-from semrl.rollout.engines import Generation, GenerationRequest, HeldKV, SamplingParams, build_engine
+from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams, build_engine
+from semrl.rollout.engines.vllm.drive import EngineCall
+from semrl.rollout.engines.vllm.fork import HeldKV
 from semrl.rollout.tree_kit import Node, TreeSampler
 from tests.helpers import eager_vllm, tiny_vllm_engine, tree_method_context, vllm_or_skip
 
@@ -37,10 +39,10 @@ def _prompt(tok, length):
     return ids[:length]
 
 
-def _children(engine, prompt, positions, params, keep_kv, seeds=(3, 4, 5)):
+def _children(engine, prompt, positions, params, reuse_kv_cache, seeds=(3, 4, 5)):
     """A parent of 60 tokens, then one child per (position, seed) that continues it at that position;
     returns the children and the engine's request log."""
-    kit = TreeSampler(engine, [prompt], params, None, [7], keep_kv=keep_kv)
+    kit = TreeSampler(engine, [prompt], params, None, [7], reuse_kv_cache=reuse_kv_cache)
     children: list[Node] = []
 
     def on_node(node: Node) -> list[Node]:
@@ -77,11 +79,11 @@ def test_forks_compute_one_context_token_and_equal_a_plain_child(setup, temperat
     forking = _engine(model, tok)
     assert forking.powers.fork
     before = forking.cost.snapshot()
-    forked, forked_log = _children(forking, prompt, positions, params, keep_kv=True)
+    forked, forked_log = _children(forking, prompt, positions, params, reuse_kv_cache=True)
     spent = forking.cost.since(before)
     plain_engine = _engine(model, tok, fork=False)
     assert not plain_engine.powers.fork
-    plain, plain_log = _children(plain_engine, prompt, positions, params, keep_kv=True)
+    plain, plain_log = _children(plain_engine, prompt, positions, params, reuse_kv_cache=True)
     # a context of L = 1 (mod 32) tokens is served whole by the prefix cache: nothing to fork
     partial_hits = [c for c in forked if (len(prompt) + c.position - 1) % BLOCK]
     assert spent.forked_requests == len(partial_hits) > 0 and spent.fork_fallbacks == 0
@@ -153,7 +155,7 @@ def test_every_tree_method_forks_the_same_tokens_and_holds_nothing_after(setup, 
         before = engine.cost.snapshot()
         out = load(spec.rollout_fn)(ctx, prompts)
         runs.append(([g.token_ids.tolist() for g in out.generations], engine.cost.since(before)))
-        forks = getattr(engine, "_forks", None)
+        forks = getattr(engine, "forks", None)
         assert forks is None or (not forks.held and not forks.parents)
         assert engine.llm.reset_prefix_cache()
     (forked, cost), (plain, plain_cost) = runs
@@ -169,13 +171,13 @@ def test_latrs_rows_that_sample_to_their_end_hold_no_kv(setup, monkeypatch):
     engine = _engine(model, tok)
     spec, ctx = tree_method_context(engine, tok, model, "latr", EXTRA["latr"])
     submitted: list[GenerationRequest] = []
-    prepare = engine._prepare
+    prepare = EngineCall._prepare
 
-    def watched(request, *args):  # noqa: ANN001, ANN202
+    def watched(call, request, *args):  # noqa: ANN001, ANN202
         submitted.append(request)
-        return prepare(request, *args)
+        return prepare(call, request, *args)
 
-    monkeypatch.setattr(engine, "_prepare", watched)
+    monkeypatch.setattr(EngineCall, "_prepare", watched)
     load(spec.rollout_fn)(ctx, [_prompt(tok, n) for n in (17, 30, 45)])
     streams = [r for r in submitted if r.stream]
     rows = [r for r in submitted if not r.stream]
@@ -185,12 +187,13 @@ def test_latrs_rows_that_sample_to_their_end_hold_no_kv(setup, monkeypatch):
 
 
 def test_on_a_vllm_the_fork_was_not_written_for_nothing_forks_and_it_says_so_once(setup, monkeypatch, caplog):
-    from semrl.rollout.engines import vllm_fork
+    from semrl.rollout.engines.vllm import fork as vllm_fork
+    from semrl.rollout.engines.vllm import state as vllm_state
 
     tok, model = setup
     monkeypatch.setattr(vllm_fork, "SUPPORTED", ("0.99.",))
-    monkeypatch.setattr(vllm_fork, "_SAID", set())
-    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm_fork"):
+    monkeypatch.setattr(vllm_state, "NOTICES_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm.fork"):
         engines = [_engine(model, tok), _engine(model, tok)]
     said = [r for r in caplog.records if "rollout.vllm_fork" in r.getMessage()]
     assert len(said) == 1 and "0.99." in said[0].getMessage()
@@ -213,14 +216,14 @@ def test_holds_never_starve_the_engine(setup, monkeypatch):
     """Holds keep blocks out of the KV cache. Allowed all of a small cache, they fill it with finished
     leaves until the waiting children cannot start; the engine then lets go of them (the children
     take the plain path) instead of stepping forever. Within ``HELD_SHARE`` they never do."""
-    from semrl.rollout.engines import vllm_fork
-    from semrl.rollout.engines.vllm import _scheduler
+    from semrl.rollout.engines.vllm import fork as vllm_fork
+    from semrl.rollout.engines.vllm.drive import scheduler_of
 
     tok, model = setup
     options = replace(eager_vllm(), vllm_kv_cache_gib=0.004)  # about 130 blocks of 32 tokens
     engine = build_engine("vllm", model, tok, 16, MAX_MODEL_LEN, logprobs_top_k=20, vllm_options=options)
     core = engine.llm.llm_engine
-    scheduler, step, idle = _scheduler(core), core.step, [0]
+    scheduler, step, idle = scheduler_of(core), core.step, [0]
     pool = scheduler.kv_cache_manager.block_pool.num_gpu_blocks
     assert pool < 300
 
@@ -236,11 +239,11 @@ def test_holds_never_starve_the_engine(setup, monkeypatch):
     params = SamplingParams(temperature=1.0, max_new_tokens=60, logprobs_top_k=0)
     for share, starved in ((1.0, True), (vllm_fork.HELD_SHARE, False)):
         monkeypatch.setattr(vllm_fork, "HELD_SHARE", share)
-        kit = TreeSampler(engine, prompts, params, None, list(range(16)), keep_kv=True)
+        kit = TreeSampler(engine, prompts, params, None, list(range(16)), reuse_kv_cache=True)
         held: list[int] = []
 
         def on_node(node: Node, kit=kit, held=held) -> list[Node]:  # noqa: ANN001
-            held.append(len({id(b) for h in engine._forks.held.values() for b in h.blocks}))
+            held.append(len({id(b) for h in engine.forks.held.values() for b in h.blocks}))
             if node.index:
                 return []
             return [kit.trees[node.prompt].add(1 + i, node, 0, budget=60) for i in range(8)]
@@ -258,17 +261,18 @@ def test_a_leaf_holds_nothing_and_a_full_hold_budget_is_counted_and_said_once(se
     """A node the method marks as a leaf (``Node.leaf``) is never held: its children-to-be do not exist,
     and its blocks would take the hold budget. A parent that finds the budget full is not held: its
     children take the plain path, ``holds_refused`` counts it and the engine says so once."""
-    from semrl.rollout.engines import vllm_fork
+    from semrl.rollout.engines.vllm import fork as vllm_fork
+    from semrl.rollout.engines.vllm import state as vllm_state
 
     tok, model = setup
     engine = _engine(model, tok)
     params = SamplingParams(temperature=1.0, max_new_tokens=20, logprobs_top_k=0)
     prompts = [_prompt(tok, 30 + 5 * i) for i in range(3)]
-    kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], keep_kv=True)
+    kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], reuse_kv_cache=True)
     held_when_back: list[int] = []
 
     def on_node(node: Node) -> list[Node]:
-        held_when_back.append(len(engine._forks.held))
+        held_when_back.append(len(engine.forks.held))
         return [] if node.index else [kit.trees[node.prompt].add(1, node, 5, leaf=True)]
 
     before = engine.cost.snapshot()
@@ -278,10 +282,10 @@ def test_a_leaf_holds_nothing_and_a_full_hold_budget_is_counted_and_said_once(se
     leaves = [tree.nodes[1] for tree in kit.trees]
     assert all(leaf.kv is None for leaf in leaves) and max(held_when_back) <= 3  # the 3 roots at most
     monkeypatch.setattr(vllm_fork, "HELD_SHARE", 0.0)
-    monkeypatch.setattr(vllm_fork, "_SAID", set())
-    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm_fork"):
+    monkeypatch.setattr(vllm_state, "NOTICES_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="semrl.rollout.engines.vllm.fork"):
         for _ in range(2):
-            kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], keep_kv=True)
+            kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], reuse_kv_cache=True)
             before = engine.cost.snapshot()
             kit.run([tree.add(0) for tree in kit.trees], on_node)
             spent = engine.cost.since(before)
@@ -303,7 +307,7 @@ def test_a_closed_prompt_lets_go_of_its_holds_at_once_and_a_waiting_child_still_
     engine = _engine(model, tok)
     params = SamplingParams(temperature=1.0, max_new_tokens=20, logprobs_top_k=0)
     prompts = [_prompt(tok, 30 + 7 * i) for i in range(3)]
-    kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], keep_kv=True)
+    kit = TreeSampler(engine, prompts, params, None, [1, 2, 3], reuse_kv_cache=True)
     let_go: list[str] = []
     release = engine.release_kv
 
@@ -316,7 +320,7 @@ def test_a_closed_prompt_lets_go_of_its_holds_at_once_and_a_waiting_child_still_
     engine_held: list[int] = []
 
     def on_node(node: Node) -> list[Node]:
-        forks = engine._forks
+        forks = engine.forks
         still_held.append(set(let_go) & set(forks.held) - forks.deferred)
         engine_held.append(len(forks.held))
         if node.index:
@@ -331,4 +335,4 @@ def test_a_closed_prompt_lets_go_of_its_holds_at_once_and_a_waiting_child_still_
     assert spent.forked_requests == 9 and spent.fork_fallbacks == 0  # no child lost its parent
     assert max(engine_held) > 0 and len(let_go) >= 3  # roots were held for their children, then let go
     assert all(not ids for ids in still_held), still_held
-    assert not engine._forks.held and not engine._forks.deferred  # no stale let-go ids after the call
+    assert not engine.forks.held and not engine.forks.deferred  # no stale let-go ids after the call
