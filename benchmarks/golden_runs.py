@@ -27,9 +27,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # glibc reads it at start-up only (see above)
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # this checkout's code, also from a worktree
 
@@ -172,6 +169,9 @@ def _differences(before: dict, after: dict) -> list[str]:
 
 
 def main() -> int:
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # glibc reads it at start-up only (see above)
+        environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], environment)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
