@@ -64,12 +64,12 @@ def main() -> None:
             t0 = time.perf_counter()
             collected = trainer.collect()
             rollout = time.perf_counter() - t0
-            weights = copy.deepcopy(trainer.model.state_dict())
+            weights = copy.deepcopy(trainer.models.model.state_dict())
             optim = copy.deepcopy(trainer.run.optim.optimizer.state_dict())
             times: dict[bool, list[float]] = {False: [], True: []}
             for _ in range(args.repeats):
                 for reuse in (False, True):
-                    trainer.model.load_state_dict(weights)
+                    trainer.models.model.load_state_dict(weights)
                     trainer.run.optim.optimizer.load_state_dict(optim)
                     times[reuse].append(_train_side(trainer, collected, reuse))
             trainer.pool.close()

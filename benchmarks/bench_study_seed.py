@@ -84,7 +84,7 @@ def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> 
     before_splits = {"eval": held_out, "transfer": transfer}
     start = time.perf_counter()
     trainer = Trainer(_config(STUDY3, variant, seed, steps, out / "after"))
-    engine, times = trainer.engine, {"start-up: set-up": time.perf_counter() - start}
+    engine, times = trainer.models.engine, {"start-up: set-up": time.perf_counter() - start}
 
     def evaluate(name: str, continuous: bool, step: int) -> None:
         engine.powers = replace(engine.powers, continuous_batching=continuous)
@@ -92,11 +92,11 @@ def one_variant(variant: str, seed: int, steps: int, first: bool, out: Path) -> 
         start = time.perf_counter()
         evaluate_splits(
             engine,
-            trainer.tokenizer,
+            trainer.models.tokenizer,
             trainer.pool,
             before_splits,
             before_cfg,
-            trainer.processes,
+            trainer.env.processes,
             step,
             out / name,
             trainer.rewards,

@@ -46,18 +46,18 @@ def main() -> None:
     trainer = Trainer(cfg)
     collected = trainer.collect()
     batch, scores = collected.batch, collected.scores
-    weights = copy.deepcopy(trainer.model.state_dict())
+    weights = copy.deepcopy(trainer.models.model.state_dict())
     optimizer = copy.deepcopy(trainer.run.optim.optimizer.state_dict())
     scheduler = copy.deepcopy(trainer.run.optim.scheduler.state_dict())
-    generator = trainer.generator.get_state()
+    generator = trainer.env.generator.get_state()
     rows: list[dict[str, float | str]] = []
 
     def updates(label: str, engine: object | None) -> None:
         for k in range(args.repeats):
-            trainer.model.load_state_dict(weights)
+            trainer.models.model.load_state_dict(weights)
             trainer.run.optim.optimizer.load_state_dict(optimizer)
             trainer.run.optim.scheduler.load_state_dict(scheduler)
-            trainer.generator.set_state(generator)
+            trainer.env.generator.set_state(generator)
             clock = PhaseClock()
             start = time.perf_counter()
             trainer.learn(batch, scores, clock)
@@ -73,14 +73,14 @@ def main() -> None:
     r = cfg.rollout
     vllm = build_engine(
         "vllm",
-        trainer.model,  # type: ignore[arg-type]
-        trainer.tokenizer,
+        trainer.models.model,  # type: ignore[arg-type]
+        trainer.models.tokenizer,
         r.prompts_per_step * r.group_size,
         cfg.data.max_prompt_length + r.max_new_tokens,
         r.logprobs_top_k,
         cfg.trainer.seed,
         r,
-        compute_dtype=trainer.precision.compute,
+        compute_dtype=trainer.models.precision.compute,
     )
     print(json.dumps({"vllm_start_s": time.perf_counter() - started}), flush=True)
     updates("vllm in the process", vllm)

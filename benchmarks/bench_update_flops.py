@@ -71,7 +71,7 @@ def _timed_update(
     trainer: Trainer, collected: CollectedStep, weights: dict[str, torch.Tensor], optim: dict[str, Any]
 ) -> float:
     """Seconds of one training side from ``weights`` and ``optim``."""
-    trainer.model.load_state_dict(weights)
+    trainer.models.model.load_state_dict(weights)
     trainer.run.optim.optimizer.load_state_dict(optim)
     t0 = time.perf_counter()
     trainer.learn(collected.batch, collected.scores)
@@ -93,7 +93,7 @@ def first_step_gradients(
             grads.update(
                 {
                     name: p.grad.detach().clone()
-                    for name, p in trainer.model.named_parameters()
+                    for name, p in trainer.models.model.named_parameters()
                     if p.grad is not None
                 }
             )
@@ -119,7 +119,7 @@ def compiled_rows(
 ) -> None:
     """Every decoder layer's forward compiled against eager, alternated, and the compiled update's
     losses and gradients against eager's on the same batch."""
-    layers: list[torch.nn.Module] = list(trainer.model.model.layers)  # type: ignore[union-attr, arg-type]
+    layers: list[torch.nn.Module] = list(trainer.models.model.model.layers)  # type: ignore[union-attr, arg-type]
     compiled = [torch.compile(layer.forward, dynamic=True) for layer in layers]
 
     def use(compile_: bool) -> None:
@@ -184,9 +184,9 @@ def main() -> None:
             collected = trainer.collect()
             if bool(trainer.advantages(collected.batch, collected.scores)[0].any()):
                 break
-        trainer.engine.release_memory()
+        trainer.models.engine.release_memory()
         tokens = int(collected.batch.sequences.response_mask.sum())
-        weights = copy.deepcopy(trainer.model.state_dict())
+        weights = copy.deepcopy(trainer.models.model.state_dict())
         optim = copy.deepcopy(trainer.run.optim.optimizer.state_dict())
         configs = {
             setting: cfg if setting == "as configured" else with_trainer_setting(cfg, setting)
@@ -197,7 +197,7 @@ def main() -> None:
         for threads, setting in cases:  # counted once each; also the warm-up
             torch.set_num_threads(threads)
             trainer.actor.cfg = configs[setting]
-            trainer.model.load_state_dict(weights)
+            trainer.models.model.load_state_dict(weights)
             trainer.run.optim.optimizer.load_state_dict(optim)
             with FlopCounterMode(display=False) as counter:
                 trainer.learn(collected.batch, collected.scores)

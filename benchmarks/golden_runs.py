@@ -133,7 +133,7 @@ def _run(name: str, model_dir: Path, task: Path, out: Path, engine: str = "hf") 
     try:
         trainer.train()
     finally:
-        trainer.processes.close()
+        trainer.env.processes.close()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     metrics = [
         {k: v for k, v in r.items() if not k.startswith("time/") and "time_frac" not in k} for r in rows

@@ -103,7 +103,7 @@ def train(
     try:
         result = trainer.train()
     except BaseException:
-        trainer.processes.close(wait_for_others=False)  # another process may never reach a barrier
+        trainer.env.processes.close(wait_for_others=False)  # another process may never reach a barrier
         raise
-    trainer.processes.close()
+    trainer.env.processes.close()
     return result

@@ -63,7 +63,7 @@ def test_a_run_pinned_to_one_core_trains_on_one_thread(digit_model_dir, seven_ta
                 "logging.report_to=[]",
             ],
         )
-        Trainer(cfg).pool.close()
+        Trainer(cfg).close()
         assert torch.get_num_threads() == 1
     finally:
         os.sched_setaffinity(0, cores)

@@ -212,7 +212,7 @@ def test_the_bonus_raises_the_entropy_in_training(digit_model_dir, seven_task, t
         if coeff:
             assert last["actor/entropy_coeff"] == 1.0 and last["actor/entropy_bonus"] > 0
         rows = [torch.arange(len(batch.generations))]
-        _, entropy = batch_logprobs(trainer.model, batch, 1.0, rows, packed=False, with_entropy=True)
+        _, entropy = batch_logprobs(trainer.models.model, batch, 1.0, rows, packed=False, with_entropy=True)
         mask = batch.sequences.response_mask.float()
         after[coeff] = float((entropy * mask).sum() / mask.sum())
     assert after[1.0] > after[0.0] + 0.5, after

@@ -70,9 +70,11 @@ def test_lora_learns_and_only_the_adapters_change(lora_run, digit_model_dir):
     assert last > first + 0.08, rewards
     assert all(m["kl"] >= 0 for m in read_metrics(out)) and read_metrics(out)[-1]["kl"] > 0
     base = load_file(digit_model_dir / "model.safetensors")
-    trained = trainer.model.state_dict()
+    trained = trainer.models.model.state_dict()
     adapters = {k: v for k, v in trained.items() if ".lora_" in k}
-    assert adapters and all(".lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
+    assert adapters and all(
+        ".lora_" in n for n, p in trainer.models.model.named_parameters() if p.requires_grad
+    )
     assert all(v.abs().max() > 0 for k, v in adapters.items() if ".lora_B." in k)  # B starts at 0
     for key, value in trained.items():
         if ".lora_" not in key:
@@ -86,11 +88,11 @@ def test_lora_learns_and_only_the_adapters_change(lora_run, digit_model_dir):
 
 def test_the_reference_is_the_base_with_adapters_off(lora_run, digit_model_dir):
     trainer, _ = lora_run
-    model = trainer.model
-    assert trainer.ref_model is model  # no second copy
+    model = trainer.models.model
+    assert trainer.models.ref_model is model  # no second copy
     base = load_model(str(digit_model_dir))
     batch = _random_batch(torch.Generator().manual_seed(0))
-    with trainer.reference_weights():
+    with trainer.models.reference_weights():
         reference = _logprobs(model, batch)
     torch.testing.assert_close(reference, _logprobs(base, batch), atol=1e-6, rtol=0)
     assert (_logprobs(model, batch) - reference).abs().max() > 1e-3  # adapters on again
@@ -174,7 +176,9 @@ def test_export_writes_a_merged_model_with_the_trained_log_probs(lora_run, tmp_p
     exported = AutoModelForCausalLM.from_pretrained(target)
     assert not any(".lora_" in k or "base_layer" in k for k in exported.state_dict())
     batch = _random_batch(torch.Generator().manual_seed(1))
-    torch.testing.assert_close(_logprobs(exported, batch), _logprobs(trainer.model, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        _logprobs(exported, batch), _logprobs(trainer.models.model, batch), atol=1e-5, rtol=0
+    )
     assert sorted(p.name for p in target.iterdir() if p.name.startswith(".")) == []
     assert main(["export", str(out), "--output", str(target)]) == 2  # never over an existing export
     assert "already exists" in capsys.readouterr().err

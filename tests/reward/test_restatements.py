@@ -304,8 +304,7 @@ def test_a_run_takes_each_answer_rule_from_its_own_option(
             ["Simplify $\\sqrt{245}$.", "What is fifty plus eighteen?"],
         )
     finally:
-        trainer.pool.close()
-        trainer.log.close()
-        trainer.processes.close()
+        trainer.close()
+        trainer.env.processes.close()
     assert restated.correct is not refuse_restatements
     assert evaluated.correct is not numeral_answers

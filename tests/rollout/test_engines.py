@@ -713,7 +713,7 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(
         "logging.eval_samples=4",
     )
     trainer = Trainer(cfg)
-    assert trainer.engine.name == "vllm"
+    assert trainer.models.engine.name == "vllm"
     trainer.train()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rewards = [m["reward"] for m in metrics if "reward" in m]
@@ -725,14 +725,14 @@ def test_training_on_vllm_learns_and_the_engine_holds_the_trained_weights(
     fp32_mismatch = max(m["actor/rollout_is/mismatch_kl"] for m in metrics if "reward" in m)
     assert fp32_mismatch < 1e-6, fp32_mismatch
     # the engine samples from the final weights: its log-probs equal the trained model's forward
-    tok = trainer.tokenizer
+    tok = trainer.models.tokenizer
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
-    gens = trainer.engine.generate(
+    gens = trainer.models.engine.generate(
         [GenerationRequest(p) for p in prompts],
         SamplingParams(max_new_tokens=4),
         torch.Generator().manual_seed(0),
     )
-    _, logp, _ = _forward(trainer.model, prompts, gens, 1.0)
+    _, logp, _ = _forward(trainer.models.model, prompts, gens, 1.0)
     for i, g in enumerate(gens):
         torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
 
@@ -752,15 +752,15 @@ def test_lora_on_vllm_samples_the_merged_weights(digit32_model_dir, seven_task, 
     )
     trainer = Trainer(cfg)
     trainer.train()
-    assert all(p.abs().max() > 0 for n, p in trainer.model.named_parameters() if ".lora_B." in n)
-    tok = trainer.tokenizer
+    assert all(p.abs().max() > 0 for n, p in trainer.models.model.named_parameters() if ".lora_B." in n)
+    tok = trainer.models.tokenizer
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
-    gens = trainer.engine.generate(
+    gens = trainer.models.engine.generate(
         [GenerationRequest(p) for p in prompts],
         SamplingParams(max_new_tokens=4),
         torch.Generator().manual_seed(0),
     )
-    _, logp, _ = _forward(trainer.model, prompts, gens, 1.0)
+    _, logp, _ = _forward(trainer.models.model, prompts, gens, 1.0)
     _, base_logp, _ = _forward(load_model(str(digit32_model_dir)), prompts, gens, 1.0)
     for i, g in enumerate(gens):
         torch.testing.assert_close(g.logprobs, logp[i, : len(g.token_ids)], atol=2e-4, rtol=0)
@@ -805,8 +805,8 @@ def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_
             "algorithm.rollout_is_cap=1.0",
         )
     )
-    assert trainer.engine.compute_dtype == torch.bfloat16
-    assert next(trainer.model.parameters()).dtype == torch.float32
+    assert trainer.models.engine.compute_dtype == torch.bfloat16
+    assert next(trainer.models.model.parameters()).dtype == torch.float32
     trainer.train()
     import json
 
@@ -819,9 +819,9 @@ def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_
     # engine's at the first steps, ratios up to 1.02 later), and tokens above the cap C = 1 were capped
     assert all(r["actor/rollout_is/ratio_mean"] != 1.0 for r in rows), rows
     assert any(r["actor/rollout_is/capped_frac"] > 0 for r in rows), rows
-    tok = trainer.tokenizer
+    tok = trainer.models.tokenizer
     prompts = [build_prompt_ids(tok, f"Pick a number ({i}).", DIGIT_SYSTEM_PROMPT) for i in range(4)]
-    gens = trainer.engine.generate(
+    gens = trainer.models.engine.generate(
         [GenerationRequest(p) for p in prompts],
         SamplingParams(max_new_tokens=4),
         torch.Generator().manual_seed(0),
@@ -829,7 +829,7 @@ def test_vllm_samples_in_bf16_from_fp32_master_weights(digit32_model_dir, seven_
     engine_logp = torch.cat([g.logprobs for g in gens])
     start = AutoModelForCausalLM.from_pretrained(digit32_model_dir, dtype=torch.float32)
     gaps = {}
-    for name, model in (("trained", trainer.model), ("start", start)):
+    for name, model in (("trained", trainer.models.model), ("start", start)):
         _, logp, _ = _forward(model, prompts, gens, 1.0)
         gaps[name] = (
             engine_logp - torch.cat([logp[i, : len(g.token_ids)] for i, g in enumerate(gens)])

@@ -44,14 +44,14 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(
     def poison(module, inputs, output):  # a numerical fault in the training forward from step 3 on
         return output * float("nan") if module.training and trainer.step >= 2 else output
 
-    hook = trainer.model.model.norm.register_forward_hook(poison)
+    hook = trainer.models.model.model.norm.register_forward_hook(poison)
     with pytest.raises(TrainingError, match="trainer.max_bad_updates=2") as err:
         trainer.train()
     assert "--resume" in str(err.value)
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert [m["actor/skipped_updates"] for m in metrics] == [0.0, 0.0, 1.0, 1.0]
-    assert not any(torch.isnan(p).any() for p in trainer.model.parameters())
+    assert not any(torch.isnan(p).any() for p in trainer.models.model.parameters())
     ckpts = list_checkpoints(out)
     assert [c.name for c in ckpts] == [f"step-00000{i}" for i in range(1, 5)]
     assert _same(_weights(ckpts[1]), _weights(ckpts[3]))  # the skipped updates changed nothing

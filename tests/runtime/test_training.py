@@ -63,7 +63,7 @@ def test_multiple_epochs_minibatches_and_kl_run(digit_model_dir, seven_task, tmp
         "trainer.lr_schedule=cosine",
     )
     trainer = Trainer(cfg)
-    assert trainer.ref_model is not None
+    assert trainer.models.ref_model is not None
     last = trainer.train()
     assert "kl" in last and last["kl"] >= 0 and last["actor/clip_frac"] >= 0
     assert trainer.run.optim.optimizer.state_dict()["state"]  # 2 epochs x 2 mini-batches = 4 updates / step
@@ -71,7 +71,7 @@ def test_multiple_epochs_minibatches_and_kl_run(digit_model_dir, seven_task, tmp
 
 def test_no_reference_model_without_kl(digit_model_dir, seven_task, tmp_path):
     trainer = Trainer(tiny_run_config(digit_model_dir, seven_task, tmp_path / "r", "trainer.steps=0"))
-    assert trainer.ref_model is None
+    assert trainer.models.ref_model is None
 
 
 def test_resume_is_exact(digit_model_dir, seven_task, tmp_path):
@@ -266,7 +266,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(
         "reward.overlong_buffer_len=3",
         "rollout.max_new_tokens=6",
     )
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg)  # train() below ends it
     collected = trainer.collect()
     batch, metrics = collected.batch, collected.metrics
     grouped = collected.scores.grouped(batch.group_size, metric)
@@ -322,7 +322,7 @@ def test_every_method_trains_and_logs_entropy_dynamics(digit_model_dir, seven_ta
         *extra,
     )
     trainer = Trainer(cfg)
-    assert (trainer.ref_model is not None) == ("sent.kl_target=ref_k3" in extra)
+    assert (trainer.models.ref_model is not None) == ("sent.kl_target=ref_k3" in extra)
     last = trainer.train()
     assert last["step"] == 2 and math.isfinite(last["loss"])
     for key in ("entropy", "entropy/low_frac", "entropy/cov_logp_adv", "actor/grad_norm"):
@@ -350,7 +350,7 @@ def test_log_ref_kl_loads_the_reference_without_a_kl_loss(digit_model_dir, seven
         digit_model_dir, seven_task, tmp_path / "k", "trainer.steps=1", "logging.log_ref_kl=true"
     )
     trainer = Trainer(cfg)
-    assert trainer.ref_model is not None and trainer.cfg.algorithm.kl_coef == 0
+    assert trainer.models.ref_model is not None and trainer.cfg.algorithm.kl_coef == 0
     last = trainer.train()
     assert last["kl"] >= 0
 
@@ -365,8 +365,8 @@ def test_fr3e_trains_continuations_with_their_prefix_in_the_prompt(digit_model_d
         "rollout.max_new_tokens=6",
         "fr3e.num_anchors=3",
     )
-    trainer = Trainer(cfg)
-    batch = trainer.rollout()
+    with Trainer(cfg) as trainer:
+        batch = trainer.rollout()
     assert len(batch.generations) == 32
     for g in range(4):
         states = list(batch.groups[g].method_data)

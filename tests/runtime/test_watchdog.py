@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from tests.helpers import tiny_run_overrides
+from tests.helpers import tiny_run_config, tiny_run_overrides
 
 
 def _watchdog_threads() -> list[threading.Thread]:
@@ -90,3 +90,17 @@ def test_no_watchdog_thread_outlives_semrl_train_when_it_returns_or_raises(
             reward_functions=[interrupts],
         )
     assert set(_watchdog_threads()) == before
+
+
+def test_a_trainer_whose_stages_run_by_hand_ends_its_watchdog_thread_when_closed(
+    digit_model_dir, seven_task, tmp_path
+):
+    """A caller that runs a Trainer's stages itself (here ``rollout``) ends the watchdog's thread
+    with ``close()``, here through a ``with`` block, as ``train`` does when it returns."""
+    from semrl.runtime.trainer import Trainer
+
+    before = set(_watchdog_threads())
+    with Trainer(tiny_run_config(digit_model_dir, seven_task, tmp_path / "a", "trainer.steps=0")) as trainer:
+        trainer.rollout()
+        assert len(set(_watchdog_threads()) - before) == 1  # the rollout was watched
+    assert set(_watchdog_threads()) <= before

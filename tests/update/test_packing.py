@@ -148,7 +148,7 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
             ],
         )
         trainer = Trainer(cfg)
-        assert trainer.packing == (packing == "tree")
+        assert trainer.actor.packing == (packing == "tree")
         metrics = trainer.train()
         if method == "treepo":  # the trees shared prefixes, which packing computed once
             assert metrics["treepo/sampled_vs_independent"] < 1
@@ -156,7 +156,9 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
             assert metrics["latr/forks"] > 0
         # after one AdamW step, exp_avg = (1 - beta1) * the accumulated gradient: compare gradients,
         # not weights (Adam turns float noise on near-zero gradients into lr-sized steps)
-        grads = [trainer.run.optim.optimizer.state[p]["exp_avg"] / 0.1 for p in trainer.model.parameters()]
+        grads = [
+            trainer.run.optim.optimizer.state[p]["exp_avg"] / 0.1 for p in trainer.models.model.parameters()
+        ]
         models[packing] = (grads, metrics)
     (g_pad, m_pad), (g_pack, m_pack) = models["none"], models["tree"]
     assert m_pack["loss"] == pytest.approx(m_pad["loss"], rel=1e-4, abs=1e-6)

@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         trainer.train()
     except BaseException:
-        trainer.processes.close(wait_for_others=False)  # another process may never reach a barrier
+        trainer.env.processes.close(wait_for_others=False)  # another process may never reach a barrier
         raise
-    trainer.processes.close()
-    if not trainer.processes.is_main:
+    trainer.env.processes.close()
+    if not trainer.env.processes.is_main:
         return 0
     print("\n" + summary_of_run(cfg.logging.output_dir))
     return 0

@@ -19,7 +19,6 @@ from semrl.core.distributed import (
     load_optimizer_state,
     load_streamed,
 )
-from semrl.core.faults import NO_FAULTS, Faults
 from semrl.methods.entropy_bonus import EntropyBonus
 from semrl.runtime.checkpoint import (
     checkpoint_dir,
@@ -32,11 +31,13 @@ from semrl.runtime.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel
 
     from semrl.config.sections import Config
     from semrl.core.distributed import ProcessGroup
     from semrl.data.curriculum import Curriculum
+    from semrl.runtime.environment import RunEnvironment
+    from semrl.runtime.setup import Models
     from semrl.update.optim import Optimization
 
 
@@ -69,18 +70,11 @@ def full_weights(model: torch.nn.Module, fsdp: bool) -> dict[str, torch.Tensor] 
     return full_state_dict(model) if fsdp else None
 
 
-def save_run(
-    run_dir: Path,
-    run: RunState,
-    model: torch.nn.Module,
-    rollout_model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    cfg: Config,
-    processes: ProcessGroup,
-    faults: Faults = NO_FAULTS,
-) -> Path:
-    """Checkpoint of the run at ``run.step``, written by the main process (a collective: every
-    process calls it). ``model`` is the trained model, ``rollout_model`` its full weights' holder."""
+def save_run(env: RunEnvironment, run: RunState, models: Models, cfg: Config) -> Path:
+    """Checkpoint of the run at ``run.step`` in ``env.run_dir``, written by the main process (a
+    collective: every process calls it): the trained model's weights (whole, from
+    ``models.rollout_model`` or gathered under FSDP), the tokenizer and ``run``."""
+    run_dir, processes, model = env.run_dir, env.processes, models.model
     rngs = processes.gather(rng_state(run.generator))
     fsdp, optim = cfg.trainer.fsdp, run.optim
     state = {
@@ -101,12 +95,12 @@ def save_run(
         path = save_checkpoint(
             run_dir,
             run.step,
-            rollout_model,
-            tokenizer,
+            models.rollout_model,
+            models.tokenizer,
             state,
             cfg.logging.keep_last,
             model_state=weights,
-            faults=faults,
+            faults=env.faults,
         )
     processes.barrier()
     return path
@@ -150,22 +144,12 @@ def stage_reference_dirs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "curriculum").glob("stage-*"), key=lambda d: int(d.name.split("-")[1]))
 
 
-def advance_stage(
-    run_dir: Path,
-    run: RunState,
-    model: torch.nn.Module,
-    rollout_model: PreTrainedModel,
-    ref_model: PreTrainedModel | None,
-    tokenizer: PreTrainedTokenizerBase,
-    cfg: Config,
-    processes: ProcessGroup,
-    faults: Faults = NO_FAULTS,
-) -> None:
+def advance_stage(env: RunEnvironment, run: RunState, models: Models, cfg: Config) -> None:
     """Checkpoint, then move the run to its curriculum's next stage (a collective). With
     ``data.curriculum_reset_optimizer`` the new stage starts like a run from the previous stage's
     final checkpoint: fresh optimizer and schedule, and those weights as the KL reference (kept in
     the run directory for a resume)."""
-    save_run(run_dir, run, model, rollout_model, tokenizer, cfg, processes, faults)
+    save_run(env, run, models, cfg)
     curriculum = run.curriculum
     curriculum.enter(curriculum.stage + 1)
     logger.info(
@@ -174,53 +158,34 @@ def advance_stage(
     if not cfg.data.curriculum_reset_optimizer:
         return
     run.optim.restart(curriculum.steps_left_in_stage(run.step))
-    if ref_model is not None:
-        save_stage_reference(
-            run_dir,
-            curriculum.stage,
-            run.step,
-            model,
-            rollout_model,
-            ref_model,
-            tokenizer,
-            cfg.trainer.fsdp,
-            processes,
-            faults,
-        )
+    if models.ref_model is not None:
+        save_stage_reference(env, models, models.ref_model, curriculum.stage, run.step, cfg.trainer.fsdp)
 
 
 def save_stage_reference(
-    run_dir: Path,
-    stage: int,
-    step: int,
-    model: torch.nn.Module,
-    rollout_model: PreTrainedModel,
-    ref_model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    fsdp: bool,
-    processes: ProcessGroup,
-    faults: Faults = NO_FAULTS,
+    env: RunEnvironment, models: Models, ref_model: PreTrainedModel, stage: int, step: int, fsdp: bool
 ) -> None:
     """Make the current weights stage ``stage``'s reference: loaded into every process's
-    ``ref_model`` (under FSDP one gathered parameter at a time) and kept under
+    ``ref_model`` (``models.ref_model``; under FSDP one gathered parameter at a time) and kept under
     ``stage_reference_dir`` by the main process for a resume (a collective)."""
+    model, rollout_model = models.model, models.rollout_model
     weights = full_weights(model, fsdp)  # FSDP: the main process's
     if weights is None:
         ref_model.load_state_dict(rollout_model.state_dict())
     else:
         load_streamed(ref_model, iter_full_parameters(model))
-    if processes.is_main:
+    if env.processes.is_main:
         save_checkpoint(
-            stage_reference_dir(run_dir, stage),
+            stage_reference_dir(env.run_dir, stage),
             step,
             rollout_model,
-            tokenizer,
+            models.tokenizer,
             {},
             1,
             model_state=weights,
-            faults=faults,
+            faults=env.faults,
         )
-    processes.barrier()
+    env.processes.barrier()
 
 
 def load_stage_reference(run_dir: Path, stage: int, ref_model: PreTrainedModel, dtype: str) -> None:

@@ -28,7 +28,7 @@ from semrl.core.faults import Faults
 from semrl.core.threads import torch_threads
 from semrl.core.timing import PhaseClock, device_synchronize
 from semrl.core.watchdog import phase
-from semrl.data import PromptFormat
+from semrl.data import Problem, PromptFormat
 from semrl.data.curriculum import Curriculum
 from semrl.data.problem_sets import run_problems
 from semrl.errors import Preempted, TrainingError
@@ -50,6 +50,7 @@ from semrl.rollout.batch import CollectedStep, RolloutBatch
 from semrl.rollout.engines import sampling_params
 from semrl.rollout.group_filter import GroupFilter
 from semrl.rollout.seeds import group_seeds, prompt_seed
+from semrl.runtime.environment import RunEnvironment
 from semrl.runtime.preemption import StopSignal
 from semrl.runtime.run_state import RunState, advance_stage, load_stage_reference, restore_run, save_run
 from semrl.tracking.metrics import cost_metrics, entropy_metrics, reward_metrics, rollout_metrics
@@ -113,76 +114,81 @@ class Trainer:
         self.prompt = PromptFormat.of(cfg.data)  # how a problem becomes its prompt
         self.loss_config = method_config(cfg, self.policy_loss.section)
         # the method's and the loss's tensor functions, imported now that training starts
-        self.advantage_fn, self.rollout_fn, loss_fn, prepare_fn = _seam_functions(
+        self.advantage_fn, self.rollout_fn, self._loss_fn, self._prepare_fn = _seam_functions(
             cfg, self.method, self.policy_loss
         )
-        # reward_callables: functions of reward.functions run in this process (semrl.train's own)
+        r = cfg.reward  # reward_callables: functions of reward.functions run in this process
         self.rewards = reward_functions(
-            cfg.reward.functions,
-            cfg.reward.weights,
-            reward_callables,
-            cfg.reward.correctness,
-            cfg.reward.max_error_rate,
+            r.functions, r.weights, reward_callables, r.correctness, r.max_error_rate
         )
         self.method_state = load(self.method.new_state)() if self.method.new_state else None
-        self.run_dir = Path(cfg.logging.output_dir)
-        self.processes = ProcessGroup()
-        self.faults = Faults.from_env()  # where a test makes the run fail (semrl.core.faults)
+        processes, faults = ProcessGroup(), Faults.from_env()  # faults: where a test makes the run fail
         setup.check_machine(cfg)
-        setup.check_world_size(cfg, self.processes.world)
+        setup.check_world_size(cfg, processes.world)
         # data before the run directory: a missing file or column fails with nothing written
         eval_problems, stages, transfer = run_problems(cfg)
         if (threads := torch_threads(cfg.trainer.num_threads, torch.get_num_threads())) is not None:
             torch.set_num_threads(threads)  # before model.dtype=auto's probe, which runs on them
-        cfg = self.cfg = setup.resolve_dtype(cfg, resume, self.processes)  # before config.yaml records it
-        ckpt = setup.prepare_run_dir(cfg, resume, self.processes)
-        # one random stream per process (the data order is shared by all)
-        self.generator = setup.seed_everything(cfg.trainer.seed + self.processes.rank)
-        self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
+        cfg = self.cfg = setup.resolve_dtype(cfg, resume, processes)  # before config.yaml records it
+        ckpt = setup.prepare_run_dir(cfg, resume, processes)
+        run_dir = Path(cfg.logging.output_dir)
         # The trackers start before the models load too, so a tracker that cannot start fails the run
         # before the loading time is spent.
-        self.log = RunLog(self.run_dir, self.processes.is_main, partial(setup.start_trackers, cfg))
-        self.curriculum = Curriculum(stages, cfg.trainer.steps, cfg.trainer.seed)
+        self.env = RunEnvironment(
+            run_dir,
+            processes,
+            faults,
+            setup.seed_everything(cfg.trainer.seed + processes.rank),  # one random stream per process
+            RunLog(run_dir, processes.is_main, partial(setup.start_trackers, cfg)),
+            setup.stall_watchdog(cfg, cfg.rollout.engine, run_dir, faults),
+        )
+        self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
+        self.curriculum = Curriculum(stages, cfg.trainer.steps, cfg.trainer.seed)  # the data order: shared
+        try:
+            self._start(cfg, ckpt, [p for ps in [*stages, transfer] for p in ps], reuse_first_forward)
+        except BaseException:
+            self.env.close()  # the trackers opened above
+            raise
 
-        with self.processes.state.main_process_first():  # one process converts a GGUF into the cache
+    def _start(
+        self, cfg: Config, ckpt: Path | None, problems: list[Problem], reuse_first_forward: bool
+    ) -> None:
+        """Load the models, the verifiers and the update, and restore ``ckpt`` when resuming."""
+        env = self.env
+        with env.processes.state.main_process_first():  # one process converts a GGUF into the cache
             model_path = str(ckpt) if ckpt else resolve_model_path(cfg.model.name, cfg.model.cache_dir)
         needs_ref = (
             cfg.algorithm.kl_coef > 0
             or cfg.logging.log_ref_kl
             or self.policy_loss.needs_reference(self.loss_config.options)
         )
-        models = setup.load_models(cfg, model_path, self.processes, needs_ref)
-        self.faults.at("load", 0)
-        self.tokenizer, self.model, self.engine = models.tokenizer, models.model, models.engine
-        self.rollout_model, self.ref_model = models.rollout_model, models.ref_model
-        self.watchdog = setup.stall_watchdog(cfg, self.engine.name, self.run_dir, self.faults)
-        self.reference_weights = models.reference_weights
-        setup.check_prompt_lengths(self.tokenizer, [p for ps in [*stages, transfer] for p in ps], cfg)
-        self.packing = setup.packing_enabled(cfg, self.model)
-        self.precision = models.precision
+        models = self.models = setup.load_models(cfg, model_path, env.processes, needs_ref)
+        env.faults.at("load", 0)
+        setup.check_prompt_lengths(models.tokenizer, problems, cfg)
+        packing = setup.packing_enabled(cfg, models.model)
         self.pool = VerifierPool.from_config(cfg.reward, self.rewards.pool_functions)
         # with a curriculum that restarts each stage, the schedule spans one stage
         reset = cfg.data.curriculum_reset_optimizer
         schedule_steps = self.curriculum.schedule.steps_of(0) if reset else cfg.trainer.steps
-        settings, scaler = UpdateConfig.from_config(cfg), self.precision.grad_scaler(self.processes.device)
-        optim = Optimization(self.model, settings, self.processes, schedule_steps, scaler)
+        settings, scaler = UpdateConfig.from_config(cfg), models.precision.grad_scaler(env.processes.device)
+        optim = Optimization(models.model, settings, env.processes, schedule_steps, scaler)
         bonus = EntropyBonus.from_config(cfg.algorithm)
-        self.run = RunState(0, self.curriculum, optim, self.generator, bonus)
+        self.run = RunState(0, self.curriculum, optim, env.generator, bonus)
         self.actor = Actor(
             settings,
-            PolicyModels(self.model, self.ref_model, self.reference_weights, self.precision, self.packing),
-            LoadedLoss(loss_fn, prepare_fn, self.loss_config),
-            ActorState(optim, bonus, self.generator),
-            self.processes,
+            PolicyModels(models.model, models.ref_model, models.reference_weights, models.precision, packing),
+            LoadedLoss(self._loss_fn, self._prepare_fn, self.loss_config),
+            ActorState(optim, bonus, env.generator),
+            env.processes,
             reuse_first_forward=reuse_first_forward,
-            faults=self.faults,
+            faults=env.faults,
         )
         self.resumed = ckpt is not None
         if ckpt is not None:
-            restore_run(ckpt, self.run, self.model, cfg, self.processes)
-            if self.curriculum.stage > 0 and reset and self.ref_model is not None:
-                load_stage_reference(self.run_dir, self.curriculum.stage, self.ref_model, cfg.model.dtype)
-            self.log.truncate_after(self.run.step)
+            restore_run(ckpt, self.run, models.model, cfg, env.processes)
+            if self.curriculum.stage > 0 and reset and models.ref_model is not None:
+                load_stage_reference(env.run_dir, self.curriculum.stage, models.ref_model, cfg.model.dtype)
+            env.log.truncate_after(self.run.step)
             logger.info("resumed from %s at step %d", ckpt, self.run.step)
 
     @property
@@ -190,22 +196,27 @@ class Trainer:
         return self.run.step
 
     def save(self) -> Path:
-        return save_run(
-            self.run_dir,
-            self.run,
-            self.model,
-            self.rollout_model,
-            self.tokenizer,
-            self.cfg,
-            self.processes,
-            self.faults,
-        )
+        """A checkpoint of the run at this step (``semrl.runtime.run_state.save_run``; a collective)."""
+        return save_run(self.env, self.run, self.models, self.cfg)
+
+    def close(self) -> None:
+        """End what the run holds besides its models: the watchdog's thread, the trackers and the
+        verifier processes. ``train`` ends with it; a caller that runs the stages by hand (``collect``,
+        ``rollout``, ``learn``, ``evaluate``) calls it, or uses the Trainer in a ``with`` block."""
+        self.env.close()
+        self.pool.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------------------
     # The loop
 
     def train(self) -> dict[str, float]:
-        cfg, run = self.cfg, self.run
+        cfg, run, env, models = self.cfg, self.run, self.env, self.models
         last: dict[str, float] = {}
         # SIGTERM / SIGINT: finish this step (or the base evaluation), checkpoint, exit
         stop = StopSignal().install()
@@ -213,30 +224,20 @@ class Trainer:
         try:
             # a run resumed at step 0 stopped after its base evaluation, which its log holds
             if run.step == 0 and not self.resumed and self.eval_sets and cfg.logging.eval_base:
-                self.log.metrics({"step": 0, **self.evaluate()})
+                env.log.metrics({"step": 0, **self.evaluate()})
                 self._stop_if_needed(None, stop)
             bar = Progress(
-                cfg.trainer.steps, "train", "step", cfg.logging.progress and self.processes.is_main, run.step
+                cfg.trainer.steps, "train", "step", cfg.logging.progress and env.processes.is_main, run.step
             )
             while run.step < cfg.trainer.steps:
                 if self.curriculum.advances(run.step):  # checkpoint, next stage (and its reference)
-                    advance_stage(
-                        self.run_dir,
-                        run,
-                        self.model,
-                        self.rollout_model,
-                        self.ref_model,
-                        self.tokenizer,
-                        cfg,
-                        self.processes,
-                        self.faults,
-                    )
+                    advance_stage(self.env, run, self.models, cfg)
                 t0, cpu0 = time.perf_counter(), time.process_time()
                 collected = self.collect()
                 batch, scores = collected.batch, collected.scores
-                self.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
+                models.engine.release_memory()  # vllm sleep mode: the update gets the engine's memory
                 t1, cpu1 = time.perf_counter(), time.process_time()
-                clock = PhaseClock(device_synchronize(self.processes.device.type))
+                clock = PhaseClock(device_synchronize(env.processes.device.type))
                 advantages, advantage_metrics, update = self.learn(batch, scores, clock)
                 # the sampling entropies the update's forwards measured where the engine gave none (vllm)
                 measured = update.sampling_entropy
@@ -245,7 +246,8 @@ class Trainer:
                 # the next rollout samples the new weights: FSDP gathers them for the engine's copy,
                 # vllm takes them in place (a no-op for hf, which samples from the trained model)
                 with clock.phase("sync"):
-                    self.engine.sync_weights(iter_full_parameters(self.model) if cfg.trainer.fsdp else None)
+                    full = iter_full_parameters(models.model) if cfg.trainer.fsdp else None
+                    models.engine.sync_weights(full)
                 t3, cpu3 = time.perf_counter(), time.process_time()
                 run.step += 1
                 last = {
@@ -268,17 +270,17 @@ class Trainer:
                     "time/collect_cpu_s": cpu1 - cpu0,
                     "time/update_cpu_s": cpu3 - cpu1,
                 }
-                last = self.processes.mean_metrics(last)
+                last = env.processes.mean_metrics(last)
                 every = cfg.logging.eval_every
                 if self.eval_sets and (run.step == cfg.trainer.steps or (every and run.step % every == 0)):
                     last.update(self.evaluate())
-                self.log.metrics(last)
-                self.log.samples(
+                env.log.metrics(last)
+                env.log.samples(
                     batch,
                     scores,
                     advantages,
                     run.step,
-                    self.tokenizer,
+                    models.tokenizer,
                     cfg.logging.samples_per_step,
                     cfg.logging.trees_per_step,
                 )
@@ -300,10 +302,8 @@ class Trainer:
             stop.uninstall()
             if bar is not None:
                 bar.close()
-            self.watchdog.close()
-            self.pool.close()
-            self.log.close()
-        self.processes.barrier()
+            self.close()
+        env.processes.barrier()
         return last
 
     def _stop_if_needed(self, saved: Path | None, stop: StopSignal) -> None:
@@ -311,10 +311,10 @@ class Trainer:
         or before the next step when any process received a stop signal."""
         limit, bad = self.cfg.trainer.max_bad_updates, self.run.optim.consecutive_bad_updates
         if limit > 0 and bad >= limit:
-            raise TrainingError.bad_updates(bad, limit, self.step, saved or self.save(), self.run_dir)
-        if self.step < self.cfg.trainer.steps and not self.processes.all_true(stop.received is None):
+            raise TrainingError.bad_updates(bad, limit, self.step, saved or self.save(), self.env.run_dir)
+        if self.step < self.cfg.trainer.steps and not self.env.processes.all_true(stop.received is None):
             name = signal.Signals(stop.received).name if stop.received else "a stop signal (another process)"
-            raise Preempted(name, self.step, saved or self.save(), self.run_dir)
+            raise Preempted(name, self.step, saved or self.save(), self.env.run_dir)
 
     # ------------------------------------------------------------------------------------------
     # Stages of a step
@@ -322,9 +322,9 @@ class Trainer:
     def collect(self) -> CollectedStep:
         """Rollout + reward, in rounds while DAPO's dynamic sampling wants more informative groups
         (``semrl.rollout.group_filter.GroupFilter``)."""
-        wanted = self.cfg.rollout.prompts_per_step // self.processes.world
-        groups = GroupFilter(wanted, self.cfg.algorithm, self.processes)
-        cost_before, rollout_s, reward_s, trajectories = self.engine.cost.snapshot(), 0.0, 0.0, 0
+        wanted = self.cfg.rollout.prompts_per_step // self.env.processes.world
+        groups = GroupFilter(wanted, self.cfg.algorithm, self.env.processes)
+        cost_before, rollout_s, reward_s, trajectories = self.models.engine.cost.snapshot(), 0.0, 0.0, 0
         while not groups.full:
             t0 = time.perf_counter()
             batch = self.rollout(groups.rounds)
@@ -335,36 +335,39 @@ class Trainer:
         batch, scores, filter_metrics = groups.result()
         # over every sequence sampled, dropped groups too
         metrics = {**reward_metrics(groups.sampled), **filter_metrics}
-        cost = self.engine.cost.since(cost_before)
-        metrics.update(cost_metrics(cost, trajectories, rollout_s, self.processes.sum))
+        cost = self.models.engine.cost.since(cost_before)
+        metrics.update(cost_metrics(cost, trajectories, rollout_s, self.env.processes.sum))
         return CollectedStep(batch, scores, metrics, rollout_s, reward_s)
 
     def rollout(self, round_index: int = 0) -> RolloutBatch:
         """G samples for each prompt of this process's share of the step's global batch; a stalled
         engine stops the run (``rollout.stall_timeout_s``)."""
-        with self.watchdog.watching(phase("rollout", self.step + 1)):
+        with self.env.watchdog.watching(phase("rollout", self.step + 1)):
             return self._rollout(round_index)
 
     def _rollout(self, round_index: int) -> RolloutBatch:
-        cfg, group = self.cfg, self.cfg.rollout.group_size
+        cfg, group, models = self.cfg, self.cfg.rollout.group_size, self.models
         # Every process draws the same global batch, then takes its own share of it.
         global_batch = self.curriculum.sampler.next_indices(cfg.rollout.prompts_per_step)
-        share = self.processes.share(len(global_batch))  # positions in the global batch
+        share = self.env.processes.share(len(global_batch))  # positions in the global batch
         problems = [self.curriculum.problems[global_batch[k]] for k in share]
-        prompt_ids = [self.prompt.ids(self.tokenizer, p.problem) for p in problems]
+        prompt_ids = [self.prompt.ids(models.tokenizer, p.problem) for p in problems]
         params = sampling_params(cfg.rollout, top_logprobs=self.method.reads_top_logprobs)
-        seed, step, dtype = cfg.trainer.seed, self.step, self.engine.compute_dtype
+        seed, step, dtype = cfg.trainer.seed, self.step, models.engine.compute_dtype
         independent = cfg.rollout.seed_per_sequence and self.method.rollout_fn is None
         context = RolloutContext(
-            self.engine,
+            models.engine,
             params,
-            self.generator,
+            self.env.generator,
             self.method_config,
             partial(  # the entropy at the weights that sampled, in the engine's dtype
-                with_sampling_entropy, self.rollout_model, temperature=params.temperature, compute_dtype=dtype
+                with_sampling_entropy,
+                models.rollout_model,
+                temperature=params.temperature,
+                compute_dtype=dtype,
             ),
             self.method_state,
-            decode=partial(self.tokenizer.decode, skip_special_tokens=True),
+            decode=partial(models.tokenizer.decode, skip_special_tokens=True),
             step=step,
             prompt_seeds=[prompt_seed(seed, step, round_index, k) for k in share],
             sample_seeds=group_seeds(seed, step, round_index, share, group) if independent else None,
@@ -376,14 +379,14 @@ class Trainer:
             out.metrics,
             out.sequence_prompt_ids,
         )
-        self.faults.at("rollout", self.step + 1)
+        self.env.faults.at("rollout", self.step + 1)
         return RolloutBatch(
             problems=[p for p in problems for _ in range(group)],
             prompt_ids=sequence_prompts or [ids for ids in prompt_ids for _ in range(group)],
             generations=gens,
-            texts=[self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens],
+            texts=[models.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens],
             group_size=group,
-            pad_token_id=self.tokenizer.pad_token_id,
+            pad_token_id=models.tokenizer.pad_token_id,
             groups=groups or [],
             metrics=metrics,
         )
@@ -391,14 +394,9 @@ class Trainer:
     def reward(self, batch: RolloutBatch) -> Scores:
         """Every response's score (``semrl.reward.score``)."""
         cfg = self.cfg
+        limit = cfg.rollout.max_new_tokens
         return score(
-            batch.problems,
-            batch.texts,
-            batch.generations,
-            self.rewards,
-            self.pool,
-            cfg.reward,
-            cfg.rollout.max_new_tokens,
+            batch.problems, batch.texts, batch.generations, self.rewards, self.pool, cfg.reward, limit
         )
 
     def learn(
@@ -429,19 +427,19 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """mean@k / pass@k on the held-out problems and the transfer split (``eval/`` and
         ``transfer/`` metrics on the main process; problem records in ``RUN_DIR/eval``)."""
-        self.faults.at("evaluate", self.step)
+        self.env.faults.at("evaluate", self.step)
         splits, first = self.eval_sets, self.cfg.logging.eval_base_problems
         if self.step == 0 and first is not None:  # the base model on a subset (logging.eval_base_problems)
             splits = {split: problems[:first] for split, problems in splits.items()}
-        with self.watchdog.watching(phase("evaluate", self.step)):
+        with self.env.watchdog.watching(phase("evaluate", self.step)):
             return evaluate_splits(
-                self.engine,
-                self.tokenizer,
+                self.models.engine,
+                self.models.tokenizer,
                 self.pool,
                 splits,
                 self.cfg,
-                self.processes,
+                self.env.processes,
                 self.step,
-                self.run_dir,
+                self.env.run_dir,
                 self.rewards,
             )

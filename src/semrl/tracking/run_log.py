@@ -112,6 +112,7 @@ class RunLog:
             tracker.log_samples(rows, step)
 
     def close(self) -> None:
+        """Close the trackers; the run's files take later rows still."""
         for tracker in self.trackers:
             tracker.close()
-        self.trackers = []
+        self.trackers, self.stored_through = [], []
