@@ -27,6 +27,8 @@ from demo_setup import config_engine
 from semrl.config.load import load_config
 from semrl.data import PromptFormat, build_prompt_ids, make_arithmetic_problems
 from semrl.evaluation import sample_and_verify
+from semrl.methods.interface import RolloutContext
+from semrl.methods.registry import MethodConfig
 from semrl.methods.rose.branching import normalized_embeddings
 from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
@@ -67,6 +69,7 @@ def rose_vs_independent(
         temperature=r.temperature, max_new_tokens=r.max_new_tokens, logprobs_top_k=r.logprobs_top_k
     )
     emb = normalized_embeddings(model.get_input_embeddings().weight).cpu()
+    rose = MethodConfig(replace(cfg.section("rose"), epsilon=0.5), cfg.algorithm, r)
     rows = []
     for count in prompt_counts:
         problems = make_arithmetic_problems(count, cfg.data.arithmetic_levels, seed=123)
@@ -83,13 +86,7 @@ def rose_vs_independent(
                 tokens[0] += sum(len(g.token_ids) for g in gens)
                 result, s = _timed(
                     lambda e=engine, sd=seed, ps=prompts: tree_rollout(
-                        e,
-                        ps,
-                        r.group_size,
-                        params,
-                        emb,
-                        replace(cfg.section("rose"), epsilon=0.5),
-                        torch.Generator().manual_seed(sd),
+                        RolloutContext(e, params, torch.Generator().manual_seed(sd), rose), ps, emb
                     )
                 )
                 tree += s

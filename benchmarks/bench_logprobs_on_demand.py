@@ -24,6 +24,8 @@ from demo_setup import config_engine
 
 from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
+from semrl.methods.interface import RolloutContext
+from semrl.methods.registry import MethodConfig
 from semrl.methods.rose.branching import normalized_embeddings
 from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
@@ -106,8 +108,9 @@ def main() -> None:
         )
 
     def tree(engine: Any, params: SamplingParams, seed: int) -> int:
+        gen = torch.Generator().manual_seed(seed)
         result = tree_rollout(
-            engine, prompts, r.group_size, params, emb, rose, torch.Generator().manual_seed(seed)
+            RolloutContext(engine, params, gen, MethodConfig(rose, cfg.algorithm, r)), prompts, emb
         )
         return sum(g.generated_tokens for g in result.groups)
 

@@ -22,6 +22,8 @@ import torch
 
 from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
+from semrl.methods.interface import RolloutContext
+from semrl.methods.registry import method_config
 from semrl.methods.rose.branching import normalized_embeddings
 from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
@@ -58,15 +60,8 @@ def main() -> None:
     problems = make_arithmetic_problems(args.prompts, cfg.data.arithmetic_levels, seed=123)
     prompts = [build_prompt_ids(tok, p.problem, cfg.data.system_prompt) for p in problems]
     emb = normalized_embeddings(model.get_input_embeddings().weight)
-    result = tree_rollout(
-        engine,
-        prompts,
-        r.group_size,
-        params,
-        emb,
-        cfg.section("rose"),
-        torch.Generator().manual_seed(args.seed),
-    )
+    gen = torch.Generator().manual_seed(args.seed)
+    result = tree_rollout(RolloutContext(engine, params, gen, method_config(cfg, "rose")), prompts, emb)
     model.train()
     print(
         "| group | chains | padded tokens | unique tokens | unique share | padded s | packed s | ratio | goal |"

@@ -18,6 +18,8 @@ import torch
 
 from semrl.config.load import load_config
 from semrl.data import build_prompt_ids, make_arithmetic_problems
+from semrl.methods.interface import RolloutContext
+from semrl.methods.registry import MethodConfig
 from semrl.methods.rose.branching import normalized_embeddings
 from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer, resolve_model_path
@@ -72,7 +74,9 @@ def main() -> None:
                     0.0,
                 )
             else:
-                result = tree_rollout(engine, prompts, r.group_size, params, emb, rose, gen)
+                result = tree_rollout(
+                    RolloutContext(engine, params, gen, MethodConfig(rose, cfg.algorithm, r)), prompts, emb
+                )
                 tokens = sum(g.generated_tokens for g in result.groups)
                 rounds, score_s = result.rounds, result.score_seconds
             elapsed = time.perf_counter() - start

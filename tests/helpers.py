@@ -336,6 +336,37 @@ def every_method(runs: dict[str, list[str]]) -> dict[str, list[str]]:
     return {**runs, **{m: [f"algorithm.method={m}"] for m in missing}}
 
 
+def rollout_context(
+    engine: Any,
+    params: Any,
+    options: Any = None,
+    *,
+    group_size: int = 4,
+    seed: int = 0,
+    prompt_seeds: list[int] | None = None,
+    sampling_entropy: Any = None,
+    decode: Any = None,
+) -> Any:
+    """A ``RolloutContext`` to call a method's rollout on ``engine`` directly: ``options`` its
+    section (``RoseConfig(...)``), the default ``algorithm`` and ``rollout`` sections but
+    ``group_size`` and the response budget of ``params``; its random stream, seeded ``seed``, draws the
+    prompts' seeds when ``prompt_seeds`` is None; ``sampling_entropy`` None: the context gives none."""
+    from semrl.config.sections import AlgorithmConfig, RolloutConfig
+    from semrl.methods.interface import RolloutContext
+    from semrl.methods.registry import MethodConfig
+
+    rollout = RolloutConfig(group_size=group_size, max_new_tokens=params.max_new_tokens)
+    return RolloutContext(
+        engine,
+        params,
+        torch.Generator().manual_seed(seed),
+        MethodConfig(options, AlgorithmConfig(), rollout),
+        sampling_entropy,
+        decode=decode,
+        prompt_seeds=prompt_seeds,
+    )
+
+
 def tree_method_context(engine: Any, tok: Any, model: Any, name: str, extra: list[str]) -> tuple[Any, Any]:
     """(the method's ``MethodSpec``, a ``RolloutContext``) to call method ``name``'s rollout on
     ``engine`` directly: 4 leaves of 24 tokens at T = 1, three prompts' seeds, the trainer's entropy

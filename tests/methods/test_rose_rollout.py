@@ -9,6 +9,7 @@ from semrl.methods.rose.rollout import tree_rollout
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import SamplingParams
 from semrl.rollout.engines.hf import HFEngine
+from tests.helpers import rollout_context
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,9 @@ PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
 def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
     engine, emb, prompts = setup
     groups = tree_rollout(
-        engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=0.0), torch.Generator().manual_seed(0)
+        rollout_context(engine, PARAMS, RoseConfig(epsilon=0.0), group_size=4, seed=0),
+        prompts,
+        emb,
     ).groups
     assert len(groups) == 3
     for g in groups:
@@ -48,7 +51,9 @@ def test_epsilon_zero_branches_every_iteration_from_the_argmax(setup):
 def test_epsilon_one_gives_independent_chains(setup):
     engine, emb, prompts = setup
     groups = tree_rollout(
-        engine, prompts, 4, PARAMS, emb, RoseConfig(epsilon=1.0), torch.Generator().manual_seed(0)
+        rollout_context(engine, PARAMS, RoseConfig(epsilon=1.0), group_size=4, seed=0),
+        prompts,
+        emb,
     ).groups
     for g in groups:
         assert g.tree.parents == (-1, -1, -1, -1) and not any(g.branched)
@@ -57,8 +62,16 @@ def test_epsilon_one_gives_independent_chains(setup):
 
 def test_seeded_tree_rollout_is_repeatable(setup):
     engine, emb, prompts = setup
-    a = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3)).groups
-    b = tree_rollout(engine, prompts, 4, PARAMS, emb, RoseConfig(), torch.Generator().manual_seed(3)).groups
+    a = tree_rollout(
+        rollout_context(engine, PARAMS, RoseConfig(), group_size=4, seed=3),
+        prompts,
+        emb,
+    ).groups
+    b = tree_rollout(
+        rollout_context(engine, PARAMS, RoseConfig(), group_size=4, seed=3),
+        prompts,
+        emb,
+    ).groups
     assert [g.tree for g in a] == [g.tree for g in b]
 
 
@@ -67,7 +80,9 @@ def test_round_schedule_matches_the_sequential_algorithm(setup):
     the chains with a smaller index, as the sequential loop of section 1.3 would."""
     engine, emb, prompts = setup
     result = tree_rollout(
-        engine, prompts, 8, PARAMS, emb, RoseConfig(epsilon=0.5), torch.Generator().manual_seed(5)
+        rollout_context(engine, PARAMS, RoseConfig(epsilon=0.5), group_size=8, seed=5),
+        prompts,
+        emb,
     )
     branches_per_prompt = [sum(g.branched) for g in result.groups]
     assert result.rounds == 1 + max(branches_per_prompt)
@@ -91,8 +106,16 @@ def test_kv_reuse_does_not_change_greedy_trees(setup):
     """With greedy decoding the tree is deterministic; reusing the parent's cache must not change it."""
     engine, emb, prompts = setup
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
-    ref = tree_rollout(engine, prompts, 4, greedy, emb, RoseConfig(epsilon=0.0, reuse_kv_cache=False))
-    out = tree_rollout(engine, prompts, 4, greedy, emb, RoseConfig(epsilon=0.0, reuse_kv_cache=True))
+    ref = tree_rollout(
+        rollout_context(engine, greedy, RoseConfig(epsilon=0.0, reuse_kv_cache=False), group_size=4),
+        prompts,
+        emb,
+    )
+    out = tree_rollout(
+        rollout_context(engine, greedy, RoseConfig(epsilon=0.0, reuse_kv_cache=True), group_size=4),
+        prompts,
+        emb,
+    )
     for a, b in zip(ref.groups, out.groups, strict=True):
         # A greedy branch often repeats its parent, so two chains can share the prefix a branch
         # starts from; their branch scores then tie up to rounding, which the cache reuse changes.
@@ -128,13 +151,15 @@ def test_every_branch_copies_its_parent_up_to_k_and_resamples_from_k(setup, reus
         for seed in range(4):
             requests.clear()
             out = tree_rollout(
-                engine,
+                rollout_context(
+                    engine,
+                    PARAMS,
+                    RoseConfig(epsilon=0.3, reuse_kv_cache=reuse_kv_cache),
+                    group_size=6,
+                    seed=seed,
+                ),
                 prompts,
-                6,
-                PARAMS,
                 emb,
-                RoseConfig(epsilon=0.3, reuse_kv_cache=reuse_kv_cache),
-                torch.Generator().manual_seed(seed),
             )
             for p, group in enumerate(out.groups):
                 tree, chains = group.tree, [g.token_ids.tolist() for g in group.generations]

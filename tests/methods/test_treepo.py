@@ -21,6 +21,7 @@ from semrl.methods.treepo.rollout import (
 )
 from semrl.rollout.engines import Generation
 from semrl.rollout.tree_kit import Node, PromptNodes, chain_tree
+from tests.helpers import rollout_context
 
 # ------------------------------------------------------------------------------------------------
 # References written from the official code's logic (core_algos.py, torch_functional.py, the rollout)
@@ -481,7 +482,7 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     try:
         before = engine.generated_tokens
         out = segment_tree_rollout(
-            engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(0)
+            rollout_context(engine, params, decode=tok.decode, seed=0), prompts, settings
         )
     finally:
         engine.generate = original
@@ -535,12 +536,11 @@ def test_a_depths_nodes_let_go_of_their_kv_once_their_children_have_it(hf_setup,
     monkeypatch.setattr(treepo_rollout, "TreeSampler", Watched)
     settings = SegmentTreeSettings(width=6, segment_length=2, max_depth=5, branch=2, reuse_kv_cache=True)
     out = treepo_rollout.segment_tree_rollout(
-        engine,
+        rollout_context(
+            engine, SamplingParams(temperature=1.0, max_new_tokens=10), decode=tok.decode, seed=0
+        ),
         prompts,
-        SamplingParams(temperature=1.0, max_new_tokens=10),
         settings,
-        tok.decode,
-        torch.Generator().manual_seed(0),
     )
     assert [len(leaves) for leaves in out.leaves] == [6, 6, 6]
     assert max(len(d) for d in depths_held) == 1 and any(depths_held)  # KV held, one depth at a time

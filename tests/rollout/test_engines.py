@@ -26,7 +26,7 @@ from semrl.rollout.engines import Generation, GenerationRequest, SamplingParams,
 from semrl.rollout.sequences import make_sequence_batch
 from semrl.update.forward import response_logprobs
 from semrl.update.row_logprobs import with_sampling_entropy
-from tests.helpers import DIGIT_SYSTEM_PROMPT, eager_vllm, final_weights, vllm_or_skip
+from tests.helpers import DIGIT_SYSTEM_PROMPT, eager_vllm, final_weights, rollout_context, vllm_or_skip
 
 ENGINES = ["hf", "vllm"]
 MAX_MODEL_LEN = 512  # the session's vLLM engine; later ones of this shape fit in it
@@ -364,7 +364,15 @@ def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
     prompts = _prompts(tok, 4)
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     rollout = tree_rollout(
-        engine, prompts, 6, params, emb, RoseConfig(epsilon=epsilon), torch.Generator().manual_seed(1)
+        rollout_context(
+            engine,
+            params,
+            RoseConfig(epsilon=epsilon),
+            group_size=6,
+            seed=1,
+        ),
+        prompts,
+        emb,
     )
     branched = 0
     for group in rollout.groups:
@@ -406,9 +414,7 @@ def test_treepo_trees_keep_their_invariants(setup, kind):
     params = SamplingParams(temperature=1.0, max_new_tokens=12, logprobs_top_k=0)
     settings = SegmentTreeSettings(width=6, segment_length=4, max_depth=3, branch=2)
     before, cost = engine.generated_tokens, engine.cost.snapshot()
-    out = segment_tree_rollout(
-        engine, prompts, params, settings, tok.decode, torch.Generator().manual_seed(1)
-    )
+    out = segment_tree_rollout(rollout_context(engine, params, decode=tok.decode, seed=1), prompts, settings)
     spent = engine.cost.since(cost)
     total = 0
     for leaves in out.leaves:
@@ -524,7 +530,11 @@ def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup, monkeypatch,
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     options = RoseConfig(epsilon=0.0, entropy_mode="full_vocab")
     with pytest.raises(ValueError, match="computes no entropy: pass sampling_entropy"):
-        tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0))
+        tree_rollout(
+            rollout_context(engine, params, options, group_size=4, seed=0),
+            prompts,
+            emb,
+        )
     sampler_records = records != "forward"
     if records == "gap":  # the third position of every request is never recorded
         record = vllm_entropy.record
@@ -552,7 +562,18 @@ def test_vllm_fills_rose_full_vocab_entropy_from_the_forward(setup, monkeypatch,
         filled.extend(contexts)
         return with_sampling_entropy(model, contexts, generations, temperature=1.0)
 
-    rollout = tree_rollout(engine, prompts, 4, params, emb, options, torch.Generator().manual_seed(0), fill)
+    rollout = tree_rollout(
+        rollout_context(
+            engine,
+            params,
+            options,
+            group_size=4,
+            seed=0,
+            sampling_entropy=fill,
+        ),
+        prompts,
+        emb,
+    )
     branched = 0
     for p, group in zip(prompts, rollout.groups, strict=True):
         _, _, entropy = _forward(model, [p] * 4, group.generations, 1.0)

@@ -28,7 +28,7 @@ from semrl.rollout.engines import (
 )
 from semrl.rollout.seeds import node_seed, prompt_generator
 from semrl.tracking.metrics import cost_metrics
-from tests.helpers import eager_vllm, vllm_batch_limit, vllm_or_skip
+from tests.helpers import eager_vllm, rollout_context, vllm_batch_limit, vllm_or_skip
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
 BLOCK = 32  # the vllm engine's default block size
@@ -152,7 +152,9 @@ def test_tree_tokens_do_not_depend_on_thevllm_batch_limit(setup):
         with vllm_batch_limit(engine, limit):
             runs.append(
                 segment_tree_rollout(
-                    engine, prompts, params, settings, tok.decode, prompt_seeds=[7, 8, 9, 10]
+                    rollout_context(engine, params, decode=tok.decode, prompt_seeds=[7, 8, 9, 10]),
+                    prompts,
+                    settings,
                 )
             )
         orders.append([r.tag for r in engine.request_log])
@@ -175,7 +177,9 @@ def test_a_prompt_branches_while_another_prompts_first_segment_runs(setup):
     settings = SegmentTreeSettings(width=4, segment_length=4, max_depth=3, branch=2)
     engine.request_log = []
     with vllm_batch_limit(engine, 2):
-        segment_tree_rollout(engine, prompts, params, settings, tok.decode, prompt_seeds=[1, 2, 3, 4])
+        segment_tree_rollout(
+            rollout_context(engine, params, decode=tok.decode, prompt_seeds=[1, 2, 3, 4]), prompts, settings
+        )
     log, engine.request_log = engine.request_log, None
     first = {p: [r for r in log if r.tag[0] == p and r.context_tokens == len(prompts[p])] for p in range(4)}
     children = [r for r in log if r.tag[0] == 0 and r.context_tokens > len(prompts[0])]
@@ -202,7 +206,9 @@ def test_aligned_treepo_branches_recompute_one_context_token(setup, aligned, for
         block_size=BLOCK if aligned else 0,
     )
     engine.request_log = []
-    out = segment_tree_rollout(engine, prompts, params, settings, tok.decode, prompt_seeds=[5, 6, 7, 8])
+    out = segment_tree_rollout(
+        rollout_context(engine, params, decode=tok.decode, prompt_seeds=[5, 6, 7, 8]), prompts, settings
+    )
     log, engine.request_log = engine.request_log, None
     branches = [r for r in log if r.context_tokens > len(prompts[r.tag[0]])]
     assert len(branches) >= 8
@@ -274,7 +280,9 @@ def test_the_driver_grows_the_trees_of_lockstep_sampling(setup, block):
         reuse_kv_cache=False,
     )
     seeds = [11, 12, 13]
-    driven = segment_tree_rollout(engine, prompts, params, settings, tok.decode, prompt_seeds=seeds).leaves
+    driven = segment_tree_rollout(
+        rollout_context(engine, params, decode=tok.decode, prompt_seeds=seeds), prompts, settings
+    ).leaves
     stepped = _lockstep(engine, prompts, params, settings, tok.decode, seeds)
     for a, b in zip(driven, stepped, strict=True):
         assert [(x.token_ids(), x.nodes, x.reason) for x in a] == [

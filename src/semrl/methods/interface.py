@@ -32,7 +32,8 @@ class RolloutContext:
             not checkpointed, so a method whose results depend on it does not resume exactly.
         sampling_entropy: (contexts, generations) -> the generations with their full-vocabulary
             sampling entropy: new objects for those an engine left without it (vllm), from the
-            trainer's forward at the sampling weights; the others as they are.
+            trainer's forward at the sampling weights; the others as they are. None: no forward; a
+            method that reads the entropy is then refused on an engine that computes none.
         decode: token ids -> text with the run's tokenizer, special tokens skipped (TreePO's stop
             tests read a segment's text).
         step: the training step this rollout is for (rollouts whose settings follow a schedule).
@@ -49,7 +50,7 @@ class RolloutContext:
     params: SamplingParams
     generator: torch.Generator
     config: MethodConfig[Any]
-    sampling_entropy: SamplingEntropyFn
+    sampling_entropy: SamplingEntropyFn | None = None
     state: Any = None
     decode: Callable[[list[int]], str] | None = None
     step: int = 0

@@ -39,7 +39,7 @@ from semrl.rollout.engines.base import (
     join_generations,
     require_power,
 )
-from semrl.rollout.seeds import check_seed_count, node_seed
+from semrl.rollout.seeds import check_seed_count, node_seed, prompt_generator
 from semrl.rollout.tree import ChainTree
 
 # what a method uses; the rest is the kit's own
@@ -141,12 +141,11 @@ def head(generation: Generation, length: int) -> Generation:
 def given(tokens: Sequence[int], logprobs: Sequence[float], finished: bool, top_k: int) -> Generation:
     """A ``Generation`` of tokens chosen outside the engine's sampler (LATR's lookahead): their
     log-probs, and no top-k or entropy (zeros in the top-k tables)."""
-    n = len(tokens)
     return Generation(
         token_ids=torch.tensor(list(tokens), dtype=torch.long),
         logprobs=torch.tensor(list(logprobs)),
-        top_logprobs=torch.zeros(n, top_k),
-        top_ids=torch.zeros(n, top_k, dtype=torch.long),
+        top_logprobs=torch.zeros(len(tokens), top_k),
+        top_ids=torch.zeros(len(tokens), top_k, dtype=torch.long),
         entropy=None,
         finished=finished,
     )
@@ -192,6 +191,11 @@ class PromptNodes:
     def __init__(self, prompt: int, prompt_ids: list[int], seed: int | None) -> None:
         self.prompt, self.prompt_ids, self.seed = prompt, prompt_ids, seed
         self.nodes: dict[int, Node] = {}
+
+    def stream(self) -> torch.Generator:
+        """A new random stream from the prompt's seed: the method's own draws for this prompt."""
+        assert self.seed is not None, "a prompt's stream needs its seed (TreeSampler.from_context)"
+        return prompt_generator(self.seed)
 
     def add(
         self,
@@ -250,7 +254,7 @@ class RolloutInputs(Protocol):
     def generator(self) -> torch.Generator: ...
 
     @property
-    def sampling_entropy(self) -> SamplingEntropyFn: ...
+    def sampling_entropy(self) -> SamplingEntropyFn | None: ...
 
     def seeds_of_prompts(self, count: int) -> list[int]: ...
 

@@ -28,7 +28,7 @@ from semrl.core.faults import Faults
 from semrl.core.threads import torch_threads
 from semrl.core.timing import PhaseClock, device_synchronize
 from semrl.core.watchdog import phase
-from semrl.data import Problem, PromptFormat
+from semrl.data import PromptFormat
 from semrl.data.curriculum import Curriculum
 from semrl.data.problem_sets import run_problems
 from semrl.errors import Preempted, TrainingError
@@ -112,11 +112,11 @@ class Trainer:
         self.policy_loss = get_policy_loss(cfg.algorithm.policy_loss)
         self.method_config = method_config(cfg, self.method.section)
         self.prompt = PromptFormat.of(cfg.data)  # how a problem becomes its prompt
-        self.loss_config = method_config(cfg, self.policy_loss.section)
         # the method's and the loss's tensor functions, imported now that training starts
-        self.advantage_fn, self.rollout_fn, self._loss_fn, self._prepare_fn = _seam_functions(
+        self.advantage_fn, self.rollout_fn, loss_fn, prepare_fn = _seam_functions(
             cfg, self.method, self.policy_loss
         )
+        loss = LoadedLoss(loss_fn, prepare_fn, method_config(cfg, self.policy_loss.section))
         r = cfg.reward  # reward_callables: functions of reward.functions run in this process
         self.rewards = reward_functions(
             r.functions, r.weights, reward_callables, r.correctness, r.max_error_rate
@@ -145,14 +145,12 @@ class Trainer:
         self.eval_sets = {name: ps for name, ps in (("eval", eval_problems), ("transfer", transfer)) if ps}
         self.curriculum = Curriculum(stages, cfg.trainer.steps, cfg.trainer.seed)  # the data order: shared
         try:
-            self._start(cfg, ckpt, [p for ps in [*stages, transfer] for p in ps], reuse_first_forward)
+            self._start(cfg, ckpt, loss, reuse_first_forward)
         except BaseException:
             self.env.close()  # the trackers opened above
             raise
 
-    def _start(
-        self, cfg: Config, ckpt: Path | None, problems: list[Problem], reuse_first_forward: bool
-    ) -> None:
+    def _start(self, cfg: Config, ckpt: Path | None, loss: LoadedLoss, reuse_first_forward: bool) -> None:
         """Load the models, the verifiers and the update, and restore ``ckpt`` when resuming."""
         env = self.env
         with env.processes.state.main_process_first():  # one process converts a GGUF into the cache
@@ -160,11 +158,12 @@ class Trainer:
         needs_ref = (
             cfg.algorithm.kl_coef > 0
             or cfg.logging.log_ref_kl
-            or self.policy_loss.needs_reference(self.loss_config.options)
+            or self.policy_loss.needs_reference(loss.config.options)
         )
         models = self.models = setup.load_models(cfg, model_path, env.processes, needs_ref)
         env.faults.at("load", 0)
-        setup.check_prompt_lengths(models.tokenizer, problems, cfg)
+        trained = [p for stage in self.curriculum.stages for p in stage]
+        setup.check_prompt_lengths(models.tokenizer, trained + self.eval_sets.get("transfer", []), cfg)
         packing = setup.packing_enabled(cfg, models.model)
         self.pool = VerifierPool.from_config(cfg.reward, self.rewards.pool_functions)
         # with a curriculum that restarts each stage, the schedule spans one stage
@@ -177,7 +176,7 @@ class Trainer:
         self.actor = Actor(
             settings,
             PolicyModels(models.model, models.ref_model, models.reference_weights, models.precision, packing),
-            LoadedLoss(self._loss_fn, self._prepare_fn, self.loss_config),
+            loss,
             ActorState(optim, bonus, env.generator),
             env.processes,
             reuse_first_forward=reuse_first_forward,

@@ -30,17 +30,7 @@ def rose_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRoll
     # model at every step (on the CPU, beside the top-k log-probs the scores read)
     unit_embeddings = normalized_embeddings(ctx.engine.input_embeddings()).cpu()
     options: RoseConfig = ctx.config.options
-    result = tree_rollout(
-        ctx.engine,
-        prompt_ids,
-        ctx.group_size,
-        ctx.params,
-        unit_embeddings,
-        options,
-        ctx.generator,
-        ctx.sampling_entropy,
-        ctx.seeds_of_prompts(len(prompt_ids)),
-    )
+    result = tree_rollout(ctx, prompt_ids, unit_embeddings)
     groups = result.groups
     gens = [g for group in groups for g in group.generations]
     branched = sum(sum(group.branched) for group in groups)

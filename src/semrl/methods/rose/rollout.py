@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from semrl.methods.interface import RolloutContext
 from semrl.methods.rose import RoseConfig
 from semrl.methods.rose.branching import branch_scores
-from semrl.rollout.engines import Engine, Generation, SamplingParams
-from semrl.rollout.seeds import prompt_generator
+from semrl.rollout.engines import Generation
 from semrl.rollout.tree import ChainTree
-from semrl.rollout.tree_kit import Node, SamplingEntropyFn, TreeSampler, chain_tree
+from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
 
 
 @dataclass
@@ -83,51 +83,34 @@ def _last_chains(is_fresh: torch.Tensor) -> list[list[bool]]:
     return [[bool(row[it + 1 :].all()) for it in range(len(row))] for row in is_fresh]
 
 
-def tree_rollout(
-    engine: Engine,
-    prompts: list[list[int]],
-    group_size: int,
-    params: SamplingParams,
-    unit_embeddings: torch.Tensor,
-    options: RoseConfig,
-    generator: torch.Generator | None = None,
-    sampling_entropy: SamplingEntropyFn | None = None,
-    prompt_seeds: list[int] | None = None,
-) -> TreeRollout:
-    """G leaves per prompt from ROSE's iterative tree rollout.
+def tree_rollout(ctx: RolloutContext, prompts: list[list[int]], unit_embeddings: torch.Tensor) -> TreeRollout:
+    """``rollout.group_size`` leaves per prompt from ROSE's iterative tree rollout.
 
     Args:
+        ctx: the rollout's context: its engine, sampler, random stream, prompts' seeds (drawn from the
+            stream when it has none), entropy forward (``sampling_entropy``: needed with
+            ``entropy_mode=full_vocab`` on an engine that computes none, vllm) and ``config.options``,
+            the ``rose`` section (epsilon, branch metric, modes, KV reuse).
         prompts: token ids of each prompt.
         unit_embeddings: (V, D) L2-normalised input embeddings for semantic divergence.
-        options: the ``rose`` config section (epsilon, branch metric, modes, KV reuse).
-        sampling_entropy: gives a chain the engine sampled without the full-vocabulary entropy
-            it (``RolloutContext.sampling_entropy``); needed with ``entropy_mode=full_vocab`` on an
-            engine that computes none (vllm).
-        prompt_seeds: one seed per prompt: chain i of prompt p draws from ``node_seed(seed, i)``, its
-            epsilon coins and the random branch metric from the prompt's own stream, so a prompt's
-            tree depends neither on scheduling nor on the other prompts of the call. None: every draw
-            comes from ``generator``, in submission order.
+
+    Chain i of prompt p draws from ``node_seed(seed, i)`` of the prompt's seed, its epsilon coins and
+    the random branch metric from the prompt's own stream, so a prompt's tree depends neither on
+    scheduling nor on the other prompts of the call.
     """
+    options: RoseConfig = ctx.config.options
     full_vocab = options.entropy_mode == "full_vocab"
-    kit = TreeSampler(  # refuses full_vocab where neither the engine nor sampling_entropy gives it
-        engine,
+    kit = TreeSampler.from_context(  # refuses full_vocab where neither the engine nor the context gives it
+        ctx,
         prompts,
-        params,
-        generator,
-        prompt_seeds,
         reuse_kv_cache=options.reuse_kv_cache,
-        sampling_entropy=sampling_entropy,
         reads_entropy="rose.entropy_mode=full_vocab" if full_vocab else None,
     )
-    n, g = len(prompts), group_size
-    streams = [generator] * n if prompt_seeds is None else [prompt_generator(seed) for seed in prompt_seeds]
+    n, g = len(prompts), ctx.group_size
+    streams = [tree.stream() for tree in kit.trees]
     # a prompt's epsilon coins come first from its own stream: its tree does not depend on the other
     # prompts of the call (nor on the number of processes)
-    coins = (
-        torch.rand((n, g), generator=generator)
-        if prompt_seeds is None
-        else torch.stack([torch.rand(g, generator=stream) for stream in streams])
-    )
+    coins = torch.stack([torch.rand(g, generator=stream) for stream in streams])
     is_fresh = coins < options.epsilon
     is_fresh[:, 0] = True
     pending = [[it for it in range(1, g) if not is_fresh[p, it]] for p in range(n)]

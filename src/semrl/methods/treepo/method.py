@@ -8,7 +8,7 @@ import torch
 
 from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutContext
 from semrl.methods.registry import MethodConfig
-from semrl.methods.treepo import TreePOConfig, treepo_depth
+from semrl.methods.treepo import TreePOConfig
 from semrl.methods.treepo.advantages import tree_outcome_advantages, whiten
 from semrl.methods.treepo.rollout import STOP_REASONS, SegmentTreeSettings, segment_tree_rollout
 from semrl.rollout.batch import GroupInfo
@@ -16,30 +16,7 @@ from semrl.rollout.batch import GroupInfo
 
 def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRollout:
     """A segment tree of ``rollout.group_size`` leaves per prompt, prompt-major."""
-    options: TreePOConfig = ctx.config.options
-    if ctx.decode is None:
-        raise ValueError("TreePO's rollout needs RolloutContext.decode (its stop tests read segment text)")
-    settings = SegmentTreeSettings(
-        width=ctx.group_size,
-        segment_length=options.segment_length,
-        max_depth=treepo_depth(options, ctx.params.max_new_tokens),
-        branch=options.branch,
-        first_branch_max=options.first_branch_max,
-        stop_on_boxed=options.stop_on_boxed,
-        repetition_window=options.repetition_window,
-        repetition_count=options.repetition_count,
-        reuse_kv_cache=options.reuse_kv_cache,
-        block_size=ctx.engine.powers.kv_block_size if options.segment_alignment == "block" else 0,
-    )
-    result = segment_tree_rollout(
-        ctx.engine,
-        prompt_ids,
-        ctx.params,
-        settings,
-        ctx.decode,
-        ctx.generator,
-        ctx.seeds_of_prompts(len(prompt_ids)),
-    )
+    result = segment_tree_rollout(ctx, prompt_ids, SegmentTreeSettings.of(ctx))
     gens, groups = [], []
     reasons: dict[str, int] = dict.fromkeys(STOP_REASONS, 0)
     sampled = 0

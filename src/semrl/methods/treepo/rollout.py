@@ -32,15 +32,15 @@ plumbing (requests, seeds, KV, leaves, the tree of the leaves) is the tree-rollo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from semrl.methods.interface import RolloutContext
+from semrl.methods.treepo import TreePOConfig, treepo_depth
 from semrl.methods.treepo.advantages import branch_budget, has_repetition
 from semrl.reward.extract import extract_boxed
-from semrl.rollout.engines import Engine, Generation, SamplingParams
-from semrl.rollout.seeds import prompt_generator, seeds_or_draw
+from semrl.rollout.engines import Generation
 from semrl.rollout.tree import ChainTree
 from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
 
@@ -62,6 +62,24 @@ class SegmentTreeSettings:
     repetition_count: int = 8
     reuse_kv_cache: bool = True
     block_size: int = 0  # > 0: block-aligned segments of this KV block size (see the module doc)
+
+    @classmethod
+    def of(cls, ctx: RolloutContext) -> SegmentTreeSettings:
+        """The settings of a training rollout: the context's ``treepo`` options, ``rollout.group_size``
+        leaves, and with ``segment_alignment=block`` the engine's KV block size."""
+        options: TreePOConfig = ctx.config.options
+        return cls(
+            width=ctx.group_size,
+            segment_length=options.segment_length,
+            max_depth=treepo_depth(options, ctx.params.max_new_tokens),
+            branch=options.branch,
+            first_branch_max=options.first_branch_max,
+            stop_on_boxed=options.stop_on_boxed,
+            repetition_window=options.repetition_window,
+            repetition_count=options.repetition_count,
+            reuse_kv_cache=options.reuse_kv_cache,
+            block_size=ctx.engine.powers.kv_block_size if options.segment_alignment == "block" else 0,
+        )
 
 
 def first_segment_length(settings: SegmentTreeSettings, prompt_length: int) -> int:
@@ -211,40 +229,33 @@ class PromptTree:
 
 
 def segment_tree_rollout(
-    engine: Engine,
-    prompts: list[list[int]],
-    params: SamplingParams,
-    settings: SegmentTreeSettings,
-    decode: Callable[[list[int]], str],
-    generator: torch.Generator | None = None,
-    prompt_seeds: list[int] | None = None,
+    ctx: RolloutContext, prompts: list[list[int]], settings: SegmentTreeSettings
 ) -> SegmentTreeRollout:
     """``settings.width`` leaves per prompt from TreePO's segment-level tree sampling, each prompt's
     next depth submitted the moment its previous one is back (no barrier across prompts).
 
     Args:
+        ctx: the rollout's context: its engine; its sampler, whose ``max_new_tokens`` is the budget of a
+            whole path; its prompts' seeds (drawn from its stream when it has none), from which a
+            prompt's segments and fallback draw; and ``decode``, token ids -> text, for the
+            boxed-answer and repetition tests.
         prompts: token ids of each prompt.
-        params: the sampler; ``max_new_tokens`` is the response budget of a whole path.
-        decode: token ids -> text (the boxed-answer and repetition tests read a segment's text).
-        generator: draws the prompts' seeds when ``prompt_seeds`` is None.
-        prompt_seeds: one seed per prompt; its segments and its fallback draw from streams derived from
-            it (the trainer derives it from the run's seed, the step and the prompt's place in the
-            global batch).
+        settings: the tree's shape and stops (``SegmentTreeSettings.of(ctx)`` in training).
     """
-    prompt_seeds = seeds_or_draw(prompt_seeds, len(prompts), generator)
+    if ctx.decode is None:
+        raise ValueError("TreePO's rollout needs RolloutContext.decode (its stop tests read segment text)")
+    decode, params = ctx.decode, ctx.params
+    kit = TreeSampler.from_context(ctx, prompts, reuse_kv_cache=settings.reuse_kv_cache)
     trees = [
         PromptTree(
             p,
             settings,
             params.max_new_tokens,
-            prompt_generator(prompt_seeds[p]),
+            kit.trees[p].stream(),
             first_segment_length(settings, len(prompts[p])),
         )
         for p in range(len(prompts))
     ]
-    kit = TreeSampler(
-        engine, prompts, params, generator, prompt_seeds, reuse_kv_cache=settings.reuse_kv_cache
-    )
     back: list[list[Generation | None]] = [[] for _ in prompts]  # the segments of a prompt's depth
 
     def depth_nodes(tree: PromptTree) -> list[Node]:
