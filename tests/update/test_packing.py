@@ -148,7 +148,7 @@ def test_training_step_is_the_same_packed_or_padded(tiny_model_dir, tmp_path, me
             ],
         )
         trainer = Trainer(cfg)
-        assert trainer.actor.packing == (packing == "tree")
+        assert trainer.actor.models.packing == (packing == "tree")
         metrics = trainer.train()
         if method == "treepo":  # the trees shared prefixes, which packing computed once
             assert metrics["treepo/sampled_vs_independent"] < 1

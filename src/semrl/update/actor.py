@@ -147,12 +147,7 @@ class Actor:
         faults: Faults = NO_FAULTS,
     ) -> None:
         self.settings, self.processes = settings, processes
-        self.model, self.ref_model = models.model, models.ref_model
-        self.reference_weights, self.precision, self.packing = (
-            models.reference_weights,
-            models.precision,
-            models.packing,
-        )
+        self.models = models
         self.loss_fn, self.prepare_fn, self.loss_config = loss.loss_fn, loss.prepare_fn, loss.config
         self.optim, self.bonus, self.generator = state.optim, state.bonus, state.generator
         self.reuse_first_forward, self.faults = reuse_first_forward, faults
@@ -168,12 +163,12 @@ class Actor:
         many micro-batches as the process that needs most (FSDP's collectives run once per forward
         on every process): a collective, so every process plans the same mini-batches."""
         t = self.settings
-        plan = micro_batches(batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.packing)
+        plan = micro_batches(batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.models.packing)
         if t.micro_batch_tokens is not None:
             wanted = max(self.processes.gather(len(plan)))
             if wanted != len(plan):
                 plan = micro_batches(
-                    batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.packing, count=wanted
+                    batch, rows, t.micro_batch_size, t.micro_batch_tokens, self.models.packing, count=wanted
                 )
         return plan
 
@@ -197,7 +192,7 @@ class Actor:
     def _first_order(self, batch: RolloutBatch) -> torch.Tensor:
         """Epoch 0's row order, drawn before the passes, which leave its first mini-batch's old
         log-probs to the update."""
-        return shuffled_rows(len(batch.generations), batch.group_size, self.packing, self.generator)
+        return shuffled_rows(len(batch.generations), batch.group_size, self.models.packing, self.generator)
 
     def on_policy(self, batch: RolloutBatch) -> bool:
         """One epoch in one mini-batch: old log-probs equal the current ones (docs/algorithms.md)."""
@@ -219,25 +214,25 @@ class Actor:
         old_logp = sampling_entropy = ref_logp = None
         chunk = self.settings.logits_chunk_size
         if plan.pass_rows is not None:
-            with clock.phase("old_logprobs"), self.precision.autocast(self.model):
+            with clock.phase("old_logprobs"), self.models.precision.autocast(self.models.model):
                 logp, sampling_entropy = batch_logprobs(
-                    self.model,
+                    self.models.model,
                     batch,
                     self.temperature,
                     self._row_batches(batch, plan.pass_rows) if len(plan.pass_rows) else [],
-                    packed=self.packing,
+                    packed=self.models.packing,
                     with_entropy=plan.pass_entropy,
                     chunk_size=chunk,
                 )
             old_logp = logp if plan.old_logp_from_pass else None
-        if self.ref_model is not None:
-            with clock.phase("ref_logprobs"), self.reference_weights():
+        if self.models.ref_model is not None:
+            with clock.phase("ref_logprobs"), self.models.reference_weights():
                 ref_logp = batch_logprobs(
-                    self.ref_model,
+                    self.models.ref_model,
                     batch,
                     self.temperature,
                     self._row_batches(batch, torch.arange(len(batch.generations))),
-                    packed=self.packing,
+                    packed=self.models.packing,
                     chunk_size=chunk,
                 )[0]
         return PolicyPasses(old_logp, ref_logp, sampling_entropy, plan.first_forward_rows)
@@ -263,12 +258,12 @@ class Actor:
             None if batch.has_sampling_entropy else batch.sequences.response_mask,
         )
         stats: dict[str, list[float]] = defaultdict(list)
-        self.model.train()
+        self.models.model.train()
         for epoch in range(self.settings.ppo_epochs):
             order = (
                 first_order
                 if epoch == 0
-                else shuffled_rows(total, batch.group_size, self.packing, self.generator)
+                else shuffled_rows(total, batch.group_size, self.models.packing, self.generator)
             )
             for start in range(0, total, size):
                 with clock.phase("forward"):
@@ -327,14 +322,14 @@ class Actor:
         at ``entropy_coeff``), its metrics and the sum of its token entropies; ``first`` takes the old
         log-probs and entropies of rows whose forward this is at the sampling weights."""
         idx, world = mini.rows[positions], self.processes.world
-        with self.precision.autocast(self.model):
+        with self.models.precision.autocast(self.models.model):
             logp, entropy, mask = rows_logprobs(
-                self.model,
+                self.models.model,
                 batch,
                 idx,
                 self.temperature,
                 with_entropy=True,
-                packed=self.packing,
+                packed=self.models.packing,
                 chunk_size=self.settings.logits_chunk_size,
             )
         r, dev = mask.shape[1], logp.device
