@@ -570,7 +570,9 @@ def test_the_fork_test_reads_the_raw_distribution_whatever_the_sampling_settings
 
 
 def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):
-    """A whole LATR rollout calls the engine once (the rows' finishing), whatever the lookahead length."""
+    """A whole LATR rollout calls the engine once (the rows' finishing), whatever the lookahead length,
+    and the tree rows' finishing requests continue the lookahead's KV: each computes at most the
+    last two tokens of its context (the prompt and its lookahead tokens), not the whole of it."""
     method, ctx, prompts = _context(
         tiny_model_dir,
         [
@@ -583,12 +585,18 @@ def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):
     calls, original = [], ctx.engine.generate
 
     def counting(requests, *args, **kwargs):
-        calls.append(len(requests))
+        calls.append(list(requests))
         return original(requests, *args, **kwargs)
 
     ctx.engine.generate = counting
+    before = ctx.engine.cost.prefill_tokens
     out = load(method.rollout_fn)(ctx, prompts)
     assert out.metrics["latr/lookahead_steps"] >= 4 and len(calls) == 1
+    continued = [r for r in calls[0] if r.cache is not None]
+    plain = [len(r.prompt_ids) + len(r.prefix_ids) for r in calls[0] if r.cache is None]
+    assert len(continued) >= 6 and all(r.prefix_ids for r in continued)
+    contexts = sum(len(r.prompt_ids) + len(r.prefix_ids) for r in continued)
+    assert ctx.engine.cost.prefill_tokens - before <= 2 * len(continued) + sum(plain) < contexts
 
 
 # ------------------------------------------------------------------------------------------------
@@ -651,7 +659,7 @@ def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(
     assert len(looked) <= len(prompts) + forest.forks < by_requests
     # a pruned row's request stops at its prune, every other at the phase's end: none samples more than
     # a token or two past what the forest took from it
-    assert all(len(s.tops) <= len(s.branch.tokens) - s.start + 2 for s in streamed.streams)
+    assert all(len(b.tops) <= len(b.tokens) - b.stream_start + 2 for b in streamed.streams)
     # the kept rows and pads are finished from their lookahead; no row of the tree's budget or ended
     rows = [(p, j, (tree + [tree[0]] * 6)[j]) for p, tree in enumerate(forest.trees) for j in range(width)]
     kept = [(p, j) for p, j, row in rows if not row.finished and len(row.tokens) < 12]

@@ -15,8 +15,8 @@ from semrl.methods.treepo.advantages import branch_budget, has_repetition, tree_
 from semrl.methods.treepo.rollout import (
     PromptTree,
     SegmentTreeSettings,
-    TreePath,
     fallback_paths,
+    segments,
     stop_reason,
 )
 from semrl.rollout.engines import Generation
@@ -280,77 +280,75 @@ def test_stop_reasons_in_the_code_order():
     assert stop_reason(_gen(4), "abcdef", 12, 2, 64, s) is None
 
 
-def _leaf(prompt: int, lengths: list[int], nodes: list[int], reason: str) -> TreePath:
-    return TreePath(prompt, [_gen(n) for n in lengths], list(nodes), reason)
+def _path(
+    nodes: PromptNodes, lengths: list[int], reason: str, shared: int = 0, of: Node | None = None
+) -> Node:
+    """A leaf of ``nodes``'s tree: its first ``shared`` segments those of leaf ``of``, then new
+    segments of ``lengths[shared:]`` tokens; ``reason`` why it stopped."""
+    parent = segments(of)[shared - 1] if shared else None
+    for n in lengths[shared:]:
+        parent = nodes.add(len(nodes.nodes), parent, out=_gen(n))
+    assert parent is not None
+    parent.data = reason
+    return parent
 
 
 def test_fallback_cuts_at_segment_boundaries_and_spends_the_budget():
     gen = torch.Generator().manual_seed(0)
-    leaves = [
-        _leaf(0, [4, 4, 2], [0, 1, 2], "eos"),
-        _leaf(0, [4, 4, 4], [0, 1, 3], "max_length"),
-        _leaf(0, [3], [4], "finished"),
-    ]
+    nodes = PromptNodes(0, [1], None)
+    eos = _path(nodes, [4, 4, 2], "eos")
+    leaves = [eos, _path(nodes, [4, 4, 4], "max_length", shared=2, of=eos), _path(nodes, [3], "finished")]
     kept = defaultdict(int)
     for _ in range(600):
-        paths = fallback_paths(leaves, 3, 2, 0, gen)
-        assert len(paths) == 3  # min(b, remaining) copies per candidate until 3 are made
-        for path in paths:
-            # a prefix of a candidate (answer or EOS), cut where a segment ends
-            source = next(
-                leaf
-                for leaf in leaves
-                if leaf.nodes[: len(path.nodes)] == path.nodes and leaf.reason != "max_length"
-            )
-            assert path.segments == source.segments[: len(path.nodes)]
-            kept[len(path.nodes)] += 1
-        assert paths[0].nodes == paths[1].nodes  # the two copies of the first candidate
+        starts = fallback_paths(leaves, 3, 2, gen)
+        assert len(starts) == 3  # min(b, remaining) copies per candidate until 3 are made
+        for start in starts:
+            # a segment boundary of a candidate (answer or EOS): one of its segments, or the prompt
+            chain = segments(start)
+            assert any(segments(leaf)[: len(chain)] == chain for leaf in leaves if leaf.data != "max_length")
+            assert start not in leaves  # a cut keeps at most a leaf's segments but its last
+            kept[len(chain)] += 1
+        assert starts[0] is starts[1]  # the two copies of the first candidate
     assert set(kept) == {0, 1, 2}  # every boundary of the 3-segment leaf, 0 = from the prompt
-    only_truncated = [_leaf(0, [4, 4], [0, 1], "max_length")]
-    paths = fallback_paths(only_truncated, 5, 2, 0, gen)
-    assert [p.nodes for p in paths] == [[], []]  # no answer or EOS leaf: regrow from the prompt, b copies
+    only_truncated = [_path(PromptNodes(0, [1], None), [4, 4], "max_length")]
+    starts = fallback_paths(only_truncated, 5, 2, gen)
+    assert starts == [None, None]  # no answer or EOS leaf: regrow from the prompt, b copies
 
 
 class _Lockstep:
     """The trees of a batch of prompts grown one depth of every prompt at a time (a ``PromptTree``
-    per prompt, all drawing from ``generator``): the policy alone, without an engine."""
+    per prompt, all drawing from ``generator``): the policy alone, without an engine; the test gives
+    each node its tokens."""
 
     def __init__(self, num_prompts, settings, max_length, generator):  # noqa: ANN001
-        self.trees = [PromptTree(p, settings, max_length, generator) for p in range(num_prompts)]
+        self.trees = [
+            PromptTree(PromptNodes(p, [1], None), settings, max_length, generator) for p in range(num_prompts)
+        ]
 
     @property
     def done(self):  # noqa: ANN201
         return all(tree.done for tree in self.trees)
 
-    @property
-    def active(self):  # noqa: ANN201
-        return [path for tree in self.trees for path in tree.active]
+    def active(self, prompt: int):  # noqa: ANN201
+        """What each of the prompt's active paths continues (a node, or None: the prompt)."""
+        return self.trees[prompt].active
 
     @property
     def leaves(self):  # noqa: ANN201
         return [tree.leaves for tree in self.trees]
 
-    def budgets(self):  # noqa: ANN201
-        return [budget for tree in self.trees for budget in tree.budgets()]
-
-    def advance(self, segments, texts):  # noqa: ANN001, ANN201
-        """Every prompt's depth at once: ``segments`` and ``texts`` in ``active`` order."""
-        start = 0
+    def grow_and_sample(self, rng: random.Random, p_stop: float) -> None:
+        """Every prompt's next depth at once, each node given random tokens within its budget (a
+        random stop, EOS, boxed answer or repetition)."""
         for tree in self.trees:
-            n = len(tree.active)
-            if n:
-                tree.advance(segments[start : start + n], texts[start : start + n])
-            start += n
-
-
-def _random_outcomes(rng: random.Random, tree: _Lockstep, p_stop: float):
-    outs, texts = [], []
-    for budget in tree.budgets():
-        n = rng.randint(1, budget) if rng.random() < p_stop else budget
-        finished = n < budget or rng.random() < p_stop / 3
-        outs.append(_gen(n, finished))
-        texts.append(rng.choice(["", "", "\\boxed{1}", "aaaaaaaaaa"]))
-    return outs, texts
+            if tree.done:
+                continue
+            texts = []
+            for node in tree.grow():
+                n = rng.randint(1, node.budget) if rng.random() < p_stop else node.budget
+                node.out = _gen(n, n < node.budget or rng.random() < p_stop / 3)
+                texts.append(rng.choice(["", "", "\\boxed{1}", "aaaaaaaaaa"]))
+            tree.advance(texts)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -374,25 +372,25 @@ def test_every_prompt_ends_with_width_leaves_under_random_stops(seed):
         prompts = rng.randint(1, 4)
         tree = _Lockstep(prompts, settings, max(1, max_length), gen)
         for p in range(prompts):
-            first = sum(1 for a in tree.active if a.prompt == p)
+            first = len(tree.active(p))
             assert first == min(b, w) if not settings.first_branch_max else b <= first <= min(b + 2, w)
         p_stop = rng.random()
         steps = 0
         while not tree.done:
-            before = {p: sum(1 for a in tree.active if a.prompt == p) for p in range(prompts)}
+            before = {p: len(tree.active(p)) for p in range(prompts)}
             leaves_before = [len(x) for x in tree.leaves]
-            tree.advance(*_random_outcomes(rng, tree, p_stop))
+            tree.grow_and_sample(rng, p_stop)
             steps += 1
             assert steps < 1000
             for p in range(prompts):
                 finished = len(tree.leaves[p])
-                active = [a for a in tree.active if a.prompt == p]
+                active = tree.active(p)
                 assert finished + len(active) <= w
                 survivors = before[p] - (finished - leaves_before[p])
                 if survivors:  # budget transfer: the survivors' copies are the reference budget
                     per_parent = defaultdict(int)
                     for a in active:
-                        per_parent[a.nodes[-1]] += 1
+                        per_parent[a.index] += 1
                     want = _reference_budget(w, finished, finished - leaves_before[p], survivors, b)
                     assert list(per_parent.values()) == want
                 elif finished < w:  # fallback: only a prompt with no survivor, never more than w
@@ -401,11 +399,12 @@ def test_every_prompt_ends_with_width_leaves_under_random_stops(seed):
             leaves = tree.leaves[p]
             assert len(leaves) == w
             for leaf in leaves:
-                assert 1 <= len(leaf.nodes) <= d and leaf.length <= max(1, max_length)
+                chain = segments(leaf)
+                assert 1 <= len(chain) <= d and len(leaf.response().token_ids) <= max(1, max_length)
                 # every segment but the last is a whole segment: cuts and shared prefixes are aligned
-                assert all(len(s.token_ids) == seg for s in leaf.segments[:-1])
-            ids = [tuple(leaf.nodes) for leaf in leaves]
-            assert len(set(ids)) == w
+                assert all(len(s.out.token_ids) == seg for s in chain[:-1])
+                assert [s.position for s in chain] == [seg * i for i in range(len(chain))]
+            assert len(set(map(id, leaves))) == w
 
 
 def test_the_kits_leaf_tree_shares_exactly_the_common_segments():
@@ -491,18 +490,16 @@ def test_rollout_on_a_real_model(hf_setup, reuse_kv_cache):
     total = 0
     for leaves, responses, tree in zip(out.leaves, out.responses, out.trees, strict=True):
         tokens = [r.token_ids.tolist() for r in responses]
-        assert tokens == [join_generations(leaf.segments).token_ids.tolist() for leaf in leaves]
+        chains = [segments(leaf) for leaf in leaves]
+        assert tokens == [join_generations([s.out for s in chain]).token_ids.tolist() for chain in chains]
         total += sum(len(t) for t in tokens)
         for a in range(6):
             for c in range(6):
                 n = 0
-                while (
-                    n < min(len(leaves[a].nodes), len(leaves[c].nodes))
-                    and leaves[a].nodes[n] == leaves[c].nodes[n]
-                ):
+                while n < min(len(chains[a]), len(chains[c])) and chains[a][n] is chains[c][n]:
                     n += 1
                 assert tokens[a][: 3 * n] == tokens[c][: 3 * n]
-            assert len(tokens[a]) <= 12 and all(s.cache is None for s in leaves[a].segments)
+            assert len(tokens[a]) <= 12 and all(s.out.cache is None and s.kv is None for s in chains[a])
         assert tree.lengths == tuple(len(t) for t in tokens)
     assert engine.generated_tokens - before < total  # the shared segments were sampled once
 

@@ -404,8 +404,7 @@ def test_rose_trees_keep_their_invariants(setup, kind, epsilon):
 def test_treepo_trees_keep_their_invariants(setup, kind):
     """TreePO's segment trees on both engines: w leaves per prompt, leaves sharing node ids share those
     tokens and log-probs, and on vllm the shared prefixes come from its prefix cache."""
-    from semrl.methods.treepo.rollout import SegmentTreeSettings, segment_tree_rollout
-    from semrl.rollout.engines import join_generations
+    from semrl.methods.treepo.rollout import SegmentTreeSettings, segment_tree_rollout, segments
 
     tok, model = setup
     engine = _engine(kind, model, tok)
@@ -419,16 +418,14 @@ def test_treepo_trees_keep_their_invariants(setup, kind):
     total = 0
     for leaves in out.leaves:
         assert len(leaves) == 6
-        gens = [join_generations(leaf.segments) for leaf in leaves]
+        gens = [leaf.response() for leaf in leaves]
+        chains = [segments(leaf) for leaf in leaves]
         total += sum(len(g.token_ids) for g in gens)
         for a in range(6):
             assert len(gens[a].token_ids) <= 12 and gens[a].logprobs.shape == gens[a].token_ids.shape
             for c in range(a):
                 n = 0
-                while (
-                    n < min(len(leaves[a].nodes), len(leaves[c].nodes))
-                    and leaves[a].nodes[n] == leaves[c].nodes[n]
-                ):
+                while n < min(len(chains[a]), len(chains[c])) and chains[a][n] is chains[c][n]:
                     n += 1
                 assert torch.equal(gens[a].token_ids[: 4 * n], gens[c].token_ids[: 4 * n])
     assert out.steps >= 3 and engine.generated_tokens - before < total

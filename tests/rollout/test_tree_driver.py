@@ -17,6 +17,7 @@ from semrl.methods.treepo.rollout import (
     SegmentTreeSettings,
     first_segment_length,
     segment_tree_rollout,
+    segments,
 )
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import (
@@ -27,6 +28,7 @@ from semrl.rollout.engines import (
     build_engine,
 )
 from semrl.rollout.seeds import node_seed, prompt_generator
+from semrl.rollout.tree_kit import Node, PromptNodes
 from semrl.tracking.metrics import cost_metrics
 from tests.helpers import eager_vllm, rollout_context, vllm_batch_limit, vllm_or_skip
 
@@ -54,7 +56,7 @@ def _prompts(tok, n, words=12):
 
 
 def _leaf_tokens(out):
-    return [[leaf.token_ids() for leaf in leaves] for leaves in out.leaves]
+    return [[leaf.response().token_ids.tolist() for leaf in leaves] for leaves in out.leaves]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,9 +163,8 @@ def test_tree_tokens_do_not_depend_on_thevllm_batch_limit(setup):
     engine.request_log = None
     assert orders[0] != orders[1]  # the schedule changed
     assert _leaf_tokens(runs[0]) == _leaf_tokens(runs[1])
-    assert [[leaf.nodes for leaf in ls] for ls in runs[0].leaves] == [
-        [leaf.nodes for leaf in ls] for ls in runs[1].leaves
-    ]
+    paths = [[[[s.index for s in segments(leaf)] for leaf in ls] for ls in run.leaves] for run in runs]
+    assert paths[0] == paths[1]
 
 
 def test_a_prompt_branches_while_another_prompts_first_segment_runs(setup):
@@ -216,7 +217,7 @@ def test_aligned_treepo_branches_recompute_one_context_token(setup, aligned, for
         assert all(r.prefill_tokens == 1 for r in branches), [r.prefill_tokens for r in branches]
         for p, leaves in enumerate(out.leaves):  # d segments still cover the response budget
             first = first_segment_length(settings, len(prompts[p]))
-            assert all(len(leaf.segments[0].token_ids) <= first for leaf in leaves)
+            assert all(len(segments(leaf)[0].out.token_ids) <= first for leaf in leaves)
     elif fork:
         assert all(r.prefill_tokens == 1 for r in branches), [r.prefill_tokens for r in branches]
     else:
@@ -231,7 +232,7 @@ def _lockstep(engine, prompts, params, settings, decode, seeds):
     """Today's lockstep schedule: every prompt's depth in one engine call, the same node seeds."""
     trees = [
         PromptTree(
-            p,
+            PromptNodes(p, prompts[p], seeds[p]),
             settings,
             params.max_new_tokens,
             prompt_generator(seeds[p]),
@@ -241,24 +242,20 @@ def _lockstep(engine, prompts, params, settings, decode, seeds):
     ]
     while not all(t.done for t in trees):
         live = [t for t in trees if not t.done]
+        nodes = [node for t in live for node in t.grow()]
         requests = [
             GenerationRequest(
-                prompts[t.prompt],
-                path.token_ids(),
-                max_new_tokens=budget,
-                seed=node_seed(seeds[t.prompt], node),
+                prompts[node.prompt],
+                node.prefix_ids(),
+                max_new_tokens=node.budget,
+                seed=node_seed(seeds[node.prompt], node.index),
             )
-            for t in live
-            for path, budget, node in zip(t.active, t.budgets(), t.node_ids(), strict=True)
+            for node in nodes
         ]
-        outs = engine.generate(requests, params)
-        start = 0
+        for node, out in zip(nodes, engine.generate(requests, params), strict=True):
+            node.out = out
         for t in live:
-            n = len(t.active)
-            t.advance(
-                outs[start : start + n], [decode(o.token_ids.tolist()) for o in outs[start : start + n]]
-            )
-            start += n
+            t.advance([decode(node.out.token_ids.tolist()) for node in t.sampling])
     return [t.leaves for t in trees]
 
 
@@ -284,13 +281,15 @@ def test_the_driver_grows_the_trees_of_lockstep_sampling(setup, block):
         rollout_context(engine, params, decode=tok.decode, prompt_seeds=seeds), prompts, settings
     ).leaves
     stepped = _lockstep(engine, prompts, params, settings, tok.decode, seeds)
+
+    def described(leaf: Node) -> tuple[list[int], list[int], str]:
+        return leaf.response().token_ids.tolist(), [s.index for s in segments(leaf)], leaf.data
+
     for a, b in zip(driven, stepped, strict=True):
-        assert [(x.token_ids(), x.nodes, x.reason) for x in a] == [
-            (x.token_ids(), x.nodes, x.reason) for x in b
-        ]
+        assert [described(x) for x in a] == [described(x) for x in b]
     rewards = torch.rand(18, generator=torch.Generator().manual_seed(0)).round()
     groups = [p for p in range(3) for _ in range(6)]
-    paths = [[tuple(x.nodes) for leaves in trees for x in leaves] for trees in (driven, stepped)]
+    paths = [[described(x)[1] for leaves in trees for x in leaves] for trees in (driven, stepped)]
     torch.testing.assert_close(
         tree_outcome_advantages(rewards, groups, paths[0], "average", False),
         tree_outcome_advantages(rewards, groups, paths[1], "average", False),
@@ -326,16 +325,21 @@ def test_aligned_boundaries_leave_every_branch_context_at_one_past_a_block(seed)
             width=4, segment_length=length, max_depth=depth, branch=2, block_size=block
         )
         tree = PromptTree(
-            0, settings, budget, torch.Generator().manual_seed(0), first_segment_length(settings, prompt)
+            PromptNodes(0, [1], None),
+            settings,
+            budget,
+            torch.Generator().manual_seed(0),
+            first_segment_length(settings, prompt),
         )
         while not tree.done:
-            budgets = tree.budgets()
-            tree.advance([_segment(b) for b in budgets], [""] * len(budgets))
+            for node in tree.grow():
+                node.out = _segment(node.budget)
+            tree.advance([""] * len(tree.sampling))
         for leaf in tree.leaves:
-            assert leaf.length == min(length * depth, budget)
+            assert len(leaf.response().token_ids) == min(length * depth, budget)
             position = prompt
-            for segment in leaf.segments[:-1]:
-                position += len(segment.token_ids)
+            for segment in segments(leaf)[:-1]:
+                position += len(segment.out.token_ids)
                 assert position % block == 1 % block
 
 

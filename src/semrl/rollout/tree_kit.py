@@ -207,10 +207,11 @@ class PromptNodes:
         out: Generation | None = None,
         leaf: bool = False,
         entropy: bool = False,
+        kv: KVHandle | None = None,
     ) -> Node:
         """A new node: ``index`` its seed's key; ``position`` in ``parent``'s response (default: all
-        of it); ``out``: tokens given, not sampled; ``leaf``: it will have no child (``Node.leaf``);
-        ``entropy``: the method reads its entropy (``Node.entropy``)."""
+        of it); ``out``: tokens given, not sampled, with ``kv`` the KV of their context (the kit's to
+        let go of); ``leaf``: it will have no child; ``entropy``: the method reads its entropy."""
         if index in self.nodes:
             raise ValueError(f"prompt {self.prompt} already has a node {index}: a node index is its seed")
         if parent is not None and parent.prompt != self.prompt:
@@ -221,9 +222,8 @@ class PromptNodes:
             position = len(parent.response().token_ids)
         elif not 0 <= position <= len(parent.response().token_ids):
             raise ValueError(f"node {index} continues its parent at {position}, outside its response")
-        node = Node(self.prompt, index, parent, position, budget, data, out, leaf=leaf, entropy=entropy)
-        self.nodes[index] = node
-        return node
+        self.nodes[index] = Node(self.prompt, index, parent, position, budget, data, out, kv, leaf, entropy)
+        return self.nodes[index]
 
     def release(self, engine: Engine) -> None:
         """Let go of every node's KV (``Engine.release_kv``): no node of this prompt can have children

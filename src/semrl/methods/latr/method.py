@@ -72,7 +72,7 @@ def lookahead_phase(ctx: RolloutContext, prompt_ids: list[list[int]], width: int
         if not following or forest.full(step, ctx.params.max_new_tokens):
             break
     for branch, source in zip(following, sources, strict=True):  # the finishing requests continue it
-        branch.cache = loop.row_cache(source)  # None where the engine keeps KV of its own kind
+        branch.kv = loop.row_cache(source)  # None where the engine keeps KV of its own kind
     return forest, steps
 
 
@@ -88,8 +88,7 @@ def _lookahead_by_requests(
         if not rows:
             break
         requests = [
-            GenerationRequest(prompt_ids[b.root], list(b.tokens), max_new_tokens=1, cache=b.cache)
-            for b in rows
+            GenerationRequest(prompt_ids[b.root], list(b.tokens), max_new_tokens=1, cache=b.kv) for b in rows
         ]
         outs = ctx.engine.generate(requests, raw, ctx.generator, reuse_kv_cache=True)
         top_ids = [(int(g.top_ids[0, 0]), int(g.top_ids[0, 1])) for g in outs]

@@ -18,7 +18,6 @@ a kept row's lookahead tokens are a given node, and its finishing request a chil
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from semrl.errors import EngineError
@@ -46,7 +45,7 @@ def row_nodes(
     """Per prompt and row, the node of lookahead tokens its finishing request continues (a tree row's
     own; a pad's: the main row's), or None for an ordinary row. Each tree row becomes a given node
     (index ``group_size + b``, never sampled), a child of its parent's at its fork position, holding
-    its KV when the lookahead handed one (``Branch.cache``, then cleared: the kit lets go of it)."""
+    its KV when the lookahead handed one (``Branch.kv``, then the kit's: it lets go of it)."""
     out = []
     for p, tree in enumerate(trees):
         nodes, of = kit.trees[p], dict[int, Node]()
@@ -54,8 +53,8 @@ def row_nodes(
             parent = of[id(branch.parent)] if branch.parent is not None else None
             start = branch.fork_position if parent is not None else 0
             tokens = given(branch.tokens[start:], branch.logprobs[start:], branch.finished, top_k)
-            node = of[id(branch)] = nodes.add(group_size + b, parent, start, out=tokens)
-            node.kv, branch.cache = branch.cache, None
+            of[id(branch)] = nodes.add(group_size + b, parent, start, out=tokens, kv=branch.kv)
+            branch.kv = None
         out.append(
             [None if branch is None else of[id(branch)] for branch in group_rows(tree, width, group_size)]
         )
@@ -91,17 +90,6 @@ def finishing_nodes(
     return out
 
 
-@dataclass
-class _Stream:
-    """One lookahead row's request: the response position of its first token, and the (top-2 ids,
-    top-2 log-probs) it returned for each position since, the sampled token first."""
-
-    branch: Branch
-    start: int
-    tops: list[tuple[tuple[int, int], tuple[float, float]]] = field(default_factory=list)
-    kv: Any = None  # its KV handle (an engine that forks): forks and finishing rows continue it
-
-
 class StreamedRows:
     """The forest and the sampled rows of one LATR rollout on the vllm engine; ``run`` drives them.
 
@@ -111,7 +99,8 @@ class StreamedRows:
         kit: the rows' nodes: node j of prompt p is row j's sampled continuation, if it had one.
         bases: per prompt and row, the node of lookahead tokens it continues (``row_nodes``), once the
             lookahead has ended.
-        streams: the lookahead rows' requests, each with the top-2 it returned, in order of creation.
+        streams: every lookahead row in the order its request was made (``Branch.stream`` its place),
+            each with the top-2 its request returned (``Branch.tops``) and its KV (``Branch.kv``).
     """
 
     def __init__(
@@ -130,8 +119,7 @@ class StreamedRows:
         self.kit = TreeSampler.from_context(ctx, prompt_ids, reuse_kv_cache=True)
         n = ctx.group_size
         self.bases: list[list[Node | None]] = [[None] * n for _ in prompt_ids]
-        self.streams: list[_Stream] = []
-        self._stream_of: dict[int, int] = {}  # id(branch) -> its stream
+        self.streams: list[Branch] = []
         self._done = settings.width == 0
 
     def run(self) -> None:
@@ -166,16 +154,15 @@ class StreamedRows:
     def _stream(self, branch: Branch) -> list[tuple[Tag, GenerationRequest]]:
         """The request that grows ``branch`` greedily from its tokens; none for a row that has ended or
         reached the token limit (the forest never asks for its next token)."""
-        key = len(self.streams)
-        self.streams.append(_Stream(branch, len(branch.tokens)))
-        self._stream_of[id(branch)] = key
+        branch.stream, branch.stream_start = len(self.streams), len(branch.tokens)
+        self.streams.append(branch)
         budget = self.limit - len(branch.tokens)
         if branch.finished or budget < 1:
             return []
         prompt = self.prompt_ids[branch.root]
-        parent = self.streams[self._stream_of[id(branch.parent)]].kv if branch.parent is not None else None
+        parent = branch.parent.kv if branch.parent is not None else None
         request = GenerationRequest(prompt, list(branch.tokens), budget, cache=parent, stream=True)
-        return [(("look", key, 0), request)]
+        return [(("look", branch.stream, 0), request)]
 
     def _on_tokens(self, pieces: list[tuple[Tag, Generation]]) -> tuple[list[Any], list[Tag]]:
         for tag, piece in pieces:
@@ -201,19 +188,18 @@ class StreamedRows:
             step, rows = self.steps, forest.active()
             tops = []
             for row in rows:
-                stream = self.streams[self._stream_of[id(row)]]
-                if step - stream.start >= len(stream.tops):
+                if step - row.stream_start >= len(row.tops):
                     return started, stopped  # this row's token has not come yet
-                tops.append(stream.tops[step - stream.start])
-            before = {id(b) for tree in forest.trees for b in tree}
+                tops.append(row.tops[step - row.stream_start])
+            before = [b for tree in forest.trees for b in tree]
             forest.advance(step, rows, [t[0] for t in tops], [t[1] for t in tops])
-            after = {id(b) for tree in forest.trees for b in tree}
-            for branch in (b for tree in forest.trees for b in tree if id(b) not in before):
+            after = {b for tree in forest.trees for b in tree}
+            for branch in (b for tree in forest.trees for b in tree if b.stream < 0):
                 started += self._stream(branch)
-            for pruned in before - after:  # its KV serves no row any more
-                stopped.append(("look", self._stream_of[pruned], 0))
-                if (kv := self.streams[self._stream_of[pruned]].kv) is not None:
-                    self.ctx.engine.release_kv(kv)
+            for pruned in (b for b in before if b not in after):  # its KV serves no row any more
+                stopped.append(("look", pruned.stream, 0))
+                if pruned.kv is not None:
+                    self.ctx.engine.release_kv(pruned.kv)
             self.steps = step + 1
             if (
                 not forest.active()
@@ -228,7 +214,5 @@ class StreamedRows:
     def _finishing(self) -> list[Node]:
         """Every tree row and pad that has not ended, sampled on from its lookahead tokens."""
         width, n, params = self.forest.settings.width, self.ctx.group_size, self.ctx.params
-        for branch in (b for tree in self.forest.trees for b in tree):  # its stream's KV (forks)
-            branch.cache = self.streams[self._stream_of[id(branch)]].kv
         self.bases = row_nodes(self.kit, self.forest.trees, width, n, params.logprobs_top_k)
         return finishing_nodes(self.kit, self.bases, params.max_new_tokens, ordinary=False)

@@ -108,7 +108,8 @@ def latr_width(group_size: int, eta: float) -> int:
 
 @dataclass(eq=False)
 class Branch:
-    """One row of a prompt's tree during the lookahead phase."""
+    """One row of a prompt's tree during the lookahead phase; on an engine that streams, also its
+    greedy request (``semrl.methods.latr.stream``)."""
 
     root: int  # the prompt
     tokens: list[int]
@@ -117,7 +118,14 @@ class Branch:
     birth: int = 0  # the loop step of its fork (0 for the main row)
     fork_position: int = 0  # response tokens shared with the parent
     finished: bool = False  # sampled EOS
-    cache: Any = None  # the engine's KV of this row, for the next step (hf)
+    # the engine's KV of this row: for its next step (hf), or its request's (streamed), which its forks
+    # and its finishing request continue
+    kv: Any = None
+    stream: int = -1  # streamed: its request's key, -1 before it has one
+    stream_start: int = 0  # streamed: the response position of its request's first token
+    # streamed: the (top-2 ids, top-2 log-probs) its request returned for each position since
+    # ``stream_start``, the sampled token first
+    tops: list[tuple[tuple[int, int], tuple[float, float]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,8 @@ class LatrForest:
         """Loop step ``step``: every row of ``rows`` (``active()``) takes its argmax token; rows that
         pass the fork test open a branch with their second token while their prompt has room, the
         earlier rows first (the code's capacity order); then the rows born exactly r tokens ago are
-        compared with their parents and pruned."""
+        compared with their parents and pruned. ``caches``: each row's KV after this step (one
+        request per row and token), which it and its fork continue; without it rows keep their own."""
         s = self.settings
         room = {p: s.width - len(tree) for p, tree in enumerate(self.trees)}
         born: list[Branch] = []
@@ -190,7 +199,7 @@ class LatrForest:
                             birth=step,
                             fork_position=len(row.tokens),
                             finished=second in self.eos_ids,
-                            cache=cache,
+                            kv=cache,
                         )
                     )
                 else:
@@ -198,7 +207,8 @@ class LatrForest:
             row.tokens.append(first)
             row.logprobs.append(lp1)
             row.finished = first in self.eos_ids
-            row.cache = cache
+            if caches is not None:
+                row.kv = cache
         for branch in born:
             self.trees[branch.root].append(branch)
         self._prune(step + 1)

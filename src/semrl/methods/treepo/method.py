@@ -10,7 +10,12 @@ from semrl.methods.interface import AdvantageInputs, MethodRollout, RolloutConte
 from semrl.methods.registry import MethodConfig
 from semrl.methods.treepo import TreePOConfig
 from semrl.methods.treepo.advantages import tree_outcome_advantages, whiten
-from semrl.methods.treepo.rollout import STOP_REASONS, SegmentTreeSettings, segment_tree_rollout
+from semrl.methods.treepo.rollout import (
+    STOP_REASONS,
+    SegmentTreeSettings,
+    segment_tree_rollout,
+    segments,
+)
 from semrl.rollout.batch import GroupInfo
 
 
@@ -22,17 +27,17 @@ def treepo_rollout(ctx: RolloutContext, prompt_ids: list[list[int]]) -> MethodRo
     sampled = 0
     for leaves, responses, tree in zip(result.leaves, result.responses, result.trees, strict=True):
         gens += responses
-        paths = tuple(tuple(leaf.nodes) for leaf in leaves)
+        paths = tuple(tuple(node.index for node in segments(leaf)) for leaf in leaves)
         groups.append(GroupInfo(tree=tree, method_data=paths))
         for leaf in leaves:
-            reasons[leaf.reason or ""] += 1
+            reasons[leaf.data or ""] += 1
         # every sampled segment lies on some leaf: count each node once
-        sizes = {n: len(s.token_ids) for x in leaves for n, s in zip(x.nodes, x.segments, strict=True)}
-        sampled += sum(sizes.values())
+        sampled_nodes = {node for leaf in leaves for node in segments(leaf)}
+        sampled += sum(len(node.response().token_ids) - node.position for node in sampled_nodes)
     total = sum(len(g.token_ids) for g in gens)
     leaves_total = len(gens)
     metrics = {
-        "treepo/mean_depth": sum(len(leaf.nodes) for ls in result.leaves for leaf in ls) / leaves_total,
+        "treepo/mean_depth": sum(len(segments(leaf)) for ls in result.leaves for leaf in ls) / leaves_total,
         "treepo/fallback_paths": float(result.fallbacks),
         "treepo/segment_steps": float(result.steps),
         "treepo/sampled_tokens": float(sampled),

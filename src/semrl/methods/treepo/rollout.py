@@ -42,7 +42,7 @@ from semrl.methods.treepo.advantages import branch_budget, has_repetition
 from semrl.reward.extract import extract_boxed
 from semrl.rollout.engines import Generation
 from semrl.rollout.tree import ChainTree
-from semrl.rollout.tree_kit import Node, TreeSampler, chain_tree
+from semrl.rollout.tree_kit import Node, PromptNodes, TreeSampler, chain_tree
 
 STOP_REASONS = ("finished", "eos", "max_length", "max_depth", "repetition")
 FALLBACK_REASONS = ("finished", "eos")  # the code's soft_boxed_and_eos: leaves a fallback regrows from
@@ -95,32 +95,22 @@ def first_segment_length(settings: SegmentTreeSettings, prompt_length: int) -> i
     return settings.segment_length - (prompt_length - 1) % settings.block_size
 
 
-@dataclass
-class TreePath:
-    """A path under construction or a leaf: its segments and their node ids."""
-
-    prompt: int
-    segments: list[Generation] = field(default_factory=list)
-    nodes: list[int] = field(default_factory=list)
-    reason: str | None = None  # why it stopped (a leaf), None while active
-
-    @property
-    def length(self) -> int:
-        return sum(len(s.token_ids) for s in self.segments)
-
-    def token_ids(self) -> list[int]:
-        return [t for s in self.segments for t in s.token_ids.tolist()]
-
-    def cut(self, keep_segments: int) -> TreePath:
-        """A new active path holding this one's first ``keep_segments`` segments."""
-        return TreePath(self.prompt, self.segments[:keep_segments], self.nodes[:keep_segments])
+def segments(node: Node | None) -> list[Node]:
+    """The segments of the path that ends with ``node``, first to last (none for None, the prompt):
+    its node and the nodes it continues."""
+    chain: list[Node] = []
+    while node is not None:
+        chain.append(node)
+        node = node.parent
+    return chain[::-1]
 
 
 @dataclass
 class SegmentTreeRollout:
-    """Per prompt, its ``width`` leaves in the order they stopped, their responses and their tree."""
+    """Per prompt, its ``width`` leaves in the order they stopped (kit nodes, each the last segment of
+    its path, ``Node.data`` why it stopped), their responses and their tree."""
 
-    leaves: list[list[TreePath]]
+    leaves: list[list[Node]]
     steps: int  # depth rounds of the deepest tree (the batched engine calls of a barrier per depth)
     fallbacks: int  # regrown copies over all prompts
     responses: list[list[Generation]] = field(default_factory=list)  # each leaf's whole response
@@ -155,74 +145,86 @@ class PromptTree:
     """One prompt's tree while it grows: which paths sample the next segment, and what each sampled
     segment does to the tree (a leaf or a survivor; the budget; the fallback).
 
-    Drive it with ``budgets`` -> sample one segment per active path -> ``advance`` until ``done``.
-    ``first_segment``: the budget of a path's first segment (``first_segment_length``).
+    A path is the kit node of its last segment (``segments``); a leaf's ``Node.data`` says why it
+    stopped. Drive it with ``grow`` (a node per active path, in the prompt's kit tree ``nodes``) ->
+    sample each node's ``out`` -> ``advance`` until ``done``. ``first_segment``: the budget of a
+    path's first segment (``first_segment_length``).
     """
 
     def __init__(
         self,
-        prompt: int,
+        nodes: PromptNodes,
         settings: SegmentTreeSettings,
         max_length: int,
         generator: torch.Generator | None = None,
         first_segment: int | None = None,
     ) -> None:
-        self.prompt, self.settings, self.max_length, self.generator = prompt, settings, max_length, generator
+        self.nodes, self.settings, self.max_length, self.generator = nodes, settings, max_length, generator
+        self.prompt = nodes.prompt
         self.first_segment = settings.segment_length if first_segment is None else first_segment
-        self.leaves: list[TreePath] = []
-        self.next_node = self.steps = self.fallbacks = 0
+        self.leaves: list[Node] = []
+        self.sampling: list[Node] = []  # the depth being sampled: a node per active path
+        self.steps = self.fallbacks = 0
         b = settings.branch
         first = b if settings.first_branch_max <= b else _randint(b, settings.first_branch_max, generator)
-        self.active = [TreePath(prompt) for _ in range(min(first, settings.width))]
+        # what each active path continues: a segment's node, or None (the prompt)
+        self.active: list[Node | None] = [None] * min(first, settings.width)
 
     @property
     def done(self) -> bool:
         return not self.active
 
-    def budgets(self) -> list[int]:
-        """(active paths) the tokens each may sample next: a segment, or what is left of the budget.
-        Aligned trees (a shortened first segment) give the last depth all that is left."""
-        s, out = self.settings, []
-        shortened = s.segment_length - self.first_segment
-        for path in self.active:
-            left, depth = self.max_length - path.length, len(path.segments)
-            if s.max_depth == 1:
-                out.append(min(s.segment_length, left))
-            elif depth == 0:
-                out.append(min(self.first_segment, left))
-            elif depth == s.max_depth - 1:  # the first segment's shortfall, so d segments still hold d x l
-                out.append(min(s.segment_length + shortened, left))
-            else:
-                out.append(min(s.segment_length, left))
-        return out
+    def budget(self, depth: int, length: int) -> int:
+        """The tokens a path of ``depth`` segments and ``length`` tokens may sample next: a segment, or
+        what is left of the budget. Aligned trees (a shortened first segment) give the last depth all
+        that is left."""
+        s, left = self.settings, self.max_length - length
+        if s.max_depth == 1:
+            return min(s.segment_length, left)
+        if depth == 0:
+            return min(self.first_segment, left)
+        if depth == s.max_depth - 1:  # the first segment's shortfall, so d segments still hold d x l
+            return min(s.segment_length + s.segment_length - self.first_segment, left)
+        return min(s.segment_length, left)
 
-    def node_ids(self) -> list[int]:
-        """(active paths) the node id each path's next segment gets."""
-        return list(range(self.next_node, self.next_node + len(self.active)))
+    def grow(self) -> list[Node]:
+        """The next depth: a new kit node per active path (indices in order, each its seed's key),
+        continuing the path's last segment. A node of the last depth, or whose segment may reach the
+        response budget, is a leaf whatever it samples (a fallback regrows from a segment before a
+        leaf's last)."""
+        self.sampling = []
+        for parent in self.active:
+            depth = len(segments(parent))
+            length = 0 if parent is None else len(parent.response().token_ids)
+            budget = self.budget(depth, length)
+            leaf = depth + 1 >= self.settings.max_depth or length + budget >= self.max_length
+            self.sampling.append(self.nodes.add(len(self.nodes.nodes), parent, budget=budget, leaf=leaf))
+        return self.sampling
 
-    def advance(self, segments: list[Generation], texts: list[str]) -> None:
-        """Grow every active path by its sampled segment (decoded ``texts``), then make the next
-        active set: the survivors' copies, or a fallback when none survived."""
+    def advance(self, texts: list[str]) -> None:
+        """Every node of the depth ``grow`` made is sampled (decoded ``texts``): each becomes a leaf or
+        a survivor, then the next active set is the survivors' copies, or a fallback when none
+        survived."""
         s, w, b = self.settings, self.settings.width, self.settings.branch
-        if len(segments) != len(self.active) or len(texts) != len(self.active):
-            raise ValueError(f"{len(segments)} segments and {len(texts)} texts for {len(self.active)} paths")
+        if len(texts) != len(self.sampling) or not all(node.done for node in self.sampling):
+            raise ValueError(f"{len(texts)} texts for {len(self.sampling)} nodes, all sampled")
         self.steps += 1
-        survivors: list[TreePath] = []
+        survivors: list[Node] = []
         finished_now = 0
-        for path, out, text in zip(self.active, segments, texts, strict=True):
-            grown = TreePath(self.prompt, [*path.segments, out], [*path.nodes, self.next_node])
-            self.next_node += 1
-            grown.reason = stop_reason(out, text, grown.length, len(grown.segments), self.max_length, s)
-            if grown.reason is None:
-                survivors.append(grown)
+        for node, text in zip(self.sampling, texts, strict=True):
+            assert node.out is not None
+            length = len(node.response().token_ids)
+            node.data = stop_reason(node.out, text, length, len(segments(node)), self.max_length, s)
+            if node.data is None:
+                survivors.append(node)
             else:
-                self.leaves.append(grown)
+                self.leaves.append(node)
                 finished_now += 1
         if survivors:
             copies = branch_budget(w, len(self.leaves), finished_now, len(survivors), b)
-            self.active = [path for path, n in zip(survivors, copies, strict=True) for _ in range(n)]
+            self.active = [node for node, n in zip(survivors, copies, strict=True) for _ in range(n)]
         elif len(self.leaves) < w:
-            self.active = fallback_paths(self.leaves, w - len(self.leaves), b, self.prompt, self.generator)
+            self.active = fallback_paths(self.leaves, w - len(self.leaves), b, self.generator)
             self.fallbacks += len(self.active)
         else:
             self.active = []
@@ -244,81 +246,59 @@ def segment_tree_rollout(
     """
     if ctx.decode is None:
         raise ValueError("TreePO's rollout needs RolloutContext.decode (its stop tests read segment text)")
-    decode, params = ctx.decode, ctx.params
+    decode = ctx.decode
     kit = TreeSampler.from_context(ctx, prompts, reuse_kv_cache=settings.reuse_kv_cache)
     trees = [
         PromptTree(
-            p,
+            kit.trees[p],
             settings,
-            params.max_new_tokens,
+            ctx.params.max_new_tokens,
             kit.trees[p].stream(),
             first_segment_length(settings, len(prompts[p])),
         )
         for p in range(len(prompts))
     ]
-    back: list[list[Generation | None]] = [[] for _ in prompts]  # the segments of a prompt's depth
-
-    def depth_nodes(tree: PromptTree) -> list[Node]:
-        """A node per active path (its node id its seed's key), continuing the path's last segment. A
-        node of the last depth, or whose segment may reach the response budget, is a leaf whatever it
-        samples (a fallback regrows from a segment before a leaf's last)."""
-        nodes = kit.trees[tree.prompt]
-        back[tree.prompt] = [None] * len(tree.active)
-        paths = zip(tree.active, tree.budgets(), tree.node_ids(), strict=True)
-        return [
-            nodes.add(
-                node,
-                nodes.nodes[path.nodes[-1]] if path.nodes else None,
-                budget=budget,
-                data=i,
-                leaf=len(path.segments) + 1 >= settings.max_depth
-                or path.length + budget >= params.max_new_tokens,
-            )
-            for i, (path, budget, node) in enumerate(paths)
-        ]
 
     def on_node(node: Node) -> list[Node]:
-        p = node.prompt
-        back[p][node.data] = node.out
-        if any(g is None for g in back[p]):
+        tree = trees[node.prompt]
+        if not all(n.done for n in tree.sampling):
             return []
-        segments = [g for g in back[p] if g is not None]
-        trees[p].advance(segments, [decode(g.token_ids.tolist()) for g in segments])
+        tree.advance([decode(n.out.token_ids.tolist()) for n in tree.sampling if n.out is not None])
         # the depth's nodes have their children (or stopped): their KV goes once the children have it; a
         # fallback that regrows from an earlier segment later computes its context's tail (the plain path)
-        kit.close(p)
-        return [] if trees[p].done else depth_nodes(trees[p])
+        kit.close(node.prompt)
+        return tree.grow()
 
-    kit.run([node for tree in trees for node in depth_nodes(tree)], on_node)
-    leaves = [[kit.trees[t.prompt].nodes[leaf.nodes[-1]] for leaf in t.leaves] for t in trees]
+    kit.run([node for tree in trees for node in tree.grow()], on_node)
     return SegmentTreeRollout(
         [tree.leaves for tree in trees],
         max(tree.steps for tree in trees),
         sum(t.fallbacks for t in trees),
-        [[leaf.response() for leaf in group] for group in leaves],
-        [chain_tree(group) for group in leaves],
+        [[leaf.response() for leaf in tree.leaves] for tree in trees],
+        [chain_tree(tree.leaves) for tree in trees],
     )
 
 
 def fallback_paths(
-    leaves: list[TreePath], remaining: int, branch: int, prompt: int, generator: torch.Generator | None
-) -> list[TreePath]:
-    """The depth-first fallback of a prompt with no active path and ``remaining`` leaves to go.
+    leaves: list[Node], remaining: int, branch: int, generator: torch.Generator | None
+) -> list[Node | None]:
+    """The depth-first fallback of a prompt with no active path and ``remaining`` leaves to go: what
+    each new path continues (a segment's node, or None: the prompt).
 
-    Candidates are its leaves that stopped on an answer or EOS, in random order (none: the prompt
-    itself). Each is cut at a uniformly random segment boundary (0 = regrow from the prompt; the
-    official code's ``random`` policy with its window equal to the segment length, so a cut never
+    Candidates are its leaves that stopped on an answer or EOS (``Node.data``), in random order (none:
+    the prompt itself). Each is cut at a uniformly random segment boundary (0 = regrow from the prompt;
+    the official code's ``random`` policy with its window equal to the segment length, so a cut never
     splits a segment) and gives ``min(branch, remaining)`` copies, until ``remaining`` is spent.
     """
-    candidates = [leaf for leaf in leaves if leaf.reason in FALLBACK_REASONS]
+    candidates = [leaf for leaf in leaves if leaf.data in FALLBACK_REASONS]
     order = torch.randperm(len(candidates), generator=generator).tolist()
-    out: list[TreePath] = []
+    out: list[Node | None] = []
     for leaf in [candidates[i] for i in order] or [None]:
         if remaining == 0:
             break
-        keep = 0 if leaf is None else _randint(0, len(leaf.segments) - 1, generator)
-        start = TreePath(prompt) if leaf is None else leaf.cut(keep)
+        path = segments(leaf)
+        keep = 0 if leaf is None else _randint(0, len(path) - 1, generator)
         copies = min(branch, remaining)
-        out += [TreePath(prompt, list(start.segments), list(start.nodes)) for _ in range(copies)]
+        out += [path[keep - 1] if keep else None] * copies
         remaining -= copies
     return out
