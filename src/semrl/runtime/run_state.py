@@ -159,16 +159,16 @@ def advance_stage(env: RunEnvironment, run: RunState, models: Models, cfg: Confi
         return
     run.optim.restart(curriculum.steps_left_in_stage(run.step))
     if models.ref_model is not None:
-        save_stage_reference(env, models, models.ref_model, curriculum.stage, run.step, cfg.trainer.fsdp)
+        save_stage_reference(env, models, curriculum.stage, run.step, cfg.trainer.fsdp)
 
 
-def save_stage_reference(
-    env: RunEnvironment, models: Models, ref_model: PreTrainedModel, stage: int, step: int, fsdp: bool
-) -> None:
+def save_stage_reference(env: RunEnvironment, models: Models, stage: int, step: int, fsdp: bool) -> None:
     """Make the current weights stage ``stage``'s reference: loaded into every process's
-    ``ref_model`` (``models.ref_model``; under FSDP one gathered parameter at a time) and kept under
+    ``models.ref_model`` (under FSDP one gathered parameter at a time) and kept under
     ``stage_reference_dir`` by the main process for a resume (a collective)."""
-    model, rollout_model = models.model, models.rollout_model
+    model, rollout_model, ref_model = models.model, models.rollout_model, models.ref_model
+    if ref_model is None:
+        raise ValueError("a stage's reference needs the run's reference model (models.ref_model is None)")
     weights = full_weights(model, fsdp)  # FSDP: the main process's
     if weights is None:
         ref_model.load_state_dict(rollout_model.state_dict())

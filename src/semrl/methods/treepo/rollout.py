@@ -160,7 +160,6 @@ class PromptTree:
         first_segment: int | None = None,
     ) -> None:
         self.nodes, self.settings, self.max_length, self.generator = nodes, settings, max_length, generator
-        self.prompt = nodes.prompt
         self.first_segment = settings.segment_length if first_segment is None else first_segment
         self.leaves: list[Node] = []
         self.sampling: list[Node] = []  # the depth being sampled: a node per active path
