@@ -39,6 +39,9 @@ SERIAL_GROUPS = {
     "vllm_processes": {"rollout/vllm/test_processes.py"},
     "build": {"test_packaging.py"},
     "error_rates": {"studies/test_error_rates.py"},  # one worker computes each design's levels once
+    # one worker parses the LaTeX: ANTLR builds its parser's decision tables (DFA) as it meets new
+    # input, per process, and a cold parser reads these tests' expressions 3x as slowly as a warm one
+    "latex": {"reward/test_restatements.py"},
 }
 TESTS = Path(__file__).parent
 
@@ -81,6 +84,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # out the tests outside a group in this order, so the short ones fill the workers' last minute
     # instead of one worker running a long test alone (about 25 s of 11.6 min, one core idle).
     items.sort(key=lambda item: item.get_closest_marker("unit") is not None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """An xdist worker ends here, once it has sent its results, without the interpreter's shutdown
+    (vLLM's engine, the preloaded servers, torch's and vLLM's destructors): 4-10 s at the end of each
+    run, which the master spent waiting for it. Its preloaded servers and reward workers' fork
+    servers end when their pipes from it close."""
+    if hasattr(config, "workerinput"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @pytest.fixture(autouse=True)

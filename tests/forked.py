@@ -16,6 +16,8 @@ real launch. A command whose import-time variables (``OMP_NUM_THREADS``, ``HF_*`
 those the server imported with runs in a server of its own, started with them. A command with
 ``rollout.engine=vllm`` forks from a server that has imported vLLM as well, and compiled the one
 function vLLM's sampler compiles even when eager, which each rank would otherwise compile again.
+The server also loads the tokenizer of a command's ``model.name=`` directory before it forks
+(``_load_tokenizer``): the fork finds it as a second load in one process finds it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,18 @@ from pathlib import Path
 from typing import Any
 
 # What the preloaded server imports: everything `semrl train` imports before its first step.
-PRELOADED = ("semrl.cli", "semrl.cli.train", "semrl.runtime.trainer", "accelerate", "safetensors.torch")
+# The tests' models are Llamas (tests/helpers.py), whose modeling module loads with the first model.
+PRELOADED = (
+    "semrl.cli",
+    "semrl.cli.train",
+    "semrl.runtime.trainer",
+    "accelerate",
+    "safetensors.torch",
+    "transformers.models.llama.modeling_llama",
+)
+# What a vLLM engine imports as it starts, beyond `import vllm` (its CPU worker), which each fork
+# would import again.
+PRELOADED_VLLM = ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner")
 # A command with rollout.engine=vllm goes to a server that has also imported vLLM as semrl's engine
 # does (about 7 s a rank here); the others to one that has not, since a fresh hf run never imports it.
 VLLM_ARG = "rollout.engine=vllm"
@@ -318,6 +331,21 @@ def _rank_process(
             os._exit(status)
 
 
+def _load_tokenizer(args: list[str]) -> None:
+    """Load the tokenizer of the ``model.name=`` directory in ``args`` into semrl's per-process cache
+    (``semrl.models.loading.load_tokenizer``, keyed by the directory and its files), once per server:
+    each fork then skips the 0.45 s load, as a second load in one process does. A directory that
+    does not load is left to the command, which reports it."""
+    from semrl.models.loading import load_tokenizer
+
+    for arg in args:
+        if arg.startswith("model.name=") and Path(arg.split("=", 1)[1]).is_dir():
+            try:
+                load_tokenizer(arg.split("=", 1)[1])
+            except Exception:  # noqa: BLE001, S110 - the command reports what is wrong with it
+                pass
+
+
 def _launch(request: dict[str, Any]) -> dict[str, Any]:
     """Fork the ranks of one command and wait for them as torchrun's agent does."""
     args: list[str] = request["args"]
@@ -325,6 +353,7 @@ def _launch(request: dict[str, Any]) -> dict[str, Any]:
     refusal = _refusal(env)
     if refusal:
         return {"refused": refusal}
+    _load_tokenizer(args)
     world = 1
     if "--num-processes" in args:
         at = args.index("--num-processes")
@@ -432,6 +461,8 @@ def serve(flavour: str) -> None:
 
         vllm = import_vllm()  # as the engine imports it, with the variables it sets first
         vllm.LLM, vllm.SamplingParams, vllm.TokensPrompt  # noqa: B018  (lazy: each imports its modules)
+        for name in PRELOADED_VLLM:
+            importlib.import_module(name)
         _compile_vllm_sampler()
     # a fork copies only the calling thread: a thread started by an import would be lost in the
     # children while holding whatever lock it held
