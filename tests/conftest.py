@@ -39,9 +39,6 @@ SERIAL_GROUPS = {
     "vllm_processes": {"rollout/vllm/test_processes.py"},
     "build": {"test_packaging.py"},
     "error_rates": {"studies/test_error_rates.py"},  # one worker computes each design's levels once
-    # one worker parses the LaTeX: ANTLR builds its parser's decision tables (DFA) as it meets new
-    # input, per process, and a cold parser reads these tests' expressions 3x as slowly as a warm one
-    "latex": {"reward/test_restatements.py"},
 }
 TESTS = Path(__file__).parent
 
