@@ -339,9 +339,10 @@ def _load_tokenizer(args: list[str]) -> None:
     from semrl.models.loading import load_tokenizer
 
     for arg in args:
-        if arg.startswith("model.name=") and Path(arg.split("=", 1)[1]).is_dir():
+        name = arg.removeprefix("model.name=")
+        if name != arg and Path(name).is_dir():
             try:
-                load_tokenizer(arg.split("=", 1)[1])
+                load_tokenizer(name)
             except Exception:  # noqa: BLE001, S110 - the command reports what is wrong with it
                 pass
 
