@@ -4,6 +4,7 @@ and the design notes the code cites ship in docs/."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -13,6 +14,17 @@ from tests.helpers import cli_in_fresh_process
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "src" / "semrl"
+
+
+@functools.cache
+def _nodes_of(source: str) -> tuple[ast.AST, ...]:
+    """Every node of ``source``'s tree, in ``ast.walk``'s order, parsed and walked once per text: the
+    checks below walk every module of the package, most of them several times (about 5 s a run)."""
+    return tuple(ast.walk(ast.parse(source)))
+
+
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    return _nodes_of(path.read_text(encoding="utf-8"))
 
 
 def _modules() -> dict[str, Path]:
@@ -64,9 +76,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path], *, by_name: bool =
     type-only import still ties the two modules' designs), relative imports too, plus the packages
     whose ``__init__`` runs on the way. ``by_name``: modules imported by name as well
     (``importlib.import_module``, registry strings), which tie the floors but load only when used."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
     targets: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             targets |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
@@ -134,7 +145,7 @@ HEAVY = ("torch", "numpy", "transformers")
 def _third_party(path: Path) -> set[str]:
     """Top-level names of every non-semrl module ``path`` imports anywhere (lazy and type-only too)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -410,10 +421,9 @@ def test_no_module_but_the_entry_points_reaches_the_trainer():
         if name in ("semrl.runtime.trainer", "semrl.cli.train", "semrl.api"):  # semrl train, semrl.train
             continue
         assert "semrl.runtime.trainer" not in _imports(name, path, modules), f"{name} imports the trainer"
-        tree = ast.parse(path.read_text(encoding="utf-8"))
         args = {
             a.arg
-            for node in ast.walk(tree)
+            for node in _nodes(path)
             if isinstance(node, ast.arguments)
             for a in node.args + node.kwonlyargs
         }
@@ -495,7 +505,7 @@ def _actor_calls(source: str) -> list[str]:
     """The methods of ``self.actor`` that ``source`` calls."""
     return [
         node.func.attr
-        for node in ast.walk(ast.parse(source))
+        for node in _nodes_of(source)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and isinstance(node.func.value, ast.Attribute)
@@ -544,11 +554,11 @@ def test_the_trainer_names_no_method_and_methods_see_only_their_config():
     from semrl.methods.registry import load
 
     names = set(METHODS) | {"dapo", "grpo", "rose", "sent", "fr3e"}
-    tree = ast.parse((PACKAGE / "runtime" / "trainer.py").read_text(encoding="utf-8"))
+    tree = _nodes(PACKAGE / "runtime" / "trainer.py")
     words = (
-        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        | {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        {n.attr for n in tree if isinstance(n, ast.Attribute)}
+        | {n.id for n in tree if isinstance(n, ast.Name)}
+        | {n.value for n in tree if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     )
     assert not names & words, f"trainer.py names {sorted(names & words)}"
     for spec in METHODS.values():
@@ -607,7 +617,7 @@ def _private_imports(modules: dict[str, Path], package: str = "semrl") -> list[s
     (dunder names such as ``__version__`` are public)."""
     found = []
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _nodes(path):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package):
                 found += [
                     f"{name} imports {node.module}.{a.name}"
@@ -651,7 +661,7 @@ def _empty_type_checking_blocks(modules: dict[str, Path]) -> list[str]:
     """``if TYPE_CHECKING: pass``: the leftover of an import that moved."""
     found = []
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _nodes(path):
             if (
                 isinstance(node, ast.If)
                 and isinstance(node.test, ast.Name)
@@ -677,7 +687,7 @@ FORK_STATE = {"parents", "forks", "held", "deferred", "forked", "fallbacks", "re
 def _fork_state_edits(source: str) -> list[str]:
     """Each ``<hooks>.<state>`` in ``source`` (the hooks read from ``forks`` or ``<object>.forks``)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in _nodes_of(source):
         if isinstance(node, ast.Attribute) and node.attr in FORK_STATE:
             owner = node.value
             if (isinstance(owner, ast.Name) and owner.id == "forks") or (

