@@ -18,6 +18,7 @@ import pytest
 from scipy import stats as st
 
 from semrl.errors import ConfigError
+from semrl.studies import sequential
 from semrl.studies.decide import Hypothesis
 from semrl.studies.designs import append_look, judge_looks, outcome_of
 from semrl.studies.rules_file import Design, RulesFile, load_rules
@@ -31,6 +32,7 @@ from semrl.studies.sequential import (
     nominal_levels,
     sign_flip_p_value,
     spent,
+    spent_per_look,
 )
 
 # Jennison & Turnbull (2000), Tables 2.1 and 2.3: two-sided alpha 0.05, K equally spaced looks.
@@ -90,6 +92,42 @@ def test_the_calibrations_chunked_draws_are_one_draws_cumulative_sums_bit_for_bi
     sums, squares = _look_moments(looks)
     assert np.array_equal(sums, np.cumsum(d, axis=1)[:, columns])
     assert np.array_equal(squares, np.cumsum(d * d, axis=1)[:, columns])
+
+
+def test_the_levels_are_their_definition_read_off_one_draw_which_every_alpha_and_boundary_shares(
+    monkeypatch,
+):
+    """For two shares of alpha and two boundaries of one design, ``nominal_levels`` is its definition
+    read off one (CALIBRATION_DRAWS, n_K) draw of the calibration's generator, with scipy's t: at
+    each look the midpoint of the m-th and (m+1)-th smallest p-values of the studies that have not
+    crossed before, m the look's spending increment times the draws. The studies are drawn once
+    for all four (sequential._calibration_p_values), and reading them leaves them as they were."""
+    looks = (3, 7)  # a design no other test calibrates
+    d = np.random.default_rng(20261125).standard_normal((CALIBRATION_DRAWS, looks[-1]))
+    p = np.stack(
+        [
+            2 * st.t.sf(np.abs(d[:, :n].mean(1)) / (d[:, :n].std(1, ddof=1) / math.sqrt(n)), n - 1)
+            for n in looks
+        ],
+        axis=1,
+    )
+    draws = []
+    monkeypatch.setattr(
+        sequential, "_look_moments", lambda looks: draws.append(looks) or _look_moments(looks)
+    )
+    sequential._calibration_p_values.cache_clear()
+    for alpha, kind in itertools.product([0.05, 0.0125], ["spending_obrien_fleming", "pocock"]):
+        alive, expected = np.ones(CALIBRATION_DRAWS, dtype=bool), []
+        for k, increment in enumerate(spent_per_look(looks, alpha, kind)):
+            m = round(increment * CALIBRATION_DRAWS)
+            candidates = np.sort(p[alive, k])
+            expected.append((candidates[m - 1] + candidates[m]) / 2)
+            alive &= ~(p[:, k] < expected[-1])
+        assert nominal_levels.__wrapped__(looks, alpha, kind) == pytest.approx(expected, rel=1e-9), (
+            alpha,
+            kind,
+        )
+    assert draws == [looks]
 
 
 @pytest.mark.parametrize("kind", ["spending_obrien_fleming", "pocock"])
