@@ -128,9 +128,9 @@ def summarise(processes: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     origin = first["t"]
     workers, by_file, tests = {}, Counter(), []
     for name, events in processes.items():
-        spans = spans_of(events)
         if name == "controller" and len(processes) > 1:
             continue
+        spans = spans_of(events)
         collected = next((e["t"] for e in events if e["event"] == "collected"), None)
         workers[name] = {
             "collected": None if collected is None else collected - origin,

@@ -118,7 +118,7 @@ def test_a_committed_run_is_not_continued_over_its_compressed_logs(tmp_path, cap
     )
 
 
-# one worker: the looks' levels (nominal_levels, 6 s of simulation) are computed once per process
+# one worker: the looks' levels (nominal_levels, about 5 s of simulation) are computed once per process
 @pytest.mark.xdist_group("study4a")
 @pytest.mark.parametrize("policy", ["dr_grpo-seed-200", "base", "dr_grpo-seed-201"])
 def test_study4a_judges_the_same_from_its_committed_records(policy, tmp_path):
