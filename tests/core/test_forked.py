@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -68,3 +69,20 @@ def test_a_forked_command_ends_with_its_status_and_its_output(tmp_path):
     other = preloaded_server(env=two_threads)
     assert other is not server and other.pid not in (None, first)
     assert run_semrl("config", "trainer").returncode == 0 and server.pid == first
+
+
+def test_the_workers_imports_are_frozen_and_its_collector_runs():
+    """conftest freezes what the imports and the collection keep before the first test, and turns the
+    collector it held off during them on again: a full collection walks only the tests' objects."""
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > 100_000
+
+
+@pytest.mark.e2e  # starts processes
+def test_a_fork_finds_the_servers_imports_frozen_and_its_collector_on():
+    """The preloaded server freezes what its imports keep before it forks a command
+    (tests.forked.serve): the fork's full collections walk only the objects of its own command."""
+    run = run_python("import gc; print(gc.get_freeze_count(), gc.isenabled())")
+    assert run.returncode == 0, run.stderr[-2000:]
+    frozen, enabled = run.stdout.split()
+    assert int(frozen) > 100_000 and enabled == "True", run.stdout
