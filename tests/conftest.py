@@ -3,7 +3,6 @@ tests/helpers.py), the digit-trained tiny models, the seven task; and the xdist 
 
 from __future__ import annotations
 
-import gc
 import multiprocessing.process
 import os
 import subprocess
@@ -19,12 +18,15 @@ from filelock import FileLock
 # processes the tests start inherit it (test_training and test_resume_methods took 112-113 s on
 # 2 workers against 121-123 s with a thread per core, 2 pairs, 2026-11-29).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Python's cyclic collector walks every tracked object at each full collection: after the imports of
-# torch, transformers and the tests, about a million objects, 0.3-0.5 s a time. None runs while they
-# load (pytest_runtestloop freezes what they left; docs/benchmarks.md, "The collector's share").
-gc.disable()
+# No full collection over the imports of torch, transformers and the tests while they load: the
+# collector is held off until the first test, which finds what they keep frozen (pytest_runtestloop;
+# semrl.core.collector, docs/benchmarks.md, "The collector's share").
+from semrl.core.collector import imports_collected_once  # noqa: E402 (torch-free)
 
-from tests.helpers import build_tiny_model, pretrain_digits, write_seven_task  # noqa: E402 (after gc.disable)
+_IMPORTS = imports_collected_once()
+_IMPORTS.__enter__()
+
+from tests.helpers import build_tiny_model, pretrain_digits, write_seven_task  # noqa: E402 (held)
 
 TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 
@@ -90,12 +92,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
-    """Before the first test: the imports' and the collection's garbage collected once, and what
-    survives (modules, classes, the collected tests: all kept to the end) frozen, so that a full
-    collection during the tests walks only what the tests made; then the collector on again."""
-    gc.collect()
-    gc.freeze()
-    gc.enable()
+    """Before the first test: the imports' and the collection's garbage collected once, what survives
+    (modules, classes, the collected tests: all kept to the end) frozen, and the collector on again."""
+    _IMPORTS.__exit__(None, None, None)
 
 
 @pytest.hookimpl(trylast=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import gc
 import json
 import os
 import signal
@@ -456,26 +455,24 @@ def serve(flavour: str) -> None:
 
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what an import prints goes to stderr, never into a reply
-    gc.disable()  # no full collection over the imports' million objects while they load (conftest)
-    for name in PRELOADED:
-        importlib.import_module(name)
-    if flavour == "vllm":
-        from semrl.rollout.engines.vllm.start import import_vllm
+    from semrl.core.collector import imports_collected_once
 
-        vllm = import_vllm()  # as the engine imports it, with the variables it sets first
-        vllm.LLM, vllm.SamplingParams, vllm.TokensPrompt  # noqa: B018  (lazy: each imports its modules)
-        for name in PRELOADED_VLLM:
+    # What the imports keep, frozen: a fork's full collections then walk only the objects of its own
+    # command (docs/benchmarks.md, "The collector's share")
+    with imports_collected_once():
+        for name in PRELOADED:
             importlib.import_module(name)
-        _compile_vllm_sampler()
+        if flavour == "vllm":
+            from semrl.rollout.engines.vllm.start import import_vllm
+
+            vllm = import_vllm()  # as the engine imports it, with the variables it sets first
+            vllm.LLM, vllm.SamplingParams, vllm.TokensPrompt  # noqa: B018  (lazy: each imports its modules)
+            for name in PRELOADED_VLLM:
+                importlib.import_module(name)
+            _compile_vllm_sampler()
     # a fork copies only the calling thread: a thread started by an import would be lost in the
     # children while holding whatever lock it held
     assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
-    # What the imports keep, frozen: a fork's full collections then walk only the objects of its own
-    # command (about 1.5 s less a forked tiny run, 4 s less a rank that starts vLLM). vLLM's engine
-    # freezes its heap the same way as it starts.
-    gc.collect()
-    gc.freeze()
-    gc.enable()
     for line in sys.stdin:
         reply = _launch(json.loads(line))
         replies.write(json.dumps(reply) + "\n")

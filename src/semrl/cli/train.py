@@ -47,8 +47,11 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         cfg = load_config(args.config, args.overrides)
-    from semrl.runtime.trainer import Trainer
-    from semrl.tracking.run_summary import summary_of_run
+    from semrl.core.collector import imports_collected_once
+
+    with imports_collected_once():  # torch, transformers and the trainer, frozen once loaded
+        from semrl.runtime.trainer import Trainer
+        from semrl.tracking.run_summary import summary_of_run
 
     run_dir = Path(cfg.logging.output_dir)
     new_dir = not run_dir.exists()
