@@ -1,8 +1,8 @@
 """Python's cyclic garbage collector and a process's heavy imports.
 
 A full collection walks every object the collector tracks. ``import torch, transformers`` and
-semrl's trainer leave about 400,000 of them in a process (700,000 with vLLM), so a full collection
-costs 0.3-0.7 s on a 2-core CPU; the imports themselves trigger about 7 (0.6-0.9 s of a 5 s import),
+semrl's trainer leave about 385,000 of them in a process (700,000 with vLLM), so a full collection
+costs 0.35-0.77 s on a 2-core Xeon; the imports themselves trigger 7 (0.6-0.9 s of a 5 s import),
 and vLLM's engine start runs 3 more of its own. The modules, classes and functions those imports
 keep live as long as the process. ``imports_collected_once`` holds the collector off while they
 load, then collects once and freezes what survives (``gc.freeze``): later full collections walk
