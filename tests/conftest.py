@@ -25,8 +25,8 @@ from semrl.core.collector import imports_collected_once  # noqa: E402 (torch-fre
 
 _IMPORTS = imports_collected_once()
 _IMPORTS.__enter__()
-
-from tests.helpers import build_tiny_model, pretrain_digits, write_seven_task  # noqa: E402 (held)
+# tests.helpers (torch) is imported by the fixtures that build, not here: the xdist controller, which
+# runs no test, then starts its workers about 1.3 s sooner.
 
 TINY_DIR_ENV = "SEMRL_TINY_MODEL"
 
@@ -149,6 +149,8 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path
 def tiny_model_dir(models_dir: Path) -> Path:
     """A ~3.2M-parameter Llama (hidden 64, 2 layers) using the SmolLM2 tokenizer, with its
     derivatives below beside it."""
+    from tests.helpers import build_tiny_model
+
     cached = os.environ.get(TINY_DIR_ENV)
     return _built_once(build_tiny_model, Path(cached) if cached else models_dir / "tiny-llama")
 
@@ -157,23 +159,31 @@ def tiny_model_dir(models_dir: Path) -> Path:
 def tiny32_model_dir(models_dir: Path) -> Path:
     """The tiny model's shape with hidden 128: head dim 32, the least vLLM's CPU attention takes.
     It needs no other model, so one worker builds it while the other builds the hidden-64 one."""
+    from tests.helpers import build_tiny_model
+
     return _built_once(partial(build_tiny_model, hidden_size=128), models_dir / "tiny-llama-hd32")
 
 
 @pytest.fixture(scope="session")
 def digit_model_dir(tiny_model_dir: Path) -> Path:
     """The tiny model after a short supervised warm-up to answer with a random digit."""
+    from tests.helpers import pretrain_digits
+
     return _built_once(partial(pretrain_digits, tiny_model_dir), tiny_model_dir.with_name("tiny-digits"))
 
 
 @pytest.fixture
 def seven_task(tmp_path: Path) -> Path:
+    from tests.helpers import write_seven_task
+
     return write_seven_task(tmp_path / "seven.jsonl")
 
 
 @pytest.fixture(scope="session")
 def digit32_model_dir(tiny32_model_dir: Path) -> Path:
     """The head-dim-32 tiny model after the same digit warm-up (for both engines)."""
+    from tests.helpers import pretrain_digits
+
     return _built_once(
         partial(pretrain_digits, tiny32_model_dir), tiny32_model_dir.with_name("tiny-digits-hd32")
     )

@@ -465,7 +465,6 @@ def test_the_processes_of_one_run_share_the_directory_chosen_once(tmp_path, monk
     assert command[-2:] == ["trainer.steps=1", dirs[0]]
 
 
-@pytest.mark.xdist_group("vllm")  # imports vLLM: on the worker that holds it already
 def test_fsdp_on_vllm_refuses_a_rollout_that_needs_an_entropy_forward():
     """Only where vLLM's sampler does not record the entropy (rollout.vllm_sampler_entropy=false):
     by default it does, and no forward runs."""
@@ -474,7 +473,9 @@ def test_fsdp_on_vllm_refuses_a_rollout_that_needs_an_entropy_forward():
         ("rose", "rose.entropy_mode=full_vocab", "rose.entropy_mode=topk_logprobs"),
         ("fr3e", "fr3e.anchor_metric=entropy", "fr3e.anchor_metric=surprisal"),
     ]
-    pytest.importorskip("vllm")
+    from tests.helpers import vllm_or_skip
+
+    vllm_or_skip()  # installed, not imported: the config's checks need no engine
     for method, needs, fine in cases:
         with pytest.raises(ConfigError, match=f"cannot run a forward pass for entropies \\({needs}\\)"):
             load_config(None, [f"algorithm.method={method}", needs, *fsdp_vllm])

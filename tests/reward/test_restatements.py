@@ -12,7 +12,7 @@ import pytest
 
 from semrl.reward import VerifierPool, reward_functions
 from semrl.reward.answer_form import expression_form, order_free_form
-from semrl.reward.restatement import restates_problem, stated_expressions
+from semrl.reward.restatement import _parsed_structure, restates_problem, stated_expressions, structure
 
 # issue 83's table: a copy of the question that math-verify's symbolic equality paid for
 RESTATEMENTS = [
@@ -174,7 +174,10 @@ def _write(tree: tuple, rng: random.Random) -> str:
     )
 
 
-@pytest.mark.parametrize("chunk", range(3))  # 150 problems and 30 products in all, on both workers
+# one worker: the parser's prediction tables (ANTLR's DFA, shared by a process's parses) fill once;
+# a process's first 50 problems take about twice as long as the next 50
+@pytest.mark.xdist_group("restatements")
+@pytest.mark.parametrize("chunk", range(3))  # 150 problems and 30 products in all
 def test_the_rule_on_random_expression_trees_against_a_reference(chunk):
     """Answers written in random notations, orders and groupings: refused exactly when their tree
     is one the problem states and not the gold's (the reference decides both from the trees, the
@@ -206,6 +209,35 @@ def test_the_rule_on_random_expression_trees_against_a_reference(chunk):
         assert restates_problem(problem, "x+y", slashed), (problem, slashed)
 
 
+@pytest.mark.xdist_group("restatements")
+def test_notations_that_normalize_alike_are_parsed_once(monkeypatch):
+    """``\\dfrac``, ``\\tfrac`` and ``\\left(`` read as ``\\frac`` and ``(``: one parse for each tree,
+    whichever way it is written, and the same structure for all."""
+    import latex2sympy2_extended
+
+    parsed: list[str] = []
+    parse = latex2sympy2_extended.latex2sympy
+    monkeypatch.setattr(
+        latex2sympy2_extended, "latex2sympy", lambda text, **kw: parsed.append(text) or parse(text, **kw)
+    )
+    structure.cache_clear()
+    _parsed_structure.cache_clear()
+    rng = random.Random(7)
+    texts = {_write(_random_tree(rng), rng) for _ in range(40)}
+    written = 0
+    for text in texts:
+        ways = {
+            text,
+            text.replace("\\frac", "\\dfrac"),
+            text.replace("\\frac", "\\tfrac"),
+            text.replace("\\left(", "(").replace("\\right)", ")"),
+        }
+        written += len(ways)
+        assert len({structure(way) for way in ways}) == 1, ways
+    assert written > len(texts) + 20  # the trees with a quotient or a \left( are written several ways
+    assert len(parsed) == len(texts)
+
+
 def test_text_forms_and_the_structures_a_problem_states():
     assert expression_form("\\left( \\dfrac{1}{2} \\right)") == "(\\frac12)"
     assert expression_form("{x^{2}}.") == "x^2"
@@ -232,6 +264,7 @@ def test_text_forms_and_the_structures_a_problem_states():
 BENCHMARKS = Path(__file__).parents[2] / "src" / "semrl" / "data" / "benchmarks"
 
 
+@pytest.mark.xdist_group("restatements")
 def test_golds_written_another_way_are_never_refused():
     rows = [
         json.loads(line) for line in (BENCHMARKS / "math500.jsonl").read_text(encoding="utf-8").splitlines()

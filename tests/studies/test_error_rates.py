@@ -63,13 +63,16 @@ def _bh(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return p <= np.where(k > 0, k * q / m, -1.0)[:, None]
 
 
-def reference_decisions(design: Design, correction: str, d: np.ndarray, test: str = "t") -> np.ndarray:
-    """(looks, studies, rules): whether each rule is settled (decided either way) by each look."""
+def reference_decisions(
+    design: Design, correction: str, d: np.ndarray, test: str = "t", p_values: list[np.ndarray] | None = None
+) -> np.ndarray:
+    """(looks, studies, rules): whether each rule is settled (decided either way) by each look, from
+    each look's ``_p_values`` of ``d`` (or ``p_values``, computed from ``d`` already)."""
     studies, m, _ = d.shape
     settled = np.zeros((studies, m), dtype=bool)
     out = []
     for k, n in enumerate(design.looks):
-        p = _p_values(d, n, test)
+        p = _p_values(d, n, test) if p_values is None else p_values[k]
         open_ = ~settled
         if correction in ("bh", "bh_spent"):
             q = design.levels(ALPHA)[k] if correction == "bh" else design.spent(ALPHA)[k]
@@ -141,12 +144,23 @@ def test_the_reference_decides_what_judge_looks_decides(kind, correction):
         assert theirs == mine[:, s].tolist(), f"study {s}"
 
 
-def _rates(design: Design, correction: str, effects: np.ndarray, studies: int, seed: int) -> dict[str, float]:
-    d = (
+def _studies(effects: np.ndarray, studies: int, seed: int) -> np.ndarray:
+    """(studies, rules, seeds): simulated per-seed differences, each rule's mean its effect."""
+    return (
         np.random.default_rng(seed).standard_normal((studies, len(effects), LOOKS[-1]))
         + effects[None, :, None]
     )
-    settled = reference_decisions(design, correction, d)
+
+
+def _rates(
+    design: Design,
+    correction: str,
+    effects: np.ndarray,
+    d: np.ndarray,
+    p_values: list[np.ndarray] | None = None,
+) -> dict[str, float]:
+    """The error rates of ``correction`` over the simulated studies ``d`` (``_studies`` of ``effects``)."""
+    settled = reference_decisions(design, correction, d, p_values=p_values)
     null = effects == 0
     false, made = (settled & null).sum(-1), settled.sum(-1)  # (looks, studies)
     per_look_fdr = [float(np.mean(false[k] / np.maximum(made[k], 1))) for k in range(len(design.looks))]
@@ -171,7 +185,10 @@ SHAPES = {  # truth: each rule's mean difference in units of the per-seed s.d.
 @pytest.mark.parametrize(("kind", "correction"), CASES)
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_each_correction_holds_the_rate_it_states(kind, correction, shape):
-    rates = _rates(_design(kind, correction), correction, SHAPES[shape], STUDIES, seed=len(shape) + len(kind))
+    effects = SHAPES[shape]
+    rates = _rates(
+        _design(kind, correction), correction, effects, _studies(effects, STUDIES, len(shape) + len(kind))
+    )
     stated = STATED[correction]
     assert rates[stated] <= ALPHA + TOLERANCE, f"{correction} ({stated}) at {rates[stated]:.4f}, {shape}"
 
@@ -180,8 +197,11 @@ def test_the_rates_the_docs_give_for_bh_over_looks():
     """BH at each look's nominal level, 6 rules, looks at 4, 8 and 12 seeds: over the looks the false
     discovery rate passes alpha under no effect (docs: 0.0525), while bh_spent stays within it."""
     design = _design("spending_obrien_fleming", "bh")
-    nominal = _rates(design, "bh", np.zeros(6), 200_000, seed=11)
-    spent = _rates(design, "bh_spent", np.zeros(6), 200_000, seed=11)
+    # the same studies for both, and each look's p-values computed once for both
+    studies = _studies(np.zeros(6), 200_000, 11)
+    p_values = [_p_values(studies, n) for n in design.looks]
+    nominal = _rates(design, "bh", np.zeros(6), studies, p_values)
+    spent = _rates(design, "bh_spent", np.zeros(6), studies, p_values)
     se = math.sqrt(ALPHA * (1 - ALPHA) / 200_000)
     assert nominal["fdr"] > ALPHA + 2 * se and abs(nominal["fdr"] - 0.0525) < 3 * se
     assert spent["fdr"] < ALPHA
@@ -193,7 +213,8 @@ def test_every_correction_that_does_not_state_the_family_wise_error_fails_that_c
     error (BH at each look, BH at the alpha spent, none), claimed as family-wise with real effects
     beside null rules, exceeds it (issue 83: bh_spent makes 0.059 false decisions against 0.05)."""
     design = _design("spending_obrien_fleming", correction)
-    partial = _rates(design, correction, np.array([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]), STUDIES, seed=12)
+    effects = np.array([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    partial = _rates(design, correction, effects, _studies(effects, STUDIES, 12))
     assert partial["fwer"] > ALPHA + TOLERANCE, partial
 
 

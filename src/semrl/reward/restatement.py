@@ -86,8 +86,6 @@ def structure(latex: str) -> str | None:
     (math-verify's unit removal reads the ``b`` of ``(a)(b)`` as bits)."""
     if len(latex) > MAX_EXPRESSION_CHARS or _COMPUTED.search(latex):
         return None
-    import sympy
-    from latex2sympy2_extended import latex2sympy
     from latex2sympy2_extended.math_normalization import NormalizationConfig, normalize_latex
 
     text = normalize_latex(
@@ -98,8 +96,17 @@ def structure(latex: str) -> str | None:
     )
     text = _INTEGER_FRACTION.sub(r"(\1\\cdot\2^{-1})", text)
     text = _INTEGER_SLASH.sub(lambda m: f"({m[1] or m[2]}\\cdot{m[3] or m[4]}^{{-1}})", text)
-    if not text:
-        return None
+    return _parsed_structure(text) if text else None
+
+
+@lru_cache(maxsize=8192)
+def _parsed_structure(text: str) -> str | None:
+    """``structure`` of normalized ``text``, cached apart from ``structure``'s own cache: notations
+    that normalize alike (``\\dfrac`` and ``\\frac``, spacing) are parsed once, and a parse costs
+    13-24 ms of CPU (a 2-core Xeon; 332 parses instead of 436 for math500's golds written 4 ways)."""
+    import sympy
+    from latex2sympy2_extended import latex2sympy
+
     try:
         with sympy.evaluate(False):
             tree = _key(latex2sympy(text, normalization_config=None))
