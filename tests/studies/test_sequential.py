@@ -72,6 +72,21 @@ def test_spending_boundaries_spend_what_the_function_says_in_a_brownian_simulati
         assert bounds[0] == pytest.approx(st.norm.ppf(0.975) / math.sqrt(fractions[0]), abs=1e-6)
 
 
+@pytest.mark.parametrize("looks", [(5, 100), (2, 4, 40), (2, 512)])
+def test_a_look_that_spends_nothing_has_no_boundary_and_the_looks_after_it_spend_the_rest(looks):
+    """O'Brien-Fleming spending at an information fraction of 0.05 or less spends under 1e-15 (at
+    0.05: about 2e-18): that look decides nothing (boundary inf), and each later look crosses with
+    the spending function's increment."""
+    bounds = boundaries(looks, 0.05, "spending_obrien_fleming")
+    fractions = [n / looks[-1] for n in looks]
+    increments = np.diff([0.0, *(spent("spending_obrien_fleming", t, 0.05) for t in fractions)])
+    assert bounds[0] == math.inf and all(math.isfinite(c) for c in bounds[1:])
+    crossings = _crossing_probabilities(bounds, list(map(float, looks)))
+    assert crossings == pytest.approx(increments, abs=1e-9)
+    if len(looks) == 2:  # all of alpha at the last look: the fixed design's boundary
+        assert bounds[1] == pytest.approx(st.norm.ppf(0.975), abs=1e-6)
+
+
 def _rejections(levels, looks, d):
     """Whether each simulated study (rows of d) crosses at some look, and the first look."""
     rejected = np.zeros(len(d), dtype=bool)

@@ -37,6 +37,7 @@ from semrl.studies.distributions import norm_cdf, norm_pdf, norm_ppf, norm_sf, t
 
 BOUNDARIES = ("pocock", "obrien_fleming", "spending_obrien_fleming", "spending_pocock")
 GRID = 801  # points of the continuation region per look
+UNBOUNDED_EDGE = 12.0  # z; beyond it lies 3.6e-33 of a normal's mass, and no boundary (brentq's bracket)
 
 
 # The score's density on the continuation region after a look: (grid, density, information level).
@@ -55,8 +56,9 @@ def _crossing(before: _Continuation | None, c: float, level: float) -> float:
 
 
 def _continued(before: _Continuation | None, c: float, level: float) -> _Continuation:
-    """The continuation region after a look with boundary ``c`` at information ``level``."""
-    edge = c * math.sqrt(level)
+    """The continuation region after a look with boundary ``c`` at information ``level``; a look
+    without a boundary (c = inf: it spends under 1e-15) leaves |Z| < UNBOUNDED_EDGE."""
+    edge = (c if math.isfinite(c) else UNBOUNDED_EDGE) * math.sqrt(level)
     grid = np.linspace(-edge, edge, GRID)
     if before is None:
         return grid, norm_pdf(grid, scale=math.sqrt(level)), level
