@@ -114,6 +114,23 @@ def test_bootstrap_variances_match_repeated_evaluations(metric):
         assert samples < 1.2 * draw  # the samples' part is part of the draw's
 
 
+def test_the_pass_at_k_bootstrap_draws_what_metric_value_gives_bit_for_bit():
+    """``draw_variances`` draws each problem's pass@k again; drawing the problems' samples again
+    through ``metric_value``, as every other metric does, gives the same numbers to the bit."""
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        problems, n = int(rng.integers(1, 80)), int(rng.integers(1, 17))
+        metric, reps = f"pass@{rng.integers(1, n + 1)}", int(rng.integers(2, 40))
+        a, b = _seed(rng, problems, n, float(rng.normal()))
+        draws = np.random.default_rng(seed)
+        expected = []
+        for _ in range(reps):
+            idx = draws.integers(0, problems, size=problems)
+            expected.append(metric_value(metric, a.take(idx)) - metric_value(metric, b.take(idx)))
+        draw, _ = draw_variances(metric, a, b, reps, np.random.default_rng(seed))
+        assert draw == float(np.var(expected, ddof=1)), (seed, metric)
+
+
 @pytest.mark.parametrize("population", [(1.0, 1.0), (0.3, 3.0), (2.0, 0.5)])
 @pytest.mark.parametrize("n", [2, 4, 16])
 def test_pass_at_k_sampling_variance_against_simulation(n, population):
