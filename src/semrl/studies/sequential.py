@@ -138,7 +138,9 @@ def _boundaries(looks: Sequence[int], alpha: float, kind: str) -> list[float]:
         ) -> float:
             return _crossing(before, c, info[k]) - target
 
-        bounds.append(optimize.brentq(crossing, 0.5, 12.0, xtol=1e-10) if target > 1e-15 else math.inf)
+        bounds.append(
+            optimize.brentq(crossing, 0.5, UNBOUNDED_EDGE, xtol=1e-10) if target > 1e-15 else math.inf
+        )
         if k < len(fractions) - 1:
             region = _continued(region, bounds[-1], info[k])
     return bounds
