@@ -130,6 +130,9 @@ from semrl.config.load import load_config
 from semrl.models.loading import load_model, load_tokenizer
 from semrl.rollout.engines import GenerationRequest, SamplingParams, build_engine
 tok, model = load_tokenizer(sys.argv[1]), load_model(sys.argv[1])
+# a fork inherits the server's counters, and the server compiled vLLM's sampler before forking: a miss
+# when inductor's default disk cache is cold, as on a fresh machine. Count only this start's compiles
+counters.clear()
 compiled = load_config(None, []).rollout  # vLLM's default: torch.compile
 engine = build_engine("vllm", model, tok, 4, 128, vllm_options=compiled)
 out = engine.generate([GenerationRequest([1, 2, 3])], SamplingParams(max_new_tokens=4), torch.Generator().manual_seed(0))
