@@ -7,7 +7,7 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -125,6 +125,30 @@ def _unit_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pyt
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
     if "transformers" in sys.modules:  # loaded already: a test that reads pretrained weights
         monkeypatch.setattr(sys.modules["transformers"].PreTrainedModel, "from_pretrained", refuse)
+
+
+def _vllm_request_count() -> int | None:
+    """The process's vLLM requests so far (``state.REQUEST_IDS``' next id), or None before vLLM's
+    engine module loads."""
+    state = sys.modules.get("semrl.rollout.engines.vllm.state")
+    return None if state is None else int(repr(state.REQUEST_IDS)[len("count(") : -1])
+
+
+@pytest.fixture(autouse=True)
+def _vllm_tests_share_the_workers_engine(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that sends requests to a vLLM engine in the test process fails unless it is in the
+    "vllm" group: elsewhere it may land on the worker that has no engine, which then starts its own
+    (8 s of the suite, 2026-12-07)."""
+    before = _vllm_request_count() or 0
+    yield
+    marker = request.node.get_closest_marker("xdist_group")
+    group = None if marker is None else (marker.args[0] if marker.args else marker.kwargs.get("name"))
+    if group != "vllm" and (_vllm_request_count() or 0) > before:
+        pytest.fail(
+            f"{request.node.nodeid} samples from a vLLM engine in the test process: add it to the "
+            'worker\'s one engine with @pytest.mark.xdist_group("vllm") (tests/conftest.py)',
+            pytrace=False,
+        )
 
 
 def _built_once(build: Callable[[Path], Path], target: Path) -> Path:

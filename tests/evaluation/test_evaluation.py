@@ -233,7 +233,10 @@ def test_continuous_batched_evaluation_samples_what_the_chunked_path_samples(dig
     if kind == "vllm":
         vllm_or_skip()
     tok, model = load_tokenizer(str(digit32_model_dir)), load_model(str(digit32_model_dir))
-    engine = build_engine(kind, model, tok, 8, 512, logprobs_top_k=20, vllm_options=eager_vllm())
+    # vllm: the worker's one engine (64 slots, tests/helpers.tiny_vllm_engine's); hf: chunks of 8
+    engine = build_engine(
+        kind, model, tok, 64 if kind == "vllm" else 8, 512, logprobs_top_k=20, vllm_options=eager_vllm()
+    )
     # 72 requests: more than vllm's 64 slots, so that finished ones are refilled
     problems = [Problem(f"p{i}", f"Pick a number ({i}).", str(i % 10)) for i in range(9)]
     params = SamplingParams(temperature=2.0, top_p=1.0, max_new_tokens=24, logprobs_top_k=0)

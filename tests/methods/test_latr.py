@@ -603,6 +603,8 @@ def test_the_rollout_makes_no_engine_call_per_lookahead_token(tiny_model_dir):
 # The lookahead as streamed vLLM requests (latr.lookahead_on=stream)
 
 MAX_MODEL_LEN = 512  # the session's vLLM engine (tests/rollout/test_engines.py starts it with this length)
+# the tests below sample from the worker's one vLLM engine (tests/conftest.py)
+ON_THE_VLLM_WORKER = pytest.mark.xdist_group("vllm")
 
 
 def _vllm_context(model_dir, overrides, prompt_seeds=None):
@@ -626,6 +628,7 @@ def _vllm_context(model_dir, overrides, prompt_seeds=None):
     return _latr_context(engine, tok, [*PERMISSIVE_FORKS, *overrides], prompt_seeds=prompt_seeds)
 
 
+@ON_THE_VLLM_WORKER
 @pytest.mark.parametrize(
     ("seed", "width", "temperature"), [(0, 6, "1.0"), (1, 6, "1.0"), (2, 6, "1.0"), (3, 3, "0.6")]
 )
@@ -667,6 +670,7 @@ def test_the_streamed_lookahead_takes_the_decisions_of_one_request_per_token(
     assert sorted(streamed.outs) == sorted(kept + ordinary)
 
 
+@ON_THE_VLLM_WORKER
 def test_latr_samples_on_vllm_do_not_depend_on_the_batch_limit(tiny32_model_dir):
     """With the trainer's prompt seeds, a streamed LATR rollout gives the same rows at running batches
     of 64 and 2, although its requests are served in another order."""
@@ -687,6 +691,7 @@ def test_latr_samples_on_vllm_do_not_depend_on_the_batch_limit(tiny32_model_dir)
     assert out.metrics["latr/forks"] >= 3
 
 
+@ON_THE_VLLM_WORKER
 @pytest.mark.parametrize("path", ["stream", "model"])
 @pytest.mark.parametrize(("eta", "width"), [("0.5", 3), ("0.0", 0)])
 def test_rollout_on_vllm(tiny32_model_dir, path, eta, width):
