@@ -127,28 +127,40 @@ def _unit_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pyt
         monkeypatch.setattr(sys.modules["transformers"].PreTrainedModel, "from_pretrained", refuse)
 
 
-def _vllm_request_count() -> int | None:
-    """The process's vLLM requests so far (``state.REQUEST_IDS``' next id), or None before vLLM's
-    engine module loads."""
+def _vllm_uses() -> dict[str, int]:
+    """How often this process has used vLLM so far, by the group that must hold such tests: requests
+    to an engine in the process (``state.REQUEST_IDS``' next id) for "vllm", commands forked from the
+    preloaded vLLM server (``tests.forked``) for "vllm_processes"."""
     state = sys.modules.get("semrl.rollout.engines.vllm.state")
-    return None if state is None else int(repr(state.REQUEST_IDS)[len("count(") : -1])
+    forked = sys.modules.get("tests.forked")
+    return {
+        "vllm": 0 if state is None else int(repr(state.REQUEST_IDS)[len("count(") : -1]),
+        "vllm_processes": 0 if forked is None else forked.FORKS_ASKED["vllm"],
+    }
 
 
 @pytest.fixture(autouse=True)
 def _vllm_tests_share_the_workers_engine(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that sends requests to a vLLM engine in the test process fails unless it is in the
-    "vllm" group: elsewhere it may land on the worker that has no engine, which then starts its own
-    (8 s of the suite, 2026-12-07)."""
-    before = _vllm_request_count() or 0
+    "vllm" group, and one that forks a command from the preloaded vLLM server unless it is in
+    "vllm_processes": elsewhere it may land on the worker that has no engine (or server), which then
+    starts its own (an engine: 8 s of the suite, 2026-12-07)."""
+    before = _vllm_uses()
     yield
     marker = request.node.get_closest_marker("xdist_group")
     group = None if marker is None else (marker.args[0] if marker.args else marker.kwargs.get("name"))
-    if group != "vllm" and (_vllm_request_count() or 0) > before:
-        pytest.fail(
-            f"{request.node.nodeid} samples from a vLLM engine in the test process: add it to the "
-            'worker\'s one engine with @pytest.mark.xdist_group("vllm") (tests/conftest.py)',
-            pytrace=False,
-        )
+    for needed, uses in _vllm_uses().items():
+        if group != needed and uses > before[needed]:
+            what = (
+                "samples from a vLLM engine in the test process"
+                if needed == "vllm"
+                else "forks a command from the preloaded vLLM server"
+            )
+            pytest.fail(
+                f"{request.node.nodeid} {what}: add it to the worker's one with "
+                f'@pytest.mark.xdist_group("{needed}") (tests/conftest.py)',
+                pytrace=False,
+            )
 
 
 def _built_once(build: Callable[[Path], Path], target: Path) -> Path:

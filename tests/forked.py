@@ -208,6 +208,7 @@ class PreloadedServer:
 
 
 _SERVERS: dict[tuple[str, tuple[tuple[str, str], ...]], PreloadedServer] = {}
+FORKS_ASKED = {"hf": 0, "vllm": 0}  # commands forked from each flavour's servers (tests/conftest.py reads it)
 
 
 def preloaded_server(flavour: str = "hf", env: dict[str, str] | None = None) -> PreloadedServer:
@@ -226,7 +227,9 @@ def run_semrl(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m semrl *args`` as a fork of this test worker's preloaded server (module docstring):
     the vLLM one for a command with ``rollout.engine=vllm``."""
-    return preloaded_server("vllm" if VLLM_ARG in args else "hf", env).run(list(args), env, timeout)
+    flavour = "vllm" if VLLM_ARG in args else "hf"
+    FORKS_ASKED[flavour] += 1
+    return preloaded_server(flavour, env).run(list(args), env, timeout)
 
 
 def run_python(
@@ -234,6 +237,7 @@ def run_python(
 ) -> subprocess.CompletedProcess[str]:
     """``python -c code *args`` as a fork of this test worker's ``flavour`` server: a script that
     drives semrl's parts itself (an engine, a process group) in a process of its own."""
+    FORKS_ASKED[flavour] += 1
     return preloaded_server(flavour, env).run(list(args), env, timeout, code=code)
 
 
